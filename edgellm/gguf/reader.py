@@ -1,0 +1,231 @@
+"""Memory-mapped GGUF reader.
+
+gguf-py's `GGUFReader` builds a numpy view per array element of the metadata, which takes 3.6 s on
+SmolLM2 and 17.5 s on Gemma 3 (a 262,144-entry vocabulary) before the first token. This reader parses
+the same format in one pass over a memory map (~0.3 s for Gemma) and still uses gguf-py for everything
+it owns: value-type and quant-type enums and the block sizes (`GGML_QUANT_SIZES`). Tensor data stays in
+the memory map; nothing is copied into Python objects. `tests/test_gguf_reader.py` checks that both
+readers agree on the real model files.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+
+GGUF_MAGIC = b"GGUF"
+DEFAULT_ALIGNMENT = 32
+
+
+class GGUFError(ValueError):
+    """A GGUF file that cannot be used; the message names the file and the problem."""
+
+
+# Scalar value types: struct format and numpy dtype.
+_SCALAR_FORMATS: dict[GGUFValueType, str] = {
+    GGUFValueType.UINT8: "<B",
+    GGUFValueType.INT8: "<b",
+    GGUFValueType.UINT16: "<H",
+    GGUFValueType.INT16: "<h",
+    GGUFValueType.UINT32: "<I",
+    GGUFValueType.INT32: "<i",
+    GGUFValueType.FLOAT32: "<f",
+    GGUFValueType.BOOL: "<?",
+    GGUFValueType.UINT64: "<Q",
+    GGUFValueType.INT64: "<q",
+    GGUFValueType.FLOAT64: "<d",
+}
+_SCALAR_DTYPES: dict[GGUFValueType, np.dtype] = {t: np.dtype(f) for t, f in _SCALAR_FORMATS.items()}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of the file. `shape` is numpy order (outermost first), i.e. GGUF's ne reversed."""
+
+    name: str
+    qtype: GGMLQuantizationType
+    shape: tuple[int, ...]
+    offset: int  # absolute byte offset of the data in the file
+    n_bytes: int
+    data: np.ndarray  # read-only uint8 memmap view, (rows, row_bytes) where rows = prod(shape[:-1])
+
+    @property
+    def type_name(self) -> str:
+        return self.qtype.name
+
+
+@dataclass
+class GGUFFile:
+    path: Path
+    version: int
+    metadata: dict[str, Any]
+    tensors: dict[str, TensorInfo]
+    file_size: int
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(key, default)
+
+    @property
+    def architecture(self) -> str:
+        arch = self.metadata.get("general.architecture")
+        if not isinstance(arch, str):
+            raise GGUFError(f"{self.path}: metadata has no general.architecture")
+        return arch
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads over the memory map; running past the end means truncation."""
+
+    def __init__(self, buf: memoryview, path: Path) -> None:
+        self.buf = buf
+        self.pos = 0
+        self.path = path
+
+    def _need(self, n: int, what: str) -> None:
+        if self.pos + n > len(self.buf):
+            raise GGUFError(
+                f"{self.path}: truncated GGUF file: needed {n} bytes for {what} at offset {self.pos}, "
+                f"file has {len(self.buf)} bytes"
+            )
+
+    def scalar(self, fmt: str, what: str) -> Any:
+        size = struct.calcsize(fmt)
+        self._need(size, what)
+        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += size
+        return value
+
+    def string(self, what: str) -> str:
+        n = self.scalar("<Q", what)
+        self._need(n, what)
+        raw = bytes(self.buf[self.pos : self.pos + n])
+        self.pos += n
+        return raw.decode("utf-8", errors="replace")
+
+    def value(self, vtype: GGUFValueType, what: str) -> Any:
+        if vtype == GGUFValueType.STRING:
+            return self.string(what)
+        if vtype == GGUFValueType.ARRAY:
+            return self.array(what)
+        return self.scalar(_SCALAR_FORMATS[vtype], what)
+
+    def array(self, what: str) -> Any:
+        etype = _value_type(self.scalar("<I", what), self.path, what)
+        count = self.scalar("<Q", what)
+        if etype in _SCALAR_DTYPES:
+            dtype = _SCALAR_DTYPES[etype]
+            self._need(count * dtype.itemsize, what)
+            arr = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos).copy()
+            self.pos += count * dtype.itemsize
+            return arr
+        if etype == GGUFValueType.STRING:
+            return self._string_array(count, what)
+        return [self.value(etype, what) for _ in range(count)]
+
+    def _string_array(self, count: int, what: str) -> list[str]:
+        buf, pos, out = self.buf, self.pos, []
+        unpack = struct.Struct("<Q").unpack_from
+        end = len(buf)
+        append = out.append
+        for _ in range(count):
+            if pos + 8 > end:
+                self.pos = pos
+                self._need(8, what)
+            (n,) = unpack(buf, pos)
+            pos += 8
+            if pos + n > end:
+                self.pos = pos
+                self._need(n, what)
+            append(str(buf[pos : pos + n], "utf-8", "replace"))
+            pos += n
+        self.pos = pos
+        return out
+
+
+def _value_type(raw: int, path: Path, what: str) -> GGUFValueType:
+    try:
+        return GGUFValueType(raw)
+    except ValueError:
+        raise GGUFError(f"{path}: corrupt GGUF: unknown metadata value type {raw} in {what}") from None
+
+
+def load_gguf(path: str | Path) -> GGUFFile:
+    """Parse the header, metadata and tensor table of a GGUF file; tensor data stays memory-mapped."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"model file not found: {path}")
+    size = path.stat().st_size
+    if size < 4:
+        raise GGUFError(f"{path}: not a GGUF file (only {size} bytes)")
+    with path.open("rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    buf = memoryview(mm)
+    if bytes(buf[:4]) != GGUF_MAGIC:
+        raise GGUFError(f"{path}: not a GGUF file (magic {bytes(buf[:4])!r}, expected b'GGUF')")
+    cur = _Cursor(buf, path)
+    cur.pos = 4
+    version = cur.scalar("<I", "version")
+    if version not in (2, 3):
+        raise GGUFError(f"{path}: unsupported GGUF version {version} (supported: 2, 3)")
+    n_tensors = cur.scalar("<Q", "tensor count")
+    n_kv = cur.scalar("<Q", "metadata count")
+    if n_tensors > size or n_kv > size:
+        raise GGUFError(f"{path}: corrupt GGUF header ({n_tensors} tensors, {n_kv} metadata entries)")
+
+    metadata: dict[str, Any] = {}
+    for i in range(n_kv):
+        key = cur.string(f"metadata key #{i}")
+        vtype = _value_type(cur.scalar("<I", key), path, key)
+        metadata[key] = cur.value(vtype, key)
+
+    raw_infos = []
+    for i in range(n_tensors):
+        name = cur.string(f"tensor #{i} name")
+        n_dims = cur.scalar("<I", name)
+        if n_dims > 4:
+            raise GGUFError(f"{path}: corrupt tensor {name!r}: {n_dims} dimensions")
+        ne = [cur.scalar("<Q", name) for _ in range(n_dims)]
+        qraw = cur.scalar("<I", name)
+        offset = cur.scalar("<Q", name)
+        raw_infos.append((name, ne, qraw, offset))
+
+    alignment = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+    data_start = (cur.pos + alignment - 1) // alignment * alignment
+    tensors: dict[str, TensorInfo] = {}
+    for name, ne, qraw, offset in raw_infos:
+        tensors[name] = _tensor_info(mm, path, size, data_start, name, ne, qraw, offset)
+    return GGUFFile(path=path, version=version, metadata=metadata, tensors=tensors, file_size=size)
+
+
+def _tensor_info(
+    mm: mmap.mmap, path: Path, size: int, data_start: int, name: str, ne: list[int], qraw: int, offset: int
+) -> TensorInfo:
+    try:
+        qtype = GGMLQuantizationType(qraw)
+    except ValueError:
+        raise GGUFError(f"{path}: tensor {name!r} has unknown ggml type id {qraw}") from None
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    if not ne or ne[0] % block_size:
+        raise GGUFError(
+            f"{path}: tensor {name!r} ({qtype.name}) row length {ne[0] if ne else 0} "
+            f"is not a multiple of its block size {block_size}"
+        )
+    row_bytes = ne[0] // block_size * type_size
+    rows = int(np.prod(ne[1:], dtype=np.int64)) if len(ne) > 1 else 1
+    n_bytes = rows * row_bytes
+    start = data_start + offset
+    if start + n_bytes > size:
+        raise GGUFError(
+            f"{path}: truncated GGUF file: tensor {name!r} needs bytes {start}..{start + n_bytes}, "
+            f"file has {size} bytes"
+        )
+    data = np.frombuffer(mm, dtype=np.uint8, count=n_bytes, offset=start).reshape(rows, row_bytes)
+    return TensorInfo(
+        name=name, qtype=qtype, shape=tuple(reversed(ne)), offset=start, n_bytes=n_bytes, data=data
+    )
