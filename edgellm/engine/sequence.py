@@ -1,0 +1,85 @@
+"""A request as the scheduler sees it: token ids plus how far the KV cache has caught up.
+
+There is no prefill/decode phase (vLLM v1 model): a sequence simply has `num_computed_tokens` of its
+`token_ids` in the KV cache and the scheduler decides how many of the rest to compute each step. A full
+prefill, a prefill chunk, a prefix-cache hit, a decode step and a recompute after preemption are all the
+same arithmetic on that one counter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum, auto
+from typing import Any
+
+
+class SequenceStatus(Enum):
+    WAITING = auto()  # queued, never scheduled yet
+    RUNNING = auto()  # owns KV blocks, scheduled every step it fits in the budget
+    PREEMPTED = auto()  # queued again after losing its blocks; recomputes prompt + generated tokens
+    FINISHED_STOPPED = auto()  # stop token / stop string (decided by the caller)
+    FINISHED_LENGTH = auto()  # max_tokens reached, or the sequence outgrew the whole KV pool
+    FINISHED_ABORTED = auto()  # cancelled by the caller
+
+    @property
+    def is_finished(self) -> bool:
+        return self in _FINISHED
+
+    @property
+    def is_waiting(self) -> bool:
+        return self in (SequenceStatus.WAITING, SequenceStatus.PREEMPTED)
+
+
+_FINISHED = frozenset(
+    {SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH, SequenceStatus.FINISHED_ABORTED}
+)
+
+
+@dataclass(eq=False)  # identity semantics: two requests with equal tokens are still different requests
+class Sequence:
+    seq_id: int
+    token_ids: list[int]  # prompt followed by generated tokens
+    num_prompt_tokens: int = -1  # -1: the whole of token_ids at construction is the prompt
+    sampling_params: Any = None  # opaque to the engine core; the model runner/sampler reads it
+    priority: int = 0  # lower value = more important; ties are broken by arrival (FCFS)
+    max_tokens: int | None = None  # cap on generated tokens; also used to reject requests that can never fit
+    arrival: int = -1  # admission order, assigned by Scheduler.add()
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0  # leading tokens whose K/V are already in the cache
+    num_cached_tokens: int = 0  # of those, how many came from prefix-cache hits (last admission)
+    block_table: list[int] = field(default_factory=list)  # KV block ids, logical block i -> physical id
+    num_preemptions: int = 0
+
+    def __post_init__(self) -> None:
+        self.token_ids = list(self.token_ids)  # own the list: callers often reuse theirs
+        if self.num_prompt_tokens < 0:
+            self.num_prompt_tokens = len(self.token_ids)
+        if not 0 < self.num_prompt_tokens <= len(self.token_ids):
+            raise ValueError(f"sequence {self.seq_id}: needs at least one prompt token")
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
