@@ -1,0 +1,306 @@
+"""Iteration-level (continuous batching) scheduler, vLLM v1 style.
+
+Each step gets a token budget. Running sequences are served first (a decode costs 1 token), then waiting
+ones in priority-then-FCFS order; prompts are chunked to whatever budget is left, so a long prompt never
+stalls the decodes. When the KV pool runs dry for a running sequence, the least important running sequence
+(highest priority value, newest arrival) is preempted: its blocks are freed and it recomputes later.
+
+Step protocol: plan = schedule(); the runner applies plan.block_copies, computes the K/V of each
+(seq, n) in plan.scheduled (tokens seq.token_ids[c:c+n] at positions c.. where c = seq.num_computed_tokens),
+samples a token for every id in plan.sample_seq_ids, then calls postprocess(plan, sampled).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from edgellm.engine.block_manager import BlockCopy, BlockManager, cdiv
+from edgellm.engine.sequence import Sequence, SequenceStatus
+
+# Called after a token is appended; returns a FINISHED_* status to stop the sequence, or None to go on.
+StopCheck = Callable[[Sequence], SequenceStatus | None]
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 16  # most sequences in the running set (and so in one batch)
+    max_num_batched_tokens: int = 512  # token budget per step, summed over all scheduled sequences
+    block_size: int = 16  # tokens per KV block
+    num_blocks: int = 256  # KV blocks in the pool
+    long_prefill_chunk: int | None = None  # cap on tokens one sequence computes per step (None: budget)
+    enable_prefix_caching: bool = True
+    max_model_len: int | None = None  # longest sequence (prompt + max_tokens) accepted by add()
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            # Otherwise a full running set could not all decode in one step.
+            raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
+        if self.long_prefill_chunk is not None and self.long_prefill_chunk <= 0:
+            raise ValueError("long_prefill_chunk must be positive")
+
+
+@dataclass
+class SchedulerPlan:
+    # (sequence, number of new tokens to compute this step), in batch order. A decode is 1 token, a prefill
+    # chunk or a recompute many. seq.num_computed_tokens is NOT yet advanced: postprocess() does that.
+    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)
+    # Sequences whose last scheduled token is their last token: they need logits and a sampled token.
+    # A partial prefill chunk is not in here.
+    sample_seq_ids: list[int] = field(default_factory=list)
+    # Running sequences preempted this step: blocks freed, back in the waiting queue, will recompute.
+    preempted: list[Sequence] = field(default_factory=list)
+    # Copy-on-write (src_block, dst_block) pairs the runner must apply in list order before the forward pass.
+    block_copies: list[BlockCopy] = field(default_factory=list)
+    # Sum of the new-token counts in `scheduled` (<= max_num_batched_tokens).
+    num_batched_tokens: int = 0
+    # Sequences the scheduler itself finished this step (a lone sequence that outgrew the whole pool).
+    finished: list[Sequence] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    num_running: int
+    num_waiting: int
+    kv_usage: float  # fraction of KV blocks held by live sequences
+    num_preemptions: int  # total since start
+    prefix_cache_hit_rate: float  # hit tokens / looked-up tokens since start
+
+
+def _importance(seq: Sequence) -> tuple[int, int]:
+    return (seq.priority, seq.arrival)  # smaller = served first, preempted last
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, stop_check: StopCheck | None = None) -> None:
+        self.config = config
+        self.stop_check = stop_check
+        self.block_manager = BlockManager(
+            config.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
+        )
+        self.waiting: list[Sequence] = []  # kept sorted by (priority, arrival)
+        self.running: list[Sequence] = []
+        self.seqs: dict[int, Sequence] = {}  # unfinished sequences by id
+        self.num_preemptions = 0
+        self._next_arrival = 0
+
+    # ---- requests ------------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        """Queue a new request. Raises ValueError for a request that could never fit the KV pool."""
+        if seq.seq_id in self.seqs:
+            raise ValueError(f"sequence id {seq.seq_id} is already in the scheduler")
+        max_len = seq.num_tokens + (seq.max_tokens or 0)
+        if self.config.max_model_len is not None and max_len > self.config.max_model_len:
+            raise ValueError(
+                f"sequence {seq.seq_id}: {seq.num_tokens} prompt + {seq.max_tokens or 0} max new tokens "
+                f"exceed max_model_len={self.config.max_model_len}"
+            )
+        need = cdiv(max_len, self.config.block_size)
+        if need > self.config.num_blocks:
+            raise ValueError(
+                f"sequence {seq.seq_id}: {max_len} tokens need {need} KV blocks of {self.config.block_size} "
+                f"tokens but the pool has only {self.config.num_blocks}; it could never be scheduled"
+            )
+        seq.arrival = self._next_arrival
+        self._next_arrival += 1
+        seq.status = SequenceStatus.WAITING
+        self.seqs[seq.seq_id] = seq
+        self._enqueue(seq)
+
+    def abort(self, seq_id: int) -> Sequence | None:
+        """Cancel a waiting or running request; its blocks are freed at once. None if unknown/finished."""
+        if seq_id not in self.seqs:
+            return None
+        return self.finish(seq_id, SequenceStatus.FINISHED_ABORTED)
+
+    def finish(self, seq_id: int, status: SequenceStatus = SequenceStatus.FINISHED_STOPPED) -> Sequence:
+        """Stop a sequence (stop condition seen by the caller, or abort) and free its blocks."""
+        if not status.is_finished:
+            raise ValueError(f"{status} is not a finished status")
+        seq = self.seqs.pop(seq_id)
+        if seq in self.running:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = status
+        return seq
+
+    def fork(self, parent_id: int, child_id: int) -> Sequence:
+        """Clone a running sequence (parallel sampling): the child shares every KV block copy-on-write."""
+        parent = self.seqs[parent_id]
+        if parent.status != SequenceStatus.RUNNING:
+            raise ValueError(f"sequence {parent_id} is not running")
+        if child_id in self.seqs:
+            raise ValueError(f"sequence id {child_id} is already in the scheduler")
+        if len(self.running) >= self.config.max_num_seqs:
+            raise RuntimeError("running set is full (max_num_seqs)")
+        child = Sequence(
+            child_id,
+            parent.token_ids,
+            parent.num_prompt_tokens,
+            sampling_params=parent.sampling_params,
+            priority=parent.priority,
+            max_tokens=parent.max_tokens,
+        )
+        self.block_manager.fork(parent, child)
+        child.num_cached_tokens = parent.num_cached_tokens
+        child.arrival = self._next_arrival
+        self._next_arrival += 1
+        child.status = SequenceStatus.RUNNING
+        self.seqs[child_id] = child
+        self.running.append(child)
+        return child
+
+    def get(self, seq_id: int) -> Sequence | None:
+        return self.seqs.get(seq_id)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.seqs)
+
+    # ---- one step ------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerPlan:
+        plan = SchedulerPlan()
+        budget = self.config.max_num_batched_tokens
+        bm = self.block_manager
+
+        order = sorted(self.running, key=_importance)
+        # Decodes not yet visited: prefill chunks of running sequences leave this much budget for them.
+        pending_decodes = sum(1 for s in order if s.num_uncomputed_tokens == 1)
+        i, end = 0, len(order)  # order[end:] were preempted this step (taken from the tail)
+        while i < end:
+            seq = order[i]
+            i += 1
+            remaining = seq.num_uncomputed_tokens
+            if remaining == 1:
+                pending_decodes -= 1
+            num_new = self._chunk(remaining, budget - pending_decodes)
+            if num_new <= 0:
+                continue
+            while not bm.can_allocate(seq, num_new):
+                if end > i:  # preempt the least important sequence not yet scheduled
+                    end -= 1
+                    victim = order[end]
+                    if victim.num_uncomputed_tokens == 1:
+                        pending_decodes -= 1
+                    self._preempt(victim, plan)
+                    continue
+                if cdiv(seq.num_computed_tokens + num_new, bm.block_size) > bm.num_blocks:
+                    # Alone it outgrows the whole pool: recomputing could never help. End it (keeps its
+                    # output) rather than loop forever.
+                    plan.finished.append(self.finish(seq.seq_id, SequenceStatus.FINISHED_LENGTH))
+                else:
+                    self._preempt(seq, plan)
+                num_new = 0
+                break
+            if num_new:
+                self._schedule_seq(seq, num_new, plan)
+                budget -= num_new
+            else:
+                break  # seq itself lost its blocks; everything after it was already preempted
+
+        # Admitting new work right after a preemption would just thrash the pool.
+        while not plan.preempted and self.waiting and budget > 0:
+            if len(self.running) >= self.config.max_num_seqs:
+                break
+            seq = self.waiting[0]
+            match = bm.lookup_prefix(seq)
+            computed = match.num_tokens if match.block_ids else seq.num_computed_tokens
+            num_new = self._chunk(seq.num_tokens - computed, budget)
+            if not bm.can_allocate(seq, num_new, match if match.block_ids else None):
+                break  # strict priority/FCFS: do not let later requests overtake the head
+            self.waiting.pop(0)
+            if not seq.block_table:
+                bm.match_prefix(seq, match)  # also records the lookup in the hit-rate counters
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            self._schedule_seq(seq, num_new, plan)
+            budget -= num_new
+        return plan
+
+    def _chunk(self, remaining: int, budget: int) -> int:
+        cap = self.config.long_prefill_chunk
+        return min(remaining, budget, cap) if cap is not None else min(remaining, budget)
+
+    def _schedule_seq(self, seq: Sequence, num_new: int, plan: SchedulerPlan) -> None:
+        plan.block_copies.extend(self.block_manager.allocate(seq, num_new))
+        plan.scheduled.append((seq, num_new))
+        plan.num_batched_tokens += num_new
+        if seq.num_computed_tokens + num_new == seq.num_tokens:
+            plan.sample_seq_ids.append(seq.seq_id)
+
+    def _preempt(self, seq: Sequence, plan: SchedulerPlan) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0  # recompute prompt + generated tokens later (prefix cache may help)
+        seq.num_cached_tokens = 0
+        seq.num_preemptions += 1
+        seq.status = SequenceStatus.PREEMPTED
+        self.num_preemptions += 1
+        plan.preempted.append(seq)
+        self._enqueue(seq)
+
+    def _enqueue(self, seq: Sequence) -> None:
+        key = _importance(seq)
+        pos = len(self.waiting)
+        while pos > 0 and _importance(self.waiting[pos - 1]) > key:
+            pos -= 1
+        self.waiting.insert(pos, seq)
+
+    def postprocess(self, plan: SchedulerPlan, sampled: dict[int, int | None]) -> list[Sequence]:
+        """Advance the plan's sequences, append sampled tokens, cache full blocks, apply stop rules.
+
+        sampled maps seq_id -> token for the ids in plan.sample_seq_ids (others are ignored). Returns the
+        sequences that finished this step (including plan.finished).
+        """
+        finished = list(plan.finished)
+        for seq, num_new in plan.scheduled:
+            if seq.status != SequenceStatus.RUNNING:
+                continue  # aborted between schedule() and postprocess()
+            seq.num_computed_tokens += num_new
+            self.block_manager.cache_full_blocks(seq)
+            if seq.num_computed_tokens < seq.num_tokens:
+                continue  # partial prefill chunk: nothing sampled
+            token = sampled.get(seq.seq_id)
+            if token is None:
+                continue
+            seq.append_token(token)
+            status = None
+            if seq.max_tokens is not None and seq.num_output_tokens >= seq.max_tokens:
+                status = SequenceStatus.FINISHED_LENGTH
+            if self.stop_check is not None:
+                status = self.stop_check(seq) or status  # an explicit stop wins over the length cap
+            if status is not None:
+                finished.append(self.finish(seq.seq_id, status))
+        return finished
+
+    # ---- gauges --------------------------------------------------------------------------------
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.block_manager.usage
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        cache = self.block_manager.cache
+        return cache.hit_rate if cache is not None else 0.0
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            num_running=self.num_running,
+            num_waiting=self.num_waiting,
+            kv_usage=self.kv_usage,
+            num_preemptions=self.num_preemptions,
+            prefix_cache_hit_rate=self.prefix_cache_hit_rate,
+        )
