@@ -1,0 +1,218 @@
+"""Fused dequant-matmul CPU kernels (Numba) over the repacked "int8 grouped" weights.
+
+y[m, n] = sum_g (xs[m,g] * scale[n,g]) * isum[m,n,g] + sum_g minv[n,g] * xsum[m,g], where isum is the exact
+int32 dot of the int8 activation group with the int8 weight group and xsum the float sum of the activation
+group. Activations are quantized per group (symmetric, d = amax/127, like llama.cpp's q8_0).
+
+Batch invariance: a row's result must not depend on M or on its batch neighbours. The integer sums are
+exact whatever order LLVM picks; the float accumulation over groups runs in group order in every path,
+and these kernels use a fast-math set WITHOUT 'reassoc' and 'contract' so LLVM can neither reorder that
+sum nor fuse it into FMAs differently in the GEMV and GEMM loops (the float part is ~1/G of the work).
+Indices are unsigned so Numba emits no wraparound checks, which otherwise block vectorisation.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numba import njit, prange
+
+if TYPE_CHECKING:
+    from edgellm.backends.cpu.packed import PackedWeight
+
+ORDERED_MATH = {"nsz", "arcp", "afn"}  # no reassoc/contract: per-(m,n) float order fixed (see docstring)
+U = np.uint64
+
+
+@njit(cache=True, parallel=True, fastmath=ORDERED_MATH)
+def quantize_act_cpu(x: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x f32 [M,K] -> (xq int8 [M,K], xs f32 [M,K//G] scales, xsum f32 [M,K//G] exact group sums)."""
+    m_rows, k_cols = x.shape
+    n_groups = k_cols // group
+    g_u = U(group)
+    xq = np.empty((m_rows, k_cols), np.int8)
+    xs = np.empty((m_rows, n_groups), np.float32)
+    xsum = np.empty((m_rows, n_groups), np.float32)
+    for m in prange(m_rows):
+        for g in range(n_groups):
+            base = U(g) * g_u
+            amax = np.float32(0.0)
+            total = np.float32(0.0)
+            for k in range(U(0), g_u):
+                v = x[m, base + k]
+                amax = max(amax, abs(v))
+                total += v
+            d = amax / np.float32(127.0)
+            inv = np.float32(1.0) / d if d > 0 else np.float32(0.0)
+            for k in range(U(0), g_u):
+                v = x[m, base + k] * inv
+                # round half away from zero (int conversion truncates)
+                xq[m, base + k] = np.int8(np.int32(v + np.float32(0.5) if v >= 0 else v - np.float32(0.5)))
+            xs[m, g] = d
+            xsum[m, g] = total
+    return xq, xs, xsum
+
+
+@njit(cache=True, fastmath=ORDERED_MATH, inline="always")
+def _group_dot(xrow: np.ndarray, wrow: np.ndarray, base: np.uint64, g_u: np.uint64) -> np.int32:
+    acc = np.int32(0)
+    for k in range(U(0), g_u):
+        acc += np.int32(xrow[base + k]) * np.int32(wrow[base + k])
+    return acc
+
+
+@njit(cache=True, fastmath=ORDERED_MATH, inline="always")
+def _row_dot(xrow, xs_row, xsum_row, wrow, sc_row, mn_row, n_groups, g_u, has_min) -> np.float32:
+    """One output: the reference order every path reproduces exactly (see module docstring)."""
+    acc = np.float32(0.0)
+    macc = np.float32(0.0)
+    for g in range(n_groups):
+        isum = _group_dot(xrow, wrow, U(g) * g_u, g_u)
+        acc += (xs_row[g] * sc_row[g]) * np.float32(isum)
+        if has_min:
+            macc += mn_row[g] * xsum_row[g]
+    return acc + macc
+
+
+@njit(cache=True, parallel=True, fastmath=ORDERED_MATH)
+def gemv_grouped_cpu(xq, xs, xsum, q, scale, minv, has_min, group, out) -> None:
+    """Decode path (one activation row): parallel over weight rows, streams q once."""
+    n_rows, k_cols = q.shape
+    n_groups = k_cols // group
+    g_u = U(group)
+    x0 = xq[0]
+    xs0 = xs[0]
+    xsum0 = xsum[0]
+    for n in prange(n_rows):
+        mn_row = minv[n] if has_min else scale[n]
+        out[0, n] = _row_dot(x0, xs0, xsum0, q[n], scale[n], mn_row, n_groups, g_u, has_min)
+
+
+@njit(cache=True, parallel=True, fastmath=ORDERED_MATH)
+def gemm_grouped_cpu(xq, xs, xsum, q, scale, minv, has_min, group, out) -> None:
+    """Prefill/batched path: 4 activation rows x 2 weight rows per register tile; weight rows stay in L1
+    while every activation row passes over them. Leftover rows use _row_dot (same arithmetic)."""
+    m_rows = xq.shape[0]
+    n_rows, k_cols = q.shape
+    n_groups = k_cols // group
+    g_u = U(group)
+    n_pairs = (n_rows + 1) // 2
+    for p in prange(n_pairs):
+        n = 2 * p
+        if n + 1 == n_rows:  # odd tail row
+            mn_row = minv[n] if has_min else scale[n]
+            for m in range(m_rows):
+                out[m, n] = _row_dot(xq[m], xs[m], xsum[m], q[n], scale[n], mn_row, n_groups, g_u, has_min)
+            continue
+        wa = q[n]
+        wb = q[n + 1]
+        sa = scale[n]
+        sb = scale[n + 1]
+        ma = minv[n] if has_min else sa
+        mb = minv[n + 1] if has_min else sb
+        m = 0
+        while m + 4 <= m_rows:
+            x0 = xq[m]
+            x1 = xq[m + 1]
+            x2 = xq[m + 2]
+            x3 = xq[m + 3]
+            a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = np.float32(0.0)
+            ma0 = ma1 = ma2 = ma3 = mb0 = mb1 = mb2 = mb3 = np.float32(0.0)
+            for g in range(n_groups):
+                base = U(g) * g_u
+                s0 = s1 = s2 = s3 = t0 = t1 = t2 = t3 = np.int32(0)
+                for kk in range(U(0), g_u):
+                    k = base + kk
+                    wa_k = np.int32(wa[k])
+                    wb_k = np.int32(wb[k])
+                    y0 = np.int32(x0[k])
+                    y1 = np.int32(x1[k])
+                    y2 = np.int32(x2[k])
+                    y3 = np.int32(x3[k])
+                    s0 += y0 * wa_k
+                    s1 += y1 * wa_k
+                    s2 += y2 * wa_k
+                    s3 += y3 * wa_k
+                    t0 += y0 * wb_k
+                    t1 += y1 * wb_k
+                    t2 += y2 * wb_k
+                    t3 += y3 * wb_k
+                a0 += (xs[m, g] * sa[g]) * np.float32(s0)
+                a1 += (xs[m + 1, g] * sa[g]) * np.float32(s1)
+                a2 += (xs[m + 2, g] * sa[g]) * np.float32(s2)
+                a3 += (xs[m + 3, g] * sa[g]) * np.float32(s3)
+                b0 += (xs[m, g] * sb[g]) * np.float32(t0)
+                b1 += (xs[m + 1, g] * sb[g]) * np.float32(t1)
+                b2 += (xs[m + 2, g] * sb[g]) * np.float32(t2)
+                b3 += (xs[m + 3, g] * sb[g]) * np.float32(t3)
+                if has_min:
+                    ma0 += ma[g] * xsum[m, g]
+                    ma1 += ma[g] * xsum[m + 1, g]
+                    ma2 += ma[g] * xsum[m + 2, g]
+                    ma3 += ma[g] * xsum[m + 3, g]
+                    mb0 += mb[g] * xsum[m, g]
+                    mb1 += mb[g] * xsum[m + 1, g]
+                    mb2 += mb[g] * xsum[m + 2, g]
+                    mb3 += mb[g] * xsum[m + 3, g]
+            out[m, n] = a0 + ma0
+            out[m + 1, n] = a1 + ma1
+            out[m + 2, n] = a2 + ma2
+            out[m + 3, n] = a3 + ma3
+            out[m, n + 1] = b0 + mb0
+            out[m + 1, n + 1] = b1 + mb1
+            out[m + 2, n + 1] = b2 + mb2
+            out[m + 3, n + 1] = b3 + mb3
+            m += 4
+        while m < m_rows:
+            out[m, n] = _row_dot(xq[m], xs[m], xsum[m], wa, sa, ma, n_groups, g_u, has_min)
+            out[m, n + 1] = _row_dot(xq[m], xs[m], xsum[m], wb, sb, mb, n_groups, g_u, has_min)
+            m += 1
+
+
+@njit(cache=True, parallel=True, fastmath=True)
+def matmul_dense_f32_cpu(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
+    """out = x @ w.T for float weights. One compiled loop serves every M, so a row's dot product is the
+    same machine code whatever the batch (batch invariance) even with reassociation allowed."""
+    m_rows, k_cols = x.shape
+    n_rows = w.shape[0]
+    for n in prange(n_rows):
+        wrow = w[n]
+        for m in range(m_rows):
+            acc = np.float32(0.0)
+            for k in range(U(0), U(k_cols)):
+                acc += x[m, k] * wrow[k]
+            out[m, n] = acc
+
+
+def _check(x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
+    if x.dtype != np.float32 or x.ndim != 2 or not x.flags.c_contiguous:
+        raise ValueError(f"x must be C-contiguous float32 [M, K], got {x.dtype} {x.shape}")
+    if x.shape[1] != w.cols or out.shape != (x.shape[0], w.rows) or out.dtype != np.float32:
+        raise ValueError(
+            f"shape mismatch: x {x.shape}, weight {w.rows}x{w.cols}, out {out.dtype} {out.shape}"
+        )
+
+
+def matmul_grouped_cpu(x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
+    """out[M, N] = x[M, K] @ W.T for int8-grouped weights (writes in place; out may be a strided view)."""
+    _check(x, w, out)
+    xq, xs, xsum = quantize_act_cpu(x, w.group)
+    has_min = w.minv is not None
+    minv = w.minv if has_min else w.scale  # placeholder of the right type; unused when has_min is False
+    kernel = gemv_grouped_cpu if x.shape[0] == 1 else gemm_grouped_cpu
+    kernel(xq, xs, xsum, w.q, w.scale, minv, has_min, w.group, out)
+
+
+def matmul_dense_cpu(x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
+    """out[M, N] = x[M, K] @ W.T for float weights held as dense f32."""
+    _check(x, w, out)
+    matmul_dense_f32_cpu(x, w.dense, out)
+
+
+def matmul_cpu(x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
+    """Entry point: out[M, N] = x[M, K] @ W.T, written in place, results independent of M per row."""
+    if w.dense is not None:
+        matmul_dense_cpu(x, w, out)
+    else:
+        matmul_grouped_cpu(x, w, out)
