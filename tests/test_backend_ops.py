@@ -1,0 +1,132 @@
+"""Backend ops vs the gguf reference, for every supported tensor type.
+
+The reference is gguf.quants.dequantize on random-but-valid raw blocks, with the product taken in float64.
+Error is NMSE = sum((y - ref)^2) / sum(ref^2). Thresholds:
+- float weights (F32/F16/BF16): only f32 accumulation error, < 1e-10.
+- quantized weights: activations are quantized per group to int8 (d = amax/127, like llama.cpp's q8_0),
+  which for Gaussian inputs gives NMSE ~2e-5 (measured 1e-5..6e-5); < 2e-4 leaves margin for small shapes.
+Outputs are written into a slice of a larger buffer whose guard regions must stay untouched.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from edgellm.backends.cpu.matmul import matmul_cpu
+from edgellm.backends.cpu.packed import dequantize_rows_cpu, pack_weight
+from edgellm.quants import BLOCK_DTYPES, QUANT_TRAITS, UnsupportedQuantError, get_traits
+
+FLOAT_TYPES = (T.F32, T.F16, T.BF16)
+NMSE_LIMIT = {qtype: (1e-10 if qtype in FLOAT_TYPES else 2e-4) for qtype in QUANT_TRAITS}
+SHAPES = [(64, 256), (96, 512), (33, 768)]  # (N, K); K is a multiple of 256 for the k-quants
+GUARD = 3  # guard rows/cols around the written slice
+
+
+def random_raw(qtype: T, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """Random raw GGUF bytes that decode to finite weights: random quant bits, sane f16 scales."""
+    traits = get_traits(qtype)
+    if qtype in FLOAT_TYPES:
+        w = rng.standard_normal((rows, cols)).astype(np.float32)
+        if qtype == T.F16:
+            return w.astype(np.float16).view(np.uint8)
+        if qtype == T.BF16:
+            return (w.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+        return w.view(np.uint8)
+    raw = rng.integers(0, 256, (rows, traits.row_bytes(cols)), dtype=np.uint8)
+    blocks = raw.view(BLOCK_DTYPES[qtype])
+    for field in blocks.dtype.names:
+        if blocks.dtype[field].base == np.dtype("<f2"):
+            blocks[field] = rng.uniform(-0.05, 0.05, blocks[field].shape).astype(np.float16)
+    return raw
+
+
+def reference_weight(qtype: T, raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    return get_traits(qtype).dequantize_ref(raw).reshape(rows, cols).astype(np.float64)
+
+
+def nmse(y: np.ndarray, ref: np.ndarray) -> float:
+    return float(((y.astype(np.float64) - ref) ** 2).sum() / (ref**2).sum())
+
+
+def guarded_buffer(rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """A NaN-filled buffer and the interior (strided) view an op must write; the rest is guard."""
+    buf = np.full((rows + 2 * GUARD, cols + 2 * GUARD), np.nan, np.float32)
+    return buf, buf[GUARD : GUARD + rows, GUARD : GUARD + cols]
+
+
+def assert_guards_untouched(buf: np.ndarray, rows: int, cols: int) -> None:
+    mask = np.ones(buf.shape, bool)
+    mask[GUARD : GUARD + rows, GUARD : GUARD + cols] = False
+    assert np.isnan(buf[mask]).all(), "op wrote outside its output slice"
+
+
+CASES = [
+    pytest.param(op, qtype, shape, id=f"{op}-{qtype.name}-{shape[0]}x{shape[1]}")
+    for op in ("matmul_m1", "matmul_m2", "matmul_m7", "matmul_m33", "get_rows")
+    for qtype in QUANT_TRAITS
+    for shape in SHAPES
+]
+
+
+@pytest.mark.parametrize("op,qtype,shape", CASES)
+def test_backend_op_matches_reference(op: str, qtype: T, shape: tuple[int, int]) -> None:
+    rows, cols = shape
+    rng = np.random.default_rng(zlib.crc32(f"{op}-{qtype.name}-{shape}".encode()))
+    raw = random_raw(qtype, rows, cols, rng)
+    ref_w = reference_weight(qtype, raw, rows, cols)
+    packed = pack_weight(qtype, raw, rows, cols)
+    if op == "get_rows":
+        ids = rng.integers(0, rows, 9)
+        got = dequantize_rows_cpu(packed, ids)
+        # Same float ops as gguf's dequantize: exact, not just close.
+        np.testing.assert_array_equal(got, ref_w[ids].astype(np.float32))
+        return
+    m_rows = int(op.removeprefix("matmul_m"))
+    x = rng.standard_normal((m_rows, cols)).astype(np.float32)
+    buf, out = guarded_buffer(m_rows, rows)
+    matmul_cpu(x, packed, out)
+    assert_guards_untouched(buf, m_rows, rows)
+    err = nmse(out, x.astype(np.float64) @ ref_w.T)
+    assert err < NMSE_LIMIT[qtype], f"{qtype.name} {op} {shape}: NMSE {err:.2e}"
+
+
+@pytest.mark.parametrize("qtype", [t for t in QUANT_TRAITS if t not in FLOAT_TYPES], ids=lambda t: t.name)
+def test_unpack_ref_reproduces_gguf_dequantize(qtype: T) -> None:
+    rows, cols = 7, 512
+    raw = random_raw(qtype, rows, cols, np.random.default_rng(qtype.value))
+    traits = get_traits(qtype)
+    q, scale, minv = traits.unpack_ref(raw)
+    assert q.dtype == np.int8 and q.shape == (rows, cols)
+    assert scale.shape == (rows, cols // traits.group) and (minv is not None) == traits.has_min
+    rebuilt = scale[:, :, None] * q.reshape(rows, -1, traits.group).astype(np.float32)
+    if minv is not None:
+        rebuilt = rebuilt + minv[:, :, None]
+    np.testing.assert_array_equal(rebuilt.reshape(rows, cols), reference_weight(qtype, raw, rows, cols))
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K, T.F32], ids=lambda t: t.name)
+def test_matmul_is_batch_invariant(qtype: T) -> None:
+    rows, cols = 40, 512
+    rng = np.random.default_rng(7)
+    packed = pack_weight(qtype, random_raw(qtype, rows, cols, rng), rows, cols)
+    x = rng.standard_normal((13, cols)).astype(np.float32)
+    batched = np.empty((13, rows), np.float32)
+    matmul_cpu(x, packed, batched)
+    for m_rows in (2, 5, 8):  # other batch sizes exercise the 4x2 tile and the leftover-row paths
+        part = np.empty((m_rows, rows), np.float32)
+        matmul_cpu(np.ascontiguousarray(x[13 - m_rows :]), packed, part)
+        np.testing.assert_array_equal(part, batched[13 - m_rows :])
+    for m in range(13):
+        single = np.empty((1, rows), np.float32)
+        matmul_cpu(np.ascontiguousarray(x[m : m + 1]), packed, single)
+        np.testing.assert_array_equal(single[0], batched[m], err_msg=f"row {m} differs from the M=1 result")
+
+
+def test_unsupported_type_raises_clear_error() -> None:
+    with pytest.raises(UnsupportedQuantError, match=r"IQ2_XXS in tensor blk\.0\.attn_q\.weight"):
+        pack_weight(T.IQ2_XXS, np.zeros((4, 66), np.uint8), 4, 256, name="blk.0.attn_q.weight")
+    assert issubclass(UnsupportedQuantError, ValueError)
