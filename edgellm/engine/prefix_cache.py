@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 # Key of one full block: (hash of the parent block's key, the block's tokens). Keeping the tokens in the key
 # makes a block-content collision impossible; only the 64-bit parent hash could collide (~2**-64).
@@ -80,7 +80,7 @@ class HashPrefixCache(PrefixCache):
         # Insertion order = release order, so the first entry is the least recently used.
         self._evictable: OrderedDict[int, None] = OrderedDict()
 
-    def _keys(self, token_ids: Sequence[int]):
+    def _keys(self, token_ids: Sequence[int]) -> Iterator[BlockKey]:
         parent = _ROOT_HASH
         bs = self.block_size
         for start in range(0, len(token_ids) - bs + 1, bs):
