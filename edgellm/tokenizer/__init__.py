@@ -1,0 +1,7 @@
+"""Tokenizers built from GGUF metadata with token ids identical to llama.cpp's."""
+
+from edgellm.tokenizer.stream import StreamDecoder
+from edgellm.tokenizer.tokenizer import Tokenizer
+from edgellm.tokenizer.vocab import TokenizerError
+
+__all__ = ["StreamDecoder", "Tokenizer", "TokenizerError"]
