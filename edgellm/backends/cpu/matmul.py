@@ -47,8 +47,8 @@ def quantize_act_cpu(x: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray,
             inv = np.float32(1.0) / d if d > 0 else np.float32(0.0)
             for k in range(U(0), g_u):
                 v = x[m, base + k] * inv
-                # round half away from zero (int conversion truncates)
-                xq[m, base + k] = np.int8(np.int32(v + np.float32(0.5) if v >= 0 else v - np.float32(0.5)))
+                # round half away from zero (int conversion truncates); copysign keeps the loop branch-free
+                xq[m, base + k] = np.int8(np.int32(v + np.copysign(np.float32(0.5), v)))
             xs[m, g] = d
             xsum[m, g] = total
     return xq, xs, xsum

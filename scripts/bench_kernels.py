@@ -1,0 +1,109 @@
+"""Micro-benchmark of the CPU dequant-matmul kernels.
+
+GEMV (M=1) is timed cold: the script cycles over enough copies of the matrix to exceed L3, so weights come
+from RAM as in decode. GEMM (M=8/64/128) is timed hot (one matrix), as in prefill where each weight is
+reused by every token. Prints GB/s of weight bytes (GGUF and repacked) and us/call, for 1 and 2 threads.
+
+    python scripts/bench_kernels.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import replace
+
+import numba
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from edgellm.backends.cpu.matmul import matmul_cpu
+from edgellm.backends.cpu.packed import PackedWeight, pack_weight
+from edgellm.quants import BLOCK_DTYPES, get_traits
+
+L3_BYTES = 32 * 2**20
+CASES = [  # (qtype, N, K): shapes of the SmolLM2 / Gemma 3 tensors
+    (T.Q4_1, 1536, 576),
+    (T.Q4_1, 576, 1536),
+    (T.Q8_0, 49152, 576),
+    (T.Q4_K, 640, 2048),
+    (T.Q5_0, 640, 2048),
+    (T.Q6_K, 640, 2048),
+]
+
+
+def random_raw(qtype: T, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    raw = rng.integers(0, 256, (rows, get_traits(qtype).row_bytes(cols)), dtype=np.uint8)
+    blocks = raw.view(BLOCK_DTYPES[qtype])
+    for field in blocks.dtype.names:
+        if blocks.dtype[field].base == np.dtype("<f2"):
+            blocks[field] = rng.uniform(-0.05, 0.05, blocks[field].shape).astype(np.float16)
+    return raw
+
+
+def best_time(fn, reps: int) -> float:
+    fn()  # warm-up (compile / load from cache)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def bench_case(qtype: T, rows: int, cols: int, reps: int, rng: np.random.Generator) -> None:
+    raw = random_raw(qtype, rows, cols, rng)
+    gguf_bytes = raw.nbytes
+    first = pack_weight(qtype, raw, rows, cols)
+    n_copies = max(1, -(-2 * L3_BYTES // first.nbytes))  # 2x L3 worth of weights for the cold GEMV
+    weights: list[PackedWeight] = [first] + [
+        replace(
+            first,
+            q=first.q.copy(),
+            scale=first.scale.copy(),
+            minv=None if first.minv is None else first.minv.copy(),
+        )
+        for _ in range(n_copies - 1)
+    ]
+    label = f"{qtype.name} {rows}x{cols}"
+    for threads in (1, 2):
+        numba.set_num_threads(threads)
+        x1 = rng.standard_normal((1, cols)).astype(np.float32)
+        out1 = np.empty((1, rows), np.float32)
+
+        def gemv_all(x1: np.ndarray = x1, out1: np.ndarray = out1) -> None:
+            for w in weights:
+                matmul_cpu(x1, w, out1)
+
+        t = best_time(gemv_all, reps) / len(weights)
+        print(
+            f"{label:22s} thr={threads} GEMV cold  {t * 1e6:9.1f} us/call  "
+            f"{gguf_bytes / t / 1e9:6.1f} GB/s gguf  {first.nbytes / t / 1e9:6.1f} GB/s repacked",
+            flush=True,
+        )
+        for m_rows in (8, 64, 128):
+            x = rng.standard_normal((m_rows, cols)).astype(np.float32)
+            out = np.empty((m_rows, rows), np.float32)
+            t = best_time(lambda x=x, out=out: matmul_cpu(x, first, out), max(2, reps // 2))
+            print(
+                f"{label:22s} thr={threads} GEMM M={m_rows:<4d} {t * 1e6:9.1f} us/call  "
+                f"{t * 1e6 / m_rows:8.1f} us/token  {m_rows * rows * cols / t / 1e9:6.1f} GMAC/s",
+                flush=True,
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    args = parser.parse_args()
+    print(f"numba {numba.__version__}, threading layer: ", end="")
+    rng = np.random.default_rng(0)
+    warm = pack_weight(T.Q8_0, random_raw(T.Q8_0, 8, 64, rng), 8, 64)
+    matmul_cpu(np.ones((1, 64), np.float32), warm, np.empty((1, 8), np.float32))
+    print(numba.threading_layer(), flush=True)
+    for qtype, rows, cols in CASES:
+        bench_case(qtype, rows, cols, 3 if args.quick else 7, rng)
+
+
+if __name__ == "__main__":
+    main()
