@@ -63,6 +63,7 @@ CORPUS = [
     "<bos>already has bos",
     "<table><tr><td>cell</td></tr></table>",
     "a < b > c <| not special |>",
+    "literal <0x41> <unk> [multimodal] </s> <s> tags",
     "▁already escaped▁space",
     "\u00a0non-breaking\u3000ideographic\u2009thin",
     "null\x00byte and bell\x07",
