@@ -13,8 +13,10 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import tempfile
 from pathlib import Path
 
+import gguf
 import llama_cpp
 
 DEFAULT_MODELS = {
@@ -133,6 +135,46 @@ def make_fixture(name: str, path: str) -> dict:
     }
 
 
+# Pre-tokenizer families we support but have no model file for: SmolLM2's vocabulary and merges with another
+# tokenizer.ggml.pre (and no add_bos_token, so llama.cpp's per-pre default applies) exercise their regexes.
+PRE_VARIANTS = ("llama-bpe", "qwen2", "gpt-2", "default")
+
+
+def write_pre_variant(src: str, pre: str, out: Path) -> None:
+    """A tensor-less GGUF holding src's metadata with tokenizer.ggml.pre replaced (llama.cpp vocab_only)."""
+    reader = gguf.GGUFReader(src)
+    writer = gguf.GGUFWriter(str(out), arch=reader.fields["general.architecture"].contents())
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name in ("general.architecture", "tokenizer.ggml.add_bos_token"):
+            continue
+        value = pre if name == "tokenizer.ggml.pre" else field.contents()
+        if field.types[0] == gguf.GGUFValueType.ARRAY:
+            writer.add_key_value(name, list(value), field.types[0], sub_type=field.types[-1])
+        else:
+            writer.add_key_value(name, value, field.types[0])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def make_pre_variants_fixture(src: str) -> dict:
+    variants = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for pre in PRE_VARIANTS:
+            path = Path(tmp) / f"vocab_{pre}.gguf"
+            write_pre_variant(src, pre, path)
+            llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+            variants[pre] = {
+                "add_bos": bool(llama_cpp.llama_vocab_get_add_bos(llm._model.vocab)),
+                "ids_add_special": [
+                    llm.tokenize(text.encode("utf-8"), add_bos=True, special=True) for text in CORPUS
+                ],
+            }
+    return {"base_model": "smollm2", "oracle": f"llama-cpp-python {llama_cpp.__version__}",
+            "texts": CORPUS, "variants": variants}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name, default in DEFAULT_MODELS.items():
@@ -145,6 +187,10 @@ def main() -> None:
         out.write_text(json.dumps(fixture, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
         n_round = sum(case["roundtrips"] for case in fixture["cases"])
         print(f"{out}: {len(fixture['cases'])} strings, {n_round} round-trip in llama.cpp")
+    out = FIXTURE_DIR / "tokenizer_smollm2_pre_variants.json"
+    variants = make_pre_variants_fixture(args.smollm2)
+    out.write_text(json.dumps(variants, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(f"{out}: pre variants {', '.join(PRE_VARIANTS)}")
 
 
 if __name__ == "__main__":

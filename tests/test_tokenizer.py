@@ -80,6 +80,19 @@ def test_decode_matches_llama_cpp_pieces(tokenizers: dict[str, Tokenizer], name:
     assert n_roundtrips >= len(fixture["cases"]) - 2
 
 
+def test_other_pre_tokenizers_match_llama_cpp(metadata: dict[str, dict]) -> None:
+    """llama-bpe / qwen2 / gpt-2 / default regexes: SmolLM2 vocabulary with another tokenizer.ggml.pre."""
+    fixture = json.loads((FIXTURES / "tokenizer_smollm2_pre_variants.json").read_text(encoding="utf-8"))
+    base = {k: v for k, v in metadata["smollm2"].items() if k != "tokenizer.ggml.add_bos_token"}
+    for pre, variant in fixture["variants"].items():
+        tok = Tokenizer.from_metadata({**base, "tokenizer.ggml.pre": pre})
+        assert tok.add_bos == variant["add_bos"], pre
+        got = [tok.encode(text, add_special=True) for text in fixture["texts"]]
+        n_match = sum(g == e for g, e in zip(got, variant["ids_add_special"], strict=True))
+        print(f"\npre={pre}: {n_match}/{len(got)} match")
+        assert n_match == len(got), pre
+
+
 def _complete_prefix(data: bytes) -> str:
     """The text of the longest prefix of data that ends on a character boundary."""
     for cut in range(len(data), max(len(data) - 4, -1), -1):
