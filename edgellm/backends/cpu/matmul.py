@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numba import njit, prange
 
+from edgellm.backends.cpu.fp16 import f16_round
+
 if TYPE_CHECKING:
     from edgellm.backends.cpu.packed import PackedWeight
 
@@ -25,32 +27,60 @@ ORDERED_MATH = {"nsz", "arcp", "afn"}  # no reassoc/contract: per-(m,n) float or
 U = np.uint64
 
 
+# Activation quantization modes (llama.cpp's vec_dot_type of the weight type).
+ACT_Q8_0 = 0  # blocks of 32, d = amax/127 stored as f16, q = rint(x * 127/amax)
+ACT_Q8_1 = 1  # q8_0 plus s = f16(d * sum(q)) per block, for the min term of Q4_1/Q5_1
+ACT_Q8_K = 2  # blocks of 256, d = max/-127 as f32 (max: the signed value of largest magnitude)
+ACT_MODES = {"q8_0": ACT_Q8_0, "q8_1": ACT_Q8_1, "q8_K": ACT_Q8_K}
+
+
 @njit(cache=True, parallel=True, fastmath=ORDERED_MATH)
-def quantize_act_cpu(x: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """x f32 [M,K] -> (xq int8 [M,K], xs f32 [M,K//G] scales, xsum f32 [M,K//G] exact group sums)."""
+def quantize_act_cpu(x: np.ndarray, group: int, mode: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x f32 [M,K] -> (xq int8 [M,K], xs f32 [M,K//G], xsum f32 [M,K//G]) for weight group G.
+
+    Quantizes exactly as llama.cpp quantizes activations for the weight type (see ACT_*), then expresses
+    the result per weight group: xs[m, g] is the scale of the activation block holding group g, and
+    xsum[m, g] = xs * sum(xq over the group) (f16-rounded for q8_1, as its `s` field) — the sum of the
+    dequantized activations, so the min term sees the same rounding as the integer term."""
     m_rows, k_cols = x.shape
     n_groups = k_cols // group
-    g_u = U(group)
+    block = 256 if mode == ACT_Q8_K else 32
+    n_blocks = k_cols // block
+    per_block = block // group
     xq = np.empty((m_rows, k_cols), np.int8)
     xs = np.empty((m_rows, n_groups), np.float32)
     xsum = np.empty((m_rows, n_groups), np.float32)
     for m in prange(m_rows):
-        for g in range(n_groups):
-            base = U(g) * g_u
+        for b in range(n_blocks):
+            base = b * block
             amax = np.float32(0.0)
-            total = np.float32(0.0)
-            for k in range(U(0), g_u):
+            vmax = np.float32(0.0)
+            for k in range(block):
                 v = x[m, base + k]
-                amax = max(amax, abs(v))
-                total += v
-            d = amax / np.float32(127.0)
-            inv = np.float32(1.0) / d if d > 0 else np.float32(0.0)
-            for k in range(U(0), g_u):
-                v = x[m, base + k] * inv
-                # round half away from zero (int conversion truncates); copysign keeps the loop branch-free
-                xq[m, base + k] = np.int8(np.int32(v + np.copysign(np.float32(0.5), v)))
-            xs[m, g] = d
-            xsum[m, g] = total
+                if abs(v) > amax:
+                    amax = abs(v)
+                    vmax = v
+            if mode == ACT_Q8_K:
+                iscale = np.float32(-127.0) / vmax if amax > 0 else np.float32(0.0)
+                d = np.float32(1.0) / iscale if amax > 0 else np.float32(0.0)
+                d_stored = d
+            else:
+                iscale = np.float32(127.0) / amax if amax > 0 else np.float32(0.0)
+                d = amax / np.float32(127.0)
+                d_stored = f16_round(d)
+            for k in range(block):
+                qv = np.rint(x[m, base + k] * iscale)  # ties to even, as llama.cpp's SIMD/nearest_int
+                xq[m, base + k] = np.int8(min(qv, np.float32(127.0)))
+            for j in range(per_block):
+                g = b * per_block + j
+                isum = np.int32(0)
+                for k in range(group):
+                    isum += np.int32(xq[m, base + j * group + k])
+                xs[m, g] = d_stored
+                if mode == ACT_Q8_1:
+                    xsum[m, g] = f16_round(d * np.float32(isum))
+                else:
+                    xsum[m, g] = d_stored * np.float32(isum)
     return xq, xs, xsum
 
 
@@ -197,7 +227,7 @@ def _check(x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
 def matmul_grouped_cpu(x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
     """out[M, N] = x[M, K] @ W.T for int8-grouped weights (writes in place; out may be a strided view)."""
     _check(x, w, out)
-    xq, xs, xsum = quantize_act_cpu(x, w.group)
+    xq, xs, xsum = quantize_act_cpu(x, w.group, w.act_mode)
     has_min = w.minv is not None
     minv = w.minv if has_min else w.scale  # placeholder of the right type; unused when has_min is False
     kernel = gemv_grouped_cpu if x.shape[0] == 1 else gemm_grouped_cpu
@@ -207,6 +237,8 @@ def matmul_grouped_cpu(x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
 def matmul_dense_cpu(x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
     """out[M, N] = x[M, K] @ W.T for float weights held as dense f32."""
     _check(x, w, out)
+    if w.act_round is not None:  # llama.cpp converts activations to the weight's float type first
+        x = w.act_round(x)
     matmul_dense_f32_cpu(x, w.dense, out)
 
 

@@ -8,14 +8,32 @@ weight[n, k] == scale[n, k//G] * q[n, k] + minv[n, k//G]. Contiguous int8 rows w
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGMLQuantizationType
 from numba import njit, prange
 
-from edgellm.backends.cpu.matmul import ORDERED_MATH, U
+from edgellm.backends.cpu.matmul import ACT_MODES, ACT_Q8_0, ORDERED_MATH, U
 from edgellm.quants.traits import get_traits
+
+
+def _round_f16(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float16).astype(np.float32)
+
+
+def _round_bf16(x: np.ndarray) -> np.ndarray:
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    return rounded.view(np.float32)
+
+
+ACT_ROUNDING: dict[str, Callable[[np.ndarray], np.ndarray] | None] = {
+    "f32": None,
+    "f16": _round_f16,
+    "bf16": _round_bf16,
+}
 
 
 @dataclass
@@ -28,6 +46,8 @@ class PackedWeight:
     rows: int  # N (output features)
     cols: int  # K (input features)
     qtype: GGMLQuantizationType
+    act_mode: int = ACT_Q8_0  # how activations are quantized (matmul.ACT_*), from the traits' vec_dot
+    act_round: Callable[[np.ndarray], np.ndarray] | None = None  # float weights: activation rounding
 
     @property
     def nbytes(self) -> int:
@@ -47,11 +67,15 @@ def pack_weight(
         raise ValueError(f"{name or 'tensor'}: raw shape {raw.shape}, expected {expected} for {traits.name}")
     if traits.unpack_ref is None:
         dense = np.ascontiguousarray(traits.dequantize_ref(raw).reshape(rows, cols), dtype=np.float32)
-        return PackedWeight(None, None, None, dense, 0, rows, cols, traits.qtype)
+        return PackedWeight(
+            None, None, None, dense, 0, rows, cols, traits.qtype, act_round=ACT_ROUNDING[traits.vec_dot]
+        )
     q, scale, minv = traits.unpack_ref(raw)
     scale = np.ascontiguousarray(scale, dtype=np.float32)
     minv = None if minv is None else np.ascontiguousarray(minv, dtype=np.float32)
-    return PackedWeight(q, scale, minv, None, traits.group, rows, cols, traits.qtype)
+    return PackedWeight(
+        q, scale, minv, None, traits.group, rows, cols, traits.qtype, act_mode=ACT_MODES[traits.vec_dot]
+    )
 
 
 @njit(cache=True, parallel=True, fastmath=ORDERED_MATH)

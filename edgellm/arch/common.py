@@ -1,0 +1,165 @@
+"""What every architecture file shares: the batch description, tensor lookup with shape checks, and
+the attention / feed-forward blocks that differ between architectures only by flags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from edgellm.backends.base import Backend
+from edgellm.gguf.config import ROPE_NEOX, ModelConfig
+from edgellm.gguf.reader import GGUFError, GGUFFile, TensorInfo
+
+
+@dataclass
+class ForwardBatch:
+    """The tokens one forward pass computes, possibly from several sequences (grouped, in order)."""
+
+    token_ids: np.ndarray  # [T] int32: tokens to compute this step
+    positions: np.ndarray  # [T] int32: position of each token in its sequence
+    seq_index: np.ndarray  # [T] int32: row of block_tables holding the token's sequence
+    block_tables: np.ndarray  # [S, max_blocks] int32: KV block ids of each sequence, in order
+    slots: np.ndarray  # [T] int64: KV slot of each token = block_id * block_size + position % block_size
+    logits_index: np.ndarray  # [L] int32: which of the T tokens need logits (vocabulary projection)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+class TensorSource:
+    """Looks tensors up by name and checks their shapes, so a bad file fails at load with a clear error."""
+
+    def __init__(self, gguf: GGUFFile) -> None:
+        self.gguf = gguf
+
+    def get(self, name: str, shape: tuple[int, ...]) -> TensorInfo:
+        t = self.gguf.tensors.get(name)
+        if t is None:
+            raise GGUFError(f"{self.gguf.path}: missing tensor {name!r}")
+        if tuple(t.shape) != tuple(shape):
+            raise GGUFError(f"{self.gguf.path}: tensor {name!r} has shape {t.shape}, expected {shape}")
+        return t
+
+    def has(self, name: str) -> bool:
+        return name in self.gguf.tensors
+
+
+@dataclass
+class AttentionWeights:
+    norm: Any  # [n_embd]
+    wqkv: Any  # [(H + 2*Hkv) * d, n_embd] fused Q|K|V
+    wo: Any  # [n_embd, H * dv]
+    bqkv: Any = None  # [(H + 2*Hkv) * d] (Qwen 2)
+    q_norm: Any = None  # [d] (Gemma 3, Qwen 3)
+    k_norm: Any = None  # [d]
+    post_norm: Any = None  # [n_embd] (Gemma)
+
+
+@dataclass
+class FeedForwardWeights:
+    norm: Any  # [n_embd]
+    w_gate_up: Any  # [2 * n_ff, n_embd] fused gate|up
+    w_down: Any  # [n_embd, n_ff]
+    post_norm: Any = None  # [n_embd] (Gemma)
+
+
+def load_attention(be: Backend, src: TensorSource, cfg: ModelConfig, il: int) -> AttentionWeights:
+    p = f"blk.{il}."
+    e, d, dv = cfg.n_embd, cfg.head_dim, cfg.head_dim_v
+    q = src.get(p + "attn_q.weight", (cfg.n_heads * d, e))
+    k = src.get(p + "attn_k.weight", (cfg.n_kv_heads * d, e))
+    v = src.get(p + "attn_v.weight", (cfg.n_kv_heads * dv, e))
+    w = AttentionWeights(
+        norm=be.load_vector(src.get(p + "attn_norm.weight", (e,))),
+        wqkv=be.load_matrix([q, k, v]),
+        wo=be.load_matrix([src.get(p + "attn_output.weight", (e, cfg.n_heads * dv))]),
+    )
+    if cfg.qkv_bias:
+        parts = [
+            be.to_host(be.load_vector(src.get(p + f"attn_{n}.bias", (rows,))))
+            for n, rows in (("q", cfg.n_heads * d), ("k", cfg.n_kv_heads * d), ("v", cfg.n_kv_heads * dv))
+        ]
+        w.bqkv = be.from_host(np.concatenate(parts))
+    if cfg.qk_norm:
+        w.q_norm = be.load_vector(src.get(p + "attn_q_norm.weight", (d,)))
+        w.k_norm = be.load_vector(src.get(p + "attn_k_norm.weight", (d,)))
+    if cfg.post_norms:
+        w.post_norm = be.load_vector(src.get(p + "post_attention_norm.weight", (e,)))
+    return w
+
+
+def load_feed_forward(be: Backend, src: TensorSource, cfg: ModelConfig, il: int) -> FeedForwardWeights:
+    p = f"blk.{il}."
+    e, f = cfg.n_embd, cfg.n_ff
+    w = FeedForwardWeights(
+        norm=be.load_vector(src.get(p + "ffn_norm.weight", (e,))),
+        w_gate_up=be.load_matrix(
+            [src.get(p + "ffn_gate.weight", (f, e)), src.get(p + "ffn_up.weight", (f, e))]
+        ),
+        w_down=be.load_matrix([src.get(p + "ffn_down.weight", (e, f))]),
+    )
+    if cfg.post_norms:
+        w.post_norm = be.load_vector(src.get(p + "post_ffw_norm.weight", (e,)))
+    return w
+
+
+def attention_block(
+    be: Backend,
+    cfg: ModelConfig,
+    w: AttentionWeights,
+    x: Any,
+    batch: ForwardBatch,
+    kv: Any,
+    il: int,
+    positions: Any,
+    seq_index: Any,
+    block_tables: Any,
+    slots: Any,
+) -> None:
+    """x += Attention(norm(x)) for every token of the batch (in place). x: [T, n_embd]."""
+    T = batch.n_tokens
+    H, Hkv, d, dv = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v
+    h = be.empty((T, cfg.n_embd))
+    be.rmsnorm(x, w.norm, cfg.rms_eps, h)
+    qkv = be.empty((T, (H + Hkv) * d + Hkv * dv))
+    be.matmul(h, w.wqkv, qkv)  # [T, H*d | Hkv*d | Hkv*dv]
+    if w.bqkv is not None:
+        be.add_bias(qkv, w.bqkv)
+    q = qkv[:, : H * d].reshape(T, H, d)  # [T, H, d] (views into qkv)
+    k = qkv[:, H * d : (H + Hkv) * d].reshape(T, Hkv, d)  # [T, Hkv, d]
+    v = qkv[:, (H + Hkv) * d :].reshape(T, Hkv, dv)  # [T, Hkv, dv]
+    if w.q_norm is not None:
+        be.rmsnorm_heads(q, w.q_norm, cfg.rms_eps)
+        be.rmsnorm_heads(k, w.k_norm, cfg.rms_eps)
+    swa = cfg.swa_layers[il]
+    base = cfg.rope_base_swa if swa else cfg.rope_base
+    neox = cfg.rope_type == ROPE_NEOX
+    be.rope(q, positions, cfg.rope_dim, base, neox)
+    be.rope(k, positions, cfg.rope_dim, base, neox)
+    be.write_kv(kv, il, k, v, slots)
+    attn = be.empty((T, H, dv))
+    window = cfg.sliding_window if swa else 0
+    be.attention(q, kv, il, block_tables, seq_index, positions, window, cfg.attn_scale, attn)
+    o = be.empty((T, cfg.n_embd))
+    be.matmul(attn.reshape(T, H * dv), w.wo, o)  # [T, n_embd]
+    if w.post_norm is not None:
+        be.rmsnorm(o, w.post_norm, cfg.rms_eps, o)
+    be.add(x, o)
+
+
+def feed_forward_block(be: Backend, cfg: ModelConfig, w: FeedForwardWeights, x: Any, T: int) -> None:
+    """x += FFN(norm(x)), a gated FFN (SwiGLU or GeGLU). x: [T, n_embd]."""
+    h = be.empty((T, cfg.n_embd))
+    be.rmsnorm(x, w.norm, cfg.rms_eps, h)
+    gate_up = be.empty((T, 2 * cfg.n_ff))
+    be.matmul(h, w.w_gate_up, gate_up)  # [T, 2*n_ff]
+    act = be.empty((T, cfg.n_ff))
+    be.gated_act(gate_up, act, cfg.activation)  # [T, n_ff]
+    out = be.empty((T, cfg.n_embd))
+    be.matmul(act, w.w_down, out)
+    if w.post_norm is not None:
+        be.rmsnorm(out, w.post_norm, cfg.rms_eps, out)
+    be.add(x, out)

@@ -1,0 +1,75 @@
+"""Llama-family decoder: Llama 2/3, SmolLM2, TinyLlama, Mistral, and Qwen 2/3 (QKV bias, Q/K norms).
+
+x = embed(tokens)                                  # [T, n_embd]
+for each layer:
+    x += Wo @ attention(rope(Wq h), rope(Wk h), Wv h)    with h = rmsnorm(x) * attn_norm
+    x += W_down @ (silu(W_gate h) * (W_up h))            with h = rmsnorm(x) * ffn_norm
+logits = W_out @ (rmsnorm(x) * output_norm)        # only at the tokens that need logits
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from edgellm.arch.common import (
+    ForwardBatch,
+    TensorSource,
+    attention_block,
+    feed_forward_block,
+    load_attention,
+    load_feed_forward,
+)
+from edgellm.backends.base import Backend
+from edgellm.gguf.config import ModelConfig
+from edgellm.gguf.reader import GGUFFile
+
+
+class LlamaModel:
+    def __init__(self, cfg: ModelConfig, gguf: GGUFFile, be: Backend, progress=None) -> None:
+        self.cfg, self.be = cfg, be
+        src = TensorSource(gguf)
+        e, V = cfg.n_embd, cfg.n_vocab
+        self.tok_embd = be.load_matrix([src.get("token_embd.weight", (V, e))])  # [V, n_embd]
+        self.layers = []
+        for il in range(cfg.n_layers):
+            self.layers.append((load_attention(be, src, cfg, il), load_feed_forward(be, src, cfg, il)))
+            if progress:
+                progress(il + 1, cfg.n_layers)
+        self.output_norm = be.load_vector(src.get("output_norm.weight", (e,)))
+        # Tied embeddings: without output.weight the embedding matrix is the vocabulary projection.
+        self.output = (
+            be.load_matrix([src.get("output.weight", (V, e))]) if src.has("output.weight") else self.tok_embd
+        )
+
+    def forward(self, batch: ForwardBatch, kv: Any) -> np.ndarray:
+        """Logits [L, n_vocab] (host float32) at batch.logits_index, after writing the batch's K/V."""
+        be, cfg = self.be, self.cfg
+        positions = be.from_host(batch.positions)
+        seq_index = be.from_host(batch.seq_index)
+        block_tables = be.from_host(batch.block_tables)
+        slots = be.from_host(batch.slots)
+        x = be.embed(self.tok_embd, batch.token_ids, cfg.embd_scale)  # [T, n_embd]
+        for il, (attn_w, ffn_w) in enumerate(self.layers):
+            attention_block(be, cfg, attn_w, x, batch, kv, il, positions, seq_index, block_tables, slots)
+            feed_forward_block(be, cfg, ffn_w, x, batch.n_tokens)
+        return output_logits(be, cfg, x, batch, self.output_norm, self.output)
+
+
+def output_logits(
+    be: Backend, cfg: ModelConfig, x: Any, batch: ForwardBatch, norm: Any, w_out: Any
+) -> np.ndarray:
+    """Final norm and vocabulary projection, only for the rows in batch.logits_index."""
+    if len(batch.logits_index) == 0:
+        return np.empty((0, cfg.n_vocab), np.float32)
+    rows = be.to_host(x)[batch.logits_index] if len(batch.logits_index) != batch.n_tokens else be.to_host(x)
+    h = be.from_host(np.ascontiguousarray(rows, dtype=np.float32))  # [L, n_embd]
+    be.rmsnorm(h, norm, cfg.rms_eps, h)
+    logits = be.empty((h.shape[0], cfg.n_vocab))  # [L, n_vocab]
+    be.matmul(h, w_out, logits)
+    out = be.to_host(logits)
+    if cfg.final_logit_softcap > 0:
+        c = cfg.final_logit_softcap
+        out = np.tanh(out / c) * c
+    return out

@@ -1,0 +1,170 @@
+"""The CPU backend: numpy arrays and Numba kernels."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from edgellm.backends.base import Backend
+from edgellm.backends.cpu import ops
+from edgellm.backends.cpu.matmul import matmul_cpu
+from edgellm.backends.cpu.packed import PackedWeight, dequantize_rows_cpu, pack_weight
+from edgellm.gguf.reader import TensorInfo
+from edgellm.quants.traits import get_traits
+
+
+def stack_packed(parts: list[PackedWeight]) -> PackedWeight:
+    """Stack repacked matrices along the output rows (Q|K|V, gate|up) so one matmul call serves them.
+    Possible whenever they share the repacked form (same group; a missing min is a zero min)."""
+    first = parts[0]
+    rows = sum(p.rows for p in parts)
+    if first.dense is not None:
+        dense = np.concatenate([p.dense for p in parts], axis=0)
+        return PackedWeight(
+            q=None,
+            scale=None,
+            minv=None,
+            dense=dense,
+            group=0,
+            rows=rows,
+            cols=first.cols,
+            qtype=first.qtype,
+            act_round=first.act_round,
+        )
+    any_min = any(p.minv is not None for p in parts)
+    minv = (
+        np.concatenate([p.minv if p.minv is not None else np.zeros_like(p.scale) for p in parts], axis=0)
+        if any_min
+        else None
+    )
+    return PackedWeight(
+        q=np.concatenate([p.q for p in parts], axis=0),
+        scale=np.concatenate([p.scale for p in parts], axis=0),
+        minv=minv,
+        dense=None,
+        group=first.group,
+        rows=rows,
+        cols=first.cols,
+        qtype=first.qtype,
+        act_mode=first.act_mode,
+    )
+
+
+def _stackable(parts: list[PackedWeight]) -> bool:
+    first = parts[0]
+    return all(
+        (p.dense is None) == (first.dense is None)
+        and p.group == first.group
+        and p.act_mode == first.act_mode
+        and p.act_round is first.act_round
+        for p in parts
+    )
+
+
+class StackedWeights:
+    """Matrices that could not be stacked (different repacked forms): one matmul each into column slices."""
+
+    def __init__(self, parts: list[PackedWeight]) -> None:
+        self.parts = parts
+        self.rows = sum(p.rows for p in parts)
+        self.cols = parts[0].cols
+
+
+class CpuBackend(Backend):
+    name = "cpu"
+
+    def load_matrix(self, tensors: list[TensorInfo]) -> Any:
+        parts = []
+        for t in tensors:
+            get_traits(t.qtype, t.name)  # clear error for unsupported types, naming the tensor
+            rows, cols = t.shape
+            parts.append(pack_weight(t.qtype, t.data, rows, cols))
+        if len(parts) == 1:
+            return parts[0]
+        return stack_packed(parts) if _stackable(parts) else StackedWeights(parts)
+
+    def load_vector(self, tensor: TensorInfo) -> np.ndarray:
+        get_traits(tensor.qtype, tensor.name)
+        n = int(np.prod(tensor.shape))
+        w = pack_weight(tensor.qtype, tensor.data.reshape(1, -1), 1, n)
+        return np.ascontiguousarray(dequantize_rows_cpu(w, np.zeros(1, np.int64))[0], dtype=np.float32)
+
+    def empty(self, shape: tuple[int, ...]) -> np.ndarray:
+        return np.empty(shape, dtype=np.float32)
+
+    def to_host(self, x: np.ndarray) -> np.ndarray:
+        return x
+
+    def from_host(self, x: np.ndarray) -> np.ndarray:
+        return x
+
+    def embed(self, w: Any, ids: np.ndarray, scale: float) -> np.ndarray:
+        x = dequantize_rows_cpu(w, np.asarray(ids, dtype=np.int64))
+        if scale != 1.0:
+            x *= np.float32(scale)
+        return x
+
+    def matmul(self, x: np.ndarray, w: Any, out: np.ndarray) -> None:
+        if isinstance(w, StackedWeights):
+            c = 0
+            for p in w.parts:
+                part = np.empty((x.shape[0], p.rows), np.float32)
+                matmul_cpu(x, p, part)
+                out[:, c : c + p.rows] = part
+                c += p.rows
+            return
+        matmul_cpu(np.ascontiguousarray(x), w, out)
+
+    def rmsnorm(self, x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:
+        ops.rmsnorm_cpu(x, w, eps, out)
+
+    def rmsnorm_heads(self, x: np.ndarray, w: np.ndarray, eps: float) -> None:
+        ops.rmsnorm_heads_cpu(x, w, eps)
+
+    def rope(self, x: np.ndarray, positions: np.ndarray, n_rot: int, base: float, neox: bool) -> None:
+        ops.rope_cpu(x, positions, n_rot, base, neox)
+
+    def gated_act(self, gate_up: np.ndarray, out: np.ndarray, kind: str) -> None:
+        (ops.geglu_cpu if kind == "gelu" else ops.swiglu_cpu)(gate_up, out)
+
+    def add(self, x: np.ndarray, y: np.ndarray) -> None:
+        ops.add_cpu(x, y)
+
+    def add_bias(self, x: np.ndarray, b: np.ndarray) -> None:
+        x += b
+
+    def alloc_kv(self, n_layers: int, n_blocks: int, block_size: int, n_kv: int, d: int, dv: int) -> Any:
+        return [
+            (
+                np.zeros((n_blocks, block_size, n_kv, d), np.float32),
+                np.zeros((n_blocks, block_size, n_kv, dv), np.float32),
+            )
+            for _ in range(n_layers)
+        ]
+
+    def write_kv(self, kv: Any, layer: int, k: np.ndarray, v: np.ndarray, slots: np.ndarray) -> None:
+        k_cache, v_cache = kv[layer]
+        ops.write_kv_cpu(k, v, k_cache, v_cache, slots)
+
+    def copy_blocks(self, kv: Any, pairs: list[tuple[int, int]]) -> None:
+        src = np.asarray([p[0] for p in pairs])
+        dst = np.asarray([p[1] for p in pairs])
+        for k_cache, v_cache in kv:
+            k_cache[dst] = k_cache[src]
+            v_cache[dst] = v_cache[src]
+
+    def attention(
+        self,
+        q: np.ndarray,
+        kv: Any,
+        layer: int,
+        block_tables: np.ndarray,
+        seq_index: np.ndarray,
+        positions: np.ndarray,
+        window: int,
+        scale: float,
+        out: np.ndarray,
+    ) -> None:
+        k_cache, v_cache = kv[layer]
+        ops.attention_paged_cpu(q, k_cache, v_cache, block_tables, seq_index, positions, window, scale, out)

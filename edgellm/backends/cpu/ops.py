@@ -1,0 +1,189 @@
+"""Numba CPU kernels for everything but the matmuls: norms, rotary embedding, gated activations,
+KV-cache writes and paged attention.
+
+Every kernel works row by row with a fixed reduction order, so a token's result never depends on which
+other tokens share the batch (the serving engine's determinism rests on that).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from edgellm.backends.cpu.fp16 import f16_round
+
+# fastmath without 'nnan'/'ninf': softmax uses -inf and exp underflow (see shared notes, pitfall 6).
+SAFE_MATH = {"reassoc", "contract", "nsz", "arcp", "afn"}
+
+
+@njit(cache=True, fastmath=SAFE_MATH, parallel=True)
+def rmsnorm_cpu(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:
+    """out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w.  x, out: [R, n]; w: [n]. out may alias x."""
+    rows, n = x.shape
+    for r in prange(rows):
+        acc = 0.0  # float64 accumulation, as ggml does
+        for i in range(n):
+            acc += x[r, i] * x[r, i]
+        scale = np.float32(1.0 / math.sqrt(acc / n + eps))
+        for i in range(n):
+            out[r, i] = x[r, i] * scale * w[i]
+
+
+@njit(cache=True, fastmath=SAFE_MATH)
+def rmsnorm_heads_cpu(x: np.ndarray, w: np.ndarray, eps: float) -> None:
+    """In-place per-head RMSNorm (Q/K norm). x: [T, H, d]; w: [d]."""
+    T, H, d = x.shape
+    for t in range(T):
+        for h in range(H):
+            acc = 0.0
+            for i in range(d):
+                acc += x[t, h, i] * x[t, h, i]
+            scale = np.float32(1.0 / math.sqrt(acc / d + eps))
+            for i in range(d):
+                x[t, h, i] = x[t, h, i] * scale * w[i]
+
+
+@njit(cache=True, fastmath=SAFE_MATH)
+def rope_cpu(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool) -> None:
+    """In-place rotary embedding. x: [T, H, d]; pos: [T] int32.
+
+    neox=False rotates adjacent pairs (x[2i], x[2i+1]); neox=True rotates (x[i], x[i + n_rot/2]).
+    theta_i = pos * base^(-2i/n_rot), as llama.cpp.
+    """
+    T, H, d = x.shape
+    half = n_rot // 2
+    cos_t = np.empty(half, np.float32)
+    sin_t = np.empty(half, np.float32)
+    for t in range(T):
+        p = float(pos[t])
+        for i in range(half):
+            theta = p * base ** (-2.0 * i / n_rot)
+            cos_t[i] = math.cos(theta)
+            sin_t[i] = math.sin(theta)
+        for h in range(H):
+            for i in range(half):
+                if neox:
+                    a, b = i, i + half
+                else:
+                    a, b = 2 * i, 2 * i + 1
+                x0 = x[t, h, a]
+                x1 = x[t, h, b]
+                x[t, h, a] = x0 * cos_t[i] - x1 * sin_t[i]
+                x[t, h, b] = x0 * sin_t[i] + x1 * cos_t[i]
+
+
+@njit(cache=True, fastmath=True, parallel=True)
+def swiglu_cpu(gate_up: np.ndarray, out: np.ndarray) -> None:
+    """out = silu(gate) * up, gate_up: [T, 2*ff] = [gate | up]; out: [T, ff]."""
+    T, ff = out.shape
+    for t in prange(T):
+        for i in range(ff):
+            g = gate_up[t, i]
+            out[t, i] = g / (np.float32(1.0) + np.exp(-g)) * gate_up[t, ff + i]
+
+
+@njit(cache=True, fastmath=True, parallel=True)
+def geglu_cpu(gate_up: np.ndarray, out: np.ndarray) -> None:
+    """out = gelu_tanh(gate) * up (GeGLU, Gemma), same layout as swiglu_cpu."""
+    T, ff = out.shape
+    c = np.float32(math.sqrt(2.0 / math.pi))
+    for t in prange(T):
+        for i in range(ff):
+            g = gate_up[t, i]
+            gl = np.float32(0.5) * g * (np.float32(1.0) + np.tanh(c * (g + np.float32(0.044715) * g * g * g)))
+            out[t, i] = gl * gate_up[t, ff + i]
+
+
+@njit(cache=True)
+def write_kv_cpu(
+    k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, slots: np.ndarray
+) -> None:
+    """Store each token's K/V at its cache slot. k: [T, Hkv, d]; k_cache: [n_blocks, block_size, Hkv, d];
+    slots[t] = block_id * block_size + offset."""
+    bs = k_cache.shape[1]
+    for t in range(k.shape[0]):
+        blk = slots[t] // bs
+        off = slots[t] % bs
+        for h in range(k.shape[1]):
+            for i in range(k.shape[2]):
+                k_cache[blk, off, h, i] = f16_round(k[t, h, i])  # f16 cache values, as llama.cpp
+            for i in range(v.shape[2]):
+                v_cache[blk, off, h, i] = f16_round(v[t, h, i])
+
+
+@njit(cache=True, fastmath=SAFE_MATH, parallel=True)
+def attention_paged_cpu(
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    block_tables: np.ndarray,
+    tok_seq: np.ndarray,
+    tok_pos: np.ndarray,
+    window: int,
+    scale: float,
+    out: np.ndarray,
+) -> None:
+    """Causal attention for a batch of tokens from different sequences, keys read through block tables.
+
+    q: [T, H, d]; k_cache/v_cache: [n_blocks, block_size, Hkv, d]; block_tables: [S, max_blocks] int32;
+    tok_seq[t]: row of block_tables for token t; tok_pos[t]: its position. Token t attends to positions
+    max(0, pos - window + 1) .. pos of its sequence (window <= 0: no window). out: [T, H, dv].
+    Decode tokens and prefill chunks over cached prefixes are the same call.
+    """
+    T, H, d = q.shape
+    bs = k_cache.shape[1]
+    n_kv = k_cache.shape[2]
+    dv = v_cache.shape[3]
+    group = H // n_kv
+    for idx in prange(T * H):
+        t = idx // H
+        h = idx % H
+        kvh = h // group
+        s = tok_seq[t]
+        p = tok_pos[t]
+        start = 0
+        if window > 0 and p - window + 1 > 0:
+            start = p - window + 1
+        n = p - start + 1
+        scores = np.empty(n, np.float32)
+        qh = np.empty(d, np.float32)
+        for i in range(d):
+            qh[i] = f16_round(q[t, h, i])
+        m = -np.inf
+        for j in range(n):
+            kp = start + j
+            blk = block_tables[s, kp // bs]
+            off = kp % bs
+            acc = np.float32(0.0)
+            for i in range(d):
+                acc += qh[i] * k_cache[blk, off, kvh, i]
+            acc *= scale
+            scores[j] = acc
+            if acc > m:
+                m = acc
+        total = 0.0  # float64, as ggml's softmax
+        for j in range(n):
+            e = np.exp(scores[j] - m)
+            scores[j] = e
+            total += e
+        inv = np.float32(1.0 / total)
+        for i in range(dv):
+            out[t, h, i] = 0.0
+        for j in range(n):
+            kp = start + j
+            blk = block_tables[s, kp // bs]
+            off = kp % bs
+            w = f16_round(scores[j] * inv)  # llama.cpp multiplies V by f16 softmax weights
+            for i in range(dv):
+                out[t, h, i] += w * v_cache[blk, off, kvh, i]
+
+
+@njit(cache=True, fastmath=True, parallel=True)
+def add_cpu(x: np.ndarray, y: np.ndarray) -> None:
+    """x += y, both [T, n]."""
+    T, n = x.shape
+    for t in prange(T):
+        for i in range(n):
+            x[t, i] += y[t, i]

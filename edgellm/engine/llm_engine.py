@@ -1,0 +1,263 @@
+"""LLMEngine: requests in, per-step deltas out. `step()` is schedule -> run -> postprocess (nano-vllm)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edgellm.engine.model_runner import ModelRunner, RunItem
+from edgellm.engine.outputs import (
+    CompletionDelta,
+    OutputProcessor,
+    RequestMetrics,
+    RequestOutput,
+    TokenLogprob,
+    now,
+)
+from edgellm.engine.scheduler import Scheduler, SchedulerConfig, SchedulerPlan
+from edgellm.engine.sequence import Sequence, SequenceStatus
+from edgellm.sampling import Sampler, SamplingParams, top_logprobs
+from edgellm.tokenizer import Tokenizer
+
+
+class PromptTooLongError(ValueError):
+    pass
+
+
+@dataclass
+class EngineStats:
+    """A snapshot of the engine's gauges and counters (the server's /metrics is built from it)."""
+
+    num_running: int
+    num_waiting: int
+    kv_blocks_total: int
+    kv_blocks_used: int
+    kv_usage: float  # fraction of blocks held by live sequences
+    prefix_cache_hit_rate: float
+    num_preemptions: int
+    prompt_tokens_total: int
+    cached_tokens_total: int
+    generated_tokens_total: int
+    requests_finished_total: int
+
+
+@dataclass
+class _Request:
+    request_id: str
+    params: SamplingParams
+    prompt_ids: list[int]
+    seq_ids: list[int]  # one per completion; [0] is the parent the others fork from
+    outputs: list[OutputProcessor]
+    samplers: list[Sampler]
+    metrics: RequestMetrics
+    max_tokens: int
+    forked: bool = False
+    finished: set[int] = field(default_factory=set)  # completion indexes done
+
+
+class LLMEngine:
+    def __init__(self, runner: ModelRunner, tokenizer: Tokenizer, n_ctx: int, sched: SchedulerConfig) -> None:
+        self.runner, self.tok, self.n_ctx = runner, tokenizer, n_ctx
+        self.scheduler = Scheduler(sched)
+        self.requests: dict[str, _Request] = {}
+        self._seq_owner: dict[int, tuple[_Request, int]] = {}  # seq_id -> (request, completion index)
+        self._seq_ids = itertools.count()
+        self._req_ids = itertools.count()
+        self._totals = {"prompt": 0, "cached": 0, "generated": 0, "finished": 0}
+
+    # ---- requests ------------------------------------------------------------------------------
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        priority: int = 0,
+    ) -> str:
+        ids = self.tok.encode(prompt, add_special=True) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise ValueError("empty prompt: at least one token is needed")
+        bad = [t for t in ids if not 0 <= t < self.tok.vocab_size]
+        if bad:
+            raise ValueError(
+                f"prompt token id {bad[0]} is outside the vocabulary (0..{self.tok.vocab_size - 1})"
+            )
+        if len(ids) >= self.n_ctx:
+            raise PromptTooLongError(
+                f"prompt has {len(ids)} tokens but the context window is {self.n_ctx} tokens "
+                f"(at most {self.n_ctx - 1} prompt tokens leave room for one generated token)"
+            )
+        rid = request_id if request_id is not None else f"req-{next(self._req_ids)}"
+        if rid in self.requests:
+            raise ValueError(f"request id {rid!r} is already in flight")
+        max_tokens = min(params.max_tokens, self.n_ctx - len(ids))  # capped by the context window
+        seq_ids = [next(self._seq_ids) for _ in range(params.n)]
+        req = _Request(
+            request_id=rid,
+            params=params,
+            prompt_ids=ids,
+            seq_ids=seq_ids,
+            outputs=[OutputProcessor(self.tok, params, i) for i in range(params.n)],
+            samplers=[Sampler(params, rng_offset=i) for i in range(params.n)],
+            metrics=RequestMetrics(arrival_time=now(), num_prompt_tokens=len(ids)),
+            max_tokens=max_tokens,
+        )
+        seq = Sequence(seq_ids[0], ids, sampling_params=params, priority=priority, max_tokens=max_tokens)
+        self.scheduler.add(seq)  # raises before anything is registered if it can never fit
+        self.requests[rid] = req
+        self._seq_owner[seq_ids[0]] = (req, 0)
+        self._totals["prompt"] += len(ids)
+        return rid
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Cancel a request; its KV blocks are freed at once."""
+        req = self.requests.get(request_id)
+        if req is None:
+            return None
+        deltas = []
+        for i, sid in enumerate(req.seq_ids):
+            if i in req.finished:
+                continue
+            self.scheduler.abort(sid)
+            deltas.append(CompletionDelta(i, [], req.outputs[i].finish("abort"), "abort"))
+            req.finished.add(i)
+        return self._finish_request(req, deltas)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    # ---- one step ------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        plan = self.scheduler.schedule()
+        logits = self._run(plan)
+        return self._postprocess(plan, logits)
+
+    def _run(self, plan: SchedulerPlan) -> dict[int, np.ndarray]:
+        if plan.is_empty:
+            return {}
+        self.runner.copy_blocks(plan.block_copies)
+        items, ids = [], []
+        sample = set(plan.sample_seq_ids)
+        for seq, n in plan.scheduled:
+            c = seq.num_computed_tokens
+            items.append(
+                RunItem(seq.block_table, seq.token_ids[c : c + n], c, need_logits=seq.seq_id in sample)
+            )
+            ids.append(seq.seq_id)
+        rows = self.runner.run(items)
+        return {sid: r[-1] for sid, r in zip(ids, rows, strict=True) if len(r)}
+
+    def _postprocess(self, plan: SchedulerPlan, logits: dict[int, np.ndarray]) -> list[RequestOutput]:
+        t = now()
+        sampled: dict[int, int] = {}
+        chosen_logprobs: dict[int, TokenLogprob] = {}
+        forks: list[tuple[_Request, int]] = []
+        for sid, row in logits.items():
+            req, idx = self._seq_owner[sid]
+            seq = self.scheduler.get(sid)
+            tok = req.samplers[idx].sample(row, seq.prompt_token_ids, seq.output_token_ids)
+            sampled[sid] = tok
+            if req.params.logprobs is not None:
+                lp, top = top_logprobs(row, tok, req.params.logprobs)
+                chosen_logprobs[sid] = TokenLogprob(tok, lp, top)
+            if req.params.n > 1 and not req.forked:
+                forks.append((req, sid))
+        fork_logits = {sid: logits[sid] for _, sid in forks}
+        self.scheduler.postprocess(plan, sampled)  # type: ignore[arg-type]
+        for req, parent in forks:
+            self._fork(req, parent, fork_logits[parent], sampled, chosen_logprobs)
+
+        deltas: dict[str, list[CompletionDelta]] = {}
+        for sid, tok in sampled.items():
+            req, idx = self._seq_owner[sid]
+            if idx in req.finished:
+                continue
+            m = req.metrics
+            if m.first_token_time is None:
+                m.first_token_time = t
+                seq = self.scheduler.get(sid)
+                m.num_cached_tokens = seq.num_cached_tokens if seq is not None else 0
+                self._totals["cached"] += m.num_cached_tokens
+            if idx == 0:
+                m.token_times.append(t)
+            m.num_generated_tokens += 1
+            self._totals["generated"] += 1
+            out = req.outputs[idx]
+            text = out.push(tok, req.max_tokens)
+            lps = [chosen_logprobs[sid]] if sid in chosen_logprobs else None
+            deltas.setdefault(req.request_id, []).append(
+                CompletionDelta(idx, [tok], text, out.finish_reason, lps)
+            )
+            if out.finish_reason is not None:
+                req.finished.add(idx)
+                if self.scheduler.get(sid) is not None:
+                    self.scheduler.finish(sid, SequenceStatus.FINISHED_STOPPED)
+        for seq in plan.finished:  # outgrew the whole pool: ends as "length"
+            req, idx = self._seq_owner[seq.seq_id]
+            if idx not in req.finished:
+                req.finished.add(idx)
+                delta = CompletionDelta(idx, [], req.outputs[idx].finish("length"), "length")
+                deltas.setdefault(req.request_id, []).append(delta)
+        results = []
+        for rid, ds in deltas.items():
+            req = self.requests[rid]
+            if len(req.finished) == req.params.n:
+                results.append(self._finish_request(req, ds))
+            else:
+                results.append(RequestOutput(rid, ds, False, req.metrics))
+        return results
+
+    def _fork(self, req: _Request, parent: int, row: np.ndarray, sampled: dict, chosen: dict) -> None:
+        """n > 1: the other completions share the parent's prompt blocks (copy-on-write) and sample their
+        own first token from the same logits."""
+        req.forked = True
+        pseq = self.scheduler.get(parent)
+        for i, cid in enumerate(req.seq_ids[1:], start=1):
+            tok = req.samplers[i].sample(row, req.prompt_ids, [])
+            self._seq_owner[cid] = (req, i)
+            if pseq is None:  # parent already finished on its first token: start the child fresh
+                child = Sequence(
+                    cid,
+                    req.prompt_ids + [tok],
+                    len(req.prompt_ids),
+                    sampling_params=req.params,
+                    max_tokens=req.max_tokens,
+                )
+                self.scheduler.add(child)
+            else:
+                child = self.scheduler.fork(parent, cid)
+                child.token_ids[-1] = tok
+            sampled[cid] = tok
+            if req.params.logprobs is not None:
+                lp, top = top_logprobs(row, tok, req.params.logprobs)
+                chosen[cid] = TokenLogprob(tok, lp, top)
+
+    def _finish_request(self, req: _Request, deltas: list[CompletionDelta]) -> RequestOutput:
+        req.metrics.finished_time = now()
+        seq = self.scheduler.get(req.seq_ids[0])
+        if seq is not None:
+            req.metrics.num_preemptions = seq.num_preemptions
+        del self.requests[req.request_id]
+        for sid in req.seq_ids:
+            self._seq_owner.pop(sid, None)
+        self._totals["finished"] += 1
+        return RequestOutput(req.request_id, deltas, True, req.metrics)
+
+    def stats(self) -> EngineStats:
+        s = self.scheduler
+        bm = s.block_manager
+        used = bm.num_blocks - bm.num_free_blocks
+        return EngineStats(
+            num_running=s.num_running,
+            num_waiting=s.num_waiting,
+            kv_blocks_total=bm.num_blocks,
+            kv_blocks_used=used,
+            kv_usage=s.kv_usage,
+            prefix_cache_hit_rate=s.prefix_cache_hit_rate,
+            num_preemptions=s.num_preemptions,
+            prompt_tokens_total=self._totals["prompt"],
+            cached_tokens_total=self._totals["cached"],
+            generated_tokens_total=self._totals["generated"],
+            requests_finished_total=self._totals["finished"],
+        )

@@ -1,0 +1,81 @@
+"""Model runner: owns the model and the paged KV storage; turns "compute these tokens of these sequences"
+into one ForwardBatch and one forward pass. It knows nothing of scheduling."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgellm.arch import ForwardBatch
+from edgellm.backends.base import Backend
+from edgellm.gguf.config import ModelConfig
+
+
+@dataclass
+class RunItem:
+    """One sequence's share of a forward pass."""
+
+    block_table: list[int]  # KV blocks of the sequence, in order (must cover start_pos + len(token_ids))
+    token_ids: list[int]  # the tokens to compute now (a prefill chunk, or one decode token)
+    start_pos: int  # position of token_ids[0] (= tokens already in the KV cache)
+    all_logits: bool = False  # logits at every token (teacher-forced scoring) rather than the last only
+    need_logits: bool = True  # False for a prefill chunk that does not reach the end of the prompt
+
+
+class ModelRunner:
+    def __init__(self, model, cfg: ModelConfig, be: Backend, num_blocks: int, block_size: int) -> None:
+        self.model, self.cfg, self.be = model, cfg, be
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.kv = be.alloc_kv(
+            cfg.n_layers, num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v
+        )
+
+    @staticmethod
+    def kv_bytes_per_block(cfg: ModelConfig, block_size: int) -> int:
+        return cfg.n_layers * block_size * cfg.n_kv_heads * (cfg.head_dim + cfg.head_dim_v) * 4
+
+    def build_batch(self, items: list[RunItem]) -> tuple[ForwardBatch, list[slice]]:
+        bs = self.block_size
+        max_blocks = max(len(it.block_table) for it in items)
+        tables = np.zeros((len(items), max_blocks), dtype=np.int32)
+        tok, pos, seq, slots, logit_rows, out_slices = [], [], [], [], [], []
+        t0 = 0
+        for s, it in enumerate(items):
+            n = len(it.token_ids)
+            if (it.start_pos + n + bs - 1) // bs > len(it.block_table):
+                raise ValueError(
+                    f"block table of {len(it.block_table)} blocks cannot hold {it.start_pos + n} tokens"
+                )
+            tables[s, : len(it.block_table)] = it.block_table
+            p = np.arange(it.start_pos, it.start_pos + n, dtype=np.int64)
+            tok.extend(it.token_ids)
+            pos.append(p)
+            seq.append(np.full(n, s, dtype=np.int32))
+            slots.append(tables[s, p // bs].astype(np.int64) * bs + p % bs)
+            first = len(logit_rows)
+            if it.all_logits:
+                logit_rows.extend(range(t0, t0 + n))
+            elif it.need_logits:
+                logit_rows.append(t0 + n - 1)
+            out_slices.append(slice(first, len(logit_rows)))
+            t0 += n
+        batch = ForwardBatch(
+            token_ids=np.asarray(tok, dtype=np.int32),
+            positions=np.concatenate(pos).astype(np.int32),
+            seq_index=np.concatenate(seq),
+            block_tables=tables,
+            slots=np.concatenate(slots),
+            logits_index=np.asarray(logit_rows, dtype=np.int32),
+        )
+        return batch, out_slices
+
+    def run(self, items: list[RunItem]) -> list[np.ndarray]:
+        """One forward pass over every item; returns each item's logits rows ([0|1|n, n_vocab])."""
+        batch, out_slices = self.build_batch(items)
+        logits = self.model.forward(batch, self.kv)  # [L, n_vocab]; L may be 0 (mid-prompt chunks only)
+        return [logits[sl] for sl in out_slices]
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        if pairs:
+            self.be.copy_blocks(self.kv, pairs)

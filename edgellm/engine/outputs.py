@@ -1,0 +1,118 @@
+"""Messages the engine hands to its callers (LLM.generate, the server, the TUI), and the per-sequence
+output processing that produces them: detokenization, stop strings, EOS, logprobs, timing."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from edgellm.sampling import SamplingParams
+from edgellm.tokenizer import StreamDecoder, Tokenizer
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]  # the most likely alternatives (id, logprob)
+
+
+@dataclass
+class CompletionDelta:
+    """What one completion (choice) produced in one engine step."""
+
+    index: int  # which of the request's n completions
+    token_ids: list[int]  # new tokens this step
+    text: str  # new text this step (never half a UTF-8 character, never part of a stop string)
+    finish_reason: str | None = None  # "stop" | "length" | "abort" once finished
+    logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    token_times: list[float] = field(default_factory=list)  # wall time of every generated token
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    num_generated_tokens: int = 0
+    num_preemptions: int = 0
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def inter_token_latencies(self) -> list[float]:
+        t = self.token_times
+        return [b - a for a, b in zip(t, t[1:], strict=False)]
+
+
+@dataclass
+class RequestOutput:
+    """One step's news for one request; `finished` when every completion has finished."""
+
+    request_id: str
+    deltas: list[CompletionDelta]
+    finished: bool
+    metrics: RequestMetrics
+
+
+@dataclass
+class CompletionOutput:
+    """A whole completion, as LLM.generate returns it."""
+
+    index: int
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    logprobs: list[TokenLogprob] | None = None
+
+
+class OutputProcessor:
+    """Turns one sequence's sampled tokens into text deltas and decides when it stops."""
+
+    def __init__(self, tok: Tokenizer, params: SamplingParams, index: int) -> None:
+        self.tok, self.params, self.index = tok, params, index
+        self.decoder = StreamDecoder(tok)
+        self.text = ""  # full text so far (after stop-string truncation)
+        self.emitted = 0  # chars of self.text already handed out
+        self.stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(tok.eog_ids))
+        self.hold = max((len(s) for s in params.stop), default=1) - 1  # chars that may start a stop string
+        self.finish_reason: str | None = None
+        self.num_tokens = 0  # tokens generated so far
+
+    def push(self, token_id: int, max_tokens: int) -> str:
+        """Account for a new token; returns the text that is now safe to emit. Sets finish_reason."""
+        self.num_tokens += 1
+        if token_id in self.stop_ids:
+            self.finish_reason = "stop"
+            return self._take(final=True)
+        search_from = max(0, len(self.text) - self.hold)
+        self.text += self.decoder.push(token_id)
+        for s in self.params.stop:
+            at = self.text.find(s, search_from)
+            if at >= 0:
+                self.text = self.text[:at]
+                self.finish_reason = "stop"
+                return self._take(final=True)
+        if self.num_tokens >= max_tokens:
+            self.finish_reason = "length"
+            self.text += self.decoder.flush()
+            return self._take(final=True)
+        return self._take(final=False)
+
+    def finish(self, reason: str) -> str:
+        self.finish_reason = reason
+        return self._take(final=True)
+
+    def _take(self, final: bool) -> str:
+        end = len(self.text) if final else max(self.emitted, len(self.text) - self.hold)
+        out = self.text[self.emitted : end]
+        self.emitted = end
+        return out
+
+
+def now() -> float:
+    return time.perf_counter()

@@ -1,0 +1,110 @@
+"""Sampling parameters and the per-request sampler (numpy over one logits row; the vocabulary is small
+enough that this is a few tens of microseconds, far below a decode step)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 256  # generated tokens at most (the context window caps it too)
+    temperature: float = 1.0  # 0 = greedy (argmax)
+    top_p: float = 1.0  # nucleus: keep the smallest set of tokens whose probability reaches top_p
+    top_k: int = 0  # keep the k most likely tokens; 0 = off
+    min_p: float = 0.0  # drop tokens below min_p * p(most likely)
+    repetition_penalty: float = 1.0  # >1 discourages tokens already in the prompt or output (CTRL/vLLM form)
+    presence_penalty: float = 0.0  # OpenAI: subtract once for every token already generated
+    frequency_penalty: float = 0.0  # OpenAI: subtract per occurrence in the output
+    logit_bias: dict[int, float] | None = None  # token id -> bias added to its logit
+    seed: int | None = None  # the same seed gives the same text
+    stop: list[str] = field(default_factory=list)  # stop strings (not included in the output)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    n: int = 1  # completions per prompt
+    logprobs: int | None = None  # return the chosen token's logprob and this many top alternatives
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    m = x.max()
+    return x - m - np.log(np.exp(x - m).sum())
+
+
+class Sampler:
+    """Picks the next token of one sequence. Holds the request's random generator so a seed reproduces
+    the same text whatever else runs in the batch."""
+
+    def __init__(self, params: SamplingParams, rng_offset: int = 0) -> None:
+        self.params = params
+        seed = None if params.seed is None else params.seed + rng_offset
+        self.rng = np.random.default_rng(seed)
+
+    def adjust(self, logits: np.ndarray, prompt: list[int], output: list[int]) -> np.ndarray:
+        """Penalties and biases applied to a copy of the raw logits."""
+        p = self.params
+        x = logits.astype(np.float32, copy=True)
+        if p.repetition_penalty != 1.0 and (prompt or output):
+            seen = np.unique(np.asarray(prompt + output, dtype=np.int64))
+            vals = x[seen]
+            x[seen] = np.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+        if (p.presence_penalty or p.frequency_penalty) and output:
+            ids, counts = np.unique(np.asarray(output, dtype=np.int64), return_counts=True)
+            x[ids] -= p.presence_penalty + p.frequency_penalty * counts
+        if p.logit_bias:
+            for tok, bias in p.logit_bias.items():
+                if 0 <= tok < len(x):
+                    x[tok] += bias
+        return x
+
+    def sample(self, logits: np.ndarray, prompt: list[int], output: list[int]) -> int:
+        p = self.params
+        x = self.adjust(logits, prompt, output)
+        if p.greedy:
+            return int(np.argmax(x))
+        x = x.astype(np.float64) / p.temperature
+        order = np.argsort(-x, kind="stable")
+        if p.top_k > 0:
+            order = order[: p.top_k]
+        xs = x[order]
+        probs = np.exp(xs - xs[0])
+        probs /= probs.sum()
+        keep = len(order)
+        if p.top_p < 1.0:
+            # smallest prefix whose cumulative probability reaches top_p (at least one token)
+            keep = min(keep, int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1)
+        if p.min_p > 0.0:
+            keep = min(keep, max(1, int(np.count_nonzero(probs >= p.min_p * probs[0]))))
+        probs = probs[:keep] / probs[:keep].sum()
+        return int(order[self.rng.choice(keep, p=probs)])
+
+
+def top_logprobs(logits: np.ndarray, chosen: int, k: int) -> tuple[float, list[tuple[int, float]]]:
+    """The chosen token's logprob under the raw logits, and the k most likely tokens with theirs."""
+    lp = log_softmax(logits)
+    top = np.argsort(-lp, kind="stable")[:k] if k > 0 else []
+    return float(lp[chosen]), [(int(i), float(lp[i])) for i in top]
