@@ -7,3 +7,8 @@ import os as _os
 _os.environ.setdefault("NUMBA_THREADING_LAYER_PRIORITY", "omp tbb workqueue")
 
 __version__ = "0.1.0"
+
+from edgellm.llm import LLM, GenerationOutput  # noqa: E402
+from edgellm.sampling import SamplingParams  # noqa: E402
+
+__all__ = ["LLM", "GenerationOutput", "SamplingParams", "__version__"]

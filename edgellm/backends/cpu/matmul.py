@@ -34,7 +34,7 @@ ACT_Q8_K = 2  # blocks of 256, d = max/-127 as f32 (max: the signed value of lar
 ACT_MODES = {"q8_0": ACT_Q8_0, "q8_1": ACT_Q8_1, "q8_K": ACT_Q8_K}
 
 
-@njit(cache=True, parallel=True, fastmath=ORDERED_MATH)
+@njit(cache=True, nogil=True, parallel=True, fastmath=ORDERED_MATH)
 def quantize_act_cpu(x: np.ndarray, group: int, mode: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """x f32 [M,K] -> (xq int8 [M,K], xs f32 [M,K//G], xsum f32 [M,K//G]) for weight group G.
 
@@ -84,7 +84,7 @@ def quantize_act_cpu(x: np.ndarray, group: int, mode: int) -> tuple[np.ndarray, 
     return xq, xs, xsum
 
 
-@njit(cache=True, fastmath=ORDERED_MATH, inline="always")
+@njit(cache=True, nogil=True, fastmath=ORDERED_MATH, inline="always")
 def _group_dot(xrow: np.ndarray, wrow: np.ndarray, base: np.uint64, g_u: np.uint64) -> np.int32:
     acc = np.int32(0)
     for k in range(U(0), g_u):
@@ -92,7 +92,7 @@ def _group_dot(xrow: np.ndarray, wrow: np.ndarray, base: np.uint64, g_u: np.uint
     return acc
 
 
-@njit(cache=True, fastmath=ORDERED_MATH, inline="always")
+@njit(cache=True, nogil=True, fastmath=ORDERED_MATH, inline="always")
 def _row_dot(xrow, xs_row, xsum_row, wrow, sc_row, mn_row, n_groups, g_u, has_min) -> np.float32:
     """One output: the reference order every path reproduces exactly (see module docstring)."""
     acc = np.float32(0.0)
@@ -105,7 +105,7 @@ def _row_dot(xrow, xs_row, xsum_row, wrow, sc_row, mn_row, n_groups, g_u, has_mi
     return acc + macc
 
 
-@njit(cache=True, parallel=True, fastmath=ORDERED_MATH)
+@njit(cache=True, nogil=True, parallel=True, fastmath=ORDERED_MATH)
 def gemv_grouped_cpu(xq, xs, xsum, q, scale, minv, has_min, group, out) -> None:
     """Decode path (one activation row): parallel over weight rows, streams q once."""
     n_rows, k_cols = q.shape
@@ -119,7 +119,7 @@ def gemv_grouped_cpu(xq, xs, xsum, q, scale, minv, has_min, group, out) -> None:
         out[0, n] = _row_dot(x0, xs0, xsum0, q[n], scale[n], mn_row, n_groups, g_u, has_min)
 
 
-@njit(cache=True, parallel=True, fastmath=ORDERED_MATH)
+@njit(cache=True, nogil=True, parallel=True, fastmath=ORDERED_MATH)
 def gemm_grouped_cpu(xq, xs, xsum, q, scale, minv, has_min, group, out) -> None:
     """Prefill/batched path: 4 activation rows x 2 weight rows per register tile; weight rows stay in L1
     while every activation row passes over them. Leftover rows use _row_dot (same arithmetic)."""
@@ -200,7 +200,7 @@ def gemm_grouped_cpu(xq, xs, xsum, q, scale, minv, has_min, group, out) -> None:
             m += 1
 
 
-@njit(cache=True, parallel=True, fastmath=True)
+@njit(cache=True, nogil=True, parallel=True, fastmath=True)
 def matmul_dense_f32_cpu(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
     """out = x @ w.T for float weights. One compiled loop serves every M, so a row's dot product is the
     same machine code whatever the batch (batch invariance) even with reassociation allowed."""

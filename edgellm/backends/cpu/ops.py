@@ -18,7 +18,7 @@ from edgellm.backends.cpu.fp16 import f16_round
 SAFE_MATH = {"reassoc", "contract", "nsz", "arcp", "afn"}
 
 
-@njit(cache=True, fastmath=SAFE_MATH, parallel=True)
+@njit(cache=True, nogil=True, fastmath=SAFE_MATH, parallel=True)
 def rmsnorm_cpu(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:
     """out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w.  x, out: [R, n]; w: [n]. out may alias x."""
     rows, n = x.shape
@@ -31,7 +31,7 @@ def rmsnorm_cpu(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> No
             out[r, i] = x[r, i] * scale * w[i]
 
 
-@njit(cache=True, fastmath=SAFE_MATH)
+@njit(cache=True, nogil=True, fastmath=SAFE_MATH)
 def rmsnorm_heads_cpu(x: np.ndarray, w: np.ndarray, eps: float) -> None:
     """In-place per-head RMSNorm (Q/K norm). x: [T, H, d]; w: [d]."""
     T, H, d = x.shape
@@ -45,7 +45,7 @@ def rmsnorm_heads_cpu(x: np.ndarray, w: np.ndarray, eps: float) -> None:
                 x[t, h, i] = x[t, h, i] * scale * w[i]
 
 
-@njit(cache=True, fastmath=SAFE_MATH)
+@njit(cache=True, nogil=True, fastmath=SAFE_MATH)
 def rope_cpu(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool) -> None:
     """In-place rotary embedding. x: [T, H, d]; pos: [T] int32.
 
@@ -74,7 +74,7 @@ def rope_cpu(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool
                 x[t, h, b] = x0 * sin_t[i] + x1 * cos_t[i]
 
 
-@njit(cache=True, fastmath=True, parallel=True)
+@njit(cache=True, nogil=True, fastmath=True, parallel=True)
 def swiglu_cpu(gate_up: np.ndarray, out: np.ndarray) -> None:
     """out = silu(gate) * up, gate_up: [T, 2*ff] = [gate | up]; out: [T, ff]."""
     T, ff = out.shape
@@ -84,7 +84,7 @@ def swiglu_cpu(gate_up: np.ndarray, out: np.ndarray) -> None:
             out[t, i] = g / (np.float32(1.0) + np.exp(-g)) * gate_up[t, ff + i]
 
 
-@njit(cache=True, fastmath=True, parallel=True)
+@njit(cache=True, nogil=True, fastmath=True, parallel=True)
 def geglu_cpu(gate_up: np.ndarray, out: np.ndarray) -> None:
     """out = gelu_tanh(gate) * up (GeGLU, Gemma), same layout as swiglu_cpu."""
     T, ff = out.shape
@@ -96,7 +96,7 @@ def geglu_cpu(gate_up: np.ndarray, out: np.ndarray) -> None:
             out[t, i] = gl * gate_up[t, ff + i]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def write_kv_cpu(
     k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, slots: np.ndarray
 ) -> None:
@@ -113,7 +113,7 @@ def write_kv_cpu(
                 v_cache[blk, off, h, i] = f16_round(v[t, h, i])
 
 
-@njit(cache=True, fastmath=SAFE_MATH, parallel=True)
+@njit(cache=True, nogil=True, fastmath=SAFE_MATH, parallel=True)
 def attention_paged_cpu(
     q: np.ndarray,
     k_cache: np.ndarray,
@@ -180,7 +180,7 @@ def attention_paged_cpu(
                 out[t, h, i] += w * v_cache[blk, off, kvh, i]
 
 
-@njit(cache=True, fastmath=True, parallel=True)
+@njit(cache=True, nogil=True, fastmath=True, parallel=True)
 def add_cpu(x: np.ndarray, y: np.ndarray) -> None:
     """x += y, both [T, n]."""
     T, n = x.shape

@@ -78,7 +78,7 @@ def pack_weight(
     )
 
 
-@njit(cache=True, parallel=True, fastmath=ORDERED_MATH)
+@njit(cache=True, nogil=True, parallel=True, fastmath=ORDERED_MATH)
 def _gather_grouped(q, scale, minv, has_min, group, ids, out) -> None:
     k_cols = q.shape[1]
     g_u = U(group)

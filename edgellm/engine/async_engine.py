@@ -1,0 +1,144 @@
+"""asyncio streaming front of the engine, for the server and the TUI.
+
+The engine runs on one background thread that owns it completely (the kernels release the GIL, so the
+event loop keeps serving while a step runs). Callers talk to it only through small messages: an add or
+an abort command in, RequestOutput deltas out on a per-request asyncio queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import queue
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from edgellm.engine.llm_engine import EngineStats, LLMEngine
+from edgellm.engine.outputs import RequestOutput
+from edgellm.sampling import SamplingParams
+
+
+@dataclass
+class _Add:
+    prompt: str | list[int]
+    params: SamplingParams
+    request_id: str | None
+    priority: int
+    loop: asyncio.AbstractEventLoop
+    out: asyncio.Queue
+    done: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+class EngineDeadError(RuntimeError):
+    pass
+
+
+class AsyncLLMEngine:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._commands: queue.Queue = queue.Queue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._stats = engine.stats()
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="edgellm-engine", daemon=True)
+        self._thread.start()
+
+    # ---- caller side (event loop) --------------------------------------------------------------
+    async def generate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        priority: int = 0,
+    ) -> AsyncIterator[RequestOutput]:
+        """Yields the request's deltas until it finishes. Leaving the iteration early (a client that
+        disconnected, a cancelled task) aborts the request and frees its KV blocks at once."""
+        if self._error is not None:
+            raise EngineDeadError(f"engine stopped after an error: {self._error!r}")
+        loop = asyncio.get_running_loop()
+        cmd = _Add(prompt, params, request_id, priority, loop, asyncio.Queue())
+        self._commands.put(cmd)
+        rid = await asyncio.wrap_future(cmd.done)  # raises the engine's ValueError for a bad request
+        finished = False
+        try:
+            while True:
+                item = await cmd.out.get()
+                if isinstance(item, BaseException):
+                    raise EngineDeadError(f"engine failed: {item!r}") from item
+                yield item
+                if item.finished:
+                    finished = True
+                    return
+        finally:
+            if not finished:
+                self._commands.put(_Abort(rid))
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(_Abort(request_id))
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    @property
+    def healthy(self) -> bool:
+        return self._error is None and self._thread.is_alive()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._commands.put(None)
+        self._thread.join(timeout=10)
+
+    # ---- engine thread -------------------------------------------------------------------------
+    def _handle(self, cmd: _Add | _Abort | None) -> None:
+        if cmd is None:
+            return
+        if isinstance(cmd, _Abort):
+            self.engine.abort(cmd.request_id)
+            self._streams.pop(cmd.request_id, None)
+            return
+        try:
+            rid = self.engine.add_request(cmd.prompt, cmd.params, cmd.request_id, cmd.priority)
+        except Exception as e:  # a bad request: the caller gets the error, the engine goes on
+            cmd.done.set_exception(e)
+            return
+        self._streams[rid] = (cmd.loop, cmd.out)
+        cmd.done.set_result(rid)
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                block = not self.engine.has_unfinished()
+                try:
+                    self._handle(self._commands.get(block=block, timeout=0.5 if block else None))
+                    while True:
+                        self._handle(self._commands.get_nowait())
+                except queue.Empty:
+                    pass
+                if self.engine.has_unfinished():
+                    for out in self.engine.step():
+                        self._deliver(out)
+                self._stats = self.engine.stats()
+        except BaseException as e:  # keep callers from waiting forever on a dead engine
+            self._error = e
+            for loop, q in self._streams.values():
+                loop.call_soon_threadsafe(q.put_nowait, e)
+            raise
+
+    def _deliver(self, out: RequestOutput) -> None:
+        target = self._streams.get(out.request_id)
+        if target is None:
+            return
+        if out.finished:
+            del self._streams[out.request_id]
+        loop, q = target
+        try:
+            loop.call_soon_threadsafe(q.put_nowait, out)
+        except RuntimeError:  # the caller's event loop is closed: nobody is listening any more
+            self.engine.abort(out.request_id)

@@ -1,0 +1,84 @@
+"""Process-level runtime settings: thread count and the one-time kernel warm-up (Numba compile)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numba
+
+
+def physical_cores() -> int:
+    """Physical cores (SMT siblings share one FMA/load pipeline, so llama.cpp's default is the same)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return os.cpu_count() or 1
+    cores, phys, core = set(), None, None
+    for line in text.splitlines():
+        key, _, val = line.partition(":")
+        key = key.strip()
+        if key == "physical id":
+            phys = val.strip()
+        elif key == "core id":
+            core = val.strip()
+        elif not line.strip() and core is not None:
+            cores.add((phys, core))
+            phys = core = None
+    if core is not None:
+        cores.add((phys, core))
+    return len(cores) or os.cpu_count() or 1
+
+
+def set_threads(threads: int | None = None) -> int:
+    """--threads, else EDGELLM_THREADS, else the physical cores (capped by what Numba was started with)."""
+    n = threads or int(os.environ.get("EDGELLM_THREADS", "0") or 0) or physical_cores()
+    n = max(1, min(n, numba.config.NUMBA_NUM_THREADS))
+    numba.set_num_threads(n)
+    return n
+
+
+def kernels_cached() -> bool:
+    """Whether Numba's on-disk cache already holds the attention kernel (a proxy for all of them)."""
+    from edgellm.backends.cpu import ops
+
+    cache_dir = os.environ.get("NUMBA_CACHE_DIR")
+    roots = [Path(ops.__file__).parent / "__pycache__"]
+    if cache_dir:
+        roots.append(Path(cache_dir))
+    return any(any(r.rglob("ops.attention_paged_cpu*.nbi")) for r in roots if r.exists())
+
+
+def warm_up(runner, log: Callable[[str], None] | None) -> float:
+    """Run the model once on a 2-token and a 1-token batch so every kernel is compiled (or loaded from
+    Numba's disk cache) before the first request. Returns the seconds it took."""
+    from edgellm.engine.model_runner import RunItem
+
+    cold = not kernels_cached()
+    t0 = time.perf_counter()
+    stop = threading.Event()
+    if log and cold:
+        log("compiling Numba kernels (first start only; cached on disk afterwards)...")
+
+        def tick() -> None:
+            while not stop.wait(5.0):
+                log(f"  still compiling... {time.perf_counter() - t0:.0f} s")
+
+        threading.Thread(target=tick, daemon=True).start()
+    try:
+        # Block 0 is free at start-up; whatever is written there is overwritten before anyone reads it.
+        phases = [("prefill kernels", [0, 1]), ("decode kernels", [1])]
+        for i, (name, toks) in enumerate(phases, 1):
+            start = 0 if len(toks) == 2 else 2
+            runner.run([RunItem([0], toks, start)])
+            if log and cold:
+                log(f"  [{i}/{len(phases)}] {name} ready ({time.perf_counter() - t0:.1f} s)")
+    finally:
+        stop.set()
+    dt = time.perf_counter() - t0
+    if log:
+        log(f"kernels {'compiled' if cold else 'loaded from cache'} in {dt:.1f} s")
+    return dt
