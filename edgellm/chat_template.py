@@ -1,0 +1,202 @@
+"""Chat templates: turn a list of chat messages into the prompt text a model was trained on.
+
+The GGUF's ``tokenizer.chat_template`` (a Hugging Face Jinja template) is rendered in Jinja's
+``ImmutableSandboxedEnvironment`` (a template is data from a downloaded file: it may not touch Python
+objects or mutate anything) with the globals Hugging Face templates expect: ``raise_exception``,
+``strftime_now``, ``bos_token``, ``eos_token``, ``add_generation_prompt`` and a ``tojson`` filter that
+keeps non-ASCII text as is.
+
+A model without a template gets a built-in fallback, chosen by architecture and announced once with a
+warning: Gemma's turn format for gemma/gemma2/gemma3 (Google's Gemma 3 template), ChatML otherwise
+(llama.cpp's own default when a model has no template).
+
+API
+---
+``ChatTemplate.from_metadata(metadata, tokenizer=None)`` / ``ChatTemplate(source, bos_token, eos_token)``
+    compile once; ``.render(messages, add_generation_prompt=True) -> str``; ``.name`` says where the
+    template came from ("gguf", "gemma (built-in fallback)", "chatml (built-in fallback)").
+``render_chat(metadata_or_template, messages, add_generation_prompt=True, tokenizer=None) -> str``
+    one-shot form. ``metadata_or_template`` is a GGUF metadata mapping (``llm.metadata``), a template
+    source string, or a ``ChatTemplate``; ``tokenizer`` (an ``edgellm.tokenizer.Tokenizer``) supplies
+    the BOS/EOS token texts when the metadata's token list is not at hand.
+``prompt_token_ids(tokenizer, text) -> list[int]``
+    tokenizes rendered text the way llama.cpp's server does: special tokens are parsed, and BOS is
+    added only when the text does not already start with it (templates such as Gemma's emit it).
+
+Messages are dicts with ``role`` and ``content``; content may be a string or OpenAI content parts
+(``[{"type": "text", "text": ...}]``), whose texts are joined with newlines before rendering because
+text-only templates concatenate ``message['content']`` as a string.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+log = logging.getLogger("edgellm.chat_template")
+
+
+class ChatTemplateError(ValueError):
+    """The template could not be compiled or rejected the messages (raise_exception)."""
+
+
+# llama.cpp's default for a model without a template (LLM_CHAT_TEMPLATE_CHATML).
+CHATML_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
+)
+
+# Google's Gemma 3 chat template (google/gemma-3-*-it tokenizer_config.json), text parts only.
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}\n"
+    "{%- if messages[0]['role'] == 'system' -%}\n"
+    "    {%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}\n"
+    "    {%- set loop_messages = messages[1:] -%}\n"
+    "{%- else -%}\n"
+    "    {%- set first_user_prefix = \"\" -%}\n"
+    "    {%- set loop_messages = messages -%}\n"
+    "{%- endif -%}\n"
+    "{%- for message in loop_messages -%}\n"
+    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
+    "        {{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}\n"
+    "    {%- endif -%}\n"
+    "    {%- if (message['role'] == 'assistant') -%}\n"
+    "        {%- set role = \"model\" -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set role = message['role'] -%}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else \"\") }}\n"
+    "    {{- message['content'] | trim }}\n"
+    "    {{- '<end_of_turn>\\n' }}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "    {{'<start_of_turn>model\\n'}}\n"
+    "{%- endif -%}\n"
+)
+
+_GEMMA_ARCHS = {"gemma", "gemma2", "gemma3", "gemma3n"}
+
+
+def _raise_exception(message: str) -> None:
+    raise ChatTemplateError(f"chat template error: {message}")
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False) -> str:
+    # Hugging Face's tojson keeps non-ASCII characters and does not HTML-escape (Jinja's built-in does).
+    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+def _content_text(content: Any) -> Any:
+    """OpenAI content parts -> one string; anything else is left to the template."""
+    if isinstance(content, list) and all(isinstance(p, Mapping) for p in content):
+        return "\n".join(str(p.get("text", "")) for p in content if p.get("type", "text") == "text")
+    return "" if content is None else content
+
+
+def _token_text(metadata: Mapping[str, Any] | None, tokenizer: Any, key: str, attr: str) -> str:
+    tid = None
+    if metadata is not None:
+        tid = metadata.get(f"tokenizer.ggml.{key}_token_id")
+        tokens = metadata.get("tokenizer.ggml.tokens")
+        if tid is not None and tokens is not None and 0 <= int(tid) < len(tokens):
+            return str(tokens[int(tid)])
+    if tokenizer is not None:
+        tid = getattr(tokenizer, attr, None) if tid is None else int(tid)
+        if tid is not None:
+            return tokenizer.token_bytes(tid).decode("utf-8", errors="replace")
+    return ""
+
+
+class ChatTemplate:
+    def __init__(self, source: str, bos_token: str = "", eos_token: str = "", name: str = "custom") -> None:
+        self.source, self.bos_token, self.eos_token, self.name = source, bos_token, eos_token, name
+        try:
+            self._template = _environment().from_string(source)
+        except jinja2.TemplateError as e:
+            raise ChatTemplateError(f"cannot compile the chat template: {e}") from e
+
+    @classmethod
+    def from_metadata(cls, metadata: Mapping[str, Any], tokenizer: Any = None) -> ChatTemplate:
+        bos = _token_text(metadata, tokenizer, "bos", "bos_id")
+        eos = _token_text(metadata, tokenizer, "eos", "eos_id")
+        source = metadata.get("tokenizer.chat_template")
+        if source:
+            return cls(str(source), bos, eos, name="gguf")
+        arch = str(metadata.get("general.architecture", ""))
+        kind, source = ("gemma", GEMMA_TEMPLATE) if arch in _GEMMA_ARCHS else ("chatml", CHATML_TEMPLATE)
+        log.warning(
+            "the model has no tokenizer.chat_template; using the built-in %s template (architecture %r)",
+            kind,
+            arch,
+        )
+        return cls(source, bos, eos, name=f"{kind} (built-in fallback)")
+
+    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
+        if not messages:
+            raise ChatTemplateError("messages must not be empty")
+        msgs = [{**m, "content": _content_text(m.get("content"))} for m in messages]
+        try:
+            return self._template.render(
+                messages=msgs,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+            )
+        except ChatTemplateError:
+            raise
+        except jinja2.TemplateError as e:  # includes sandbox violations
+            raise ChatTemplateError(f"chat template failed: {e}") from e
+        except (TypeError, KeyError, IndexError, AttributeError) as e:
+            raise ChatTemplateError(f"chat template failed on these messages: {e!r}") from e
+
+
+def render_chat(
+    metadata_or_template: Mapping[str, Any] | str | ChatTemplate,
+    messages: Sequence[Mapping[str, Any]],
+    add_generation_prompt: bool = True,
+    tokenizer: Any = None,
+) -> str:
+    if isinstance(metadata_or_template, ChatTemplate):
+        tmpl = metadata_or_template
+    elif isinstance(metadata_or_template, str):
+        tmpl = ChatTemplate(
+            metadata_or_template,
+            _token_text(None, tokenizer, "bos", "bos_id"),
+            _token_text(None, tokenizer, "eos", "eos_id"),
+        )
+    else:
+        tmpl = ChatTemplate.from_metadata(metadata_or_template, tokenizer)
+    return tmpl.render(messages, add_generation_prompt)
+
+
+def prompt_token_ids(tokenizer: Any, text: str) -> list[int]:
+    """Rendered chat text -> prompt ids with exactly one BOS where the model wants one."""
+    bos_id = getattr(tokenizer, "bos_id", None)
+    if bos_id is not None and getattr(tokenizer, "add_bos", False):
+        bos_text = tokenizer.token_bytes(bos_id).decode("utf-8", errors="replace")
+        if bos_text and text.startswith(bos_text):
+            return tokenizer.encode(text, add_special=False, parse_special=True)
+    return tokenizer.encode(text, add_special=True, parse_special=True)
