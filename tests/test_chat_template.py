@@ -1,0 +1,109 @@
+"""Chat templates against llama.cpp's C++ template engine (fixtures from
+scripts/make_chat_template_fixtures.py) and the sandbox/helper behaviour Hugging Face templates rely on."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from edgellm.chat_template import (
+    CHATML_TEMPLATE,
+    ChatTemplate,
+    ChatTemplateError,
+    prompt_token_ids,
+    render_chat,
+)
+from edgellm.gguf.reader import load_gguf
+from edgellm.tokenizer import Tokenizer
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _load(path: Path) -> tuple[dict, Tokenizer, ChatTemplate]:
+    metadata = load_gguf(path).metadata
+    tok = Tokenizer.from_metadata(metadata)
+    return metadata, tok, ChatTemplate.from_metadata(metadata, tok)
+
+
+def test_smollm2_matches_llama_cpp(smollm2_path: Path) -> None:
+    _, tok, tmpl = _load(smollm2_path)
+    assert tmpl.name == "gguf"
+    fixture = json.loads((FIXTURES / "chat_template_smollm2.json").read_text())
+    assert len(fixture["cases"]) >= 8
+    for case in fixture["cases"]:
+        text = tmpl.render(case["messages"], case["add_generation_prompt"])
+        assert text == case["llama_text"], case["name"]
+        assert prompt_token_ids(tok, text) == case["llama_token_ids"], case["name"]
+    # the template's own default system prompt appears exactly when the conversation has none
+    user_only = [c for c in fixture["cases"] if c["messages"][0]["role"] != "system"]
+    assert user_only and all(c["llama_messages"][0]["role"] == "system" for c in user_only)
+
+
+def test_gemma3_fallback_matches_llama_cpp_builtin(gemma3_path: Path) -> None:
+    metadata, tok, tmpl = _load(gemma3_path)
+    assert "tokenizer.chat_template" not in metadata  # the 270M GGUF ships without one
+    assert tmpl.name == "gemma (built-in fallback)" and tmpl.bos_token == "<bos>"
+    fixture = json.loads((FIXTURES / "chat_template_gemma3.json").read_text())
+    for case in fixture["cases"]:
+        text = tmpl.render(case["messages"], case["add_generation_prompt"])
+        # Google's template writes BOS itself; llama.cpp's C++ formatter leaves it to the tokenizer
+        assert text == "<bos>" + case["llama_text"], case["name"]
+        ids = prompt_token_ids(tok, text)
+        assert ids == case["llama_token_ids"], case["name"]
+        assert ids.count(tok.bos_id) == 1  # no second BOS
+
+
+def test_prompt_token_ids_adds_bos_only_when_missing(gemma3_path: Path) -> None:
+    _, tok, _ = _load(gemma3_path)
+    plain = prompt_token_ids(tok, "<start_of_turn>user\nhi")
+    with_bos = prompt_token_ids(tok, "<bos><start_of_turn>user\nhi")
+    assert plain == with_bos and plain[0] == tok.bos_id and plain.count(tok.bos_id) == 1
+
+
+def test_chatml_fallback_for_a_model_without_template(smollm2_path: Path) -> None:
+    metadata = dict(load_gguf(smollm2_path).metadata)
+    del metadata["tokenizer.chat_template"]
+    tmpl = ChatTemplate.from_metadata(metadata)
+    assert tmpl.name == "chatml (built-in fallback)"
+    text = tmpl.render([{"role": "user", "content": "x"}])
+    assert text == "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_content_parts_are_joined() -> None:
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    text = render_chat(CHATML_TEMPLATE, [{"role": "user", "content": parts}], add_generation_prompt=False)
+    assert text == "<|im_start|>user\na\nb<|im_end|>\n"
+
+
+def test_helpers_bos_eos_strftime_tojson() -> None:
+    src = (
+        "{{ bos_token }}|{{ eos_token }}|{{ strftime_now('%Y') }}|{{ messages[0] | tojson }}"
+        "|{{ add_generation_prompt }}"
+    )
+    tmpl = ChatTemplate(src, bos_token="<s>", eos_token="</s>")
+    out = tmpl.render([{"role": "user", "content": "é"}], add_generation_prompt=False)
+    assert out == f'<s>|</s>|{datetime.now().year}|{{"role": "user", "content": "é"}}|False'
+
+
+def test_raise_exception_and_role_alternation(gemma3_path: Path) -> None:
+    _, _, tmpl = _load(gemma3_path)
+    with pytest.raises(ChatTemplateError, match="alternate"):
+        tmpl.render([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+    with pytest.raises(ChatTemplateError, match="empty"):
+        tmpl.render([])
+
+
+@pytest.mark.parametrize(
+    "src",
+    [
+        "{{ messages.append(1) }}",  # mutation is refused by the immutable sandbox
+        "{{ ''.__class__.__mro__[1].__subclasses__() }}",  # no walking to Python internals
+        "{% for %}",  # syntax error
+    ],
+)
+def test_sandbox_and_bad_templates_raise_chat_template_error(src: str) -> None:
+    with pytest.raises(ChatTemplateError):
+        ChatTemplate(src).render([{"role": "user", "content": "x"}])
