@@ -1,1 +1,1 @@
-"""Test support shipped with the package (so any test, script or backend can import it without path tricks)."""
+"""Test support shipped with the package, importable by any test, script or backend without path tricks."""

@@ -71,7 +71,8 @@ _SPM_PIECES = [
 
 def gpt2_byte_chars() -> list[str]:
     """GPT-2's printable stand-in character for each byte 0..255 (byte-level BPE alphabet)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
+    printable += range(ord("®"), ord("ÿ") + 1)
     chars = {b: chr(b) for b in printable}
     extra = 0
     for b in range(256):
