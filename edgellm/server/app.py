@@ -1,0 +1,307 @@
+"""The Starlette application: routes, API-key check, body limit, OpenAI-style errors, model loading.
+
+The model loads on a background thread after the socket is up, so /health can answer 503 while it
+loads; every model endpoint answers 503 until then too.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from edgellm.catalog import CATALOG
+from edgellm.chat_template import ChatTemplate, ChatTemplateError, prompt_token_ids
+from edgellm.engine.async_engine import AsyncLLMEngine
+from edgellm.llm import LLM
+from edgellm.server.generate import generate
+from edgellm.server.metrics import ServerMetrics
+from edgellm.server.protocol import ApiError, parse_chat, parse_completion
+
+log = logging.getLogger("edgellm.server")
+DEFAULT_MAX_BODY_BYTES = 4 * 2**20
+
+
+@dataclass
+class ServerConfig:
+    model: str
+    backend: str = "cpu"
+    ctx: int | None = None
+    threads: int | None = None
+    api_key: str | None = None
+    max_queue: int = 64  # requests that may wait for a free slot beyond the running ones
+    max_num_seqs: int = 16  # requests generated together
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+
+def served_model_name(model: str) -> str:
+    return model if model in CATALOG else Path(model).stem
+
+
+class ServerState:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.model_name = served_model_name(config.model)
+        self.aliases = {self.model_name, config.model, Path(config.model).name}
+        self.metrics = ServerMetrics(self.model_name)
+        self.llm: LLM = None  # type: ignore[assignment]  # set once loaded
+        self.engine: AsyncLLMEngine = None  # type: ignore[assignment]
+        self.template: ChatTemplate | None = None
+        self.ready = threading.Event()
+        self.load_error: BaseException | None = None
+        self.in_flight = 0
+        self.created = int(time.time())
+
+    def load(self, progress: Callable[[str], None] | None = None) -> None:
+        try:
+            c = self.config
+            llm = LLM(
+                c.model,
+                backend=c.backend,
+                n_ctx=c.ctx,
+                threads=c.threads,
+                max_num_seqs=c.max_num_seqs,
+                progress=progress,
+            )
+            self.template = ChatTemplate.from_metadata(llm.metadata, llm.tokenizer)
+            self.aliases.add(llm.path.name)
+            self.aliases.add(llm.path.stem)
+            self.llm, self.engine = llm, AsyncLLMEngine(llm.engine)
+            self.ready.set()
+        except BaseException as e:
+            self.load_error = e
+            raise
+
+    def admit(self, k: int) -> Callable[[], None]:
+        """Reserve k request slots or raise 429; returns an idempotent release."""
+        capacity = self.config.max_num_seqs + self.config.max_queue
+        if self.in_flight + k > capacity:
+            raise ApiError(
+                429,
+                f"the server is at capacity ({self.in_flight} requests in flight, "
+                f"{self.config.max_num_seqs} running + {self.config.max_queue} queued at most); retry later",
+                type="rate_limit_error",
+                code="queue_full",
+                headers={"Retry-After": "1"},
+            )
+        self.in_flight += k
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.in_flight -= k
+
+        return release
+
+
+def error_response(e: ApiError, state: ServerState | None = None) -> JSONResponse:
+    if state is not None:
+        state.metrics.http_errors[e.status] += 1
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def endpoint(state: ServerState, auth: bool = True, needs_model: bool = True) -> Callable[[Handler], Handler]:
+    """Wrap a handler with the API-key check, the loading check and ApiError -> JSON conversion."""
+
+    def wrap(fn: Handler) -> Handler:
+        async def handler(request: Request) -> Response:
+            try:
+                if auth and state.config.api_key is not None:
+                    header = request.headers.get("authorization", "")
+                    given = header[7:].strip() if header[:7].lower() == "bearer " else ""
+                    if not hmac.compare_digest(given.encode(), state.config.api_key.encode()):
+                        raise ApiError(
+                            401,
+                            "missing or invalid API key (send 'Authorization: Bearer <key>')",
+                            type="authentication_error",
+                            code="invalid_api_key",
+                        )
+                if needs_model and not state.ready.is_set():
+                    raise ApiError(503, "the model is still loading", type="server_error", code="loading")
+                return await fn(request)
+            except ApiError as e:
+                return error_response(e, state)
+            except ValueError as e:  # SamplingParams and the engine reject bad values with ValueError
+                return error_response(ApiError(400, str(e)), state)
+
+        return handler
+
+    return wrap
+
+
+async def read_json(request: Request, limit: int) -> dict[str, Any]:
+    declared = request.headers.get("content-length", "")
+    too_large = ApiError(413, f"request body exceeds {limit} bytes", code="body_too_large")
+    if declared.isdigit() and int(declared) > 8 * limit:
+        raise too_large  # not worth draining
+    chunks, size = [], 0
+    async for chunk in request.stream():  # drained past the limit so the client reads a clean 413
+        size += len(chunk)
+        if size <= limit:
+            chunks.append(chunk)
+        elif size > 8 * limit:
+            break
+    if size > limit:
+        raise too_large
+    try:
+        body = json.loads(b"".join(chunks))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"malformed JSON body: {e}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) -> Starlette:
+    limit = state.config.max_body_bytes
+
+    def check_model(name: str | None) -> None:
+        if name is not None and name not in state.aliases:
+            raise ApiError(
+                404,
+                f"The model '{name}' does not exist; this server serves '{state.model_name}'",
+                type="invalid_request_error",
+                param="model",
+                code="model_not_found",
+            )
+
+    @endpoint(state)
+    async def chat_completions(request: Request) -> Response:
+        body = await read_json(request, limit)
+        req = parse_chat(body, state.llm.tokenizer.vocab_size, state.llm.n_ctx)
+        check_model(req.model)
+        assert state.template is not None and req.messages is not None
+        try:
+            text = state.template.render(req.messages, add_generation_prompt=True)
+        except ChatTemplateError as e:
+            raise ApiError(400, str(e), param="messages") from None
+        return await generate(state, request, req, [prompt_token_ids(state.llm.tokenizer, text)], chat=True)
+
+    @endpoint(state)
+    async def completions(request: Request) -> Response:
+        body = await read_json(request, limit)
+        req = parse_completion(body, state.llm.tokenizer.vocab_size)
+        check_model(req.model)
+        assert req.prompts is not None
+        prompts = [state.llm.tokenize(p, add_special=True) if isinstance(p, str) else p for p in req.prompts]
+        if any(not p for p in prompts):
+            raise ApiError(400, "empty prompt: at least one token is needed", param="prompt")
+        return await generate(state, request, req, prompts, chat=False)
+
+    def model_card() -> dict[str, Any]:
+        return {
+            "id": state.model_name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "edgellm",
+            "max_model_len": state.llm.n_ctx,
+        }
+
+    @endpoint(state)
+    async def list_models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [model_card()]})
+
+    @endpoint(state)
+    async def get_model(request: Request) -> Response:
+        check_model(request.path_params["model"])
+        return JSONResponse(model_card())
+
+    async def health(request: Request) -> Response:
+        if state.load_error is not None:
+            return JSONResponse({"status": "error", "error": repr(state.load_error)}, status_code=503)
+        if not state.ready.is_set():
+            return JSONResponse({"status": "loading"}, status_code=503)
+        if not state.engine.healthy:
+            return JSONResponse({"status": "error", "error": "engine stopped"}, status_code=503)
+        return JSONResponse({"status": "ok", "model": state.model_name})
+
+    @endpoint(state, auth=False)
+    async def metrics(request: Request) -> Response:
+        text = state.metrics.render(state.engine.stats())
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @endpoint(state)
+    async def tokenize(request: Request) -> Response:
+        body = await read_json(request, limit)
+        tok = state.llm.tokenizer
+        if "messages" in body:
+            req = parse_chat({"messages": body["messages"]}, tok.vocab_size, state.llm.n_ctx)
+            assert state.template is not None and req.messages is not None
+            try:
+                text = state.template.render(req.messages, bool(body.get("add_generation_prompt", True)))
+            except ChatTemplateError as e:
+                raise ApiError(400, str(e), param="messages") from None
+            ids = prompt_token_ids(tok, text)
+        else:
+            text = body.get("content", body.get("prompt"))
+            add_special = body.get("add_special", True)
+            if not isinstance(text, str) or not isinstance(add_special, bool):
+                raise ApiError(400, "expected 'content' (string) and optional 'add_special' (boolean)")
+            ids = tok.encode(text, add_special=add_special)
+        out: dict[str, Any] = {"tokens": ids, "count": len(ids), "max_model_len": state.llm.n_ctx}
+        if body.get("with_pieces") is True:
+            out["pieces"] = [tok.token_bytes(t).decode("utf-8", errors="replace") for t in ids]
+        return JSONResponse(out)
+
+    @endpoint(state)
+    async def detokenize(request: Request) -> Response:
+        body = await read_json(request, limit)
+        ids = body.get("tokens")
+        vocab = state.llm.tokenizer.vocab_size
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise ApiError(400, "'tokens' must be a list of token ids", param="tokens")
+        if any(not 0 <= t < vocab for t in ids):
+            raise ApiError(400, f"token ids must be in 0..{vocab - 1}", param="tokens")
+        return JSONResponse({"content": state.llm.detokenize(ids)})
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        msg = f"{request.method} {request.url.path}: {exc.detail}"
+        return error_response(ApiError(exc.status_code, msg, type=kind, code=str(exc.status_code)), state)
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s", request.url.path, exc_info=exc)
+        return error_response(ApiError(500, f"internal error: {exc!r}", type="server_error"), state)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette):  # noqa: ANN202
+        if on_startup is not None:
+            on_startup()
+        yield
+        if state.engine is not None:
+            state.engine.shutdown()
+
+    routes = [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", get_model, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/detokenize", detokenize, methods=["POST"]),
+    ]
+    return Starlette(
+        routes=routes,
+        exception_handlers={HTTPException: http_error, Exception: server_error},
+        lifespan=lifespan,
+    )

@@ -1,0 +1,228 @@
+"""The generation core shared by /v1/chat/completions and /v1/completions: admission (queue limit),
+engine requests, OpenAI bodies, SSE streaming, and aborting on client disconnect."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from edgellm.engine.async_engine import EngineDeadError
+from edgellm.engine.outputs import RequestOutput
+from edgellm.server.openai_format import Choice, ResponseHead, completion_logprobs, new_id, sse, usage
+from edgellm.server.openai_format import chat_logprobs as chat_lp
+from edgellm.server.protocol import ApiError, GenerationRequest
+
+if TYPE_CHECKING:
+    from edgellm.server.app import ServerState
+
+
+class EngineStreamResponse(StreamingResponse):
+    """A StreamingResponse that runs `on_close` however the response ends (finished, client gone,
+    cancelled): the engine requests are aborted at once instead of whenever the generator is collected."""
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        super().__init__(content, media_type="text/event-stream", headers=headers)
+        self.on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+
+
+async def _merge(gens: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(prompt index, output) from several engine streams as they come; closing it cancels them all."""
+    if len(gens) == 1:
+        async for out in gens[0]:
+            yield 0, out
+        return
+    q: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, g: AsyncIterator[RequestOutput]) -> None:
+        try:
+            async for out in g:
+                q.put_nowait((i, out, None))
+            q.put_nowait((i, None, None))
+        except Exception as e:
+            q.put_nowait((i, None, e))
+
+    tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(gens)]
+    try:
+        remaining = len(gens)
+        while remaining:
+            i, out, err = await q.get()
+            if err is not None:
+                raise err
+            if out is None:
+                remaining -= 1
+            else:
+                yield i, out
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def _until_disconnect(request: Request, coro: Any) -> Any:
+    """Await coro, cancelling it if the client disconnects first (non-streaming requests)."""
+    task = asyncio.ensure_future(coro)
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task not in done:
+        task.cancel()
+        raise ApiError(499, "client disconnected")
+    return task.result()
+
+
+def _engine_error(e: Exception) -> ApiError:
+    if isinstance(e, EngineDeadError):
+        return ApiError(503, str(e), type="server_error", code="engine_dead")
+    return ApiError(400, str(e))
+
+
+async def generate(
+    state: ServerState, request: Request, req: GenerationRequest, prompts: list[list[int]], chat: bool
+) -> Response:
+    n_ctx = state.llm.n_ctx
+    for ids in prompts:
+        if len(ids) >= n_ctx:
+            what = "messages" if chat else "prompt"
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {n_ctx} tokens. However, your {what} resulted in "
+                f"{len(ids)} tokens (at most {n_ctx - 1} prompt tokens leave room for one generated token).",
+                param="messages" if chat else "prompt",
+                code="context_length_exceeded",
+            )
+    release = state.admit(len(prompts))
+    head = ResponseHead(new_id("chatcmpl" if chat else "cmpl"), state.model_name, chat)
+    rids = [f"{head.id}-{i}" for i in range(len(prompts))]
+    n = req.params.n
+
+    def close() -> None:
+        for rid in rids:
+            state.engine.abort(rid)  # a no-op for requests that already finished
+        release()
+
+    gens = [
+        state.engine.generate(ids, req.params, request_id=rid) for ids, rid in zip(prompts, rids, strict=True)
+    ]
+    merged = _merge(gens)
+    try:
+        if not req.stream:
+            try:
+                return await _until_disconnect(request, _collect(state, req, head, merged, len(prompts) * n))
+            finally:
+                close()
+        try:  # the first output is awaited here so that a rejected request still gets a proper status
+            first = await _until_disconnect(request, merged.__anext__())
+        except StopAsyncIteration:
+            first = None
+        stream = _stream(state, req, head, first, merged, len(prompts) * n)
+        return EngineStreamResponse(stream, close)
+    except ApiError:
+        close()
+        raise
+    except (ValueError, EngineDeadError) as e:
+        close()
+        raise _engine_error(e) from e
+    except BaseException:
+        close()
+        raise
+
+
+async def _collect(
+    state: ServerState, req: GenerationRequest, head: ResponseHead, merged: Any, num_choices: int
+) -> JSONResponse:
+    choices = [Choice() for _ in range(num_choices)]
+    n_prompt = n_cached = 0
+    async for pi, out in merged:
+        for d in out.deltas:
+            c = choices[pi * req.params.n + d.index]
+            c.text += d.text
+            c.num_tokens += len(d.token_ids)
+            c.finish_reason = d.finish_reason or c.finish_reason
+            if d.logprobs:
+                c.logprobs += d.logprobs
+        if out.finished:
+            n_prompt += out.metrics.num_prompt_tokens
+            n_cached += out.metrics.num_cached_tokens
+            state.metrics.observe_request(out.metrics, choices[pi * req.params.n].finish_reason or "stop")
+    u = usage(n_prompt, sum(c.num_tokens for c in choices), n_cached)
+    return JSONResponse(head.full(state.llm.tokenizer, choices, req.logprobs, u))
+
+
+async def _stream(
+    state: ServerState,
+    req: GenerationRequest,
+    head: ResponseHead,
+    first: tuple[int, RequestOutput] | None,
+    merged: Any,
+    num_choices: int,
+) -> AsyncIterator[str]:
+    tok = state.llm.tokenizer
+    n = req.params.n
+    with_usage = req.include_usage
+    offsets = [0] * num_choices  # text offsets for legacy completion logprobs
+    n_tokens = n_prompt = n_cached = 0
+    try:
+        if head.chat:  # OpenAI sends the role first, once per choice
+            for i in range(num_choices):
+                delta = {"role": "assistant", "content": "", "refusal": None}
+                c = {"index": i, "delta": delta, "logprobs": None, "finish_reason": None}
+                yield sse(head.chunk([c], with_usage))
+        pending = [first] if first is not None else []
+        while True:
+            if pending:
+                pi, out = pending.pop()
+            else:
+                try:
+                    pi, out = await merged.__anext__()
+                except StopAsyncIteration:
+                    break
+            for d in out.deltas:
+                idx = pi * n + d.index
+                n_tokens += len(d.token_ids)
+                if d.text or d.logprobs:
+                    yield sse(
+                        head.chunk([_delta_choice(head, tok, idx, d, offsets, req.logprobs)], with_usage)
+                    )
+                    offsets[idx] += len(d.text)
+                if d.finish_reason is not None:
+                    fin: dict[str, Any] = {"index": idx, "logprobs": None, "finish_reason": d.finish_reason}
+                    fin.update({"delta": {}} if head.chat else {"text": ""})
+                    yield sse(head.chunk([fin], with_usage))
+            if out.finished:
+                n_prompt += out.metrics.num_prompt_tokens
+                n_cached += out.metrics.num_cached_tokens
+                reason = next((d.finish_reason for d in out.deltas if d.finish_reason), None) or "stop"
+                state.metrics.observe_request(out.metrics, reason)
+        if with_usage:
+            yield sse(head.usage_chunk(usage(n_prompt, n_tokens, n_cached)))
+        yield sse("[DONE]")
+    except (ValueError, EngineDeadError) as e:  # headers are out: report in-band as OpenAI does
+        yield sse(_engine_error(e).body())
+    finally:
+        await merged.aclose()
+
+
+def _delta_choice(head: ResponseHead, tok: Any, idx: int, d: Any, offsets: list[int], want: bool) -> dict:
+    if head.chat:
+        lp = {"content": chat_lp(tok, d.logprobs or []), "refusal": None} if want else None
+        return {"index": idx, "delta": {"content": d.text}, "logprobs": lp, "finish_reason": None}
+    lp = completion_logprobs(tok, d.logprobs or [], offsets[idx]) if want else None
+    return {"index": idx, "text": d.text, "logprobs": lp, "finish_reason": None}

@@ -1,0 +1,123 @@
+"""OpenAI response and stream-chunk bodies (chat.completion[.chunk], text_completion), built from the
+engine's deltas. Everything here is plain dict building; the app decides when to send what."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgellm.engine.outputs import TokenLogprob
+from edgellm.tokenizer import Tokenizer
+
+SYSTEM_FINGERPRINT = "edgellm"
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+def sse(data: dict[str, Any] | str) -> str:
+    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {text}\n\n"
+
+
+def usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def _token(tok: Tokenizer, tid: int) -> tuple[str, list[int]]:
+    raw = tok.token_bytes(tid)
+    return raw.decode("utf-8", errors="replace"), list(raw)
+
+
+def chat_logprobs(tok: Tokenizer, lps: list[TokenLogprob]) -> list[dict[str, Any]]:
+    out = []
+    for lp in lps:
+        text, raw = _token(tok, lp.token_id)
+        top = []
+        for tid, v in lp.top:
+            t, b = _token(tok, tid)
+            top.append({"token": t, "logprob": v, "bytes": b})
+        out.append({"token": text, "logprob": lp.logprob, "bytes": raw, "top_logprobs": top})
+    return out
+
+
+def completion_logprobs(tok: Tokenizer, lps: list[TokenLogprob], offset: int) -> dict[str, Any]:
+    """The legacy completions logprobs object; `offset` is the text offset of the first token."""
+    tokens, token_lps, tops, offsets = [], [], [], []
+    for lp in lps:
+        text, _ = _token(tok, lp.token_id)
+        tokens.append(text)
+        token_lps.append(lp.logprob)
+        tops.append({_token(tok, tid)[0]: v for tid, v in lp.top})
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+@dataclass
+class Choice:
+    """One completion accumulated for a non-streaming response."""
+
+    text: str = ""
+    num_tokens: int = 0
+    finish_reason: str | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+@dataclass
+class ResponseHead:
+    id: str
+    model: str
+    chat: bool
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def chunk(self, choices: list[dict[str, Any]], with_usage_field: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+            "choices": choices,
+        }
+        if with_usage_field:
+            body["usage"] = None
+        return body
+
+    def usage_chunk(self, u: dict[str, Any]) -> dict[str, Any]:
+        return {**self.chunk([], False), "usage": u}
+
+    def full(self, tok: Tokenizer, choices: list[Choice], want_logprobs: bool, u: dict) -> dict[str, Any]:
+        out = []
+        for i, c in enumerate(choices):
+            if self.chat:
+                lp = {"content": chat_logprobs(tok, c.logprobs), "refusal": None} if want_logprobs else None
+                out.append(
+                    {
+                        "index": i,
+                        "message": {"role": "assistant", "content": c.text, "refusal": None},
+                        "logprobs": lp,
+                        "finish_reason": c.finish_reason,
+                    }
+                )
+            else:
+                lp = completion_logprobs(tok, c.logprobs, 0) if want_logprobs else None
+                out.append({"index": i, "text": c.text, "logprobs": lp, "finish_reason": c.finish_reason})
+        return {
+            "id": self.id,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+            "choices": out,
+            "usage": u,
+        }

@@ -1,0 +1,239 @@
+"""OpenAI request bodies -> validated requests (SamplingParams and prompts), and OpenAI-style errors.
+
+Unknown fields are ignored, as OpenAI does; a known field of the wrong type or out of range is a 400
+naming the field. `null` counts as "not given" for every optional field. Booleans are never accepted
+as numbers (Python's bool is an int; JSON's is not).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from edgellm.sampling import SamplingParams
+
+MAX_N = 16  # completions per request
+MAX_TOP_LOGPROBS = 20
+MAX_STOP = 16
+CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
+
+
+class ApiError(Exception):
+    """An error the client caused or must handle, rendered as OpenAI's {"error": {...}} body."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def _bad(param: str, message: str) -> ApiError:
+    return ApiError(400, f"'{param}': {message}", param=param, code="invalid_value")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return (isinstance(v, int | float) and not isinstance(v, bool)) and math.isfinite(v)
+
+
+def _int(body: dict, key: str, lo: int | None = None, hi: int | None = None) -> int | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if not _is_int(v):
+        raise _bad(key, f"expected an integer, got {type(v).__name__}")
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        raise _bad(
+            key,
+            f"{v} is out of range [{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]",
+        )
+    return v
+
+
+def _number(body: dict, key: str, lo: float, hi: float, lo_open: bool = False) -> float | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if not _is_number(v):
+        raise _bad(key, f"expected a number, got {type(v).__name__}")
+    if v > hi or v < lo or (lo_open and v == lo):
+        raise _bad(key, f"{v} is out of range {'(' if lo_open else '['}{lo}, {hi}]")
+    return float(v)
+
+
+def _bool(body: dict, key: str) -> bool | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, bool):
+        raise _bad(key, f"expected a boolean, got {type(v).__name__}")
+    return v
+
+
+def _str(body: dict, key: str) -> str | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise _bad(key, f"expected a string, got {type(v).__name__}")
+    return v
+
+
+@dataclass
+class GenerationRequest:
+    model: str | None
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    logprobs: bool  # return logprobs (chat: content entries; completions: the legacy object)
+    user: str | None
+    messages: list[dict[str, Any]] | None = None  # chat
+    prompts: list[str | list[int]] | None = None  # completions: one engine request per prompt
+
+
+def _common(body: dict, vocab_size: int, max_tokens_default: int, top_logprobs: int | None) -> tuple:
+    model = _str(body, "model")
+    max_tokens = _int(body, "max_completion_tokens", lo=1)
+    if max_tokens is None:
+        max_tokens = _int(body, "max_tokens", lo=1)
+    stop = body.get("stop")
+    if stop is None:
+        stop = []
+    elif isinstance(stop, str):
+        stop = [stop]
+    elif not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+        raise _bad("stop", "expected a string or a list of strings")
+    if len(stop) > MAX_STOP or any(not s for s in stop):
+        raise _bad("stop", f"at most {MAX_STOP} non-empty strings")
+    bias_raw = body.get("logit_bias")
+    logit_bias: dict[int, float] | None = None
+    if bias_raw is not None:
+        if not isinstance(bias_raw, dict):
+            raise _bad("logit_bias", "expected an object mapping token ids to biases")
+        logit_bias = {}
+        for k, v in bias_raw.items():
+            try:
+                tid = int(k)
+            except ValueError:
+                raise _bad("logit_bias", f"key {k!r} is not a token id") from None
+            if not 0 <= tid < vocab_size:
+                raise _bad("logit_bias", f"token id {tid} is outside the vocabulary (0..{vocab_size - 1})")
+            if not _is_number(v) or not -100 <= v <= 100:
+                raise _bad("logit_bias", f"bias for token {tid} must be a number in [-100, 100]")
+            logit_bias[tid] = float(v)
+    stream = _bool(body, "stream") or False
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not isinstance(options, dict):
+            raise _bad("stream_options", "expected an object")
+        if not stream:
+            raise _bad("stream_options", "only allowed when 'stream' is true")
+        include_usage = _bool(options, "include_usage") or False
+    top_k = _int(body, "top_k", lo=-1)
+    opt = {
+        "temperature": _number(body, "temperature", 0.0, 2.0),
+        "top_p": _number(body, "top_p", 0.0, 1.0, lo_open=True),
+        "min_p": _number(body, "min_p", 0.0, 1.0),
+        "repetition_penalty": _number(body, "repetition_penalty", 0.0, 10.0, lo_open=True),
+        "presence_penalty": _number(body, "presence_penalty", -2.0, 2.0),
+        "frequency_penalty": _number(body, "frequency_penalty", -2.0, 2.0),
+        "seed": _int(body, "seed"),
+        "n": _int(body, "n", lo=1, hi=MAX_N),
+        "top_k": None if top_k is None else max(top_k, 0),  # -1 means off, as in vLLM
+    }
+    params = SamplingParams(
+        max_tokens=max_tokens or max_tokens_default,
+        stop=stop,
+        logit_bias=logit_bias,
+        logprobs=top_logprobs,
+        **{k: v for k, v in opt.items() if v is not None},
+    )
+    user = _str(body, "user")
+    return model, params, stream, include_usage, user
+
+
+def _messages(body: dict) -> list[dict[str, Any]]:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise _bad("messages", "expected a non-empty list of messages")
+    out = []
+    for i, m in enumerate(msgs):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise _bad(where, "expected an object")
+        role = m.get("role")
+        if role not in CHAT_ROLES:
+            raise _bad(f"{where}.role", f"expected one of {sorted(CHAT_ROLES)}, got {role!r}")
+        content = m.get("content")
+        if content is None:
+            content = ""
+        elif isinstance(content, list):
+            for part in content:
+                if not (
+                    isinstance(part, dict)
+                    and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)
+                ):
+                    raise _bad(f"{where}.content", "only text content parts are supported")
+        elif not isinstance(content, str):
+            raise _bad(f"{where}.content", "expected a string or a list of content parts")
+        out.append({"role": "system" if role == "developer" else role, "content": content})
+    return out
+
+
+def parse_chat(body: dict, vocab_size: int, n_ctx: int) -> GenerationRequest:
+    logprobs = _bool(body, "logprobs") or False
+    top = _int(body, "top_logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
+    if top is not None and not logprobs:
+        raise _bad("top_logprobs", "requires 'logprobs' to be true")
+    model, params, stream, include_usage, user = _common(
+        body, vocab_size, n_ctx, (top or 0) if logprobs else None
+    )
+    return GenerationRequest(model, params, stream, include_usage, logprobs, user, messages=_messages(body))
+
+
+def parse_completion(body: dict, vocab_size: int) -> GenerationRequest:
+    k = _int(body, "logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
+    if _bool(body, "echo"):
+        raise _bad("echo", "echo is not supported")
+    if _str(body, "suffix"):
+        raise _bad("suffix", "suffix is not supported")
+    model, params, stream, include_usage, user = _common(body, vocab_size, 16, k)  # OpenAI's default: 16
+    prompt = body.get("prompt")
+    prompts: list[str | list[int]]
+    if isinstance(prompt, str):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        prompts = [list(prompt)]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        prompts = list(prompt)
+    elif (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompt)
+    ):
+        prompts = [list(p) for p in prompt]
+    else:
+        raise _bad("prompt", "expected a string, a list of strings, token ids or lists of token ids")
+    if len(prompts) * params.n > MAX_N:
+        raise _bad("prompt", f"at most {MAX_N} completions per request (prompts x n)")
+    for p in prompts:
+        if isinstance(p, list) and any(not 0 <= t < vocab_size for t in p):
+            raise _bad("prompt", f"token ids must be in 0..{vocab_size - 1}")
+    return GenerationRequest(model, params, stream, include_usage, k is not None, user, prompts=prompts)
