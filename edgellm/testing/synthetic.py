@@ -57,6 +57,7 @@ NORMAL, CONTROL, BYTE = 1, 3, 6
 
 # Common English fragments for the merges / pieces of the tiny vocabularies (the text they cover encodes
 # into multi-byte tokens; everything else falls back to single bytes).
+# fmt: off
 _MERGES = [
     ("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "a"), ("e", "r"), ("o", "n"), ("Ġ", "s"),
     ("r", "e"), ("a", "n"), ("Ġ", "w"), ("o", "r"), ("l", "l"), ("Ġw", "or"), ("Ġwor", "l"),
@@ -67,6 +68,7 @@ _SPM_PIECES = [
     "▁", "▁the", "▁a", "▁and", "▁is", "▁cat", "▁world", "▁hello", "he", "ll", "o", "in", "er", "on",
     "an", "re", "at", "ing", "e", "t", "a", "h", "l", "w", "r", "d", "s", "i", "n", "c", "g", "H",
 ]
+# fmt: on
 
 
 def gpt2_byte_chars() -> list[str]:
@@ -112,8 +114,15 @@ def spm_vocab() -> tuple[list[str], list[int], list[float]]:
 
 
 def tensor_shapes(
-    arch: str, n_layers: int, n_embd: int, n_heads: int, n_kv_heads: int, head_dim: int, n_ff: int,
-    n_vocab: int, tied: bool,
+    arch: str,
+    n_layers: int,
+    n_embd: int,
+    n_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
+    n_ff: int,
+    n_vocab: int,
+    tied: bool,
 ) -> dict[str, tuple[int, ...]]:
     """Tensor name -> numpy-order shape (rows, cols) as llama.cpp's loader expects them, in file order."""
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (n_vocab, n_embd)}
@@ -216,12 +225,26 @@ def encode_tensor(
 
 
 def _metadata(
-    arch: str, n_layers: int, n_embd: int, n_heads: int, n_kv_heads: int, head_dim: int, n_ff: int,
-    context_length: int, rope_base: float, rms_eps: float, sliding_window: int,
+    arch: str,
+    n_layers: int,
+    n_embd: int,
+    n_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
+    n_ff: int,
+    context_length: int,
+    rope_base: float,
+    rms_eps: float,
+    sliding_window: int,
 ) -> dict[str, tuple[Any, GGUFValueType, GGUFValueType | None]]:
     """Key -> (value, type, array element type) as llama.cpp's convert_hf_to_gguf.py writes them."""
-    U32, F32, STR, BOOL, ARR = (GGUFValueType.UINT32, GGUFValueType.FLOAT32, GGUFValueType.STRING,
-                                GGUFValueType.BOOL, GGUFValueType.ARRAY)
+    U32, F32, STR, BOOL, ARR = (
+        GGUFValueType.UINT32,
+        GGUFValueType.FLOAT32,
+        GGUFValueType.STRING,
+        GGUFValueType.BOOL,
+        GGUFValueType.ARRAY,
+    )
     md: dict[str, tuple[Any, GGUFValueType, GGUFValueType | None]] = {
         "general.type": ("model", STR, None),
         "general.name": (f"Tiny {arch}", STR, None),
@@ -245,36 +268,40 @@ def _metadata(
     if arch == "gemma3":
         md[p + "attention.sliding_window"] = (sliding_window, U32, None)
         tokens, types, scores = spm_vocab()
-        md.update({
-            "tokenizer.ggml.model": ("llama", STR, None),
-            "tokenizer.ggml.pre": ("default", STR, None),
-            "tokenizer.ggml.tokens": (tokens, ARR, STR),
-            "tokenizer.ggml.scores": (scores, ARR, F32),
-            "tokenizer.ggml.token_type": (types, ARR, GGUFValueType.INT32),
-            "tokenizer.ggml.bos_token_id": (2, U32, None),
-            "tokenizer.ggml.eos_token_id": (1, U32, None),
-            "tokenizer.ggml.unknown_token_id": (3, U32, None),
-            "tokenizer.ggml.padding_token_id": (0, U32, None),
-            "tokenizer.ggml.add_bos_token": (True, BOOL, None),
-            "tokenizer.ggml.add_eos_token": (False, BOOL, None),
-            "tokenizer.ggml.add_space_prefix": (False, BOOL, None),
-        })
+        md.update(
+            {
+                "tokenizer.ggml.model": ("llama", STR, None),
+                "tokenizer.ggml.pre": ("default", STR, None),
+                "tokenizer.ggml.tokens": (tokens, ARR, STR),
+                "tokenizer.ggml.scores": (scores, ARR, F32),
+                "tokenizer.ggml.token_type": (types, ARR, GGUFValueType.INT32),
+                "tokenizer.ggml.bos_token_id": (2, U32, None),
+                "tokenizer.ggml.eos_token_id": (1, U32, None),
+                "tokenizer.ggml.unknown_token_id": (3, U32, None),
+                "tokenizer.ggml.padding_token_id": (0, U32, None),
+                "tokenizer.ggml.add_bos_token": (True, BOOL, None),
+                "tokenizer.ggml.add_eos_token": (False, BOOL, None),
+                "tokenizer.ggml.add_space_prefix": (False, BOOL, None),
+            }
+        )
     else:
         specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
         tokens, types, merges = bpe_vocab(specials)
         if arch == "llama":
             md[p + "vocab_size"] = (len(tokens), U32, None)
-        md.update({
-            "tokenizer.ggml.model": ("gpt2", STR, None),
-            "tokenizer.ggml.pre": ("default" if arch == "llama" else "qwen2", STR, None),
-            "tokenizer.ggml.tokens": (tokens, ARR, STR),
-            "tokenizer.ggml.token_type": (types, ARR, GGUFValueType.INT32),
-            "tokenizer.ggml.merges": (merges, ARR, STR),
-            "tokenizer.ggml.bos_token_id": (0, U32, None),
-            "tokenizer.ggml.eos_token_id": (2, U32, None),
-            "tokenizer.ggml.padding_token_id": (0, U32, None),
-            "tokenizer.ggml.add_bos_token": (False, BOOL, None),
-        })
+        md.update(
+            {
+                "tokenizer.ggml.model": ("gpt2", STR, None),
+                "tokenizer.ggml.pre": ("default" if arch == "llama" else "qwen2", STR, None),
+                "tokenizer.ggml.tokens": (tokens, ARR, STR),
+                "tokenizer.ggml.token_type": (types, ARR, GGUFValueType.INT32),
+                "tokenizer.ggml.merges": (merges, ARR, STR),
+                "tokenizer.ggml.bos_token_id": (0, U32, None),
+                "tokenizer.ggml.eos_token_id": (2, U32, None),
+                "tokenizer.ggml.padding_token_id": (0, U32, None),
+                "tokenizer.ggml.add_bos_token": (False, BOOL, None),
+            }
+        )
     return md
 
 
@@ -318,8 +345,19 @@ def write_tiny_model(
     rng = np.random.default_rng(seed)
     if rope_base is None:
         rope_base = 1e6 if arch == "gemma3" else 10000.0
-    md = _metadata(arch, n_layers, n_embd, n_heads, n_kv_heads, head_dim, n_ff, context_length, rope_base,
-                   rms_eps, sliding_window)
+    md = _metadata(
+        arch,
+        n_layers,
+        n_embd,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        n_ff,
+        context_length,
+        rope_base,
+        rms_eps,
+        sliding_window,
+    )
     n_vocab = len(md["tokenizer.ggml.tokens"][0])
     md = {"general.architecture": (arch, GGUFValueType.STRING, None), **md}
     for key, value in (metadata_overrides or {}).items():
