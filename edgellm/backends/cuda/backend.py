@@ -1,0 +1,207 @@
+"""The CUDA backend: the CPU backend's interface over device memory and Numba CUDA kernels.
+
+Weights are repacked on the host with the CPU backend's packer (same int8-grouped values, so both backends
+compute the same dot products) and uploaded once. Activations are DeviceTensor views from a buffer pool;
+only token ids, positions, block tables and the final logits cross the bus.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numba import cuda
+
+from edgellm.backends.base import Backend
+from edgellm.backends.cpu.backend import _stackable, stack_packed
+from edgellm.backends.cpu.packed import dequantize_rows_cpu, pack_weight
+from edgellm.backends.cuda import attention as attn
+from edgellm.backends.cuda import ops
+from edgellm.backends.cuda.config import ROW_THREADS, elem_grid
+from edgellm.backends.cuda.devarray import BufferPool, DeviceTensor
+from edgellm.backends.cuda.matmul import DeviceWeight, Scratch, gather_rows_cuda, matmul_cuda, upload_weight
+from edgellm.gguf.reader import TensorInfo
+from edgellm.quants.traits import get_traits
+
+
+class DeviceStacked:
+    """Matrices with different repacked forms stacked along the output rows: one matmul each, written into
+    column slices of the output."""
+
+    def __init__(self, parts: list[DeviceWeight]) -> None:
+        self.parts = parts
+        self.rows = sum(p.rows for p in parts)
+        self.cols = parts[0].cols
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+
+    def __init__(self) -> None:
+        self.pool = BufferPool()
+        self.scratch = Scratch()
+        self.weight_bytes = 0
+
+    # --- weights -------------------------------------------------------------------------------------
+    def load_matrix(self, tensors: list[TensorInfo]) -> DeviceWeight | DeviceStacked:
+        parts = []
+        for t in tensors:
+            get_traits(t.qtype, t.name)
+            rows, cols = t.shape
+            parts.append(pack_weight(t.qtype, t.data, rows, cols, name=t.name))
+        if len(parts) > 1 and _stackable(parts):
+            parts = [stack_packed(parts)]
+        uploaded = [upload_weight(p) for p in parts]  # host copies are dropped here
+        self.weight_bytes += sum(w.nbytes for w in uploaded)
+        return uploaded[0] if len(uploaded) == 1 else DeviceStacked(uploaded)
+
+    def load_vector(self, tensor: TensorInfo) -> DeviceTensor:
+        get_traits(tensor.qtype, tensor.name)
+        n = int(np.prod(tensor.shape))
+        w = pack_weight(tensor.qtype, tensor.data.reshape(1, -1), 1, n)
+        host = np.ascontiguousarray(dequantize_rows_cpu(w, np.zeros(1, np.int64))[0], dtype=np.float32)
+        return self.from_host(host)
+
+    # --- activations -----------------------------------------------------------------------------------
+    def empty(self, shape: tuple[int, ...]) -> DeviceTensor:
+        shape = tuple(int(s) for s in shape)
+        lease = self.pool.take(int(np.prod(shape)))
+        return DeviceTensor.contiguous(lease.buf, shape, lease)
+
+    def contiguous(self, x: DeviceTensor) -> DeviceTensor:
+        if x.is_contiguous():
+            return x
+        out = self.empty(x.shape)
+        if x.ndim == 2:
+            T, H, d, (buf, off, st), sh = x.shape[0], 1, x.shape[1], x.rows2d(), 0
+        else:
+            (T, H, d), (buf, off, st, sh) = x.shape, x.heads3d()
+        grid, threads = elem_grid(T * H * d)
+        if out.size:
+            ops.copy_strided_cuda[grid, threads](buf, off, st, sh, T, H, d, out.buf)
+        return out
+
+    def to_host(self, x: Any) -> np.ndarray:
+        if isinstance(x, DeviceTensor):
+            return x.to_host()
+        return x.copy_to_host() if hasattr(x, "copy_to_host") else np.asarray(x)
+
+    def from_host(self, x: np.ndarray) -> Any:
+        x = np.ascontiguousarray(x)
+        if x.dtype == np.float32:  # activations: a pooled DeviceTensor the kernels can view
+            t = self.empty(x.shape)
+            if x.size:
+                t.buf[: x.size].copy_to_device(x.reshape(-1))
+            return t
+        return cuda.to_device(x)  # int arrays: positions, block tables, slots
+
+    # --- kernels -------------------------------------------------------------------------------------
+    def embed(self, w: Any, ids: np.ndarray, scale_f: float) -> DeviceTensor:
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= w.rows):
+            raise IndexError(f"row ids out of range [0, {w.rows})")
+        out = self.empty((len(ids), w.cols))
+        if ids.size:
+            flat = out.buf[: out.size].reshape(len(ids), w.cols)
+            is_dense = w.dense is not None
+            q = self.scratch.get("dummy_q", (1, 1), np.int32) if is_dense else w.q  # placeholders keep types fixed
+            scale = self.scratch.get("dummy_s", (1, 1), np.float32) if is_dense else w.scale
+            minv = w.minv if w.minv is not None else scale
+            dense = w.dense if is_dense else scale
+            grid, threads = elem_grid(out.size)
+            gather_rows_cuda[grid, threads](q, scale, minv, w.minv is not None, max(w.group, 1), dense,
+                                            is_dense, cuda.to_device(ids), np.float32(scale_f), flat)
+        return out
+
+    def matmul(self, x: DeviceTensor, w: Any, out: DeviceTensor) -> None:
+        if isinstance(w, DeviceStacked):
+            c = 0
+            for p in w.parts:
+                matmul_cuda(x, p, out[:, c : c + p.rows], self.scratch)
+                c += p.rows
+            return
+        matmul_cuda(x, w, out, self.scratch)
+
+    def rmsnorm(self, x: DeviceTensor, w: DeviceTensor, eps: float, out: DeviceTensor) -> None:
+        rows, n = x.shape
+        if rows:
+            ops.rmsnorm_cuda[rows, ROW_THREADS](*x.rows2d(), w.buf, float(eps), n, *out.rows2d())
+
+    def rmsnorm_heads(self, x: DeviceTensor, w: DeviceTensor, eps: float) -> None:
+        T, H, d = x.shape
+        if T:
+            ops.rmsnorm_heads_cuda[T * H, ROW_THREADS](*x.heads3d(), H, w.buf, float(eps), d)
+
+    def rope(self, x: DeviceTensor, positions: Any, n_rot: int, base: float, neox: bool) -> None:
+        T, H, _ = x.shape
+        grid, threads = elem_grid(T * H * (n_rot // 2))
+        if T:
+            ops.rope_cuda[grid, threads](*x.heads3d(), T, H, positions, n_rot, float(base), bool(neox))
+
+    def gated_act(self, gate_up: DeviceTensor, out: DeviceTensor, kind: str) -> None:
+        T, ff = out.shape
+        grid, threads = elem_grid(T * ff)
+        if T:
+            ops.gated_act_cuda[grid, threads](*gate_up.rows2d(), *out.rows2d(), T, ff, kind == "gelu")
+
+    def add(self, x: DeviceTensor, y: DeviceTensor) -> None:
+        T, n = x.shape
+        grid, threads = elem_grid(T * n)
+        if T:
+            ops.add_cuda[grid, threads](*x.rows2d(), *y.rows2d(), T, n, False)
+
+    def add_bias(self, x: DeviceTensor, b: DeviceTensor) -> None:
+        T, n = x.shape
+        grid, threads = elem_grid(T * n)
+        if T:
+            ops.add_cuda[grid, threads](*x.rows2d(), b.buf, b.offset, 0, T, n, True)
+
+    def alloc_kv(self, n_layers: int, n_blocks: int, block_size: int, n_kv: int, d: int, dv: int) -> Any:
+        return [
+            (
+                cuda.to_device(np.zeros((n_blocks, block_size, n_kv, d), np.float16)),
+                cuda.to_device(np.zeros((n_blocks, block_size, n_kv, dv), np.float16)),
+            )
+            for _ in range(n_layers)
+        ]
+
+    def write_kv(self, kv: Any, layer: int, k: DeviceTensor, v: DeviceTensor, slots: Any) -> None:
+        k_cache, v_cache = kv[layer]
+        T, n_kv, d = k.shape
+        dv = v.shape[2]
+        grid, threads = elem_grid(T * n_kv * (d + dv))
+        if T:
+            attn.write_kv_cuda[grid, threads](
+                *k.heads3d(), *v.heads3d(), k_cache, v_cache, slots, n_kv, d, dv
+            )
+
+    def copy_blocks(self, kv: Any, pairs: list[tuple[int, int]]) -> None:
+        if not pairs:
+            return
+        src = cuda.to_device(np.asarray([p[0] for p in pairs], np.int64))
+        dst = cuda.to_device(np.asarray([p[1] for p in pairs], np.int64))
+        for k_cache, v_cache in kv:
+            for cache in (k_cache, v_cache):
+                per_block = int(np.prod(cache.shape[1:]))
+                flat = cache.reshape(cache.shape[0], per_block)
+                grid, threads = elem_grid(len(pairs) * per_block)
+                attn.copy_blocks_cuda[grid, threads](flat, src, dst, per_block)
+
+    def attention(self, q: DeviceTensor, kv: Any, layer: int, block_tables: Any, seq_index: Any,
+                  positions: Any, window: int, scale: float, out: DeviceTensor) -> None:
+        k_cache, v_cache = kv[layer]
+        T, H, _ = q.shape
+        if T:
+            attn.attention_paged_cuda[T * H, ROW_THREADS](
+                *q.heads3d(), k_cache, v_cache, block_tables, seq_index, positions, int(window),
+                np.float32(scale), H, *out.heads3d()
+            )
+
+    # --- device sampling -------------------------------------------------------------------------------
+    def argmax(self, logits: DeviceTensor) -> np.ndarray:
+        """Greedy token per row computed on the device; only the ids come back."""
+        rows, n = logits.shape
+        ids = self.scratch.get("argmax", (max(rows, 1),), np.int32)
+        if rows:
+            attn.argmax_rows_cuda[rows, ROW_THREADS](*logits.rows2d(), n, ids)
+        return ids.copy_to_host()[:rows]

@@ -1,0 +1,62 @@
+"""Launch geometry and the few arithmetic helpers every CUDA kernel shares.
+
+Under the Numba CUDA simulator (NUMBA_ENABLE_CUDASIM=1, used by CI without a GPU) every GPU thread is a
+Python thread (~0.7 ms each here), so the simulator uses tiny thread teams; the kernels are written for any
+power-of-two team size, so the same code paths (strided loops, shared-memory tree reductions) run in both.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import config, cuda
+
+SIMULATOR = bool(config.ENABLE_CUDASIM)
+
+# Threads that cooperate on one output row of a matmul (reduction over weight groups).
+MATMUL_LANES = 2 if SIMULATOR else 32
+# Output rows per matmul block (one lane team each).
+MATMUL_ROWS = 2 if SIMULATOR else 4
+# Activation rows each thread of the tiled GEMM reuses a weight group for (register tile in M).
+GEMM_TILE_M = 4 if SIMULATOR else 8
+# Threads per block for row-wise ops (norms, attention, argmax): one block per row / (token, head).
+ROW_THREADS = 4 if SIMULATOR else 128
+# Threads per block of the elementwise kernels.
+ELEM_THREADS = 64 if SIMULATOR else 256
+# Largest head dim the attention kernel's per-thread V accumulators cover.
+MAX_HEAD_DIM = 512
+ACC_PER_THREAD = -(-MAX_HEAD_DIM // ROW_THREADS)
+
+F32 = np.float32
+F16 = np.float16
+RINT_MAGIC = np.float32(12582912.0)  # 1.5 * 2^23: (v + M) - M rounds |v| < 2^22 to an integer, ties to even
+
+if SIMULATOR:
+
+    def mul_rn(a, b):  # noqa: ANN001, ANN202 - simulator stand-in for libdevice's fmul_rn
+        return a * b
+
+else:  # pragma: no cover - needs a GPU
+    from numba.cuda.libdevice import fmul_rn as mul_rn  # noqa: F401 - a product NVVM never fuses into an FMA
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def elem_grid(n: int) -> tuple[int, int]:
+    return max(1, cdiv(n, ELEM_THREADS)), ELEM_THREADS
+
+
+@cuda.jit(device=True, inline=True)
+def f16_round(x):  # noqa: ANN001, ANN201
+    """x rounded to float16 (ties to even, overflow to inf) and back to float32: llama.cpp keeps the KV
+    cache, attention Q and softmax weights in f16. A float16 store is a cvt.rn, as numpy's cast."""
+    t = cuda.local.array(1, np.float16)
+    t[0] = x
+    return np.float32(t[0])
+
+
+@cuda.jit(device=True, inline=True)
+def rint_f32(v):  # noqa: ANN001, ANN201
+    """Round-half-even of a float32 |v| < 2^22 in float32 adds only (nothing NVVM could fuse)."""
+    return (v + RINT_MAGIC) - RINT_MAGIC

@@ -1,0 +1,305 @@
+"""Dequant-matmul CUDA kernels over quantized weights kept quantized in device memory.
+
+Weights are uploaded once in the CPU backend's "int8 grouped" form (packed.py): q int8 [N, K] (stored as
+int32 words of 4 weights), scale f32 [N, K//G], optional min f32 [N, K//G]; never a float copy. Float
+weights stay dense (F16 as float16, F32/BF16 as float32). Activations are quantized on the device exactly as
+llama.cpp's vec_dot_type (quantize_act_ref), so a dot product is an exact int32 sum per group, scaled:
+
+    out[m, n] = sum_g (xs[m,g] * scale[n,g]) * isum[m,n,g] + min[n,g] * xsum[m,g]
+
+One kernel serves decode (tile 1 in M: a GEMV) and prefill / batched decode (a tile of GEMM_TILE_M
+activation rows per thread, each weight word loaded once per tile). A team of MATMUL_LANES threads shares an
+output row, each lane summing every LANES-th group in order, then a fixed shared-memory tree: a row's result
+therefore never depends on M or on its batch neighbours (batch invariance), as on the CPU. Products go
+through `mul_rn` so NVVM cannot fuse them into FMAs that would round differently from the CPU kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numba import cuda
+
+from edgellm.backends.cpu.packed import PackedWeight
+from edgellm.backends.cuda.config import (
+    GEMM_TILE_M,
+    MATMUL_LANES,
+    MATMUL_ROWS,
+    cdiv,
+    elem_grid,
+    f16_round,
+    mul_rn,
+    rint_f32,
+)
+from edgellm.quants.traits import get_traits
+
+ACT_ROUND = {"f32": 0, "f16": 1, "bf16": 2}  # activation rounding before a float-weight dot (llama.cpp)
+BF16_SPLIT = np.float32(65537.0)  # Veltkamp split constant 2^16 + 1: keeps the top 8 significand bits
+
+
+@dataclass
+class DeviceWeight:
+    rows: int  # N
+    cols: int  # K
+    qtype: Any
+    q: Any = None  # int32 [N, K // 4] device: 4 int8 weights per word
+    scale: Any = None  # f32 [N, K // group]
+    minv: Any = None  # f32 [N, K // group] or None
+    dense: Any = None  # f32 / f16 [N, K] for float types
+    group: int = 0
+    act_mode: int = 0
+    act_round: int = 0
+    nbytes: int = 0
+
+
+def upload_weight(p: PackedWeight) -> DeviceWeight:
+    """One host->device copy of a repacked weight; quantized blocks stay quantized."""
+    traits = get_traits(p.qtype)
+    if p.dense is not None:
+        dense = p.dense.astype(np.float16) if traits.vec_dot == "f16" else p.dense  # F16: exact round trip
+        d = cuda.to_device(np.ascontiguousarray(dense))
+        return DeviceWeight(p.rows, p.cols, p.qtype, dense=d, act_round=ACT_ROUND[traits.vec_dot],
+                            nbytes=dense.nbytes)
+    words = np.ascontiguousarray(p.q).view(np.int32)
+    w = DeviceWeight(p.rows, p.cols, p.qtype, q=cuda.to_device(words), scale=cuda.to_device(p.scale),
+                     group=p.group, act_mode=p.act_mode, nbytes=words.nbytes + p.scale.nbytes)
+    if p.minv is not None:
+        w.minv = cuda.to_device(p.minv)
+        w.nbytes += p.minv.nbytes
+    return w
+
+
+@cuda.jit(device=True, inline=True)
+def byte_of(word, i):  # noqa: ANN001, ANN201
+    """Signed byte i (0 = lowest) of an int32 word."""
+    return np.int32(word << (24 - 8 * i)) >> 24
+
+
+@cuda.jit(device=True, inline=True)
+def bf16_round(x):  # noqa: ANN001, ANN201
+    """x rounded to bfloat16's 8 significand bits (Veltkamp split; ties may round either way)."""
+    t = mul_rn(x, BF16_SPLIT)
+    return t - (t - x)
+
+
+@cuda.jit
+def quantize_act_cuda(x, x_off, x_ld, m_rows, k_cols, group, mode, xq, xs, xsum):  # noqa: ANN001
+    """One thread per (row, activation block): xq int32 words [M, K/4], xs / xsum f32 [M, K/G].
+    Same rule as quantize_act_ref: mode 0 q8_0, 1 q8_1, 2 q8_K."""
+    i = cuda.grid(1)
+    block = 256 if mode == 2 else 32
+    n_blocks = k_cols // block
+    if i >= m_rows * n_blocks:
+        return
+    m = i // n_blocks
+    base = (i % n_blocks) * block
+    row = x_off + m * x_ld
+    amax = np.float32(0.0)
+    vmax = np.float32(0.0)
+    for k in range(block):
+        v = x[row + base + k]
+        if abs(v) > amax:
+            amax = abs(v)
+            vmax = v
+    if mode == 2:
+        iscale = np.float32(-127.0) / vmax if amax > 0 else np.float32(0.0)
+        d = np.float32(1.0) / iscale if amax > 0 else np.float32(0.0)
+        d_stored = d
+    else:
+        iscale = np.float32(127.0) / amax if amax > 0 else np.float32(0.0)
+        d = amax / np.float32(127.0)
+        d_stored = f16_round(d)
+    gsum = 0
+    word = 0
+    for k in range(block):
+        qv = min(rint_f32(mul_rn(x[row + base + k], iscale)), np.float32(127.0))
+        qi = np.int32(qv)
+        gsum += qi
+        lane = k % 4
+        if lane == 3:
+            word = word | (qi << 24)
+            xq[m, (base + k) // 4] = word
+            word = 0
+        else:
+            word = word | ((qi & 255) << (8 * lane))
+        if (k + 1) % group == 0:
+            g = (base + k) // group
+            xs[m, g] = d_stored
+            if mode == 1:
+                xsum[m, g] = f16_round(d * np.float32(gsum))
+            else:
+                xsum[m, g] = d_stored * np.float32(gsum)
+            gsum = 0
+
+
+def _grouped_kernel(tile_m: int):  # noqa: ANN202
+    lanes, rows = MATMUL_LANES, MATMUL_ROWS
+
+    @cuda.jit
+    def matmul_grouped_cuda(xq, xs, xsum, q, scale, minv, has_min, m_rows, out, out_off, out_ld):  # noqa: ANN001
+        lane = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        n = cuda.blockIdx.x * rows + ty
+        m0 = cuda.blockIdx.y * tile_m
+        n_groups = scale.shape[1]
+        gw = q.shape[1] // n_groups  # words per group
+        acc = cuda.local.array(tile_m, np.float32)
+        macc = cuda.local.array(tile_m, np.float32)
+        isum = cuda.local.array(tile_m, np.int32)
+        for i in range(tile_m):
+            acc[i] = 0.0
+            macc[i] = 0.0
+        if n < q.shape[0]:
+            for g in range(lane, n_groups, lanes):
+                for i in range(tile_m):
+                    isum[i] = 0
+                for j in range(g * gw, (g + 1) * gw):
+                    wv = q[n, j]
+                    w0, w1, w2, w3 = byte_of(wv, 0), byte_of(wv, 1), byte_of(wv, 2), byte_of(wv, 3)
+                    for i in range(tile_m):
+                        if m0 + i < m_rows:
+                            xv = xq[m0 + i, j]
+                            isum[i] += (w0 * byte_of(xv, 0) + w1 * byte_of(xv, 1)
+                                        + w2 * byte_of(xv, 2) + w3 * byte_of(xv, 3))
+                sc = scale[n, g]
+                for i in range(tile_m):
+                    m = m0 + i
+                    if m < m_rows:
+                        acc[i] += mul_rn(mul_rn(xs[m, g], sc), np.float32(isum[i]))
+                        if has_min:
+                            macc[i] += mul_rn(minv[n, g], xsum[m, g])
+        red = cuda.shared.array((rows, lanes, tile_m), np.float32)
+        for i in range(tile_m):
+            red[ty, lane, i] = acc[i] + macc[i]
+        cuda.syncthreads()
+        s = lanes // 2
+        while s > 0:
+            if lane < s:
+                for i in range(tile_m):
+                    red[ty, lane, i] += red[ty, lane + s, i]
+            cuda.syncthreads()
+            s //= 2
+        if lane == 0 and n < q.shape[0]:
+            for i in range(tile_m):
+                if m0 + i < m_rows:
+                    out[out_off + (m0 + i) * out_ld + n] = red[ty, 0, i]
+
+    return matmul_grouped_cuda
+
+
+def _dense_kernel(tile_m: int):  # noqa: ANN202
+    lanes, rows = MATMUL_LANES, MATMUL_ROWS
+
+    @cuda.jit
+    def matmul_dense_cuda(x, x_off, x_ld, w, act_round, m_rows, out, out_off, out_ld):  # noqa: ANN001
+        lane = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        n = cuda.blockIdx.x * rows + ty
+        m0 = cuda.blockIdx.y * tile_m
+        acc = cuda.local.array(tile_m, np.float32)
+        for i in range(tile_m):
+            acc[i] = 0.0
+        if n < w.shape[0]:
+            for k in range(lane, w.shape[1], lanes):
+                wk = np.float32(w[n, k])
+                for i in range(tile_m):
+                    if m0 + i < m_rows:
+                        xv = x[x_off + (m0 + i) * x_ld + k]
+                        if act_round == 1:
+                            xv = f16_round(xv)
+                        elif act_round == 2:
+                            xv = bf16_round(xv)
+                        acc[i] += mul_rn(xv, wk)
+        red = cuda.shared.array((rows, lanes, tile_m), np.float32)
+        for i in range(tile_m):
+            red[ty, lane, i] = acc[i]
+        cuda.syncthreads()
+        s = lanes // 2
+        while s > 0:
+            if lane < s:
+                for i in range(tile_m):
+                    red[ty, lane, i] += red[ty, lane + s, i]
+            cuda.syncthreads()
+            s //= 2
+        if lane == 0 and n < w.shape[0]:
+            for i in range(tile_m):
+                if m0 + i < m_rows:
+                    out[out_off + (m0 + i) * out_ld + n] = red[ty, 0, i]
+
+    return matmul_dense_cuda
+
+
+GROUPED = {1: _grouped_kernel(1), GEMM_TILE_M: _grouped_kernel(GEMM_TILE_M)}
+DENSE = {1: _dense_kernel(1), GEMM_TILE_M: _dense_kernel(GEMM_TILE_M)}
+
+
+class Scratch:
+    """Reused device scratch arrays (quantized activations), keyed by shape and dtype."""
+
+    def __init__(self) -> None:
+        self.arrays: dict[tuple, Any] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: Any) -> Any:
+        key = (name, shape, np.dtype(dtype).str)
+        a = self.arrays.get(key)
+        if a is None:
+            a = self.arrays[key] = cuda.device_array(shape, dtype)
+        return a
+
+
+def quantize_act(x: Any, w: DeviceWeight, scratch: Scratch) -> tuple[Any, Any, Any]:
+    """Device quantization of activations x (DeviceTensor [M, K]) for weight w's vec_dot type."""
+    buf, off, ld = x.rows2d()
+    m_rows, k_cols = x.shape
+    n_groups = k_cols // w.group
+    xq = scratch.get("xq", (m_rows, k_cols // 4), np.int32)
+    xs = scratch.get("xs", (m_rows, n_groups), np.float32)
+    xsum = scratch.get("xsum", (m_rows, n_groups), np.float32)
+    block = 256 if w.act_mode == 2 else 32
+    grid, threads = elem_grid(m_rows * (k_cols // block))
+    quantize_act_cuda[grid, threads](buf, off, ld, m_rows, k_cols, w.group, w.act_mode, xq, xs, xsum)
+    return xq, xs, xsum
+
+
+def matmul_cuda(x: Any, w: DeviceWeight, out: Any, scratch: Scratch) -> None:
+    """out[M, N] = x[M, K] @ W.T on the device; out may be a column-slice view of a wider buffer."""
+    m_rows, k_cols = x.shape
+    if k_cols != w.cols or tuple(out.shape) != (m_rows, w.rows):
+        raise ValueError(f"shape mismatch: x {x.shape}, weight {w.rows}x{w.cols}, out {out.shape}")
+    if m_rows == 0:
+        return
+    o_buf, o_off, o_ld = out.rows2d()
+    tile = 1 if m_rows == 1 else GEMM_TILE_M
+    grid = (cdiv(w.rows, MATMUL_ROWS), cdiv(m_rows, tile))
+    block = (MATMUL_LANES, MATMUL_ROWS)
+    if w.dense is not None:
+        x_buf, x_off, x_ld = x.rows2d()
+        DENSE[tile][grid, block](x_buf, x_off, x_ld, w.dense, w.act_round, m_rows, o_buf, o_off, o_ld)
+        return
+    xq, xs, xsum = quantize_act(x, w, scratch)
+    has_min = w.minv is not None
+    minv = w.minv if has_min else w.scale
+    GROUPED[tile][grid, block](xq, xs, xsum, w.q, w.scale, minv, has_min, m_rows, o_buf, o_off, o_ld)
+
+
+@cuda.jit
+def gather_rows_cuda(q, scale, minv, has_min, group, dense, is_dense, ids, emb_scale, out):  # noqa: ANN001
+    """Embedding lookup: out[i, k] = W[ids[i], k] (same float ops as gguf's dequantize), times emb_scale."""
+    idx = cuda.grid(1)
+    k_cols = out.shape[1]
+    if idx >= out.shape[0] * k_cols:
+        return
+    i = idx // k_cols
+    k = idx % k_cols
+    r = ids[i]
+    if is_dense:
+        v = np.float32(dense[r, k])
+    else:
+        v = scale[r, k // group] * np.float32(byte_of(q[r, k // 4], k % 4))
+        if has_min:
+            v = v + minv[r, k // group]
+    if emb_scale != 1.0:
+        v = v * emb_scale
+    out[i, k] = v
