@@ -2,14 +2,20 @@
 
 GEMV (M=1) is timed cold: the script cycles over enough copies of the matrix to exceed L3, so weights come
 from RAM as in decode. GEMM (M=8/64/128) is timed hot (one matrix), as in prefill where each weight is
-reused by every token. Prints GB/s of weight bytes (GGUF and repacked) and us/call, for 1 and 2 threads.
+reused by every token. Prints GB/s of weight bytes (GGUF and repacked) and us/call, for 1 and 2 threads,
+as the median over repetitions (the box is shared: medians are steadier than best times).
 
-    python scripts/bench_kernels.py [--quick]
+    python scripts/bench_kernels.py [--quick] [--set smollm2|gemma|all] [--threads 2] [--no-vnni]
+
+--no-vnni sets EDGELLM_NO_VNNI=1 before the kernels load, timing the portable fallback.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
+import sys
 import time
 from dataclasses import replace
 
@@ -17,19 +23,34 @@ import numba
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from edgellm.backends.cpu.matmul import matmul_cpu
-from edgellm.backends.cpu.packed import PackedWeight, pack_weight
-from edgellm.quants import BLOCK_DTYPES, get_traits
+if "--no-vnni" in sys.argv:  # must precede the kernel imports (the path is chosen at import)
+    os.environ["EDGELLM_NO_VNNI"] = "1"
+
+from edgellm.backends.cpu import vnni  # noqa: E402
+from edgellm.backends.cpu.matmul import matmul_cpu  # noqa: E402
+from edgellm.backends.cpu.packed import PackedWeight, pack_weight  # noqa: E402
+from edgellm.quants import BLOCK_DTYPES, get_traits  # noqa: E402
 
 L3_BYTES = 32 * 2**20
-CASES = [  # (qtype, N, K): shapes of the SmolLM2 / Gemma 3 tensors
-    (T.Q4_1, 1536, 576),
-    (T.Q4_1, 576, 1536),
-    (T.Q8_0, 49152, 576),
-    (T.Q4_K, 640, 2048),
-    (T.Q5_0, 640, 2048),
-    (T.Q6_K, 640, 2048),
-]
+CASE_SETS = {  # (qtype, N, K): shapes of the model tensors
+    "smollm2": [  # wqkv, wo, gate|up, down (Q4_1), tied output (Q8_0); plus the brief's Q8_0 shapes
+        (T.Q4_1, 960, 576),
+        (T.Q4_1, 576, 576),
+        (T.Q4_1, 3072, 576),
+        (T.Q4_1, 576, 1536),
+        (T.Q8_0, 768, 576),
+        (T.Q8_0, 576, 576),
+        (T.Q8_0, 3072, 576),
+        (T.Q8_0, 576, 1536),
+        (T.Q8_0, 49152, 576),
+    ],
+    "gemma": [
+        (T.Q4_K, 640, 2048),
+        (T.Q5_0, 640, 2048),
+        (T.Q6_K, 640, 2048),
+    ],
+}
+CASE_SETS["all"] = CASE_SETS["smollm2"] + CASE_SETS["gemma"]
 
 
 def random_raw(qtype: T, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
@@ -41,17 +62,25 @@ def random_raw(qtype: T, rows: int, cols: int, rng: np.random.Generator) -> np.n
     return raw
 
 
-def best_time(fn, reps: int) -> float:
+def median_time(fn, reps: int) -> float:
     fn()  # warm-up (compile / load from cache)
-    best = float("inf")
+    times = []
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
-def bench_case(qtype: T, rows: int, cols: int, reps: int, rng: np.random.Generator) -> None:
+def bench_case(
+    qtype: T,
+    rows: int,
+    cols: int,
+    reps: int,
+    rng: np.random.Generator,
+    threads_list: list[int],
+    ms: list[int],
+) -> None:
     raw = random_raw(qtype, rows, cols, rng)
     gguf_bytes = raw.nbytes
     first = pack_weight(qtype, raw, rows, cols)
@@ -66,7 +95,7 @@ def bench_case(qtype: T, rows: int, cols: int, reps: int, rng: np.random.Generat
         for _ in range(n_copies - 1)
     ]
     label = f"{qtype.name} {rows}x{cols}"
-    for threads in (1, 2):
+    for threads in threads_list:
         numba.set_num_threads(threads)
         x1 = rng.standard_normal((1, cols)).astype(np.float32)
         out1 = np.empty((1, rows), np.float32)
@@ -75,16 +104,16 @@ def bench_case(qtype: T, rows: int, cols: int, reps: int, rng: np.random.Generat
             for w in weights:
                 matmul_cpu(x1, w, out1)
 
-        t = best_time(gemv_all, reps) / len(weights)
+        t = median_time(gemv_all, reps) / len(weights)
         print(
             f"{label:22s} thr={threads} GEMV cold  {t * 1e6:9.1f} us/call  "
             f"{gguf_bytes / t / 1e9:6.1f} GB/s gguf  {first.nbytes / t / 1e9:6.1f} GB/s repacked",
             flush=True,
         )
-        for m_rows in (8, 64, 128):
+        for m_rows in ms:
             x = rng.standard_normal((m_rows, cols)).astype(np.float32)
             out = np.empty((m_rows, rows), np.float32)
-            t = best_time(lambda x=x, out=out: matmul_cpu(x, first, out), max(2, reps // 2))
+            t = median_time(lambda x=x, out=out: matmul_cpu(x, first, out), max(3, reps // 2))
             print(
                 f"{label:22s} thr={threads} GEMM M={m_rows:<4d} {t * 1e6:9.1f} us/call  "
                 f"{t * 1e6 / m_rows:8.1f} us/token  {m_rows * rows * cols / t / 1e9:6.1f} GMAC/s",
@@ -95,14 +124,18 @@ def bench_case(qtype: T, rows: int, cols: int, reps: int, rng: np.random.Generat
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument("--set", choices=sorted(CASE_SETS), default="smollm2", help="which shapes")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="thread counts to time")
+    parser.add_argument("--m", type=int, nargs="*", default=[8, 128], help="GEMM batch sizes to time")
+    parser.add_argument("--no-vnni", action="store_true", help="time the portable kernels")
     args = parser.parse_args()
-    print(f"numba {numba.__version__}, threading layer: ", end="")
+    print(f"numba {numba.__version__}, vnni path: {vnni.VNNI_ACTIVE}, threading layer: ", end="")
     rng = np.random.default_rng(0)
     warm = pack_weight(T.Q8_0, random_raw(T.Q8_0, 8, 64, rng), 8, 64)
     matmul_cpu(np.ones((1, 64), np.float32), warm, np.empty((1, 8), np.float32))
     print(numba.threading_layer(), flush=True)
-    for qtype, rows, cols in CASES:
-        bench_case(qtype, rows, cols, 3 if args.quick else 7, rng)
+    for qtype, rows, cols in CASE_SETS[args.set]:
+        bench_case(qtype, rows, cols, 5 if args.quick else 11, rng, args.threads, args.m)
 
 
 if __name__ == "__main__":

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numba
 import numpy as np
 from numba import njit, prange
 
+from edgellm.backends.cpu import vnni
 from edgellm.backends.cpu.fp16 import f16_round
 
 if TYPE_CHECKING:
@@ -200,6 +202,17 @@ def gemm_grouped_cpu(xq, xs, xsum, q, scale, minv, has_min, group, out) -> None:
             m += 1
 
 
+@njit(cache=True, nogil=True, fastmath=ORDERED_MATH)
+def rows_from_cpu(xq, xs, xsum, q, scale, minv, has_min, group, n_start, out) -> None:
+    """Serial _row_dot for weight rows n_start.. (the < 4 rows the VNNI tiles leave)."""
+    n_groups = q.shape[1] // group
+    g_u = U(group)
+    for n in range(n_start, q.shape[0]):
+        mn_row = minv[n] if has_min else scale[n]
+        for m in range(xq.shape[0]):
+            out[m, n] = _row_dot(xq[m], xs[m], xsum[m], q[n], scale[n], mn_row, n_groups, g_u, has_min)
+
+
 @njit(cache=True, nogil=True, parallel=True, fastmath=True)
 def matmul_dense_f32_cpu(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
     """out = x @ w.T for float weights. One compiled loop serves every M, so a row's dot product is the
@@ -230,6 +243,13 @@ def matmul_grouped_cpu(x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
     xq, xs, xsum = quantize_act_cpu(x, w.group, w.act_mode)
     has_min = w.minv is not None
     minv = w.minv if has_min else w.scale  # placeholder of the right type; unused when has_min is False
+    if vnni.VNNI_ACTIVE and w.rows >= vnni.TILE_ROWS and w.q.flags.c_contiguous:
+        n_done = vnni.matmul_vnni_tiles_cpu(
+            xq, xs, xsum, w.q, w.scale, minv, has_min, w.group, numba.get_num_threads(), out
+        )
+        if n_done < w.rows:
+            rows_from_cpu(xq, xs, xsum, w.q, w.scale, minv, has_min, w.group, n_done, out)
+        return
     kernel = gemv_grouped_cpu if x.shape[0] == 1 else gemm_grouped_cpu
     kernel(xq, xs, xsum, w.q, w.scale, minv, has_min, w.group, out)
 
