@@ -1,0 +1,443 @@
+"""GGUF loading: every way a file can be unusable gives an error that names the problem, and the fast
+reader (`edgellm.gguf.reader.load_gguf`) returns exactly what gguf-py's `GGUFReader` reads.
+
+Broken files are tiny synthetic models (edgellm.testing.synthetic) cut or patched at known byte offsets.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from gguf import GGUFValueType as V
+
+from edgellm import LLM
+from edgellm.catalog import ModelNotFoundError
+from edgellm.gguf.config import UnsupportedArchitectureError
+from edgellm.gguf.reader import GGUFError, load_gguf
+from edgellm.quants import UnsupportedQuantError
+from edgellm.testing.synthetic import write_tiny_model
+from edgellm.tokenizer.vocab import TokenizerError
+
+LLM_KW = dict(n_ctx=64, kv_cache_memory=1 << 20)
+
+
+@pytest.fixture(scope="module")
+def tiny_bytes(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, gguf.GGUFReader]:
+    """A valid tiny model's bytes, with gguf-py's parse of it (for the section boundaries)."""
+    path = write_tiny_model(tmp_path_factory.mktemp("gguf") / "tiny.gguf", "llama")
+    return path.read_bytes(), gguf.GGUFReader(path)
+
+
+def write(tmp_path: Path, data: bytes, name: str = "m.gguf") -> Path:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+def record_start(raw: bytes, text: str) -> int:
+    """Offset of a GGUF string record (u64 length + bytes) holding `text`; unique in the file."""
+    needle = struct.pack("<Q", len(text)) + text.encode()
+    at = raw.find(needle)
+    assert at >= 0 and raw.find(needle, at + 1) < 0, text
+    return at
+
+
+def patch_u32(raw: bytes, offset: int, value: int) -> bytes:
+    return raw[:offset] + struct.pack("<I", value) + raw[offset + 4 :]
+
+
+# ---- not a GGUF at all ----------------------------------------------------------------------------------
+def test_random_bytes_are_not_gguf(tmp_path: Path) -> None:
+    path = write(tmp_path, np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes())
+    with pytest.raises(GGUFError, match=r"not a GGUF file \(magic .*expected b'GGUF'\)") as exc:
+        load_gguf(path)
+    assert str(path) in str(exc.value)
+
+
+def test_text_file_is_not_gguf(tmp_path: Path) -> None:
+    path = write(tmp_path, b"# just a README\n" * 20, "model.txt")
+    with pytest.raises(GGUFError, match=r"not a GGUF file \(magic b'# ju'"):
+        LLM(path, **LLM_KW)
+
+
+@pytest.mark.parametrize("size", [0, 3])
+def test_empty_or_tiny_file(tmp_path: Path, size: int) -> None:
+    path = write(tmp_path, b"GGU"[:size])
+    with pytest.raises(GGUFError, match=rf"not a GGUF file \(only {size} bytes\)"):
+        load_gguf(path)
+
+
+def test_missing_file_and_directory(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="model file not found"):
+        load_gguf(tmp_path / "nope.gguf")
+    with pytest.raises(FileNotFoundError, match="model file not found"):
+        load_gguf(tmp_path)
+    with pytest.raises(ModelNotFoundError, match=r"nope\.gguf.*no such file"):
+        LLM(tmp_path / "nope.gguf", **LLM_KW)
+
+
+@pytest.mark.parametrize("version", [1, 4, 0x03000000])  # the last: a big-endian v3 file read as LE
+def test_unsupported_version(tmp_path: Path, tiny_bytes: tuple[bytes, Any], version: int) -> None:
+    path = write(tmp_path, patch_u32(tiny_bytes[0], 4, version))
+    with pytest.raises(GGUFError, match=rf"unsupported GGUF version {version} \(supported: 2, 3\)"):
+        load_gguf(path)
+
+
+def test_absurd_counts_in_header(tmp_path: Path) -> None:
+    path = write(tmp_path, b"GGUF" + struct.pack("<IQQ", 3, 1 << 40, 0))
+    with pytest.raises(GGUFError, match=r"corrupt GGUF header \(1099511627776 tensors"):
+        load_gguf(path)
+
+
+# ---- truncated files --------------------------------------------------------------------------------------
+def section_cuts(raw: bytes, reader: gguf.GGUFReader) -> dict[str, tuple[int, str]]:
+    """Cut points inside each section of the file, with the part of the message naming where it broke."""
+    fields = [f for k, f in reader.fields.items() if not k.startswith("GGUF.")]
+    merges = reader.fields["tokenizer.ggml.merges"]
+    table = reader.tensors[0].field.offset  # first tensor-info record
+    last = reader.tensors[-1]
+    return {
+        "header-version": (6, "for version"),
+        "header-counts": (12, "for tensor count"),
+        "metadata-first-key": (fields[0].offset + 3, "for metadata key #0"),
+        "metadata-value": (fields[2].offset + 20, f"for {fields[2].name}"),
+        "metadata-string-array": (merges.offset + 100, "for tokenizer.ggml.merges"),
+        "tensor-table-first": (table + 4, "for tensor #0 name"),
+        "tensor-table-dims": (table + 8 + len("token_embd.weight") + 6, "for token_embd.weight"),
+        "tensor-table-last": (int(reader.data_offset) - 40, f"for {last.name}"),
+        "tensor-data-start": (int(reader.data_offset) + 10, f"tensor '{reader.tensors[0].name}' needs bytes"),
+        "tensor-data-last-byte": (len(raw) - 1, f"tensor '{last.name}' needs bytes"),
+    }
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "header-version",
+        "header-counts",
+        "metadata-first-key",
+        "metadata-value",
+        "metadata-string-array",
+        "tensor-table-first",
+        "tensor-table-dims",
+        "tensor-table-last",
+        "tensor-data-start",
+        "tensor-data-last-byte",
+    ],
+)
+def test_truncated_file(tmp_path: Path, tiny_bytes: tuple[bytes, gguf.GGUFReader], where: str) -> None:
+    raw, reader = tiny_bytes
+    cut, names = section_cuts(raw, reader)[where]
+    path = write(tmp_path, raw[:cut])
+    with pytest.raises(GGUFError, match="truncated GGUF file") as exc:
+        load_gguf(path)
+    msg = str(exc.value)
+    assert names in msg and f"file has {cut} bytes" in msg and str(path) in msg, msg
+
+
+def test_truncated_model_fails_in_llm_too(tmp_path: Path, tiny_bytes: tuple[bytes, Any]) -> None:
+    raw = tiny_bytes[0]
+    with pytest.raises(GGUFError, match=r"truncated GGUF file: tensor 'output\.weight'"):
+        LLM(write(tmp_path, raw[: len(raw) - 1000]), **LLM_KW)
+
+
+# ---- corrupt records ---------------------------------------------------------------------------------------
+def test_unknown_metadata_value_type(tmp_path: Path, tiny_bytes: tuple[bytes, Any]) -> None:
+    raw = tiny_bytes[0]
+    key = "llama.feed_forward_length"
+    path = write(tmp_path, patch_u32(raw, record_start(raw, key) + 8 + len(key), 99))
+    with pytest.raises(GGUFError, match=rf"unknown metadata value type 99 in {key}"):
+        load_gguf(path)
+
+
+def test_unknown_array_element_type(tmp_path: Path, tiny_bytes: tuple[bytes, Any]) -> None:
+    raw = tiny_bytes[0]
+    key = "tokenizer.ggml.token_type"
+    path = write(tmp_path, patch_u32(raw, record_start(raw, key) + 8 + len(key) + 4, 77))
+    with pytest.raises(GGUFError, match=rf"unknown metadata value type 77 in {key}"):
+        load_gguf(path)
+
+
+def tensor_type_offset(raw: bytes, name: str) -> int:
+    """Offset of the ggml type field of a tensor-info record: name, n_dims, ne[n_dims], type, offset."""
+    at = record_start(raw, name) + 8 + len(name)
+    (n_dims,) = struct.unpack_from("<I", raw, at)
+    return at + 4 + 8 * n_dims
+
+
+def test_unknown_ggml_type_id(tmp_path: Path, tiny_bytes: tuple[bytes, Any]) -> None:
+    raw = tiny_bytes[0]
+    path = write(tmp_path, patch_u32(raw, tensor_type_offset(raw, "blk.1.ffn_up.weight"), 250))
+    with pytest.raises(GGUFError, match=r"tensor 'blk\.1\.ffn_up\.weight' has unknown ggml type id 250"):
+        load_gguf(path)
+
+
+def test_too_many_dimensions(tmp_path: Path, tiny_bytes: tuple[bytes, Any]) -> None:
+    raw = tiny_bytes[0]
+    name = "blk.0.attn_v.weight"
+    path = write(tmp_path, patch_u32(raw, record_start(raw, name) + 8 + len(name), 7))
+    with pytest.raises(GGUFError, match=rf"corrupt tensor '{name}': 7 dimensions"):
+        load_gguf(path)
+
+
+def test_row_not_multiple_of_block(tmp_path: Path, tiny_bytes: tuple[bytes, Any]) -> None:
+    """ne[0] = 48 for a Q4_0 tensor (blocks of 32)."""
+    raw = tiny_bytes[0]
+    name = "blk.0.attn_q.weight"  # Q4_0 in the default mix
+    ne0 = record_start(raw, name) + 8 + len(name) + 4
+    path = write(tmp_path, raw[:ne0] + struct.pack("<Q", 48) + raw[ne0 + 8 :])
+    with pytest.raises(GGUFError, match=rf"'{name}' \(Q4_0\) row length 48 is not a multiple of .* 32"):
+        load_gguf(path)
+
+
+# ---- valid GGUF, unusable model ---------------------------------------------------------------------------
+def test_unsupported_architecture(tmp_path: Path) -> None:
+    path = write_tiny_model(
+        tmp_path / "m.gguf", "llama", metadata_overrides={"general.architecture": "mamba"}
+    )
+    with pytest.raises(UnsupportedArchitectureError, match=r"unsupported architecture 'mamba' \(supported: "):
+        LLM(path, **LLM_KW)
+    assert issubclass(UnsupportedArchitectureError, GGUFError)
+
+
+def test_missing_architecture_key(tmp_path: Path) -> None:
+    path = write_tiny_model(tmp_path / "m.gguf", "qwen3", metadata_overrides={"general.architecture": None})
+    with pytest.raises(GGUFError, match="metadata has no general.architecture"):
+        LLM(path, **LLM_KW)
+
+
+@pytest.mark.parametrize(
+    "qtype,tensor",
+    [(T.IQ4_NL, "blk.1.attn_q.weight"), (T.Q8_1, "blk.0.ffn_down.weight"), (T.MXFP4, "output.weight")],
+    ids=lambda v: v.name if isinstance(v, T) else v,
+)
+def test_unsupported_tensor_type(tmp_path: Path, qtype: T, tensor: str) -> None:
+    """Block-32 types the runtime does not run, written as raw blocks (they fit a 64-wide model)."""
+    path = write_tiny_model(tmp_path / "m.gguf", "llama", {tensor: qtype, "*": T.Q8_0})
+    assert load_gguf(path).tensors[tensor].qtype == qtype  # the file itself is fine
+    with pytest.raises(
+        UnsupportedQuantError, match=rf"unsupported tensor type {qtype.name} in tensor {tensor}"
+    ):
+        LLM(path, **LLM_KW)
+
+
+def test_unsupported_k_quant_sized_type(tmp_path: Path) -> None:
+    """IQ2_XXS (blocks of 256) on a 256-wide model."""
+    path = write_tiny_model(
+        tmp_path / "m.gguf", "llama", {"attn_k": T.IQ2_XXS, "*": T.Q4_K}, n_embd=256, head_dim=64, n_ff=256
+    )
+    with pytest.raises(UnsupportedQuantError, match=r"IQ2_XXS in tensor blk\.0\.attn_k\.weight"):
+        LLM(path, **LLM_KW)
+
+
+@pytest.mark.parametrize(
+    "arch,tensor",
+    [
+        ("llama", "blk.1.ffn_gate.weight"),
+        ("llama", "output_norm.weight"),
+        ("llama", "token_embd.weight"),
+        ("qwen2", "blk.0.attn_v.bias"),
+        ("qwen3", "blk.1.attn_k_norm.weight"),
+        ("gemma3", "blk.0.post_ffw_norm.weight"),
+    ],
+)
+def test_missing_tensor(tmp_path: Path, arch: str, tensor: str) -> None:
+    path = write_tiny_model(tmp_path / "m.gguf", arch, skip_tensors=[tensor])
+    with pytest.raises(GGUFError, match=rf"missing tensor '{tensor}'"):
+        LLM(path, **LLM_KW)
+
+
+def test_more_blocks_than_tensors(tmp_path: Path) -> None:
+    path = write_tiny_model(tmp_path / "m.gguf", "llama", metadata_overrides={"llama.block_count": 3})
+    with pytest.raises(GGUFError, match=r"missing tensor 'blk\.2\."):
+        LLM(path, **LLM_KW)
+
+
+@pytest.mark.parametrize(
+    "arch,tensor,shape,expected",
+    [
+        ("llama", "blk.0.ffn_up.weight", (96, 64), (128, 64)),
+        ("llama", "blk.1.attn_output.weight", (64, 32), (64, 64)),
+        ("qwen2", "blk.1.attn_q.bias", (32,), (64,)),
+        ("gemma3", "blk.0.attn_q_norm.weight", (32,), (16,)),
+        ("llama", "output.weight", (288, 32), (288, 64)),
+    ],
+)
+def test_mis_shaped_tensor(
+    tmp_path: Path, arch: str, tensor: str, shape: tuple[int, ...], expected: tuple[int, ...]
+) -> None:
+    path = write_tiny_model(tmp_path / "m.gguf", arch, "F32", shape_overrides={tensor: shape})
+    esc = tensor.replace(".", r"\.")
+    with pytest.raises(
+        GGUFError, match=rf"tensor '{esc}' has shape \({shape[0]},.*\), expected \({expected[0]},"
+    ):
+        LLM(path, **LLM_KW)
+
+
+@pytest.mark.parametrize(
+    "arch,key",
+    [
+        ("llama", "llama.embedding_length"),
+        ("llama", "llama.block_count"),
+        ("qwen2", "qwen2.attention.head_count"),
+        ("gemma3", "gemma3.feed_forward_length"),
+    ],
+)
+def test_missing_required_metadata(tmp_path: Path, arch: str, key: str) -> None:
+    path = write_tiny_model(tmp_path / "m.gguf", arch, metadata_overrides={key: None})
+    with pytest.raises(GGUFError, match=rf"missing metadata key '{key}'"):
+        LLM(path, **LLM_KW)
+
+
+@pytest.mark.parametrize(
+    "key,message",
+    [
+        ("tokenizer.ggml.model", "no tokenizer.ggml.model"),
+        ("tokenizer.ggml.tokens", "no tokenizer.ggml.tokens"),
+        ("tokenizer.ggml.merges", "without tokenizer.ggml.merges"),
+    ],
+)
+def test_missing_tokenizer_metadata(tmp_path: Path, key: str, message: str) -> None:
+    path = write_tiny_model(tmp_path / "m.gguf", "qwen2", metadata_overrides={key: None})
+    with pytest.raises(TokenizerError, match=message):
+        LLM(path, **LLM_KW)
+
+
+def test_heads_not_multiple_of_kv_heads(tmp_path: Path) -> None:
+    path = write_tiny_model(tmp_path / "m.gguf", "llama", n_heads=4, n_kv_heads=3)
+    with pytest.raises(GGUFError, match="4 attention heads are not a multiple of 3 KV heads"):
+        LLM(path, **LLM_KW)
+
+
+# ---- known bugs (strict xfail: each turns into a failure once fixed, so the marker gets removed) -----------
+@pytest.mark.xfail(strict=True, raises=ZeroDivisionError, reason="reader.py divides by general.alignment")
+def test_zero_alignment_is_a_clear_error(tmp_path: Path) -> None:
+    path = write_tiny_model(tmp_path / "m.gguf", "llama", metadata_overrides={"general.alignment": 0})
+    with pytest.raises(GGUFError, match="general.alignment"):
+        load_gguf(path)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="reader.py accepts an alignment that is not a power of two (llama.cpp "
+    "rejects it); the data offset is then computed with it and the weights are misread",
+)
+def test_non_power_of_two_alignment_is_rejected(tmp_path: Path) -> None:
+    path = write_tiny_model(tmp_path / "m.gguf", "llama", metadata_overrides={"general.alignment": 3})
+    with pytest.raises(GGUFError, match="general.alignment"):
+        load_gguf(path)
+
+
+@pytest.mark.xfail(strict=True, raises=ZeroDivisionError, reason="config.py divides by head_count")
+@pytest.mark.parametrize("key", ["llama.attention.head_count", "llama.attention.head_count_kv"])
+def test_zero_heads_is_a_clear_error(tmp_path: Path, key: str) -> None:
+    path = write_tiny_model(tmp_path / "m.gguf", "llama", metadata_overrides={key: 0})
+    with pytest.raises(GGUFError, match=key.removeprefix("llama.")):
+        LLM(path, **LLM_KW)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="n_vocab is taken from token_embd's rows and never checked against the "
+    "tokenizer (llama.cpp checks token_embd against the vocabulary size at load); a prompt id "
+    "past the embedding then fails mid-generation with IndexError",
+)
+def test_embedding_smaller_than_vocabulary_fails_at_load(tmp_path: Path) -> None:
+    shapes = {"token_embd.weight": (200, 64), "output.weight": (200, 64)}  # the vocabulary has 288 tokens
+    path = write_tiny_model(tmp_path / "m.gguf", "llama", shape_overrides=shapes)
+    with pytest.raises(GGUFError, match=r"token_embd\.weight"):
+        LLM(path, **LLM_KW)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="reader.py keeps the last of two tensors with the same name silently "
+    "(llama.cpp's gguf_init rejects duplicate tensor names)",
+)
+def test_duplicate_tensor_name_is_rejected(tmp_path: Path, tiny_bytes: tuple[bytes, Any]) -> None:
+    raw = tiny_bytes[0]
+    at = record_start(raw, "blk.0.attn_k.weight") + 8
+    path = write(tmp_path, raw[:at] + b"blk.0.attn_q.weight" + raw[at + 19 :])
+    with pytest.raises(GGUFError, match=r"duplicate.*blk\.0\.attn_q\.weight"):
+        load_gguf(path)
+
+
+# ---- parity with gguf-py's reader --------------------------------------------------------------------------
+def assert_same_as_gguf_py(path: Path, check_data: bool = True) -> None:
+    """Metadata (keys in order, values and their Python/numpy types) and the tensor table (names in order,
+    types, shapes, absolute offsets, sizes, and the bytes themselves) equal gguf.GGUFReader's."""
+    mine = load_gguf(path)
+    theirs = gguf.GGUFReader(path)
+    keys = [k for k in theirs.fields if not k.startswith("GGUF.")]
+    assert list(mine.metadata) == keys
+    assert mine.version == theirs.fields["GGUF.version"].contents()
+    for key in keys:
+        field, value, expected = theirs.fields[key], mine.metadata[key], theirs.fields[key].contents()
+        kind = field.types[0]
+        if kind == V.ARRAY and len(field.types) > 2:  # array of arrays: gguf-py flattens them
+            assert [x for inner in value for x in list(inner)] == expected, key
+        elif kind == V.ARRAY and field.types[-1] == V.STRING:
+            assert isinstance(value, list) and value == expected, key
+        elif kind == V.ARRAY:
+            assert isinstance(value, np.ndarray) and value.dtype == field.parts[field.data[0]].dtype, key
+            assert value.tolist() == expected, key
+        else:
+            py_type = {V.STRING: str, V.BOOL: bool, V.FLOAT32: float, V.FLOAT64: float}.get(kind, int)
+            assert type(value) is py_type and value == expected, (key, value, expected)
+    assert list(mine.tensors) == [t.name for t in theirs.tensors]
+    for t in theirs.tensors:
+        info = mine.tensors[t.name]
+        assert info.qtype == t.tensor_type, t.name
+        assert info.shape == tuple(int(n) for n in reversed(t.shape)), t.name
+        assert (info.offset, info.n_bytes) == (int(t.data_offset), int(t.n_bytes)), t.name
+        assert info.data.dtype == np.uint8 and not info.data.flags.writeable
+        assert info.data.shape[0] == int(np.prod(info.shape[:-1], dtype=np.int64))
+        if check_data:
+            np.testing.assert_array_equal(
+                info.data.reshape(-1), np.ascontiguousarray(t.data).view(np.uint8).ravel()
+            )
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
+def test_reader_parity_on_tiny_models(tmp_path: Path, arch: str) -> None:
+    qtypes = {"*": "Q8_0", "attn_q": "Q4_K", "attn_k": "Q6_K", "ffn_down": "BF16", "ffn_up": "F16"}
+    path = write_tiny_model(tmp_path / "m.gguf", arch, qtypes, n_embd=256, head_dim=64, n_ff=256, tied=False)
+    assert_same_as_gguf_py(path)
+
+
+def test_reader_parity_on_every_value_type(tmp_path: Path) -> None:
+    path = tmp_path / "values.gguf"
+    w = gguf.GGUFWriter(path, "llama")
+    scalars = [
+        (V.UINT8, 255), (V.INT8, -128), (V.UINT16, 65535), (V.INT16, -32768), (V.UINT32, 2**32 - 1),
+        (V.INT32, -(2**31)), (V.UINT64, 2**64 - 1), (V.INT64, -(2**63)), (V.FLOAT32, 0.1),
+        (V.FLOAT64, 1e-300), (V.BOOL, True), (V.STRING, "ünïcødé ▁ 🦙"),
+    ]  # fmt: skip
+    for vtype, value in scalars:
+        w.add_key_value(f"t.{vtype.name.lower()}", value, vtype)
+        if vtype != V.BOOL:
+            w.add_key_value(f"t.arr_{vtype.name.lower()}", [value, value, value], V.ARRAY, vtype)
+    w.add_key_value("t.empty_string", "", V.STRING)
+    w.add_key_value("t.nested", [[1, 2], [3]], V.ARRAY)
+    w.add_tensor("x", np.arange(64, dtype=np.float32).reshape(2, 32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert_same_as_gguf_py(path)
+    assert load_gguf(path).metadata["t.float32"] == np.float32(0.1)
+
+
+def test_reader_parity_smollm2(smollm2_path: Path) -> None:
+    assert_same_as_gguf_py(smollm2_path)
+
+
+def test_reader_parity_gemma3(gemma3_path: Path) -> None:
+    """gguf-py takes ~18 s to open this file (262,144-token vocabulary); the one slow test of the file."""
+    assert_same_as_gguf_py(gemma3_path)
