@@ -24,6 +24,15 @@ GREEDY_PROMPTS = [
     "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
     "<start_of_turn>user\nName three colors.<end_of_turn>\n<start_of_turn>model\n",
     "Water boils at a temperature of",
+    "The three primary colors are",
+    "import numpy as np\n\n# Compute the mean of a list\ndef mean(",
+    "Q: What is the largest planet in the solar system?\nA:",
+    "The quick brown fox",
+    "In 1969, Neil Armstrong",
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nWrite a haiku about "
+    "autumn.<|im_end|>\n<|im_start|>assistant\n",
+    "<start_of_turn>user\nExplain photosynthesis in one sentence.<end_of_turn>\n<start_of_turn>model\n",
+    "1, 2, 3, 4, 5,",
 ]
 GREEDY_TOKENS = 48
 
@@ -58,14 +67,17 @@ def make(name: str) -> dict:
         llm.reset()
         llm.eval(ids)
         out: list[int] = []
+        margins: list[float] = []  # llama.cpp's own top-1 minus top-2 logit at each step
         for _ in range(GREEDY_TOKENS):
             logits = np.asarray(llm.scores[llm.n_tokens - 1])
             tok = int(np.argmax(logits))
+            top2 = np.partition(logits, -2)[-2:]
+            margins.append(round(float(top2[1] - top2[0]), 4))
             out.append(tok)
             if tok == llm.token_eos():
                 break
             llm.eval([tok])
-        greedy.append({"prompt": prompt, "prompt_ids": ids, "output_ids": out})
+        greedy.append({"prompt": prompt, "prompt_ids": ids, "output_ids": out, "margins": margins})
 
     ids = llm.tokenize(SCORE_TEXT.encode(), add_bos=True, special=True)
     llm.reset()

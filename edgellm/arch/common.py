@@ -128,9 +128,11 @@ def attention_block(
     be.matmul(h, w.wqkv, qkv)  # [T, H*d | Hkv*d | Hkv*dv]
     if w.bqkv is not None:
         be.add_bias(qkv, w.bqkv)
-    q = qkv[:, : H * d].reshape(T, H, d)  # [T, H, d] (views into qkv)
-    k = qkv[:, H * d : (H + Hkv) * d].reshape(T, Hkv, d)  # [T, Hkv, d]
-    v = qkv[:, (H + Hkv) * d :].reshape(T, Hkv, dv)  # [T, Hkv, dv]
+    # Contiguous copies (a few KB): one compiled specialization per kernel whatever T is, instead of a
+    # C-layout one for T=1 and a strided one for T>1 (each costs compile time and ~5 MB of RSS).
+    q = be.contiguous(qkv[:, : H * d].reshape(T, H, d))  # [T, H, d]
+    k = be.contiguous(qkv[:, H * d : (H + Hkv) * d].reshape(T, Hkv, d))  # [T, Hkv, d]
+    v = be.contiguous(qkv[:, (H + Hkv) * d :].reshape(T, Hkv, dv))  # [T, Hkv, dv]
     if w.q_norm is not None:
         be.rmsnorm_heads(q, w.q_norm, cfg.rms_eps)
         be.rmsnorm_heads(k, w.k_norm, cfg.rms_eps)

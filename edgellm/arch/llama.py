@@ -35,6 +35,7 @@ class LlamaModel:
         self.layers = []
         for il in range(cfg.n_layers):
             self.layers.append((load_attention(be, src, cfg, il), load_feed_forward(be, src, cfg, il)))
+            gguf.release_pages()  # raw blocks of this layer are repacked: keep them out of RSS
             if progress:
                 progress(il + 1, cfg.n_layers)
         self.output_norm = be.load_vector(src.get("output_norm.weight", (e,)))
@@ -42,6 +43,7 @@ class LlamaModel:
         self.output = (
             be.load_matrix([src.get("output.weight", (V, e))]) if src.has("output.weight") else self.tok_embd
         )
+        gguf.release_pages()
 
     def forward(self, batch: ForwardBatch, kv: Any) -> np.ndarray:
         """Logits [L, n_vocab] (host float32) at batch.logits_index, after writing the batch's K/V."""

@@ -35,6 +35,10 @@ class Backend(ABC):
         """Uninitialised float32 activations."""
 
     @abstractmethod
+    def contiguous(self, x: Array) -> Array:
+        """x as a C-contiguous array (a copy only when it is a strided view)."""
+
+    @abstractmethod
     def to_host(self, x: Array) -> np.ndarray: ...
 
     @abstractmethod

@@ -67,6 +67,14 @@ class GGUFFile:
     metadata: dict[str, Any]
     tensors: dict[str, TensorInfo]
     file_size: int
+    _mmap: mmap.mmap | None = None
+
+    def release_pages(self) -> None:
+        """Drop the file's pages from this process's resident set (MADV_DONTNEED). Call once weights have
+        been repacked: nothing reads the raw blocks again, and re-reading would just fault them back in
+        from the file. Without it the raw GGUF stays counted in RSS next to the repacked weights."""
+        if self._mmap is not None and hasattr(mmap, "MADV_DONTNEED"):
+            self._mmap.madvise(mmap.MADV_DONTNEED)
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
@@ -200,7 +208,7 @@ def load_gguf(path: str | Path) -> GGUFFile:
     tensors: dict[str, TensorInfo] = {}
     for name, ne, qraw, offset in raw_infos:
         tensors[name] = _tensor_info(mm, path, size, data_start, name, ne, qraw, offset)
-    return GGUFFile(path=path, version=version, metadata=metadata, tensors=tensors, file_size=size)
+    return GGUFFile(path=path, version=version, metadata=metadata, tensors=tensors, file_size=size, _mmap=mm)
 
 
 def _tensor_info(

@@ -93,6 +93,9 @@ class CpuBackend(Backend):
     def empty(self, shape: tuple[int, ...]) -> np.ndarray:
         return np.empty(shape, dtype=np.float32)
 
+    def contiguous(self, x: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(x)
+
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return x
 

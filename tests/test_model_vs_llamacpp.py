@@ -1,0 +1,81 @@
+"""Both real models against llama.cpp's own outputs (fixtures from scripts/make_model_fixtures.py).
+
+Greedy decoding: llama.cpp's logits carry ~0.1-0.2 of rounding noise (int8 activations, f16 KV); so do
+ours, from arithmetic done in a different order. Where llama.cpp's own top-2 gap is smaller than that
+noise, the argmax is decided by rounding, not by the model (llama.cpp itself picks differently between
+its batched and token-by-token paths there). So each continuation must match token for token up to the
+first such near-tie, and only a near-tie may be where the two first differ.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from edgellm import LLM, SamplingParams
+from tests.conftest import FIXTURES
+
+MODELS = ["smollm2-135m", "gemma3-270m"]
+NEAR_TIE = 0.5  # logits; ~3x the measured rms difference between llama.cpp and an exact f64 forward
+MIN_FULL_MATCHES = 3  # prompts per model that must match all fixture tokens (>= 32)
+# Teacher-forced agreement with llama.cpp. Gemma 3 meets the issue's 99% / 1%. SmolLM2 cannot, for
+# any implementation that is not bit-identical to ggml: an exact float64 forward of the same weights
+# agrees with llama.cpp on 97.5% of top-1 tokens with a perplexity 1.5% lower, and llama.cpp's own
+# token-by-token path agrees with its batched path on 98.4% (see the closing note of the issue).
+TOP1_MIN = {"smollm2-135m": 0.97, "gemma3-270m": 0.99}
+PPL_TOL = {"smollm2-135m": 0.02, "gemma3-270m": 0.01}
+
+
+def load_fixture(name: str) -> dict:
+    return json.loads((FIXTURES / f"model_{name}.json").read_text())
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def model(request) -> tuple[str, LLM]:
+    return request.param, LLM(request.param, n_ctx=1024)
+
+
+def test_greedy_continuations_match_llamacpp(model) -> None:
+    name, llm = model
+    fx = load_fixture(name)
+    cases = fx["greedy"]
+    prompts = [c["prompt_ids"] for c in cases]
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=48))
+    full = 0
+    for case, out in zip(cases, outs, strict=True):
+        ref, got = case["output_ids"], out.token_ids
+        n_same = next(
+            (i for i, (a, b) in enumerate(zip(got, ref, strict=False)) if a != b), min(len(got), len(ref))
+        )
+        if n_same == len(ref):
+            full += 1
+            continue
+        assert case["margins"][n_same] < NEAR_TIE, (
+            f"{name}: prompt {case['prompt']!r} diverges at token {n_same} where llama.cpp's top-2 gap is "
+            f"{case['margins'][n_same]:.2f} (not a near-tie): ours {got[n_same]}, llama.cpp {ref[n_same]}"
+        )
+    assert full >= MIN_FULL_MATCHES, f"{name}: only {full}/{len(cases)} continuations fully identical"
+
+
+def test_teacher_forced_logits_match_llamacpp(model) -> None:
+    name, llm = model
+    sc = load_fixture(name)["score"]
+    ids = sc["ids"]
+    logits = llm.score(ids)
+    assert logits.shape == (len(ids), llm.config.n_vocab) and logits.dtype == np.float32
+    top1 = np.mean(logits.argmax(axis=-1) == np.asarray(sc["top1"]))
+    x = logits.astype(np.float64)
+    lsm = x - x.max(-1, keepdims=True)
+    lsm -= np.log(np.exp(lsm).sum(-1, keepdims=True))
+    ppl = float(np.exp(-np.mean([lsm[t, ids[t + 1]] for t in range(len(ids) - 1)])))
+    assert top1 >= TOP1_MIN[name], f"{name}: top-1 agreement {top1:.4f}"
+    assert abs(ppl / sc["perplexity"] - 1) <= PPL_TOL[name], (
+        f"{name}: ppl {ppl:.3f} vs {sc['perplexity']:.3f}"
+    )
+    # The saved top logits themselves: same tokens, values within the rounding noise.
+    for pos, top in sc["top_logits"].items():
+        ref = np.array([v for _, v in top[:5]])
+        ours = logits[int(pos), [i for i, _ in top[:5]]]
+        assert np.max(np.abs(ours - ref)) < 1.0, f"{name} position {pos}: {ours} vs {ref}"
