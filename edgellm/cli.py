@@ -65,7 +65,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     decode_s = (m.token_times[-1] - m.token_times[0]) if len(m.token_times) > 1 else 0.0
     tps = (n - 1) / decode_s if decode_s > 0 else float("nan")
     print(
-        f"[prompt {m.num_prompt_tokens} tokens | TTFT {m.ttft * 1000:.0f} ms | {n} tokens at {tps:.1f} tok/s | "
+        f"[prompt {m.num_prompt_tokens} tokens | TTFT {m.ttft * 1000:.0f} ms | {n} tokens at {tps:.1f} tok/s "
+        "| "
         f"finish {res.finish_reason} | load {load_s:.2f} s (kernels {llm.compile_time:.2f} s)]",
         file=sys.stderr,
     )

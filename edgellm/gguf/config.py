@@ -1,4 +1,4 @@
-"""Model hyper-parameters from GGUF metadata, per architecture (keys as llama.cpp's convert scripts write them)."""
+"""Model hyper-parameters from GGUF metadata, per architecture (keys as llama.cpp's converters write them)."""
 
 from __future__ import annotations
 
