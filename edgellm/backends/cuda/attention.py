@@ -22,31 +22,27 @@ from edgellm.backends.cuda.config import ACC_PER_THREAD, MAX_HEAD_DIM, ROW_THREA
 @cuda.jit
 def write_kv_cuda(k, k_off, k_st, k_sh, v, v_off, v_st, v_sh, k_cache, v_cache, slots, n_kv, d, dv):  # noqa: ANN001
     """One thread per (token, kv head, element): store K/V at the token's slot, rounded to f16."""
-    idx = cuda.grid(1)
     width = d + dv
-    if idx >= slots.shape[0] * n_kv * width:
-        return
-    i = idx % width
-    h = (idx // width) % n_kv
-    t = idx // (width * n_kv)
     bs = k_cache.shape[1]
-    blk = slots[t] // bs
-    o = slots[t] % bs
-    if i < d:
-        k_cache[blk, o, h, i] = k[k_off + t * k_st + h * k_sh + i]
-    else:
-        v_cache[blk, o, h, i - d] = v[v_off + t * v_st + h * v_sh + i - d]
+    for idx in range(cuda.grid(1), slots.shape[0] * n_kv * width, cuda.gridsize(1)):  # grid-stride
+        i = idx % width
+        h = (idx // width) % n_kv
+        t = idx // (width * n_kv)
+        blk = slots[t] // bs
+        o = slots[t] % bs
+        if i < d:
+            k_cache[blk, o, h, i] = k[k_off + t * k_st + h * k_sh + i]
+        else:
+            v_cache[blk, o, h, i - d] = v[v_off + t * v_st + h * v_sh + i - d]
 
 
 @cuda.jit
 def copy_blocks_cuda(cache, src, dst, per_block):  # noqa: ANN001
     """Copy whole blocks src[p] -> dst[p] of one cache array viewed as [n_blocks, per_block]."""
-    idx = cuda.grid(1)
-    if idx >= src.shape[0] * per_block:
-        return
-    p = idx // per_block
-    j = idx % per_block
-    cache[dst[p], j] = cache[src[p], j]
+    for idx in range(cuda.grid(1), src.shape[0] * per_block, cuda.gridsize(1)):  # grid-stride
+        p = idx // per_block
+        j = idx % per_block
+        cache[dst[p], j] = cache[src[p], j]
 
 
 @cuda.jit(device=True, inline=True)

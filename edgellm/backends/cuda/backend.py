@@ -104,7 +104,8 @@ class CudaBackend(Backend):
         if ids.size:
             flat = out.buf[: out.size].reshape(len(ids), w.cols)
             is_dense = w.dense is not None
-            q = self.scratch.get("dummy_q", (1, 1), np.int32) if is_dense else w.q  # placeholders keep types fixed
+            # placeholders of fixed types for the unused branch
+            q = self.scratch.get("dummy_q", (1, 1), np.int32) if is_dense else w.q
             scale = self.scratch.get("dummy_s", (1, 1), np.float32) if is_dense else w.scale
             minv = w.minv if w.minv is not None else scale
             dense = w.dense if is_dense else scale

@@ -21,7 +21,7 @@ GEMM_TILE_M = 4 if SIMULATOR else 8
 # Threads per block for row-wise ops (norms, attention, argmax): one block per row / (token, head).
 ROW_THREADS = 4 if SIMULATOR else 128
 # Threads per block of the elementwise kernels.
-ELEM_THREADS = 64 if SIMULATOR else 256
+ELEM_THREADS = 4 if SIMULATOR else 256
 # Largest head dim the attention kernel's per-thread V accumulators cover.
 MAX_HEAD_DIM = 512
 ACC_PER_THREAD = -(-MAX_HEAD_DIM // ROW_THREADS)
@@ -43,8 +43,12 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# Elementwise kernels loop grid-stride; the simulator gets one small block (threads are its cost).
+MAX_ELEM_BLOCKS = 1 if SIMULATOR else 4096
+
+
 def elem_grid(n: int) -> tuple[int, int]:
-    return max(1, cdiv(n, ELEM_THREADS)), ELEM_THREADS
+    return max(1, min(MAX_ELEM_BLOCKS, cdiv(n, ELEM_THREADS))), ELEM_THREADS
 
 
 @cuda.jit(device=True, inline=True)

@@ -27,8 +27,8 @@ from edgellm.backends.cuda.config import (
     GEMM_TILE_M,
     MATMUL_LANES,
     MATMUL_ROWS,
+    SIMULATOR,
     cdiv,
-    elem_grid,
     f16_round,
     mul_rn,
     rint_f32,
@@ -258,7 +258,8 @@ def quantize_act(x: Any, w: DeviceWeight, scratch: Scratch) -> tuple[Any, Any, A
     xs = scratch.get("xs", (m_rows, n_groups), np.float32)
     xsum = scratch.get("xsum", (m_rows, n_groups), np.float32)
     block = 256 if w.act_mode == 2 else 32
-    grid, threads = elem_grid(m_rows * (k_cols // block))
+    threads = 32 if not SIMULATOR else 4
+    grid = max(1, cdiv(m_rows * (k_cols // block), threads))  # one thread per activation block
     quantize_act_cuda[grid, threads](buf, off, ld, m_rows, k_cols, w.group, w.act_mode, xq, xs, xsum)
     return xq, xs, xsum
 
@@ -287,19 +288,17 @@ def matmul_cuda(x: Any, w: DeviceWeight, out: Any, scratch: Scratch) -> None:
 @cuda.jit
 def gather_rows_cuda(q, scale, minv, has_min, group, dense, is_dense, ids, emb_scale, out):  # noqa: ANN001
     """Embedding lookup: out[i, k] = W[ids[i], k] (same float ops as gguf's dequantize), times emb_scale."""
-    idx = cuda.grid(1)
     k_cols = out.shape[1]
-    if idx >= out.shape[0] * k_cols:
-        return
-    i = idx // k_cols
-    k = idx % k_cols
-    r = ids[i]
-    if is_dense:
-        v = np.float32(dense[r, k])
-    else:
-        v = scale[r, k // group] * np.float32(byte_of(q[r, k // 4], k % 4))
-        if has_min:
-            v = v + minv[r, k // group]
-    if emb_scale != 1.0:
-        v = v * emb_scale
-    out[i, k] = v
+    for idx in range(cuda.grid(1), out.shape[0] * k_cols, cuda.gridsize(1)):  # grid-stride
+        i = idx // k_cols
+        k = idx % k_cols
+        r = ids[i]
+        if is_dense:
+            v = np.float32(dense[r, k])
+        else:
+            v = scale[r, k // group] * np.float32(byte_of(q[r, k // 4], k % 4))
+            if has_min:
+                v = v + minv[r, k // group]
+        if emb_scale != 1.0:
+            v = v * emb_scale
+        out[i, k] = v

@@ -72,66 +72,58 @@ def rope_cuda(x, off, st, sh, n_tokens, n_heads, pos, n_rot, base, neox):  # noq
     """In place over [T, H, d]; one thread per (token, head, rotated pair). theta_i = pos * base^(-2i/n_rot);
     neox pairs (i, i + n_rot/2), otherwise adjacent pairs (2i, 2i+1), as llama.cpp."""
     half = n_rot // 2
-    idx = cuda.grid(1)
-    if idx >= n_tokens * n_heads * half:
-        return
-    i = idx % half
-    h = (idx // half) % n_heads
-    t = idx // (half * n_heads)
-    theta = np.float64(pos[t]) * base ** (-2.0 * i / n_rot)
-    c = np.float32(math.cos(theta))
-    s = np.float32(math.sin(theta))
-    if neox:
-        a = i
-        b = i + half
-    else:
-        a = 2 * i
-        b = 2 * i + 1
-    p = off + t * st + h * sh
-    x0 = x[p + a]
-    x1 = x[p + b]
-    x[p + a] = mul_rn(x0, c) - mul_rn(x1, s)
-    x[p + b] = mul_rn(x0, s) + mul_rn(x1, c)
+    for idx in range(cuda.grid(1), n_tokens * n_heads * half, cuda.gridsize(1)):  # grid-stride
+        i = idx % half
+        h = (idx // half) % n_heads
+        t = idx // (half * n_heads)
+        theta = np.float64(pos[t]) * base ** (-2.0 * i / n_rot)
+        c = np.float32(math.cos(theta))
+        s = np.float32(math.sin(theta))
+        if neox:
+            a = i
+            b = i + half
+        else:
+            a = 2 * i
+            b = 2 * i + 1
+        p = off + t * st + h * sh
+        x0 = x[p + a]
+        x1 = x[p + b]
+        x[p + a] = mul_rn(x0, c) - mul_rn(x1, s)
+        x[p + b] = mul_rn(x0, s) + mul_rn(x1, c)
 
 
 @cuda.jit
 def gated_act_cuda(g, g_off, g_ld, out, o_off, o_ld, n_tokens, ff, gelu):  # noqa: ANN001
     """out = act(gate) * up over gate_up = [gate | up]: SiLU (SwiGLU) or tanh-GELU (GeGLU)."""
-    idx = cuda.grid(1)
-    if idx >= n_tokens * ff:
-        return
-    t = idx // ff
-    i = idx % ff
-    gv = g[g_off + t * g_ld + i]
-    up = g[g_off + t * g_ld + ff + i]
-    if gelu:
-        c = np.float32(math.sqrt(2.0 / math.pi))
-        inner = mul_rn(c, gv + mul_rn(mul_rn(mul_rn(np.float32(0.044715), gv), gv), gv))
-        act = mul_rn(mul_rn(np.float32(0.5), gv), np.float32(1.0) + math.tanh(inner))
-    else:
-        act = gv / (np.float32(1.0) + math.exp(-gv))
-    out[o_off + t * o_ld + i] = mul_rn(act, up)
+    for idx in range(cuda.grid(1), n_tokens * ff, cuda.gridsize(1)):  # grid-stride
+        t = idx // ff
+        i = idx % ff
+        gv = g[g_off + t * g_ld + i]
+        up = g[g_off + t * g_ld + ff + i]
+        if gelu:
+            c = np.float32(math.sqrt(2.0 / math.pi))
+            inner = mul_rn(c, gv + mul_rn(mul_rn(mul_rn(np.float32(0.044715), gv), gv), gv))
+            act = mul_rn(mul_rn(np.float32(0.5), gv), np.float32(1.0) + math.tanh(inner))
+        else:
+            act = gv / (np.float32(1.0) + math.exp(-gv))
+        out[o_off + t * o_ld + i] = mul_rn(act, up)
 
 
 @cuda.jit
 def add_cuda(x, x_off, x_ld, y, y_off, y_ld, n_rows, n, y_is_bias):  # noqa: ANN001
     """x[t] += y[t] (residual), or x[t] += y (bias) when y_is_bias."""
-    idx = cuda.grid(1)
-    if idx >= n_rows * n:
-        return
-    t = idx // n
-    i = idx % n
-    yv = y[y_off + i] if y_is_bias else y[y_off + t * y_ld + i]
-    x[x_off + t * x_ld + i] += yv
+    for idx in range(cuda.grid(1), n_rows * n, cuda.gridsize(1)):  # grid-stride
+        t = idx // n
+        i = idx % n
+        yv = y[y_off + i] if y_is_bias else y[y_off + t * y_ld + i]
+        x[x_off + t * x_ld + i] += yv
 
 
 @cuda.jit
 def copy_strided_cuda(x, off, st, sh, n_tokens, n_heads, d, out):  # noqa: ANN001
     """out (contiguous [T, H, d]) = a strided [T, H, d] view with unit inner stride."""
-    idx = cuda.grid(1)
-    if idx >= n_tokens * n_heads * d:
-        return
-    i = idx % d
-    h = (idx // d) % n_heads
-    t = idx // (d * n_heads)
-    out[idx] = x[off + t * st + h * sh + i]
+    for idx in range(cuda.grid(1), n_tokens * n_heads * d, cuda.gridsize(1)):  # grid-stride
+        i = idx % d
+        h = (idx // d) % n_heads
+        t = idx // (d * n_heads)
+        out[idx] = x[off + t * st + h * sh + i]
