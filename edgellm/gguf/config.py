@@ -73,11 +73,21 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
     n_kv_heads = g.get(p + "attention.head_count_kv", n_heads)
     if isinstance(n_kv_heads, np.ndarray):  # per-layer arrays exist in some files; all equal here
         n_kv_heads = n_kv_heads.max()
+    if n_heads <= 0 or int(n_kv_heads) <= 0:
+        raise GGUFError(
+            f"{g.path}: head counts must be positive: {p}attention.head_count={n_heads}, "
+            f"{p}attention.head_count_kv={n_kv_heads}"
+        )
     head_dim = int(g.get(p + "attention.key_length", n_embd // n_heads))
     tokens = g.get("tokenizer.ggml.tokens")
     n_vocab = int(g.get(p + "vocab_size", len(tokens) if tokens is not None else 0))
     if "token_embd.weight" in g.tensors:
         n_vocab = g.tensors["token_embd.weight"].shape[0]
+        if tokens is not None and len(tokens) != n_vocab:
+            raise GGUFError(
+                f"{g.path}: tensor 'token_embd.weight' has {n_vocab} rows but the vocabulary has "
+                f"{len(tokens)} tokens"
+            )
     n_layers = int(_req(g, p + "block_count"))
     cfg = ModelConfig(
         arch=arch,

@@ -204,9 +204,13 @@ def load_gguf(path: str | Path) -> GGUFFile:
         raw_infos.append((name, ne, qraw, offset))
 
     alignment = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+    if alignment <= 0 or alignment & (alignment - 1):
+        raise GGUFError(f"{path}: corrupt GGUF: general.alignment {alignment} is not a positive power of two")
     data_start = (cur.pos + alignment - 1) // alignment * alignment
     tensors: dict[str, TensorInfo] = {}
     for name, ne, qraw, offset in raw_infos:
+        if name in tensors:
+            raise GGUFError(f"{path}: corrupt GGUF: duplicate tensor name {name!r}")
         tensors[name] = _tensor_info(mm, path, size, data_start, name, ne, qraw, offset)
     return GGUFFile(path=path, version=version, metadata=metadata, tensors=tensors, file_size=size, _mmap=mm)
 
