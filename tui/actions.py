@@ -1,0 +1,112 @@
+"""The conversation-level actions of the chat app (regenerate, edit, copy, new/open/rename/delete,
+settings), kept apart from the streaming machinery in tui/app.py."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tui.screens import ConfirmScreen, RenameScreen, SettingsResult, SettingsScreen
+from tui.storage import Conversation
+from tui.widgets import ConversationList
+
+if TYPE_CHECKING:
+    from tui.app import ChatApp
+
+    _Base = ChatApp
+else:
+    _Base = object
+
+
+class ConversationActions(_Base):
+    """Mixed into ChatApp; every method relies on its views, store and reply state."""
+
+    async def action_regenerate(self) -> None:
+        if self.replying or self.backend is None:
+            return
+        conv = self.conversation
+        if conv.messages and conv.messages[-1].role == "assistant":
+            conv.messages.pop()
+            await self.chat.message_views()[-1].remove()
+        if conv.messages and conv.messages[-1].role == "user":
+            self.reply()
+
+    async def action_edit_last(self) -> None:
+        """Put the last user message back in the box and forget it and its reply; Enter resends."""
+        if self.replying:
+            return
+        conv = self.conversation
+        users = [i for i, m in enumerate(conv.messages) if m.role == "user"]
+        if not users:
+            return
+        text = conv.messages[users[-1]].content
+        del conv.messages[users[-1] :]
+        self.save_conversation(conv)
+        for view in self.chat.message_views()[users[-1] :]:
+            await view.remove()
+        self.prompt_input.load_text(text)
+        self.prompt_input.move_cursor(self.prompt_input.document.end)
+        self.prompt_input.focus()
+        self.update_status()
+
+    def action_copy_reply(self) -> None:
+        replies = [m for m in self.conversation.messages if m.role == "assistant"]
+        if replies:
+            self.copy_to_clipboard(replies[-1].content)
+            self.notify("Last reply copied to the clipboard", timeout=2)
+
+    async def open_conversation(self, conv: Conversation) -> None:
+        await self.stop_reply()
+        self.conversation = conv
+        await self.chat.show(conv)
+        await self.refresh_sidebar()
+        self.update_status()
+        self.prompt_input.focus()
+
+    async def action_new_chat(self) -> None:
+        await self.open_conversation(Conversation.new(self.model))
+
+    async def on_conversation_list_opened(self, event: ConversationList.Opened) -> None:
+        if event.conv_id == self.conversation.id:
+            return
+        try:
+            conv = self.store.load(event.conv_id)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            self.notify(f"Could not open that conversation: {e}", severity="error")
+            return
+        await self.open_conversation(conv)
+
+    def action_rename(self) -> None:
+        conv = self.conversation
+
+        async def done(title: str | None) -> None:
+            if title:
+                conv.title = title
+                self.save_conversation(conv)
+                await self.refresh_sidebar()
+
+        self.push_screen(RenameScreen(conv.title), done)
+
+    def action_delete(self) -> None:
+        conv = self.conversation
+
+        async def done(yes: bool | None) -> None:
+            if yes:
+                if conv is self.conversation:
+                    await self.stop_reply()
+                self.store.delete(conv.id)
+                conv.messages.clear()  # nothing left to save for it
+                await self.open_conversation(Conversation.new(self.model))
+
+        self.push_screen(ConfirmScreen(f"Delete the conversation “{conv.title}”?", yes="Delete"), done)
+
+    def action_settings(self) -> None:
+        def done(result: SettingsResult | None) -> None:
+            if result is None:
+                return
+            self.settings = result.settings
+            self.settings_store.save(self.settings, result.model)
+            if result.model != self.model or self.backend is None:
+                self.load_model(result.model)
+            self.update_status()
+
+        self.push_screen(SettingsScreen(self.settings, self.model, self.model_options), done)

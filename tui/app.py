@@ -1,0 +1,315 @@
+"""`edgellm chat`: the Textual chat app. It knows the model only through a `ChatBackend`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from contextlib import aclosing
+
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Footer, Label, LoadingIndicator
+
+from tui.actions import ConversationActions
+from tui.backend import ChatBackend, with_system_prompt
+from tui.context import check_context, drop_oldest
+from tui.messages import BackendError, BackendInfo, ChatMessage, GenerationSettings, StreamDelta, StreamDone
+from tui.screens import ConfirmScreen
+from tui.storage import Conversation, ConversationStore, SettingsStore, StoredMessage
+from tui.widgets import ConversationList, ConversationView, LoadingPanel, PromptInput, StatusBar
+
+BackendFactory = Callable[[str], ChatBackend]
+
+
+def catalog_options() -> list[tuple[str, str]]:
+    """(label, name) for every catalog model, saying which still need a download."""
+    from edgellm.catalog import CATALOG, local_path
+
+    missing = "  (not downloaded)"
+    return [
+        (f"{name}  {e.size_bytes / 1e6:.0f} MB {e.quant}{'' if local_path(e) else missing}", name)
+        for name, e in CATALOG.items()
+    ]
+
+
+class ChatApp(ConversationActions, App[None]):
+    CSS_PATH = "chat.tcss"
+    TITLE = "edgellm chat"
+    BINDINGS = [
+        Binding("escape", "stop", "Stop"),
+        Binding("ctrl+r", "regenerate", "Regenerate"),
+        Binding("ctrl+l", "edit_last", "Edit last"),
+        Binding("ctrl+o", "copy_reply", "Copy reply"),
+        Binding("ctrl+n", "new_chat", "New"),
+        Binding("f2", "rename", "Rename", show=False),  # listed under the sidebar instead
+        Binding("f8", "delete", "Delete", show=False),
+        Binding("ctrl+s", "settings", "Settings"),
+        Binding("ctrl+q", "quit", "Quit", priority=True),
+    ]
+
+    def __init__(
+        self,
+        backend_factory: BackendFactory,
+        model: str,
+        store: ConversationStore | None = None,
+        settings_store: SettingsStore | None = None,
+        model_options: list[tuple[str, str]] | None = None,
+        save_interval: float = 1.0,
+    ) -> None:
+        super().__init__()
+        self.backend_factory = backend_factory
+        self.model = model
+        self.store = store or ConversationStore()
+        self.settings_store = settings_store or SettingsStore(self.store.root.parent)
+        self.settings, _ = self.settings_store.load()
+        self.model_options = model_options if model_options is not None else catalog_options()
+        self.save_interval = save_interval  # seconds between saves of a streaming reply
+        self.backend: ChatBackend | None = None
+        self.info: BackendInfo | None = None
+        self.state = "starting"
+        self.replying = False
+        self.conversation = Conversation.new(model)
+        self.last_ttft: float | None = None
+        self.last_tps: float | None = None
+        self.last_usage: int | None = None  # prompt+reply tokens the server reported (remote backends)
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="body"):
+            with Vertical(id="sidebar"):
+                yield Label("Conversations", id="sidebar-title")
+                yield ConversationList(id="conversations")
+                yield Label("f2 rename · f8 delete", id="sidebar-keys")
+            with Vertical(id="main"):
+                yield LoadingPanel(id="loading")
+                yield ConversationView(id="chat")
+                yield PromptInput(id="prompt")
+        yield StatusBar(id="status", markup=False)
+        yield Footer()
+
+    # ---- views ---------------------------------------------------------------------------------
+    @property
+    def chat(self) -> ConversationView:
+        return self.query_one("#chat", ConversationView)
+
+    @property
+    def prompt_input(self) -> PromptInput:
+        return self.query_one("#prompt", PromptInput)
+
+    def prompt_messages(self, conv: Conversation | None = None) -> list[ChatMessage]:
+        return with_system_prompt((conv or self.conversation).context_messages(), self.settings)
+
+    def update_status(self) -> None:
+        used, approx = None, False
+        if self.backend is not None and self.info is not None and not self.replying:
+            used = self.backend.count_tokens(self.prompt_messages())
+            if used is None and self.last_usage is not None:
+                used, approx = self.last_usage, True
+        n_ctx = self.info.n_ctx if self.info else None
+        status = self.query_one(StatusBar)
+        status.show(self.model, used, n_ctx, self.last_ttft, self.last_tps, self.state, approx)
+
+    async def refresh_sidebar(self) -> None:
+        await self.query_one(ConversationList).show(self.store.list(), self.conversation.id)
+
+    async def on_mount(self) -> None:
+        self.query_one(LoadingPanel).display = False
+        await self.refresh_sidebar()
+        self.update_status()
+        self.prompt_input.focus()
+        self.load_model(self.model)
+
+    async def on_unmount(self) -> None:
+        # Closing the app mid-reply: what streamed so far is already in the message; keep it.
+        self.save_conversation()
+        if self.backend is not None:
+            backend, self.backend = self.backend, None
+            try:
+                await backend.close()
+            except Exception:  # shutting down: a failing close must not turn into a traceback
+                pass
+
+    def save_conversation(self, conv: Conversation | None = None) -> None:
+        conv = conv or self.conversation
+        if conv.messages:
+            self.store.save(conv)
+
+    # ---- model loading -------------------------------------------------------------------------
+    @work(group="load", exclusive=True, exit_on_error=False)
+    async def load_model(self, model: str) -> None:
+        await self.stop_reply()
+        old, self.backend, self.info = self.backend, None, None
+        if old is not None:
+            await old.close()
+        panel = self.query_one(LoadingPanel)
+        panel.lines.clear()
+        panel.set_title(f"Loading {model or 'the server model'}...")
+        panel.query_one(LoadingIndicator).display = True
+        panel.remove_class("failed")
+        panel.display = True
+        self.model, self.state = model, "loading"
+        self.update_status()
+        backend = self.backend_factory(model)
+        try:
+            info = await backend.load(panel.add_line)
+        except Exception as e:  # BackendError carries a readable sentence; anything else gets its type
+            text = str(e) if isinstance(e, BackendError) else f"{type(e).__name__}: {e}"
+            panel.set_title(f"Could not start {model or 'the chat'}")
+            panel.add_line(text)
+            panel.add_line("Pick another model in Settings (Ctrl+S) or quit with Ctrl+Q.")
+            panel.query_one(LoadingIndicator).display = False
+            panel.add_class("failed")
+            self.state = "error"
+            self.update_status()
+            return
+        self.backend, self.info, self.model = backend, info, info.model
+        panel.display = False
+        self.state = "ready"
+        self.update_status()
+
+    # ---- sending and replies -------------------------------------------------------------------
+    async def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
+        if self.replying:
+            self.notify("A reply is streaming: wait, or stop it with Esc.", severity="warning")
+            return
+        if self.backend is None:
+            self.notify("The model is not ready yet.", severity="warning")
+            return
+        self.prompt_input.clear()
+        conv = self.conversation
+        message = StoredMessage("user", event.text.strip("\n"))
+        if not conv.messages:
+            conv.title = message.content.strip().splitlines()[0][:40]
+        conv.messages.append(message)
+        await self.chat.add(message)
+        self.save_conversation(conv)
+        await self.refresh_sidebar()
+        self.reply()
+
+    async def _ask_to_drop(self, conv: Conversation) -> bool:
+        """True when the conversation fits (possibly after the user agreed to drop old turns)."""
+        if self.backend is None or self.info is None or self.info.n_ctx is None:
+            return True
+        check = check_context(conv.messages, self.settings, self.info.n_ctx, self.backend.count_tokens)
+        if check is None or check.fits:
+            return True
+        if check.impossible:
+            await self.chat.add_notice(
+                f"The last message is too long: with {check.reserve} tokens kept for the reply it does not "
+                f"fit the context window of {check.n_ctx} tokens. Shorten it (Ctrl+L edits it) or lower "
+                "max tokens in Settings."
+            )
+            return False
+        question = (
+            f"This conversation takes {check.used} tokens; with {check.reserve} tokens kept for the reply it "
+            f"no longer fits the context window of {check.n_ctx} tokens.\n\nDrop the {check.drop} oldest "
+            "messages from what the model sees? They stay saved and visible, dimmed."
+        )
+        if not await self.push_screen_wait(ConfirmScreen(question, yes="Drop oldest", no="Cancel")):
+            await self.chat.add_notice(
+                "Not sent: the conversation is longer than the context window. Start a new chat (Ctrl+N), "
+                "or press Ctrl+R to be asked again."
+            )
+            return False
+        drop_oldest(conv.messages, check.drop)
+        for view in self.chat.message_views():
+            view.refresh_header()
+        self.save_conversation(conv)
+        return True
+
+    @work(group="reply", exclusive=True, exit_on_error=False)
+    async def reply(self) -> None:
+        conv, backend = self.conversation, self.backend
+        if backend is None or self.replying:
+            return
+        self.replying, self.state = True, "generating"
+        self.update_status()
+        try:
+            if not await self._ask_to_drop(conv):
+                return
+            await self._stream_reply(conv, backend)
+        finally:
+            self.replying = False
+            if self.state == "generating":
+                self.state = "ready"
+            self.update_status()
+
+    async def _stream_reply(self, conv: Conversation, backend: ChatBackend) -> None:
+        messages = self.prompt_messages(conv)
+        reply = StoredMessage("assistant", "", partial=True)
+        conv.messages.append(reply)
+        view = await self.chat.add(reply)
+        view.start_stream()
+        done: StreamDone | None = None
+        error: str | None = None
+        last_save = time.monotonic()
+        try:
+            async with aclosing(backend.stream(messages, self.settings)) as events:
+                async for event in events:
+                    if isinstance(event, StreamDelta):
+                        reply.content += event.text
+                        await view.append(event.text)
+                        self.chat.scroll_end(animate=False)
+                        if time.monotonic() - last_save >= self.save_interval:
+                            self.save_conversation(conv)  # closing mid-reply must lose nothing
+                            last_save = time.monotonic()
+                    else:
+                        done = event
+        except BackendError as e:
+            error = str(e)
+        except Exception as e:  # shown in the app, never as a traceback on the terminal
+            error = f"{type(e).__name__}: {e}"
+        finally:  # also on Esc (cancellation): keep the partial reply
+            reply.partial = done is None
+            if done is not None:
+                reply.ttft, reply.tokens_per_s = done.ttft, done.tokens_per_s
+                self.last_ttft, self.last_tps = done.ttft, done.tokens_per_s
+                if done.prompt_tokens is not None:
+                    self.last_usage = done.prompt_tokens + done.completion_tokens
+            await view.end_stream()
+            if not reply.content:  # nothing came: no empty bubble
+                conv.messages.remove(reply)
+                await view.remove()
+            self.save_conversation(conv)
+        if error:
+            self.state = "error"
+            await self.chat.add_notice(f"Error: {error}")
+        elif done is not None and done.finish_reason == "length":
+            await self.chat.add_notice(
+                f"The reply stopped at its length limit ({done.completion_tokens} tokens): raise max tokens "
+                "in Settings (Ctrl+S), or free context with a new chat.",
+                kind="info",
+            )
+
+    async def stop_reply(self) -> None:
+        """Stop the streaming reply (if any) and wait until its partial text is saved."""
+        self.workers.cancel_group(self, "reply")
+        while self.replying:  # the worker's finally saves the partial text, then clears the flag
+            await asyncio.sleep(0.01)
+
+    async def action_stop(self) -> None:
+        if self.replying:
+            await self.stop_reply()
+            self.notify("Reply stopped; the partial text is kept.", timeout=2)
+
+
+def run_chat(model: str | None = None, url: str | None = None, api_key: str | None = None) -> None:
+    """`edgellm chat [MODEL] [--url URL]`: chat with an in-process model, or with a server at `url`."""
+    if url:
+        from tui.remote_backend import RemoteBackend
+
+        def factory(name: str) -> ChatBackend:
+            return RemoteBackend(url, name or None, api_key)
+
+        app = ChatApp(factory, model or "")
+    else:
+        from edgellm.catalog import DEFAULT_MODEL
+        from tui.local_backend import LocalBackend
+
+        app = ChatApp(LocalBackend, model or DEFAULT_MODEL)
+    app.run()
+
+
+__all__ = ["ChatApp", "GenerationSettings", "run_chat"]

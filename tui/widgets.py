@@ -1,0 +1,183 @@
+"""The main screen's pieces: message bubbles rendered as Markdown, the conversation view, the prompt box,
+the sidebar list of conversations, the loading panel and the status bar."""
+
+from __future__ import annotations
+
+from textual import events
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.message import Message
+from textual.widgets import Label, ListItem, ListView, LoadingIndicator, Markdown, Static, TextArea
+from textual.widgets._markdown import MarkdownStream
+
+from tui.storage import Conversation, StoredMessage
+
+NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter")  # terminals send ctrl+j for Ctrl+Enter / Ctrl+J
+
+
+class MessageView(Vertical, can_focus=True):
+    """One message: a header line (who, speed, state) over its Markdown body. Focus it and press c to
+    copy it."""
+
+    BINDINGS = [Binding("c", "copy", "Copy message")]
+
+    def __init__(self, message: StoredMessage) -> None:
+        super().__init__(classes=f"message {message.role}")
+        self.message = message
+        self._stream: MarkdownStream | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static(self.header_text(), classes="message-header")
+        yield Markdown(self.message.content, classes="message-body")
+
+    def header_text(self) -> str:
+        m = self.message
+        parts = ["You" if m.role == "user" else "Assistant"]
+        if m.ttft is not None:
+            parts.append(f"TTFT {m.ttft:.2f} s")
+        if m.tokens_per_s is not None:
+            parts.append(f"{m.tokens_per_s:.1f} tok/s")
+        if m.partial and self._stream is None:
+            parts.append("stopped")
+        if not m.in_context:
+            parts.append("outside the context window")
+        return " · ".join(parts)
+
+    def refresh_header(self) -> None:
+        self.query_one(".message-header", Static).update(self.header_text())
+        self.set_class(not self.message.in_context, "dropped")
+
+    def on_mount(self) -> None:
+        self.set_class(not self.message.in_context, "dropped")
+
+    def start_stream(self) -> None:
+        self._stream = Markdown.get_stream(self.query_one(Markdown))
+
+    async def append(self, text: str) -> None:
+        if self._stream is not None:
+            await self._stream.write(text)
+
+    async def end_stream(self) -> None:
+        if self._stream is not None:
+            stream, self._stream = self._stream, None
+            await stream.stop()
+        self.refresh_header()
+
+    def action_copy(self) -> None:
+        self.app.copy_to_clipboard(self.message.content)
+        self.app.notify("Message copied to the clipboard", timeout=2)
+
+
+class ConversationView(VerticalScroll):
+    """The messages of the open conversation, newest at the bottom, following the stream."""
+
+    async def show(self, conv: Conversation) -> None:
+        await self.remove_children()
+        await self.mount_all([MessageView(m) for m in conv.messages])
+        self.scroll_end(animate=False)
+
+    async def add(self, message: StoredMessage) -> MessageView:
+        view = MessageView(message)
+        await self.mount(view)
+        self.scroll_end(animate=False)
+        return view
+
+    def message_views(self) -> list[MessageView]:
+        return list(self.query(MessageView))
+
+    async def add_notice(self, text: str, kind: str = "error") -> None:
+        await self.mount(Static(text, classes=f"notice {kind}", markup=False))
+        self.scroll_end(animate=False)
+
+
+class PromptInput(TextArea):
+    """The message box: Enter sends, Ctrl+J (or Shift+Enter / Alt+Enter where the terminal reports them)
+    starts a new line."""
+
+    class Submitted(Message):
+        def __init__(self, text: str) -> None:
+            super().__init__()
+            self.text = text
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kwargs)
+
+    async def _on_key(self, event: events.Key) -> None:
+        if event.key == "enter":
+            event.stop()
+            event.prevent_default()
+            if self.text.strip():
+                self.post_message(self.Submitted(self.text))
+            return
+        if event.key in NEWLINE_KEYS:
+            event.stop()
+            event.prevent_default()
+            self.insert("\n")
+            return
+        await super()._on_key(event)
+
+
+class ConversationList(ListView):
+    """The sidebar: saved conversations, most recent first."""
+
+    class Opened(Message):
+        def __init__(self, conv_id: str) -> None:
+            super().__init__()
+            self.conv_id = conv_id
+
+    async def show(self, convs: list[Conversation], current: str | None) -> None:
+        await self.clear()
+        await self.extend(
+            ListItem(Label(c.title, markup=False), id=f"conv-{c.id}", classes="conv") for c in convs
+        )
+        ids = [c.id for c in convs]
+        if current in ids:
+            self.index = ids.index(current)
+
+    def on_list_view_selected(self, event: ListView.Selected) -> None:
+        event.stop()
+        if event.item.id:
+            self.post_message(self.Opened(event.item.id.removeprefix("conv-")))
+
+
+class LoadingPanel(Vertical):
+    """Shown while a model loads: a spinner and the progress lines (download, repack, kernel compile)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.lines: list[str] = []
+
+    def compose(self) -> ComposeResult:
+        yield Label("", id="loading-title")
+        yield LoadingIndicator()
+        yield Static("", id="loading-log", markup=False)
+
+    def set_title(self, text: str) -> None:
+        self.query_one("#loading-title", Label).update(text)
+
+    def add_line(self, line: str) -> None:
+        self.lines.append(line)
+        # the latest lines are what matters; markup off: paths and messages may hold brackets
+        self.query_one("#loading-log", Static).update("\n".join(self.lines[-8:]))
+
+
+class StatusBar(Static):
+    """model · context used/size · last reply's time to first token and speed · state."""
+
+    def show(
+        self,
+        model: str,
+        ctx_used: int | None,
+        n_ctx: int | None,
+        ttft: float | None,
+        tps: float | None,
+        state: str,
+        approx: bool = False,
+    ) -> None:
+        used = "?" if ctx_used is None else f"{'~' if approx else ''}{ctx_used}"
+        parts = [model or "no model", f"ctx {used}/{n_ctx or '?'}"]
+        parts.append(f"TTFT {ttft:.2f} s" if ttft is not None else "TTFT -")
+        parts.append(f"{tps:.1f} tok/s" if tps is not None else "- tok/s")
+        parts.append(state)
+        self.update(" │ ".join(parts))
