@@ -1,0 +1,67 @@
+"""The `edgellm` command line as a user runs it (subprocesses), and the model catalog."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from edgellm.catalog import CATALOG, DEFAULT_MODEL, ModelNotFoundError, resolve_model
+
+
+def edgellm(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "edgellm", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_run_streams_greedy_text_and_prints_stats(smollm2_path) -> None:
+    from edgellm import LLM, SamplingParams
+
+    proc = edgellm(
+        "run", "smollm2-135m", "The capital of France is", "--max-tokens", "8", "--temperature", "0"
+    )
+    assert proc.returncode == 0, proc.stderr
+    expected = (
+        LLM(smollm2_path, n_ctx=256)
+        .generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=8))[0]
+        .text
+    )
+    assert proc.stdout == expected + "\n"
+    assert "prompt 5 tokens" in proc.stderr and "TTFT" in proc.stderr and "tok/s" in proc.stderr
+
+
+def test_bench_json_has_the_llamacpp_bench_fields() -> None:
+    proc = edgellm(
+        "bench", "smollm2-135m", "--prompt-tokens", "16", "--gen-tokens", "8", "--repeat", "1", "--json"
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["prefill_tok_s"] > 0 and result["decode_tok_s"] > 0
+    assert result["peak_rss_mb"] > 0 and 0 < result["decode_vs_ceiling"]
+
+
+def test_models_lists_the_catalog(smollm2_path) -> None:
+    proc = edgellm("models")
+    assert proc.returncode == 0
+    lines = proc.stdout.splitlines()
+    assert lines[0].split()[:4] == ["NAME", "SIZE", "QUANT", "PRESENT"]
+    for name, entry in CATALOG.items():
+        row = next(line for line in lines if line.startswith(name))
+        assert entry.quant in row
+    assert "(default)" in next(line for line in lines if line.startswith(DEFAULT_MODEL))
+
+
+def test_unknown_model_is_a_clear_error_not_a_traceback() -> None:
+    proc = edgellm("run", "no-such-model", "hi")
+    assert proc.returncode == 1
+    assert "no model named 'no-such-model'" in proc.stderr and "Traceback" not in proc.stderr
+    with pytest.raises(ModelNotFoundError, match="smollm2-135m"):
+        resolve_model("no-such-model")
+
+
+def test_a_path_works_wherever_a_name_does(smollm2_path) -> None:
+    assert resolve_model(str(smollm2_path)) == smollm2_path
+    assert resolve_model("smollm2-135m") == smollm2_path
