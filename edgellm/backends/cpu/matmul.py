@@ -237,13 +237,17 @@ def _check(x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
         )
 
 
+def _contiguous(*arrays: np.ndarray) -> bool:
+    return all(a.flags.c_contiguous for a in arrays)
+
+
 def matmul_grouped_cpu(x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
     """out[M, N] = x[M, K] @ W.T for int8-grouped weights (writes in place; out may be a strided view)."""
     _check(x, w, out)
     xq, xs, xsum = quantize_act_cpu(x, w.group, w.act_mode)
     has_min = w.minv is not None
     minv = w.minv if has_min else w.scale  # placeholder of the right type; unused when has_min is False
-    if vnni.VNNI_ACTIVE and w.rows >= vnni.TILE_ROWS and w.q.flags.c_contiguous:
+    if vnni.VNNI_ACTIVE and w.rows >= vnni.TILE_ROWS and _contiguous(w.q, w.scale, minv):
         n_done = vnni.matmul_vnni_tiles_cpu(
             xq, xs, xsum, w.q, w.scale, minv, has_min, w.group, numba.get_num_threads(), out
         )

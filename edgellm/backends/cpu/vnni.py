@@ -42,6 +42,11 @@ VNNI_ACTIVE = _host_has_vnni() and os.environ.get("EDGELLM_NO_VNNI", "") in ("",
 _I8, _I32, _I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
 _V64I8 = ir.VectorType(_I8, 64)
 _V16I32 = ir.VectorType(_I32, 16)
+_V4I32 = ir.VectorType(_I32, 4)
+_V4F32 = ir.VectorType(ir.FloatType(), 4)
+_V16F32 = ir.VectorType(ir.FloatType(), 16)
+_FLAGS = ("nsz", "arcp", "afn")  # ORDERED_MATH: no reassoc/contract, so each lane rounds as the scalar code
+_TRANSPOSE_4X4 = ir.Constant(_V16I32, [4 * (lane % 4) + lane // 4 for lane in range(16)])  # lane 4a+b <- 4b+a
 _DPBUSD = "llvm.x86.avx512.vpdpbusd.512"
 
 
@@ -75,56 +80,131 @@ def _store(b: ir.IRBuilder, out_ptr: ir.Value, lane_off: ir.Value, v: ir.Value) 
     b.store(v, p, align=4)
 
 
-def _build_isum_fn(module: ir.Module, name: str, group: int) -> ir.Function:
-    """void name(i64 x_addr, i64 w_addr, i64 w_stride, i64 n_chunks, i64 out_addr): see module docstring.
-    out receives 16 int32 per 64 bytes (G=16) or per 128 bytes (G=32, the last pair padded with a zero chunk),
-    so it must hold ceil(n_chunks * 64 / G / 4) * 16 int32."""
+def _load_f4(b: ir.IRBuilder, ptr: ir.Value, g0: ir.Value) -> ir.Value:
+    return b.load(b.bitcast(b.gep(ptr, [g0]), _V4F32.as_pointer()), align=4)
+
+
+def _rows_by_group(b: ir.IRBuilder, row_ptrs: list[ir.Value], g0: ir.Value) -> ir.Value:
+    """16 floats, lane 4g + r = row_ptrs[r][g0 + g]: the 4 rows' values of 4 groups in isum's layout."""
+    s = [_load_f4(b, p, g0) for p in row_ptrs]
+    first8 = ir.Constant(ir.VectorType(_I32, 8), list(range(8)))
+    t01, t23 = b.shuffle_vector(s[0], s[1], first8), b.shuffle_vector(s[2], s[3], first8)
+    return b.shuffle_vector(
+        t01, t23, ir.Constant(_V16I32, [4 * (lane % 4) + lane // 4 for lane in range(16)])
+    )
+
+
+def _add_in_group_order(b: ir.IRBuilder, acc: ir.Value, prod: ir.Value) -> ir.Value:
+    """acc[r] += prod[4g + r] for g = 0, 1, 2, 3 in turn: each row's float sum keeps _row_dot's order."""
+    for g in range(4):
+        acc = b.fadd(
+            acc,
+            b.shuffle_vector(prod, prod, ir.Constant(_V4I32, list(range(4 * g, 4 * g + 4)))),
+            flags=_FLAGS,
+        )
+    return acc
+
+
+def _float_quad(b, isums, xs_ptr, xsum_ptr, sc_rows, mn_rows, g0, acc, macc):
+    """Groups g0..g0+3 of the 4 rows: acc += (xs[g] * scale[r, g]) * isum, macc += minv[r, g] * xsum[g]."""
+    bcast = ir.Constant(_V16I32, [lane // 4 for lane in range(16)])
+    xs4 = _load_f4(b, xs_ptr, g0)
+    xs_scale = b.fmul(b.shuffle_vector(xs4, xs4, bcast), _rows_by_group(b, sc_rows, g0), flags=_FLAGS)
+    acc = _add_in_group_order(b, acc, b.fmul(xs_scale, b.sitofp(isums, _V16F32), flags=_FLAGS))
+    if mn_rows is not None:
+        xm4 = _load_f4(b, xsum_ptr, g0)
+        prod = b.fmul(_rows_by_group(b, mn_rows, g0), b.shuffle_vector(xm4, xm4, bcast), flags=_FLAGS)
+        macc = _add_in_group_order(b, macc, prod)
+    return acc, macc
+
+
+def _build_tile_fn(module: ir.Module, name: str, group: int, has_min: bool) -> ir.Function:
+    """void name(x, w, w_stride, n_chunks, tail, xs, xsum, scale, minv, sg_stride, acc) (all i64; addresses
+    of one activation row (int8 x, f32 xs/xsum), the tile's first weight row (int8 w, f32 scale/minv, rows
+    w_stride bytes / sg_stride floats apart), an int32[16] tail and an f32[8] acc).
+    Runs the ordered float sum over the groups of every full 4-group step (2 chunks for G=32, 1 for G=16) and
+    writes acc[0:4] (scale part) and acc[4:8] (min part) per row; for G=32 with an odd chunk count it stores
+    the last chunk's 2 groups' int sums as tail[4j + r] (j = 0, 1) for the caller to finish."""
     dp = module.globals.get(_DPBUSD)
     if dp is None:
         dp = ir.Function(module, ir.FunctionType(_V16I32, [_V16I32] * 3), _DPBUSD)
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [_I64] * 5), name)
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [_I64] * 11), name)
     fn.linkage = "internal"
-    x_addr, w_addr, w_stride, n_chunks, out_addr = fn.args
+    (
+        x_addr,
+        w_addr,
+        w_stride,
+        n_chunks,
+        tail_addr,
+        xs_addr,
+        xsum_addr,
+        sc_addr,
+        mn_addr,
+        sg_stride,
+        acc_addr,
+    ) = fn.args
     entry = fn.append_basic_block("entry")
     loop = fn.append_basic_block("loop")
     tail = fn.append_basic_block("tail")
     tail_body = fn.append_basic_block("tail_body")
     done = fn.append_basic_block("done")
     b = ir.IRBuilder(entry)
+    f32p = ir.FloatType().as_pointer()
     x_ptr = b.inttoptr(x_addr, _I8.as_pointer())
     w0 = b.inttoptr(w_addr, _I8.as_pointer())
     w_ptrs = [w0] + [b.gep(w0, [b.mul(w_stride, ir.Constant(_I64, r))]) for r in range(1, TILE_ROWS)]
-    out_ptr = b.inttoptr(out_addr, _I32.as_pointer())
-    step = 2 if group == 32 else 1  # chunks per stored 16-lane vector
+    xs_ptr, xsum_ptr = b.inttoptr(xs_addr, f32p), b.inttoptr(xsum_addr, f32p)
+    sc0, mn0 = b.inttoptr(sc_addr, f32p), b.inttoptr(mn_addr, f32p)
+    sc_rows = [sc0] + [b.gep(sc0, [b.mul(sg_stride, ir.Constant(_I64, r))]) for r in range(1, TILE_ROWS)]
+    mn_rows = [mn0] + [b.gep(mn0, [b.mul(sg_stride, ir.Constant(_I64, r))]) for r in range(1, TILE_ROWS)]
+    zero4 = ir.Constant(_V4F32, [0.0] * 4)
+    step = 2 if group == 32 else 1  # chunks per 4 groups
     n_iter = b.udiv(n_chunks, ir.Constant(_I64, step))
     b.cbranch(b.icmp_unsigned("==", n_iter, ir.Constant(_I64, 0)), tail, loop)
 
     b.position_at_end(loop)
     i = b.phi(_I64)
-    i.add_incoming(ir.Constant(_I64, 0), entry)
+    acc = b.phi(_V4F32)
+    macc = b.phi(_V4F32)
+    for phi, init in ((i, ir.Constant(_I64, 0)), (acc, zero4), (macc, zero4)):
+        phi.add_incoming(init, entry)
     off = b.mul(i, ir.Constant(_I64, CHUNK * step))
-    if group == 16:
-        # quads are the groups: out lane 4j + r = E[4r + j]
+    if group == 16:  # the 4 quads of a chunk are its 4 groups: lane 4j + r = E[4r + j]
         e = _chunk_quads(b, dp, _load_x_unsigned(b, x_ptr, off), w_ptrs, off)
-        res = b.shuffle_vector(e, e, ir.Constant(_V16I32, [4 * (lane % 4) + lane // 4 for lane in range(16)]))
+        isums = b.shuffle_vector(
+            e, e, ir.Constant(_V16I32, [4 * (lane % 4) + lane // 4 for lane in range(16)])
+        )
     else:
         off_b = b.add(off, ir.Constant(_I64, CHUNK))
         ea = _chunk_quads(b, dp, _load_x_unsigned(b, x_ptr, off), w_ptrs, off)
         eb = _chunk_quads(b, dp, _load_x_unsigned(b, x_ptr, off_b), w_ptrs, off_b)
-        res = _pair_groups(b, _comb(b, ea, eb))
-    _store(b, out_ptr, b.mul(i, ir.Constant(_I64, 16)), res)
+        isums = _pair_groups(b, _comb(b, ea, eb))
+    g0 = b.mul(i, ir.Constant(_I64, 4))
+    acc_next, macc_next = _float_quad(
+        b, isums, xs_ptr, xsum_ptr, sc_rows, mn_rows if has_min else None, g0, acc, macc
+    )
     i_next = b.add(i, ir.Constant(_I64, 1))
-    i.add_incoming(i_next, loop)
+    for phi, nxt in ((i, i_next), (acc, acc_next), (macc, macc_next)):
+        phi.add_incoming(nxt, loop)
     b.cbranch(b.icmp_unsigned("<", i_next, n_iter), loop, tail)
 
-    b.position_at_end(tail)  # G=32 with an odd chunk count: the last chunk pairs with zeros
+    b.position_at_end(tail)
+    acc_out = b.phi(_V4F32)
+    macc_out = b.phi(_V4F32)
+    acc_out.add_incoming(zero4, entry)
+    acc_out.add_incoming(acc_next, loop)
+    macc_out.add_incoming(zero4, entry)
+    macc_out.add_incoming(macc_next, loop)
+    acc_ptr = b.inttoptr(acc_addr, f32p)
+    b.store(acc_out, b.bitcast(acc_ptr, _V4F32.as_pointer()), align=4)
+    b.store(macc_out, b.bitcast(b.gep(acc_ptr, [ir.Constant(_I64, 4)]), _V4F32.as_pointer()), align=4)
     odd = b.icmp_unsigned("!=", b.urem(n_chunks, ir.Constant(_I64, step)), ir.Constant(_I64, 0))
     b.cbranch(odd, tail_body, done)
-    b.position_at_end(tail_body)
+    b.position_at_end(tail_body)  # G=32, odd chunk count: the last chunk pairs with zeros
     off = b.mul(n_iter, ir.Constant(_I64, CHUNK * step))
     ea = _chunk_quads(b, dp, _load_x_unsigned(b, x_ptr, off), w_ptrs, off)
     res = _pair_groups(b, _comb(b, ea, ir.Constant(_V16I32, [0] * 16)))
-    _store(b, out_ptr, b.mul(n_iter, ir.Constant(_I64, 16)), res)
+    _store(b, b.inttoptr(tail_addr, _I32.as_pointer()), ir.Constant(_I64, 0), res)
     b.branch(done)
     b.position_at_end(done)
     b.ret_void()
@@ -140,36 +220,43 @@ def _pair_groups(b: ir.IRBuilder, f: ir.Value) -> ir.Value:
     return b.shuffle_vector(f, f, ir.Constant(_V16I32, src))
 
 
-def _make_intrinsic(group: int):
-    name = f"edgellm_vnni_isum4_g{group}"
+def _make_intrinsic(group: int, has_min: bool):
+    name = f"edgellm_vnni_tile4_g{group}_{'min' if has_min else 'nomin'}"
 
     @intrinsic
-    def isum_tile(typingctx, x_addr, w_addr, w_stride, n_chunks, out_addr):
-        sig = types.void(types.intp, types.intp, types.intp, types.intp, types.intp)
+    def tile_fn(typingctx, x, w, w_stride, n_chunks, tail, xs, xsum, scale, minv, sg_stride, acc):
+        sig = types.void(*([types.intp] * 11))
 
         def codegen(context, builder, signature, args):
             module = builder.module
             fn = module.globals.get(name)
             if fn is None:
-                fn = _build_isum_fn(module, name, group)
+                fn = _build_tile_fn(module, name, group, has_min)
             builder.call(fn, args)
             return context.get_dummy_value()
 
         return sig, codegen
 
-    return isum_tile
+    return tile_fn
 
 
-_isum_tile_g32 = _make_intrinsic(32)
-_isum_tile_g16 = _make_intrinsic(16)
+_tile_g32_min = _make_intrinsic(32, True)
+_tile_g32 = _make_intrinsic(32, False)
+_tile_g16_min = _make_intrinsic(16, True)
+_tile_g16 = _make_intrinsic(16, False)
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _isum_tile(x_addr, w_addr, w_stride, n_chunks, out_addr, group) -> None:
+def _tile(group, has_min, x, w, w_stride, n_chunks, tail, xs, xsum, scale, minv, sg_stride, acc) -> None:
     if group == 32:
-        _isum_tile_g32(x_addr, w_addr, w_stride, n_chunks, out_addr)
+        if has_min:
+            _tile_g32_min(x, w, w_stride, n_chunks, tail, xs, xsum, scale, minv, sg_stride, acc)
+        else:
+            _tile_g32(x, w, w_stride, n_chunks, tail, xs, xsum, scale, minv, sg_stride, acc)
+    elif has_min:
+        _tile_g16_min(x, w, w_stride, n_chunks, tail, xs, xsum, scale, minv, sg_stride, acc)
     else:
-        _isum_tile_g16(x_addr, w_addr, w_stride, n_chunks, out_addr)
+        _tile_g16(x, w, w_stride, n_chunks, tail, xs, xsum, scale, minv, sg_stride, acc)
 
 
 @njit(cache=True, nogil=True, fastmath=ORDERED_MATH, inline="always")
@@ -182,30 +269,29 @@ def _group_dot_2d(xq, m, q, n, base, g_u) -> np.int32:
 
 
 @njit(cache=True, nogil=True, fastmath=ORDERED_MATH, inline="always")
-def _tile_outputs(isum, n_vgroups, xq, xs, xsum, m, q, scale, minv, has_min, n, n_groups, g_u, out) -> None:
-    """out[m, n:n+4] from the tile's integer sums: per row exactly matmul._row_dot's float expression and
-    group order (the VNNI groups first, then the portable tail groups, which come last in k)."""
-    a0 = a1 = a2 = a3 = np.float32(0.0)
-    c0 = c1 = c2 = c3 = np.float32(0.0)
-    for g in range(n_vgroups):
+def _finish_tile(
+    acc, tail, g_start, n_vgroups, xq, xs, xsum, m, q, scale, minv, has_min, n, g_u, out
+) -> None:
+    """Continue the tile's 4 float sums from the IR's full steps: the buffered odd-chunk groups, then the
+    groups past the last 64-byte chunk (portable int sums), in group order as in matmul._row_dot."""
+    a0, a1, a2, a3 = acc[0], acc[1], acc[2], acc[3]
+    c0, c1, c2, c3 = acc[4], acc[5], acc[6], acc[7]
+    n_groups = scale.shape[1]
+    for g in range(g_start, n_groups):
+        if g < n_vgroups:
+            j = 4 * (g - g_start)
+            i0, i1, i2, i3 = tail[j], tail[j + 1], tail[j + 2], tail[j + 3]
+        else:
+            base = U(g) * g_u
+            i0 = _group_dot_2d(xq, m, q, n, base, g_u)
+            i1 = _group_dot_2d(xq, m, q, n + 1, base, g_u)
+            i2 = _group_dot_2d(xq, m, q, n + 2, base, g_u)
+            i3 = _group_dot_2d(xq, m, q, n + 3, base, g_u)
         xg = xs[m, g]
-        a0 += (xg * scale[n, g]) * np.float32(isum[4 * g])
-        a1 += (xg * scale[n + 1, g]) * np.float32(isum[4 * g + 1])
-        a2 += (xg * scale[n + 2, g]) * np.float32(isum[4 * g + 2])
-        a3 += (xg * scale[n + 3, g]) * np.float32(isum[4 * g + 3])
-        if has_min:
-            xm = xsum[m, g]
-            c0 += minv[n, g] * xm
-            c1 += minv[n + 1, g] * xm
-            c2 += minv[n + 2, g] * xm
-            c3 += minv[n + 3, g] * xm
-    for g in range(n_vgroups, n_groups):
-        base = U(g) * g_u
-        xg = xs[m, g]
-        a0 += (xg * scale[n, g]) * np.float32(_group_dot_2d(xq, m, q, n, base, g_u))
-        a1 += (xg * scale[n + 1, g]) * np.float32(_group_dot_2d(xq, m, q, n + 1, base, g_u))
-        a2 += (xg * scale[n + 2, g]) * np.float32(_group_dot_2d(xq, m, q, n + 2, base, g_u))
-        a3 += (xg * scale[n + 3, g]) * np.float32(_group_dot_2d(xq, m, q, n + 3, base, g_u))
+        a0 += (xg * scale[n, g]) * np.float32(i0)
+        a1 += (xg * scale[n + 1, g]) * np.float32(i1)
+        a2 += (xg * scale[n + 2, g]) * np.float32(i2)
+        a3 += (xg * scale[n + 3, g]) * np.float32(i3)
         if has_min:
             xm = xsum[m, g]
             c0 += minv[n, g] * xm
@@ -222,28 +308,44 @@ def _tile_outputs(isum, n_vgroups, xq, xs, xsum, m, q, scale, minv, has_min, n, 
 def matmul_vnni_tiles_cpu(xq, xs, xsum, q, scale, minv, has_min, group, n_threads, out) -> int:
     """out[:, :4*(N//4)] for every activation row; returns the first row index left to the caller (N % 4
     leftover rows). Each thread takes a contiguous block of 4-row weight tiles and, per tile, passes every
-    activation row over it (the tile stays in L1 for M > 1). q and xq must be C-contiguous."""
+    activation row over it (the tile stays in L1 for M > 1). All inputs but out must be C-contiguous."""
     m_rows, k_cols = xq.shape
     n_rows = q.shape[0]
-    n_groups = k_cols // group
     g_u = U(group)
     n_chunks = k_cols // CHUNK
     n_vgroups = n_chunks * CHUNK // group
-    buf_len = (n_vgroups + 3) // 4 * 16 + 16
+    g_start = n_vgroups // 4 * 4  # groups the IR finishes; the rest (< 4 + tail) are finished here
     n_tiles = n_rows // TILE_ROWS
     n_blocks = min(n_tiles, n_threads)  # an argument: get_num_threads() inside njit defeats cache=True
-    x_addr = xq.ctypes.data
-    q_addr = q.ctypes.data
-    w_stride = q.strides[0]
+    sg_stride = scale.strides[0] // 4
     for blk in prange(n_blocks):
-        isum = np.empty(buf_len, np.int32)  # once per block: an allocation per tile would cost ~10%
-        buf_addr = isum.ctypes.data
-        t_end = (blk + 1) * n_tiles // n_blocks
-        for t in range(blk * n_tiles // n_blocks, t_end):
+        # once per block: an allocation per tile would cost more than the tile
+        tail = np.zeros(16, np.int32)
+        acc = np.zeros(8, np.float32)
+        tail_addr = tail.ctypes.data
+        acc_addr = acc.ctypes.data
+        for t in range(blk * n_tiles // n_blocks, (blk + 1) * n_tiles // n_blocks):
             n = t * TILE_ROWS
+            w_addr = q.ctypes.data + n * q.strides[0]
+            sc_addr = scale.ctypes.data + n * scale.strides[0]
+            mn_addr = minv.ctypes.data + n * minv.strides[0]
             for m in range(m_rows):
-                _isum_tile(x_addr + m * k_cols, q_addr + n * w_stride, w_stride, n_chunks, buf_addr, group)
-                _tile_outputs(
-                    isum, n_vgroups, xq, xs, xsum, m, q, scale, minv, has_min, n, n_groups, g_u, out
+                _tile(
+                    group,
+                    has_min,
+                    xq.ctypes.data + m * xq.strides[0],
+                    w_addr,
+                    q.strides[0],
+                    n_chunks,
+                    tail_addr,
+                    xs.ctypes.data + m * xs.strides[0],
+                    xsum.ctypes.data + m * xsum.strides[0],
+                    sc_addr,
+                    mn_addr,
+                    sg_stride,
+                    acc_addr,
+                )
+                _finish_tile(
+                    acc, tail, g_start, n_vgroups, xq, xs, xsum, m, q, scale, minv, has_min, n, g_u, out
                 )
     return n_tiles * TILE_ROWS
