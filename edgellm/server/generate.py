@@ -128,11 +128,9 @@ async def generate(
                 return await _until_disconnect(request, _collect(state, req, head, merged, len(prompts) * n))
             finally:
                 close()
-        try:  # the first output is awaited here so that a rejected request still gets a proper status
-            first = await _until_disconnect(request, merged.__anext__())
-        except StopAsyncIteration:
-            first = None
-        stream = _stream(state, req, head, first, merged, len(prompts) * n)
+        # Headers go out at once (a queued request must not leave its client without an answer); what the
+        # engine could still reject was checked above, anything else is reported in-band.
+        stream = _stream(state, req, head, None, merged, len(prompts) * n)
         return EngineStreamResponse(stream, close)
     except ApiError:
         close()

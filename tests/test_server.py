@@ -1,0 +1,322 @@
+"""The OpenAI-compatible server as a real process on 127.0.0.1, driven by the official `openai` client
+(and raw httpx where the client would hide the HTTP details)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+try:  # the openai client's HTTP library: httpx, or its successor httpx2 in recent openai releases
+    import httpx
+except ImportError:
+    import httpx2 as httpx  # type: ignore[no-redef]
+
+CTX = 256
+BODY_LIMIT = 65536
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(model: Path, *args: str) -> Iterator[str]:
+    port = _free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "edgellm.server",
+        str(model),
+        "--port",
+        str(port),
+        "--ctx",
+        str(CTX),
+        "--threads",
+        "1",
+    ]
+    cmd += args  # one kernel thread: no OpenMP spin-waiting against the test client for the 2 cores
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180  # a cold Numba compile on first use
+        seen_loading = False
+        while True:
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else "server exited"
+            try:
+                r = httpx.get(f"{url}/health", timeout=2)
+                if r.status_code == 200:
+                    break
+                assert r.status_code == 503 and r.json()["status"] == "loading"
+                seen_loading = True
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "server did not become healthy"
+            time.sleep(0.05)
+        del seen_loading  # whether 503 was caught depends on timing; its body is checked when it is
+        yield url
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_path: Path) -> Iterator[str]:
+    yield from _start(
+        smollm2_path, "--max-num-seqs", "16", "--max-queue", "16", "--max-body-bytes", str(BODY_LIMIT)
+    )
+
+
+@pytest.fixture(scope="module")
+def client(server: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+MODEL = "SmolLM2-135M-Instruct.Q4_1"
+MSGS = [{"role": "user", "content": "What is the capital of France?"}]
+NO_EOS = {"0": -100, "2": -100, "4": -100}  # SmolLM2's end-of-generation ids: keeps a request running
+
+
+def _metrics(url: str) -> dict[str, float]:
+    out = {}
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[re.sub(r'model_name="[^"]*",?', "", name).replace("{}", "")] = float(value)
+    return out
+
+
+def test_models_health_tokenize(server: str, client: openai.OpenAI) -> None:
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    assert httpx.get(f"{server}/health").json()["status"] == "ok"
+    ids = httpx.post(f"{server}/tokenize", json={"content": "Hello world"}).json()["tokens"]
+    assert httpx.post(f"{server}/detokenize", json={"tokens": ids}).json()["content"] == "Hello world"
+
+
+def test_chat_equals_completion_of_rendered_prompt_and_streams_the_same(
+    server: str, client: openai.OpenAI
+) -> None:
+    chat = client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=12, temperature=0)
+    text = chat.choices[0].message.content
+    assert chat.object == "chat.completion" and chat.id.startswith("chatcmpl-") and chat.model == MODEL
+    assert text and chat.choices[0].finish_reason == "length" and chat.usage.completion_tokens == 12
+    tok = httpx.post(f"{server}/tokenize", json={"messages": MSGS}).json()
+    assert chat.usage.prompt_tokens == tok["count"]
+    # the chat endpoint is the completion of the template-rendered prompt, token for token
+    comp = client.completions.create(model=MODEL, prompt=tok["tokens"], max_tokens=12, temperature=0)
+    assert comp.id.startswith("cmpl-") and comp.choices[0].text == text
+    chunks = list(
+        client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=12, temperature=0, stream=True)
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
+    assert chunks[-1].choices[0].finish_reason == "length" and all(c.usage is None for c in chunks)
+    with_usage = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=MSGS,
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert with_usage[-1].choices == [] and with_usage[-1].usage.completion_tokens == 12
+    assert with_usage[-1].usage.prompt_tokens == chat.usage.prompt_tokens
+    # the same prompt again is served from the prefix cache
+    assert with_usage[-1].usage.prompt_tokens_details.cached_tokens > 0
+    stream = client.completions.create(
+        model=MODEL, prompt=tok["tokens"], max_tokens=12, temperature=0, stream=True
+    )
+    assert "".join(c.choices[0].text for c in stream) == text
+
+
+def test_n2_seed_and_stop(client: openai.OpenAI) -> None:
+    def sample(seed: int) -> list[str]:
+        r = client.chat.completions.create(
+            model=MODEL, messages=MSGS, max_tokens=16, n=2, seed=seed, temperature=1.0
+        )
+        assert [c.index for c in r.choices] == [0, 1]
+        return [c.message.content for c in r.choices]
+
+    a = sample(1234)
+    assert sample(1234) == a and a[0] != a[1]
+    assert sample(99) != a
+    prompt = "The quick brown fox jumps over the lazy dog. The quick brown"
+    full = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0).choices[0].text
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    assert len(stop.strip()) > 0
+    cut = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0, stop=[stop])
+    assert cut.choices[0].text == full[: full.index(stop)] and cut.choices[0].finish_reason == "stop"
+
+
+def test_logprobs(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(
+        model=MODEL, messages=MSGS, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3
+    )
+    content = r.choices[0].logprobs.content
+    assert len(content) == 8 and "".join(e.token for e in content) == r.choices[0].message.content
+    for e in content:  # greedy: the chosen token is the most likely one
+        assert len(e.top_logprobs) == 3 and e.top_logprobs[0].token == e.token
+        assert e.logprob == pytest.approx(e.top_logprobs[0].logprob) and e.logprob <= 0
+        assert bytes(e.bytes).decode() == e.token
+    c = client.completions.create(
+        model=MODEL, prompt="Once upon a time", max_tokens=6, temperature=0, logprobs=2
+    )
+    lp = c.choices[0].logprobs
+    assert len(lp.tokens) == 6 and "".join(lp.tokens) == c.choices[0].text
+    assert all(len(t) == 2 for t in lp.top_logprobs) and lp.text_offset[0] == 0
+
+
+def test_16_concurrent_streams(client: openai.OpenAI, server: str) -> None:
+    prompts = [f"Count from {k} to {k + 5}:" for k in range(4)]
+    refs = [
+        client.completions.create(model=MODEL, prompt=p, max_tokens=16, temperature=0).choices[0].text
+        for p in prompts
+    ]
+    aclient = openai.AsyncOpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0, timeout=60)
+
+    async def one(i: int) -> tuple[str, str | None]:
+        stream = await aclient.completions.create(
+            model=MODEL, prompt=prompts[i % 4], max_tokens=8, temperature=0, stream=True
+        )
+        text, reason = "", None
+        async for chunk in stream:
+            text += chunk.choices[0].text
+            reason = chunk.choices[0].finish_reason or reason
+        return text, reason
+
+    async def run_all() -> list[tuple[str, str | None]]:
+        try:
+            return await asyncio.gather(*(one(i) for i in range(16)))
+        finally:
+            await aclient.close()
+
+    results = asyncio.run(run_all())
+    assert [t for t, _ in results] == [refs[i % 4] for i in range(16)]
+    assert all(r == "length" for _, r in results)
+
+
+KILLED_CLIENT = """
+import sys, openai
+c = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="x", max_retries=0)
+no_eos = {"0": -100, "2": -100, "4": -100}  # SmolLM2's end-of-generation ids: it must keep going
+stream = c.completions.create(
+    model=sys.argv[2], prompt="Once upon a time", max_tokens=200, stream=True, logit_bias=no_eos
+)
+for chunk in stream:
+    if chunk.choices and chunk.choices[0].text:
+        print("streaming", flush=True)
+"""
+
+
+def test_killed_client_frees_its_request(server: str) -> None:
+    idle = _metrics(server)
+    assert idle["edgellm_num_requests_running"] == 0
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_CLIENT, server, MODEL],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "streaming"
+        busy = _metrics(server)
+        assert busy["edgellm_num_requests_running"] == 1 and busy["edgellm_kv_cache_blocks_used"] > 0
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 5
+    while True:
+        now = _metrics(server)
+        if (
+            now["edgellm_num_requests_running"] == 0
+            and now["edgellm_kv_cache_blocks_used"] == idle["edgellm_kv_cache_blocks_used"]
+        ):
+            break
+        assert time.monotonic() < deadline, "the killed client's request was not freed"
+        time.sleep(0.05)
+    assert now["edgellm_kv_cache_usage_ratio"] == idle["edgellm_kv_cache_usage_ratio"]
+    assert now["edgellm_num_requests_waiting"] == 0
+    # it was aborted, not run to its 200 tokens
+    assert now["edgellm_generation_tokens_total"] - busy["edgellm_generation_tokens_total"] < 150
+
+
+ERROR_CASES = [
+    # (method, path, body or raw bytes, status, substring of the message)
+    ("POST", "/v1/chat/completions", b"{not json", 400, "malformed JSON"),
+    ("POST", "/v1/chat/completions", {"messages": MSGS, "max_tokens": "5"}, 400, "'max_tokens'"),
+    ("POST", "/v1/chat/completions", {"messages": MSGS, "temperature": True}, 400, "'temperature'"),
+    ("POST", "/v1/chat/completions", {"messages": "hi"}, 400, "'messages'"),
+    ("POST", "/v1/completions", {"prompt": "hello " * (CTX + 10)}, 400, f"maximum context length is {CTX}"),
+    ("POST", "/v1/completions", {"prompt": "x", "model": "gpt-4"}, 404, "gpt-4"),
+    ("GET", "/v1/nothing-here", None, 404, "Not Found"),
+    ("POST", "/v1/completions", b'{"prompt": "' + b"a" * BODY_LIMIT + b'"}', 413, "exceeds"),
+]
+
+
+@pytest.mark.parametrize("method,path,body,status,message", ERROR_CASES)
+def test_errors_then_next_request_succeeds(
+    server: str, client: openai.OpenAI, method: str, path: str, body: object, status: int, message: str
+) -> None:
+    kw = {"content": body} if isinstance(body, bytes) else {"json": body} if body is not None else {}
+    r = httpx.request(method, f"{server}{path}", timeout=30, **kw)
+    assert r.status_code == status
+    err = r.json()["error"]
+    assert message in err["message"] and set(err) == {"message", "type", "param", "code"}
+    if status == 400 and "context length" in message:
+        assert re.search(r"resulted in \d+ tokens", err["message"])
+    ok = client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, extra_body={"unknown_field": 1})
+    assert ok.usage.completion_tokens == 2
+
+
+@pytest.fixture(scope="module")
+def guarded_server(smollm2_path: Path) -> Iterator[str]:
+    yield from _start(smollm2_path, "--api-key", "s3cret", "--max-num-seqs", "1", "--max-queue", "1")
+
+
+def test_api_key_and_queue_full(guarded_server: str) -> None:
+    url = guarded_server
+    for key in ("wrong", None):
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        r = httpx.get(f"{url}/v1/models", headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    good = openai.OpenAI(base_url=f"{url}/v1", api_key="s3cret", max_retries=0)
+    assert good.models.list().data[0].id == MODEL
+    # one running + one queued fill it: the third gets 429 with a body, and the server carries on
+    holders = [
+        good.completions.create(
+            model=MODEL, prompt="Once upon a time", max_tokens=150, stream=True, logit_bias=NO_EOS
+        )
+        for _ in range(2)
+    ]
+    try:
+        next(iter(holders[0]))
+        with pytest.raises(openai.RateLimitError) as exc:
+            good.completions.create(model=MODEL, prompt="Hi", max_tokens=2)
+        assert exc.value.status_code == 429 and exc.value.body["code"] == "queue_full"
+    finally:
+        for h in holders:
+            h.close()
+    deadline = time.monotonic() + 5
+    while _metrics(url)["edgellm_num_requests_running"] or _metrics(url)["edgellm_num_requests_waiting"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert good.completions.create(model=MODEL, prompt="Hi", max_tokens=2).usage.completion_tokens == 2
