@@ -3,7 +3,10 @@ the official openai client, streaming the reply."""
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -37,6 +40,8 @@ class RemoteBackend:
         self.model = model or ""
         self.api_key = api_key
         self._client: Any = None
+        self._can_tokenize = True  # until the server shows it has no /tokenize
+        self._counts: dict[str, int] = {}
 
     def _readable(self, e: Exception) -> str:
         import openai
@@ -74,7 +79,29 @@ class RemoteBackend:
         return BackendInfo(self.model, _context_size(chosen) if chosen else None, f"server {self.url}")
 
     def count_tokens(self, messages: Sequence[ChatMessage]) -> int | None:
-        return None  # the OpenAI API has no tokenize call; the app uses the usage the server reports
+        """Through the server's /tokenize with `messages` (edgellm serve has it; the OpenAI API has no such
+        call): None when the server lacks it, and the app falls back to the usage replies report. A short
+        blocking call to a local server; answers are cached, failures switch it off."""
+        if not self._can_tokenize or self._client is None:
+            return None
+        payload = json.dumps({"messages": [{"role": m.role, "content": m.content} for m in messages]})
+        if payload in self._counts:
+            return self._counts[payload]
+        root = self.url.removesuffix("/v1")
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        req = urllib.request.Request(f"{root}/tokenize", payload.encode(), headers, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=2.0) as resp:
+                count = json.loads(resp.read()).get("count")
+        except (urllib.error.URLError, OSError, ValueError):
+            count = None
+        if not isinstance(count, int):
+            self._can_tokenize = False
+            return None
+        self._counts[payload] = count
+        return count
 
     async def stream(
         self, messages: Sequence[ChatMessage], settings: GenerationSettings

@@ -3,6 +3,8 @@ the sidebar list of conversations, the loading panel and the status bar."""
 
 from __future__ import annotations
 
+import asyncio
+
 from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -61,7 +63,15 @@ class MessageView(Vertical, can_focus=True):
     async def end_stream(self) -> None:
         if self._stream is not None:
             stream, self._stream = self._stream, None
-            await stream.stop()
+            try:
+                await stream.stop()
+            except asyncio.CancelledError:
+                # Textual's MarkdownStream.stop() raises this when its task was cancelled before it ever
+                # ran (an error before the first token). Nothing of ours is being cancelled here.
+                pass
+            body = self.query_one(Markdown)
+            if body.source != self.message.content:  # text the stream had not drawn yet
+                await body.update(self.message.content)
         self.refresh_header()
 
     def action_copy(self) -> None:

@@ -1,0 +1,464 @@
+"""The chat TUI driven headless with Textual's pilot: a scripted backend for the UI behaviour, the real
+default model for streaming and stopping, a small OpenAI-style server for the remote backend."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+from tui.app import ChatApp
+from tui.fake_backend import ScriptedBackend
+from tui.messages import BackendError, ChatMessage, GenerationSettings
+from tui.screens import ConfirmScreen, SettingsScreen
+from tui.storage import ConversationStore, SettingsStore
+from tui.widgets import LoadingPanel, MessageView, PromptInput, StatusBar
+
+SIZE = (100, 30)
+MODELS = [("scripted", "scripted"), ("other", "other")]
+
+
+def make_app(tmp_path: Path, **backend_kwargs) -> tuple[ChatApp, list[ScriptedBackend]]:
+    made: list[ScriptedBackend] = []
+
+    def factory(model: str) -> ScriptedBackend:
+        made.append(ScriptedBackend(model, **backend_kwargs))
+        return made[-1]
+
+    app = ChatApp(factory, "scripted", store=ConversationStore(tmp_path), model_options=MODELS)
+    return app, made
+
+
+async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    for _ in range(int(timeout / 0.02)):
+        if condition():
+            return
+        await pilot.pause(0.02)
+    raise AssertionError("condition not reached in time")
+
+
+async def ready(pilot) -> None:
+    await wait_for(pilot, lambda: pilot.app.state in ("ready", "error"))
+
+
+async def send(pilot, text: str) -> None:
+    await pilot.press(*text)
+    await pilot.press("enter")
+    app = pilot.app
+    await wait_for(pilot, lambda: not app.replying and app.conversation.messages[-1].role != "user")
+
+
+def saved(tmp_path: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((tmp_path / "conversations").glob("*.json"))]
+
+
+def status_text(app: ChatApp) -> str:
+    return str(app.query_one(StatusBar).render())
+
+
+@pytest.mark.asyncio
+async def test_send_streams_reply_saves_and_counts_context(tmp_path: Path) -> None:
+    app, backends = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "hello there")
+        conv = app.conversation
+        assert [(m.role, m.content) for m in conv.messages] == [
+            ("user", "hello there"),
+            ("assistant", "You said: **hello there**"),
+        ]
+        assert backends[0].requests[0][0] == [ChatMessage("user", "hello there")]
+        assert conv.title == "hello there"
+        # the context count is the backend's count of what the next request would send
+        used = backends[0].count_tokens(app.prompt_messages())
+        assert f"ctx {used}/4096" in status_text(app) and "100.0 tok/s" in status_text(app)
+        assert app.prompt_input.text == ""
+    [data] = saved(tmp_path)
+    assert [m["content"] for m in data["messages"]] == ["hello there", "You said: **hello there**"]
+    assert data["messages"][1]["partial"] is False
+
+
+@pytest.mark.asyncio
+async def test_newline_key_inserts_a_line_instead_of_sending(tmp_path: Path) -> None:
+    app, backends = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("a", "ctrl+j", "b")
+        assert app.query_one(PromptInput).text == "a\nb"
+        assert app.conversation.messages == []
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: len(app.conversation.messages) == 2 and not app.replying)
+        assert app.conversation.messages[0].content == "a\nb"
+
+
+@pytest.mark.asyncio
+async def test_escape_stops_the_reply_and_keeps_the_partial_text(tmp_path: Path) -> None:
+    long_reply = " ".join(f"word{i}" for i in range(400))
+    app, backends = make_app(tmp_path, reply_for=lambda m: long_reply, delay=0.01)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press(*"go", "enter")
+        await wait_for(pilot, lambda: len(app.conversation.messages) == 2
+                       and len(app.conversation.messages[1].content) > 30)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not app.replying)
+        reply = app.conversation.messages[1]
+        assert reply.partial and 30 < len(reply.content) < len(long_reply)
+        assert long_reply.startswith(reply.content)
+        assert backends[0].aborted == 1
+        assert "stopped" in str(app.query(MessageView).last().query_one(".message-header").render())
+        kept = reply.content
+    [data] = saved(tmp_path)
+    assert data["messages"][1]["content"] == kept and data["messages"][1]["partial"] is True
+
+
+@pytest.mark.asyncio
+async def test_regenerate_edit_and_copy(tmp_path: Path) -> None:
+    calls = {"n": 0}
+
+    def numbered(messages: Sequence[ChatMessage]) -> str:
+        calls["n"] += 1
+        return f"reply {calls['n']} to {messages[-1].content}"
+
+    app, backends = make_app(tmp_path, reply_for=numbered)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "first")
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: calls["n"] == 2 and not app.replying)
+        assert [m.content for m in app.conversation.messages] == ["first", "reply 2 to first"]
+        assert len(app.query(MessageView)) == 2
+
+        await pilot.press("ctrl+o")
+        assert app.clipboard == "reply 2 to first"
+        app.query(MessageView).first().focus()
+        await pilot.press("c")
+        assert app.clipboard == "first"
+
+        app.prompt_input.focus()
+        await pilot.press("ctrl+l")
+        assert app.prompt_input.text == "first" and app.conversation.messages == []
+        await pilot.press("!", "enter")
+        await wait_for(pilot, lambda: calls["n"] == 3 and not app.replying)
+        assert [m.content for m in app.conversation.messages] == ["first!", "reply 3 to first!"]
+        assert backends[0].requests[-1][0] == [ChatMessage("user", "first!")]
+    [data] = saved(tmp_path)
+    assert [m["content"] for m in data["messages"]] == ["first!", "reply 3 to first!"]
+
+
+@pytest.mark.asyncio
+async def test_switch_conversations_then_reopen_after_restart(tmp_path: Path) -> None:
+    app, _ = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "about cats")
+        first_id = app.conversation.id
+        await pilot.press("ctrl+n")
+        assert app.conversation.messages == [] and len(app.query(MessageView)) == 0
+        await send(pilot, "about dogs")
+        assert app.conversation.id != first_id
+        await pilot.click(f"#conv-{first_id}")
+        await wait_for(pilot, lambda: app.conversation.id == first_id)
+        assert [m.content for m in app.conversation.messages][0] == "about cats"
+        assert "about cats" in str(app.query(MessageView).first().query_one("Markdown")._markdown)
+
+    app2, _ = make_app(tmp_path)  # a fresh start over the same data directory
+    async with app2.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert app2.conversation.messages == []
+        assert len(app2.query("#conversations ListItem")) == 2
+        await pilot.click(f"#conv-{first_id}")
+        await wait_for(pilot, lambda: app2.conversation.id == first_id)
+        assert [m.content for m in app2.conversation.messages] == ["about cats", "You said: **about cats**"]
+        await send(pilot, "more")  # the reopened conversation goes on, history included
+        assert len(app2.conversation.messages) == 4
+
+
+@pytest.mark.asyncio
+async def test_rename_and_delete(tmp_path: Path) -> None:
+    app, _ = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "to be renamed")
+        await pilot.press("f2")
+        await pilot.press("ctrl+a", "ctrl+k", *"Cats", "enter")
+        await wait_for(pilot, lambda: app.conversation.title == "Cats")
+        assert saved(tmp_path)[0]["title"] == "Cats"
+        assert "Cats" in str(app.query_one("#conversations ListItem Label").render())
+        await pilot.press("f8")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.click("#yes")
+        await wait_for(pilot, lambda: app.conversation.messages == [])
+        assert saved(tmp_path) == [] and len(app.query("#conversations ListItem")) == 0
+
+
+@pytest.mark.asyncio
+async def test_settings_change_sampling_system_prompt_and_model(tmp_path: Path) -> None:
+    app, backends = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+s")
+        assert isinstance(app.screen, SettingsScreen)
+        screen = app.screen
+        screen.query_one("#temperature").value = "0.2"
+        screen.query_one("#seed").value = "7"
+        screen.query_one("#max-tokens").value = "64"
+        screen.query_one("#system-prompt").load_text("Be brief.")
+        screen.query_one("#model").value = "other"
+        await pilot.click("#save")
+        await wait_for(pilot, lambda: app.model == "other" and app.state == "ready")
+        assert [b.model for b in backends] == ["scripted", "other"] and backends[0].closed
+        await send(pilot, "hi")
+        messages, settings = backends[1].requests[-1]
+        assert messages == [ChatMessage("system", "Be brief."), ChatMessage("user", "hi")]
+        assert (settings.temperature, settings.seed, settings.max_tokens) == (0.2, 7, 64)
+        assert status_text(app).startswith("other │")
+    stored, model = SettingsStore(tmp_path).load()
+    assert stored == GenerationSettings("Be brief.", 0.2, 0.95, 64, 7) and model == "other"
+
+
+@pytest.mark.asyncio
+async def test_settings_reject_bad_values_with_a_message(tmp_path: Path) -> None:
+    app, _ = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+s")
+        app.screen.query_one("#temperature").value = "hot"
+        await pilot.click("#save")
+        assert isinstance(app.screen, SettingsScreen)
+        assert "Temperature must be a number" in str(app.screen.query_one("#settings-error").render())
+        await pilot.press("escape")
+        assert not isinstance(app.screen, SettingsScreen) and app.settings == GenerationSettings()
+
+
+@pytest.mark.asyncio
+async def test_loading_progress_then_load_error_shown_in_app(tmp_path: Path) -> None:
+    gate = asyncio.Event()
+    app, _ = make_app(tmp_path, load_gate=gate, load_error="Model not found: no model named 'x'")
+    async with app.run_test(size=SIZE) as pilot:
+        panel = app.query_one(LoadingPanel)
+        await wait_for(pilot, lambda: len(panel.lines) == 2)
+        assert panel.display and app.state == "loading"
+        assert panel.lines == ["loading scripted model", "compiling kernels (1/1)"]
+        assert "ctx ?/?" in status_text(app) and "loading" in status_text(app)
+        gate.set()
+        await wait_for(pilot, lambda: app.state == "error")
+        assert panel.display and "Model not found: no model named 'x'" in panel.lines
+        await pilot.press(*"hi", "enter")  # no model: a notice, not a crash
+        await pilot.pause()
+        assert app.conversation.messages == [] and app.is_running
+
+
+@pytest.mark.asyncio
+async def test_reply_error_is_a_readable_notice(tmp_path: Path) -> None:
+    def failing(messages: Sequence[ChatMessage]) -> str:
+        raise BackendError("Out of memory while generating the reply.")
+
+    app, _ = make_app(tmp_path, reply_for=failing)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press(*"hi", "enter")
+        await wait_for(pilot, lambda: app.state == "error")
+        notice = app.query(".notice").last()
+        assert str(notice.render()) == "Error: Out of memory while generating the reply."
+        assert [m.role for m in app.conversation.messages] == ["user"]  # no empty reply bubble
+
+
+@pytest.mark.asyncio
+async def test_context_overflow_asks_before_dropping_oldest_turns(tmp_path: Path) -> None:
+    words = " ".join(["w"] * 12)
+    app, backends = make_app(tmp_path, n_ctx=64, reply_for=lambda m: words)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        app.settings.max_tokens = 16  # reply reserve: min(16, 80 // 4) = 16 tokens
+        await send(pilot, "one")
+        await send(pilot, "two")  # 2 turns: 3 + (4+1 + 4+12) * 2 = 45 tokens, fits 80 - 16
+        await pilot.press(*"three", "enter")  # would take 66 tokens: 66 + 16 > 80
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        assert "no longer fits the context window of 64 tokens" in app.screen.question
+        await pilot.click("#no")
+        await wait_for(pilot, lambda: not app.replying)
+        assert len(backends[0].requests) == 2  # nothing sent, nothing dropped
+        assert all(m.in_context for m in app.conversation.messages)
+        assert "Not sent" in str(app.query(".notice").last().render())
+
+        await pilot.press("ctrl+r")  # asked again; this time drop
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.click("#yes")
+        await wait_for(pilot, lambda: len(backends[0].requests) == 3 and not app.replying)
+        sent = backends[0].requests[-1][0]
+        assert [m.content for m in sent] == ["two", words, "three"]
+        assert [m.in_context for m in app.conversation.messages] == [False, False, True, True, True, True]
+        assert app.query(MessageView).first().has_class("dropped")
+    data = saved(tmp_path)[0]
+    assert [m["in_context"] for m in data["messages"]] == [False, False, True, True, True, True]
+
+
+@pytest.mark.asyncio
+async def test_closing_mid_reply_keeps_what_streamed(tmp_path: Path) -> None:
+    long_reply = " ".join(f"w{i}" for i in range(500))
+    app, _ = make_app(tmp_path, reply_for=lambda m: long_reply, delay=0.01)
+    app.save_interval = 3600  # only the save on exit can keep the text
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press(*"go", "enter")
+        await wait_for(pilot, lambda: len(app.conversation.messages) == 2
+                       and len(app.conversation.messages[1].content) > 20)
+        await app.action_quit()
+    reply = saved(tmp_path)[0]["messages"][1]
+    assert len(reply["content"]) > 20 and long_reply.startswith(reply["content"]) and reply["partial"]
+
+
+# ---- the real default model ------------------------------------------------------------------------
+def test_real_model_streams_greedy_reply_and_stops(tmp_path: Path, smollm2_path: Path) -> None:
+    from edgellm import SamplingParams
+    from tui.local_backend import LocalBackend
+    from tui.prompt import render_prompt_ids
+
+    backends: list[LocalBackend] = []
+
+    def factory(model: str) -> LocalBackend:
+        backends.append(LocalBackend(model))
+        return backends[-1]
+
+    app = ChatApp(factory, str(smollm2_path), store=ConversationStore(tmp_path), model_options=[])
+    app.settings = GenerationSettings(temperature=0.0, max_tokens=24)
+    pieces: list[str] = []
+
+    async def drive() -> None:
+        async with app.run_test(size=SIZE) as pilot:
+            panel = app.query_one(LoadingPanel)
+            await wait_for(pilot, lambda: app.state != "loading", timeout=300)
+            assert app.state == "ready" and not panel.display
+            assert any("repacked weights" in line for line in panel.lines)
+            original = MessageView.append
+
+            async def spy(view: MessageView, text: str) -> None:
+                pieces.append(text)
+                await original(view, text)
+
+            MessageView.append = spy  # type: ignore[method-assign]
+            try:
+                await send(pilot, "What is the capital of France?")
+            finally:
+                MessageView.append = original  # type: ignore[method-assign]
+            reply = app.conversation.messages[-1]
+            assert reply.role == "assistant" and not reply.partial and reply.tokens_per_s
+            used = len(render_prompt_ids(backends[0].llm, app.prompt_messages()))
+            assert f"ctx {used}/{backends[0].llm.n_ctx}" in status_text(app)
+
+            app.settings = GenerationSettings(temperature=0.0, max_tokens=300)
+            await pilot.press(*"Tell me a long story about a dragon.", "enter")
+            await wait_for(pilot, lambda: len(app.conversation.messages) == 4
+                           and len(app.conversation.messages[3].content) > 20, timeout=60)
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: not app.replying)
+            await wait_for(pilot, lambda: backends[0].engine.stats().num_running == 0)
+            stopped = app.conversation.messages[3]
+            assert stopped.partial and stopped.content
+            stats = backends[0].engine.stats()
+            assert stats.kv_blocks_used == 0 or stats.num_running == 0
+
+    asyncio.run(drive())
+    llm = backends[0].llm
+    messages = [ChatMessage("user", "What is the capital of France?")]
+    [ref] = llm.generate(render_prompt_ids(llm, messages), SamplingParams(temperature=0.0, max_tokens=24))
+    convs = ConversationStore(tmp_path).list()
+    assert convs[0].messages[1].content == ref.text  # what streamed into the app is the greedy completion
+    assert len(pieces) > 3 and "".join(pieces) == ref.text  # and it came in pieces
+    assert convs[0].messages[3].partial and convs[0].messages[3].content
+    assert not llm.engine.has_unfinished()
+
+
+# ---- remote backend against a small OpenAI-style server ---------------------------------------------
+@pytest.fixture
+def openai_style_server():
+    import socket
+    import threading
+
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.routing import Route
+
+    seen: list[dict] = []
+
+    async def models(request: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [
+            {"id": "tiny", "object": "model", "created": 0, "owned_by": "test", "max_model_len": 2048}]})
+
+    async def chat(request: Request) -> StreamingResponse:
+        body = await request.json()
+        seen.append(body)
+
+        async def events():
+            for i, piece in enumerate(["Hel", "lo", " there"]):
+                chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "tiny",
+                         "choices": [{"index": 0, "delta": {"content": piece},
+                                      "finish_reason": "stop" if i == 2 else None}]}
+                yield f"data: {json.dumps(chunk)}\n\n"
+            usage = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "tiny",
+                     "choices": [],
+                     "usage": {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}}
+            yield f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    async def tokenize(request: Request) -> JSONResponse:
+        body = await request.json()
+        return JSONResponse({"count": 5 * len(body["messages"]), "max_model_len": 2048})
+
+    app = Starlette(routes=[
+        Route("/v1/models", models),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+    ])
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="error"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        threading.Event().wait(0.01)
+    yield f"http://127.0.0.1:{port}/v1", seen
+    server.should_exit = True
+    thread.join(5)
+
+
+@pytest.mark.asyncio
+async def test_remote_backend_streams_from_a_server(tmp_path: Path, openai_style_server) -> None:
+    from tui.remote_backend import RemoteBackend
+
+    url, seen = openai_style_server
+    app = ChatApp(lambda m: RemoteBackend(url, m or None), "", store=ConversationStore(tmp_path),
+                  model_options=[])
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert app.state == "ready" and app.model == "tiny" and app.info.n_ctx == 2048
+        await send(pilot, "hi")
+        assert app.conversation.messages[-1].content == "Hello there"
+        assert seen[-1]["model"] == "tiny" and seen[-1]["stream"] is True
+        assert seen[-1]["messages"] == [{"role": "user", "content": "hi"}]
+        assert "ctx 10/2048" in status_text(app)  # the server's /tokenize count of the 2 messages
+
+
+@pytest.mark.asyncio
+async def test_remote_backend_unreachable_server_is_a_readable_error(tmp_path: Path) -> None:
+    import socket
+
+    from tui.remote_backend import RemoteBackend
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/v1"
+    app = ChatApp(lambda m: RemoteBackend(url), "", store=ConversationStore(tmp_path), model_options=[])
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert app.state == "error"
+        assert f"Server unreachable at {url}" in " ".join(app.query_one(LoadingPanel).lines)
