@@ -320,3 +320,30 @@ def test_api_key_and_queue_full(guarded_server: str) -> None:
         assert time.monotonic() < deadline
         time.sleep(0.05)
     assert good.completions.create(model=MODEL, prompt="Hi", max_tokens=2).usage.completion_tokens == 2
+
+
+def test_loopback_detection_and_request_validation() -> None:
+    from edgellm.server import _is_loopback
+    from edgellm.server.protocol import ApiError, parse_chat, parse_completion
+
+    assert _is_loopback("127.0.0.1") and _is_loopback("::1") and _is_loopback("localhost")
+    assert not _is_loopback("0.0.0.0") and not _is_loopback("192.168.1.10")
+    msgs = {"messages": MSGS}
+    req = parse_chat(
+        {**msgs, "logprobs": True, "top_logprobs": 2, "top_k": -1, "stop": "x", "extra": 1}, 100, 64
+    )
+    assert req.params.logprobs == 2 and req.params.top_k == 0 and req.params.stop == ["x"]
+    assert req.params.max_tokens == 64  # no max_tokens: up to the context (the engine caps it further)
+    assert parse_completion({"prompt": "a"}, 100).params.max_tokens == 16  # OpenAI's completions default
+    bad = [
+        ({**msgs, "n": True}, "'n'"),
+        ({**msgs, "top_logprobs": 2}, "'top_logprobs'"),
+        ({**msgs, "logit_bias": {"100": 1}}, "'logit_bias'"),
+        ({**msgs, "stream_options": {"include_usage": True}}, "'stream_options'"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "role"),
+        ({**msgs, "top_p": 0}, "'top_p'"),
+    ]
+    for body, param in bad:
+        with pytest.raises(ApiError) as exc:
+            parse_chat(body, 100, 64)
+        assert exc.value.status == 400 and param in exc.value.message
