@@ -103,7 +103,7 @@ class ChatApp(ConversationActions, App[None]):
 
     def update_status(self) -> None:
         used, approx = None, False
-        if self.backend is not None and self.info is not None and not self.replying:
+        if self.backend is not None and self.info is not None and self.state != "generating":
             used = self.backend.count_tokens(self.prompt_messages())
             if used is None and self.last_usage is not None:
                 used, approx = self.last_usage, True
@@ -224,11 +224,12 @@ class ChatApp(ConversationActions, App[None]):
         conv, backend = self.conversation, self.backend
         if backend is None or self.replying:
             return
-        self.replying, self.state = True, "generating"
-        self.update_status()
+        self.replying = True
         try:
             if not await self._ask_to_drop(conv):
                 return
+            self.state = "generating"
+            self.update_status()
             await self._stream_reply(conv, backend)
         finally:
             self.replying = False

@@ -80,7 +80,9 @@ class SettingsScreen(ModalScreen[SettingsResult | None]):
         try:
             result = self._read()
         except ValueError as e:
-            self.query_one("#settings-error", Static).update(str(e))
+            error = self.query_one("#settings-error", Static)
+            error.update(str(e))
+            error.add_class("shown")
             return
         self.dismiss(result)
 
