@@ -36,6 +36,45 @@ ACT_Q8_K = 2  # blocks of 256, d = max/-127 as f32 (max: the signed value of lar
 ACT_MODES = {"q8_0": ACT_Q8_0, "q8_1": ACT_Q8_1, "q8_K": ACT_Q8_K}
 
 
+@njit(cache=True, nogil=True, fastmath=ORDERED_MATH, inline="always")
+def _quantize_act_row(x, m, group, mode, xq, xs, xsum) -> None:
+    """Row m of quantize_act_cpu (shared by the parallel and the serial entry: same code, same bits)."""
+    k_cols = x.shape[1]
+    block = 256 if mode == ACT_Q8_K else 32
+    n_blocks = k_cols // block
+    per_block = block // group
+    for b in range(n_blocks):
+        base = b * block
+        amax = np.float32(0.0)
+        vmax = np.float32(0.0)
+        for k in range(block):
+            v = x[m, base + k]
+            if abs(v) > amax:
+                amax = abs(v)
+                vmax = v
+        if mode == ACT_Q8_K:
+            iscale = np.float32(-127.0) / vmax if amax > 0 else np.float32(0.0)
+            d = np.float32(1.0) / iscale if amax > 0 else np.float32(0.0)
+            d_stored = d
+        else:
+            iscale = np.float32(127.0) / amax if amax > 0 else np.float32(0.0)
+            d = amax / np.float32(127.0)
+            d_stored = f16_round(d)
+        for k in range(block):
+            qv = np.rint(x[m, base + k] * iscale)  # ties to even, as llama.cpp's SIMD/nearest_int
+            xq[m, base + k] = np.int8(min(qv, np.float32(127.0)))
+        for j in range(per_block):
+            g = b * per_block + j
+            isum = np.int32(0)
+            for k in range(group):
+                isum += np.int32(xq[m, base + j * group + k])
+            xs[m, g] = d_stored
+            if mode == ACT_Q8_1:
+                xsum[m, g] = f16_round(d * np.float32(isum))
+            else:
+                xsum[m, g] = d_stored * np.float32(isum)
+
+
 @njit(cache=True, nogil=True, parallel=True, fastmath=ORDERED_MATH)
 def quantize_act_cpu(x: np.ndarray, group: int, mode: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """x f32 [M,K] -> (xq int8 [M,K], xs f32 [M,K//G], xsum f32 [M,K//G]) for weight group G.
@@ -45,45 +84,33 @@ def quantize_act_cpu(x: np.ndarray, group: int, mode: int) -> tuple[np.ndarray, 
     xsum[m, g] = xs * sum(xq over the group) (f16-rounded for q8_1, as its `s` field) — the sum of the
     dequantized activations, so the min term sees the same rounding as the integer term."""
     m_rows, k_cols = x.shape
-    n_groups = k_cols // group
-    block = 256 if mode == ACT_Q8_K else 32
-    n_blocks = k_cols // block
-    per_block = block // group
     xq = np.empty((m_rows, k_cols), np.int8)
-    xs = np.empty((m_rows, n_groups), np.float32)
-    xsum = np.empty((m_rows, n_groups), np.float32)
+    xs = np.empty((m_rows, k_cols // group), np.float32)
+    xsum = np.empty((m_rows, k_cols // group), np.float32)
     for m in prange(m_rows):
-        for b in range(n_blocks):
-            base = b * block
-            amax = np.float32(0.0)
-            vmax = np.float32(0.0)
-            for k in range(block):
-                v = x[m, base + k]
-                if abs(v) > amax:
-                    amax = abs(v)
-                    vmax = v
-            if mode == ACT_Q8_K:
-                iscale = np.float32(-127.0) / vmax if amax > 0 else np.float32(0.0)
-                d = np.float32(1.0) / iscale if amax > 0 else np.float32(0.0)
-                d_stored = d
-            else:
-                iscale = np.float32(127.0) / amax if amax > 0 else np.float32(0.0)
-                d = amax / np.float32(127.0)
-                d_stored = f16_round(d)
-            for k in range(block):
-                qv = np.rint(x[m, base + k] * iscale)  # ties to even, as llama.cpp's SIMD/nearest_int
-                xq[m, base + k] = np.int8(min(qv, np.float32(127.0)))
-            for j in range(per_block):
-                g = b * per_block + j
-                isum = np.int32(0)
-                for k in range(group):
-                    isum += np.int32(xq[m, base + j * group + k])
-                xs[m, g] = d_stored
-                if mode == ACT_Q8_1:
-                    xsum[m, g] = f16_round(d * np.float32(isum))
-                else:
-                    xsum[m, g] = d_stored * np.float32(isum)
+        _quantize_act_row(x, m, group, mode, xq, xs, xsum)
     return xq, xs, xsum
+
+
+@njit(cache=True, nogil=True, fastmath=ORDERED_MATH)
+def quantize_act_serial_cpu(x: np.ndarray, group: int, mode: int) -> tuple[np.ndarray, ...]:
+    """quantize_act_cpu without a parallel region: one row (decode) costs ~1 us, less than waking a thread."""
+    m_rows, k_cols = x.shape
+    xq = np.empty((m_rows, k_cols), np.int8)
+    xs = np.empty((m_rows, k_cols // group), np.float32)
+    xsum = np.empty((m_rows, k_cols // group), np.float32)
+    for m in range(m_rows):
+        _quantize_act_row(x, m, group, mode, xq, xs, xsum)
+    return xq, xs, xsum
+
+
+@njit(cache=True, nogil=True, fastmath=ORDERED_MATH)
+def matmul_vnni_m1_cpu(x, q, scale, minv, has_min, group, mode, n_threads, out) -> None:
+    """Decode (M=1) through the VNNI tiles in one call from Python: serial quantize, one parallel region."""
+    xq, xs, xsum = quantize_act_serial_cpu(x, group, mode)
+    n_done = vnni.matmul_vnni_tiles_cpu(xq, xs, xsum, q, scale, minv, has_min, group, n_threads, out)
+    if n_done < q.shape[0]:
+        rows_from_cpu(xq, xs, xsum, q, scale, minv, has_min, group, n_done, out)
 
 
 @njit(cache=True, nogil=True, fastmath=ORDERED_MATH, inline="always")
@@ -244,10 +271,14 @@ def _contiguous(*arrays: np.ndarray) -> bool:
 def matmul_grouped_cpu(x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
     """out[M, N] = x[M, K] @ W.T for int8-grouped weights (writes in place; out may be a strided view)."""
     _check(x, w, out)
-    xq, xs, xsum = quantize_act_cpu(x, w.group, w.act_mode)
     has_min = w.minv is not None
     minv = w.minv if has_min else w.scale  # placeholder of the right type; unused when has_min is False
-    if vnni.VNNI_ACTIVE and w.rows >= vnni.TILE_ROWS and _contiguous(w.q, w.scale, minv):
+    use_vnni = vnni.VNNI_ACTIVE and w.rows >= vnni.TILE_ROWS and _contiguous(w.q, w.scale, minv)
+    if use_vnni and x.shape[0] == 1:
+        matmul_vnni_m1_cpu(x, w.q, w.scale, minv, has_min, w.group, w.act_mode, numba.get_num_threads(), out)
+        return
+    xq, xs, xsum = quantize_act_cpu(x, w.group, w.act_mode)
+    if use_vnni:
         n_done = vnni.matmul_vnni_tiles_cpu(
             xq, xs, xsum, w.q, w.scale, minv, has_min, w.group, numba.get_num_threads(), out
         )
