@@ -51,6 +51,17 @@ class GenerationOutput:
         return self.outputs[0].finish_reason
 
 
+def kv_budget_bytes(kv_cache_memory: int | float | None) -> int:
+    """KV cache budget: bytes (an int), or a fraction of physical RAM (a float in (0, 1))."""
+    if kv_cache_memory is None:
+        return DEFAULT_KV_MEMORY
+    if isinstance(kv_cache_memory, float) and 0 < kv_cache_memory < 1:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * kv_cache_memory)
+    if kv_cache_memory < 0:
+        raise ValueError(f"kv_cache_memory must be bytes >= 0 or a fraction in (0, 1), got {kv_cache_memory}")
+    return int(kv_cache_memory)
+
+
 class LLM:
     def __init__(
         self,
@@ -61,7 +72,7 @@ class LLM:
         max_num_seqs: int = 16,
         max_num_batched_tokens: int = 512,
         block_size: int = 16,
-        kv_cache_memory: int | None = None,
+        kv_cache_memory: int | float | None = None,  # bytes, or a fraction of RAM; default 512 MiB
         enable_prefix_caching: bool = True,
         verbose: bool = False,
         progress: Callable[[str], None] | None = None,
@@ -89,7 +100,7 @@ class LLM:
         self.model = ARCHITECTURES[cfg.arch](cfg, gguf, self.backend, layer_progress)
         self.n_ctx = min(n_ctx or DEFAULT_CTX, cfg.n_ctx_train)
         per_block = ModelRunner.kv_bytes_per_block(cfg, block_size)
-        budget = kv_cache_memory if kv_cache_memory is not None else DEFAULT_KV_MEMORY
+        budget = kv_budget_bytes(kv_cache_memory)
         num_blocks = max(budget // per_block, -(-self.n_ctx // block_size) + 1)
         self.kv_cache_bytes = num_blocks * per_block
         runner = ModelRunner(self.model, cfg, self.backend, num_blocks, block_size)
