@@ -1,5 +1,5 @@
 """The chat TUI driven headless with Textual's pilot: a scripted backend for the UI behaviour, the real
-default model for streaming and stopping, a small OpenAI-style server for the remote backend."""
+default model for streaming and stopping (the remote backend: test_tui_remote.py)."""
 
 from __future__ import annotations
 
@@ -359,8 +359,6 @@ def test_real_model_streams_greedy_reply_and_stops(tmp_path: Path, smollm2_path:
             await wait_for(pilot, lambda: backends[0].engine.stats().num_running == 0)
             stopped = app.conversation.messages[3]
             assert stopped.partial and stopped.content
-            stats = backends[0].engine.stats()
-            assert stats.kv_blocks_used == 0 or stats.num_running == 0
 
     asyncio.run(drive())
     llm = backends[0].llm
@@ -373,92 +371,11 @@ def test_real_model_streams_greedy_reply_and_stops(tmp_path: Path, smollm2_path:
     assert not llm.engine.has_unfinished()
 
 
-# ---- remote backend against a small OpenAI-style server ---------------------------------------------
-@pytest.fixture
-def openai_style_server():
-    import socket
-    import threading
-
-    import uvicorn
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse, StreamingResponse
-    from starlette.routing import Route
-
-    seen: list[dict] = []
-
-    async def models(request: Request) -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [
-            {"id": "tiny", "object": "model", "created": 0, "owned_by": "test", "max_model_len": 2048}]})
-
-    async def chat(request: Request) -> StreamingResponse:
-        body = await request.json()
-        seen.append(body)
-
-        async def events():
-            for i, piece in enumerate(["Hel", "lo", " there"]):
-                chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "tiny",
-                         "choices": [{"index": 0, "delta": {"content": piece},
-                                      "finish_reason": "stop" if i == 2 else None}]}
-                yield f"data: {json.dumps(chunk)}\n\n"
-            usage = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "tiny",
-                     "choices": [],
-                     "usage": {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}}
-            yield f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n"
-
-        return StreamingResponse(events(), media_type="text/event-stream")
-
-    async def tokenize(request: Request) -> JSONResponse:
-        body = await request.json()
-        return JSONResponse({"count": 5 * len(body["messages"]), "max_model_len": 2048})
-
-    app = Starlette(routes=[
-        Route("/v1/models", models),
-        Route("/v1/chat/completions", chat, methods=["POST"]),
-        Route("/tokenize", tokenize, methods=["POST"]),
-    ])
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="error"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        threading.Event().wait(0.01)
-    yield f"http://127.0.0.1:{port}/v1", seen
-    server.should_exit = True
-    thread.join(5)
-
-
 @pytest.mark.asyncio
-async def test_remote_backend_streams_from_a_server(tmp_path: Path, openai_style_server) -> None:
-    from tui.remote_backend import RemoteBackend
+async def test_local_backend_missing_model_is_a_readable_error() -> None:
+    from tui.local_backend import LocalBackend
 
-    url, seen = openai_style_server
-    app = ChatApp(lambda m: RemoteBackend(url, m or None), "", store=ConversationStore(tmp_path),
-                  model_options=[])
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        assert app.state == "ready" and app.model == "tiny" and app.info.n_ctx == 2048
-        await send(pilot, "hi")
-        assert app.conversation.messages[-1].content == "Hello there"
-        assert seen[-1]["model"] == "tiny" and seen[-1]["stream"] is True
-        assert seen[-1]["messages"] == [{"role": "user", "content": "hi"}]
-        assert "ctx 10/2048" in status_text(app)  # the server's /tokenize count of the 2 messages
-
-
-@pytest.mark.asyncio
-async def test_remote_backend_unreachable_server_is_a_readable_error(tmp_path: Path) -> None:
-    import socket
-
-    from tui.remote_backend import RemoteBackend
-
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}/v1"
-    app = ChatApp(lambda m: RemoteBackend(url), "", store=ConversationStore(tmp_path), model_options=[])
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        assert app.state == "error"
-        assert f"Server unreachable at {url}" in " ".join(app.query_one(LoadingPanel).lines)
+    lines: list[str] = []
+    with pytest.raises(BackendError, match="^Model not found: no model named 'no-such-model'"):
+        await LocalBackend("no-such-model").load(lines.append)
+    assert lines == ["loading no-such-model..."]

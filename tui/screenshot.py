@@ -9,7 +9,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-PROMPTS = ["What is the capital of France?", "Show me a Python function that reverses a string, in one short code block."]
+PROMPTS = [
+    "What is the capital of France?",
+    "Show me a Python function that reverses a string, in one short code block.",
+]
 
 
 async def _shoot(out: Path) -> None:
