@@ -188,7 +188,7 @@ def test_logprobs(client: openai.OpenAI) -> None:
 def test_16_concurrent_streams(client: openai.OpenAI, server: str) -> None:
     prompts = [f"Count from {k} to {k + 5}:" for k in range(4)]
     refs = [
-        client.completions.create(model=MODEL, prompt=p, max_tokens=16, temperature=0).choices[0].text
+        client.completions.create(model=MODEL, prompt=p, max_tokens=8, temperature=0).choices[0].text
         for p in prompts
     ]
     aclient = openai.AsyncOpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0, timeout=60)
