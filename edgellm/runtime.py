@@ -46,10 +46,9 @@ def kernels_cached() -> bool:
     from edgellm.backends.cpu import ops
 
     cache_dir = os.environ.get("NUMBA_CACHE_DIR")
-    roots = [Path(ops.__file__).parent / "__pycache__"]
-    if cache_dir:
-        roots.append(Path(cache_dir))
-    return any(any(r.rglob("ops.attention_paged_cpu*.nbi")) for r in roots if r.exists())
+    # Numba uses NUMBA_CACHE_DIR exclusively when it is set, else __pycache__ beside the source.
+    root = Path(cache_dir) if cache_dir else Path(ops.__file__).parent / "__pycache__"
+    return root.exists() and any(root.rglob("ops.attention_paged_cpu*.nbi"))
 
 
 def warm_up(runner, log: Callable[[str], None] | None) -> float:
