@@ -74,7 +74,7 @@ def warm_up(runner, log: Callable[[str], None] | None) -> float:
             start = 0 if len(toks) == 2 else 2
             runner.run([RunItem([0], toks, start)])
             if log and cold:
-                log(f"  [{i}/{len(phases)}] {name} ready ({time.perf_counter() - t0:.1f} s)")
+                log(f"  [{i}/{len(phases)}] {name} compiled ({time.perf_counter() - t0:.1f} s)")
     finally:
         stop.set()
     dt = time.perf_counter() - t0
