@@ -113,6 +113,12 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.url:  # load-test a running server instead of a model in this process
+        from edgellm.server.loadgen import main as loadgen_main
+
+        argv = ["--url", args.url, "--clients", *map(str, args.clients), "--max-tokens", str(args.gen_tokens)]
+        argv += ["--requests", str(args.requests or 64)] + (["--json"] if args.json else [])
+        return loadgen_main(argv)
     from edgellm.bench import run_bench
 
     result = run_bench(args)
@@ -184,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shared-prefix", type=int, default=0, help="tokens of prompt shared by all requests")
     p.add_argument("--long-prompt", type=int, default=0, help="also send one prompt this long mid-run")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--url", default=None, help="load-test a running server (loopback only) instead")
+    p.add_argument("--clients", type=int, nargs="+", default=[1, 8, 16, 64], help="with --url: client counts")
     _add_runtime_args(p)
     p.set_defaults(func=cmd_bench)
 
