@@ -155,6 +155,8 @@ class LLM:
         prompt_ids = {rid: self.engine.requests[rid].prompt_ids for rid in rids}
         while len(results) < len(rids):
             for out in self.engine.step():
+                if out.request_id not in texts:
+                    continue  # a request someone else added to this engine directly
                 for d in out.deltas:
                     c = texts[out.request_id][d.index]
                     c.token_ids.extend(d.token_ids)

@@ -75,7 +75,7 @@ def test_abort_frees_all_blocks(llm) -> None:
     eng = llm.engine
     bm = eng.scheduler.block_manager
     free0 = bm.num_free_blocks
-    rids = [eng.add_request(p, SamplingParams(max_tokens=50)) for p in PROMPTS]
+    rids = [eng.add_request(p, SamplingParams(max_tokens=50, ignore_eos=True)) for p in PROMPTS]
     for _ in range(3):
         eng.step()
     assert bm.num_free_blocks < free0
