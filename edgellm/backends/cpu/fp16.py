@@ -24,3 +24,17 @@ def f16_round(x: float) -> np.float32:
         e = -13  # f16 subnormals: fixed step 2^-24
     step = math.ldexp(1.0, e - 11)
     return np.float32(np.rint(x / step) * step)
+
+
+@njit(cache=True, nogil=True)
+def f16_round_inplace(a: np.ndarray) -> None:
+    """Round a contiguous float32 vector to float16 values in place (ties to even), with integer ops on
+    the bits for the normal f16 range (vectorises) and f16_round for zero, subnormals and overflow."""
+    bits = a.view(np.uint32)
+    for i in range(a.shape[0]):
+        b = bits[i]
+        e = (b >> np.uint32(23)) & np.uint32(0xFF)
+        if e >= np.uint32(113) and e < np.uint32(142):  # 2^-14 <= |x| < 2^15: result is a normal f16
+            bits[i] = (b + np.uint32(0xFFF) + ((b >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000)
+        else:
+            a[i] = f16_round(a[i])

@@ -12,17 +12,17 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from edgellm.backends.cpu.fp16 import f16_round
+from edgellm.backends.cpu.fp16 import f16_round_inplace
 
 # fastmath without 'nnan'/'ninf': softmax uses -inf and exp underflow (see shared notes, pitfall 6).
 SAFE_MATH = {"reassoc", "contract", "nsz", "arcp", "afn"}
 
 
-@njit(cache=True, nogil=True, fastmath=SAFE_MATH, parallel=True)
+@njit(cache=True, nogil=True, fastmath=SAFE_MATH)
 def rmsnorm_cpu(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:
     """out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w.  x, out: [R, n]; w: [n]. out may alias x."""
     rows, n = x.shape
-    for r in prange(rows):
+    for r in range(rows):
         acc = 0.0  # float64 accumulation, as ggml does
         for i in range(n):
             acc += x[r, i] * x[r, i]
@@ -74,22 +74,22 @@ def rope_cpu(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool
                 x[t, h, b] = x0 * sin_t[i] + x1 * cos_t[i]
 
 
-@njit(cache=True, nogil=True, fastmath=True, parallel=True)
+@njit(cache=True, nogil=True, fastmath=True)
 def swiglu_cpu(gate_up: np.ndarray, out: np.ndarray) -> None:
     """out = silu(gate) * up, gate_up: [T, 2*ff] = [gate | up]; out: [T, ff]."""
     T, ff = out.shape
-    for t in prange(T):
+    for t in range(T):
         for i in range(ff):
             g = gate_up[t, i]
             out[t, i] = g / (np.float32(1.0) + np.exp(-g)) * gate_up[t, ff + i]
 
 
-@njit(cache=True, nogil=True, fastmath=True, parallel=True)
+@njit(cache=True, nogil=True, fastmath=True)
 def geglu_cpu(gate_up: np.ndarray, out: np.ndarray) -> None:
     """out = gelu_tanh(gate) * up (GeGLU, Gemma), same layout as swiglu_cpu."""
     T, ff = out.shape
     c = np.float32(math.sqrt(2.0 / math.pi))
-    for t in prange(T):
+    for t in range(T):
         for i in range(ff):
             g = gate_up[t, i]
             gl = np.float32(0.5) * g * (np.float32(1.0) + np.tanh(c * (g + np.float32(0.044715) * g * g * g)))
@@ -100,17 +100,19 @@ def geglu_cpu(gate_up: np.ndarray, out: np.ndarray) -> None:
 def write_kv_cpu(
     k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, slots: np.ndarray
 ) -> None:
-    """Store each token's K/V at its cache slot. k: [T, Hkv, d]; k_cache: [n_blocks, block_size, Hkv, d];
-    slots[t] = block_id * block_size + offset."""
+    """Store each token's K/V at its cache slot, rounded to f16 values as llama.cpp's f16 cache holds
+    them. k: [T, Hkv, d]; k_cache: [n_blocks, block_size, Hkv, d]; slots[t] = block * block_size + offset."""
     bs = k_cache.shape[1]
     for t in range(k.shape[0]):
         blk = slots[t] // bs
         off = slots[t] % bs
         for h in range(k.shape[1]):
-            for i in range(k.shape[2]):
-                k_cache[blk, off, h, i] = f16_round(k[t, h, i])  # f16 cache values, as llama.cpp
-            for i in range(v.shape[2]):
-                v_cache[blk, off, h, i] = f16_round(v[t, h, i])
+            krow = k_cache[blk, off, h]
+            krow[:] = k[t, h]
+            f16_round_inplace(krow)
+            vrow = v_cache[blk, off, h]
+            vrow[:] = v[t, h]
+            f16_round_inplace(vrow)
 
 
 @njit(cache=True, nogil=True, fastmath=SAFE_MATH, parallel=True)
@@ -137,53 +139,63 @@ def attention_paged_cpu(
     n_kv = k_cache.shape[2]
     dv = v_cache.shape[3]
     group = H // n_kv
-    for idx in prange(T * H):
-        t = idx // H
-        h = idx % H
-        kvh = h // group
+    # One work item per (token, KV head): each K/V row is read once for the `group` query heads sharing
+    # it. Plain indexing only: slicing inside a prange body costs reference-count atomics (shared notes).
+    for idx in prange(T * n_kv):
+        t = idx // n_kv
+        kvh = idx % n_kv
         s = tok_seq[t]
         p = tok_pos[t]
         start = 0
         if window > 0 and p - window + 1 > 0:
             start = p - window + 1
         n = p - start + 1
-        scores = np.empty(n, np.float32)
-        qh = np.empty(d, np.float32)
-        for i in range(d):
-            qh[i] = f16_round(q[t, h, i])
-        m = -np.inf
-        for j in range(n):
-            kp = start + j
-            blk = block_tables[s, kp // bs]
-            off = kp % bs
-            acc = np.float32(0.0)
+        qh = np.empty((group, d), np.float32)
+        for g in range(group):
             for i in range(d):
-                acc += qh[i] * k_cache[blk, off, kvh, i]
-            acc *= scale
-            scores[j] = acc
-            if acc > m:
-                m = acc
-        total = 0.0  # float64, as ggml's softmax
-        for j in range(n):
-            e = np.exp(scores[j] - m)
-            scores[j] = e
-            total += e
-        inv = np.float32(1.0 / total)
-        for i in range(dv):
-            out[t, h, i] = 0.0
+                qh[g, i] = q[t, kvh * group + g, i]
+            f16_round_inplace(qh[g])  # llama.cpp converts Q to f16 for the Q.K product
+        scores = np.empty((group, n), np.float32)
         for j in range(n):
             kp = start + j
             blk = block_tables[s, kp // bs]
             off = kp % bs
-            w = f16_round(scores[j] * inv)  # llama.cpp multiplies V by f16 softmax weights
+            for g in range(group):
+                acc = np.float32(0.0)
+                for i in range(d):
+                    acc += qh[g, i] * k_cache[blk, off, kvh, i]
+                scores[g, j] = acc * scale
+        acc_v = np.zeros((group, dv), np.float32)
+        for g in range(group):
+            m = -np.inf
+            for j in range(n):
+                m = max(m, scores[g, j])
+            total = 0.0  # float64, as ggml's softmax
+            for j in range(n):
+                e = np.exp(scores[g, j] - m)
+                scores[g, j] = e
+                total += e
+            inv = np.float32(1.0 / total)
+            for j in range(n):
+                scores[g, j] *= inv
+            f16_round_inplace(scores[g])  # llama.cpp multiplies V by f16 softmax weights
+        for j in range(n):
+            kp = start + j
+            blk = block_tables[s, kp // bs]
+            off = kp % bs
+            for g in range(group):
+                w = scores[g, j]
+                for i in range(dv):
+                    acc_v[g, i] += w * v_cache[blk, off, kvh, i]
+        for g in range(group):
             for i in range(dv):
-                out[t, h, i] += w * v_cache[blk, off, kvh, i]
+                out[t, kvh * group + g, i] = acc_v[g, i]
 
 
-@njit(cache=True, nogil=True, fastmath=True, parallel=True)
+@njit(cache=True, nogil=True, fastmath=True)
 def add_cpu(x: np.ndarray, y: np.ndarray) -> None:
     """x += y, both [T, n]."""
     T, n = x.shape
-    for t in prange(T):
+    for t in range(T):
         for i in range(n):
             x[t, i] += y[t, i]
