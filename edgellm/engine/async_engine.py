@@ -40,7 +40,11 @@ class EngineDeadError(RuntimeError):
 
 
 class AsyncLLMEngine:
-    def __init__(self, engine: LLMEngine) -> None:
+    """With own_thread=False the caller runs the engine loop itself with run_forever(), normally on the
+    process's main thread: GNU OpenMP kernels launched from another thread ran ~3x slower here (its
+    worker threads stop spinning between parallel regions once it manages more threads than cores)."""
+
+    def __init__(self, engine: LLMEngine, own_thread: bool = True) -> None:
         self.engine = engine
         self._commands: queue.Queue = queue.Queue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
@@ -48,7 +52,14 @@ class AsyncLLMEngine:
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name="edgellm-engine", daemon=True)
-        self._thread.start()
+        if own_thread:
+            self._thread.start()
+        else:
+            self._thread = threading.current_thread()
+
+    def run_forever(self) -> None:
+        """Run the engine loop in the calling thread until shutdown() (own_thread=False)."""
+        self._loop()
 
     # ---- caller side (event loop) --------------------------------------------------------------
     async def generate(
@@ -93,7 +104,8 @@ class AsyncLLMEngine:
     def shutdown(self) -> None:
         self._stop.set()
         self._commands.put(None)
-        self._thread.join(timeout=10)
+        if self._thread is not threading.current_thread() and self._thread.is_alive():
+            self._thread.join(timeout=10)
 
     # ---- engine thread -------------------------------------------------------------------------
     def _handle(self, cmd: _Add | _Abort | None) -> None:

@@ -69,32 +69,40 @@ def run_server(
         max_body_bytes=max_body_bytes,
     )
     state = ServerState(config)
-    server: uvicorn.Server | None = None
 
-    def load() -> None:
-        try:
-            state.load(progress=_say)
-        except BaseException as e:  # noqa: BLE001 - reported, then the server stops
-            _say(f"failed to load {model}: {e!r}")
-            if server is not None:
-                server.should_exit = True
-            return
-        while server is not None and not server.started and not server.should_exit:
-            time.sleep(0.02)
-        shown = f"[{host}]" if ":" in host else host
-        print(
-            f"edgellm: serving {state.model_name} at http://{shown}:{port}/v1 (context {state.llm.n_ctx})",
-            flush=True,
-        )
-
-    app = build_app(
-        state, on_startup=lambda: threading.Thread(target=load, name="edgellm-load", daemon=True).start()
-    )
+    app = build_app(state, on_startup=lambda: None)
     server = uvicorn.Server(
         uvicorn.Config(
             app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=3, lifespan="on"
         )
     )
-    server.run()
+    # HTTP on a helper thread, the model and the engine loop on this (main) thread: the Numba/OpenMP
+    # kernels run ~3x slower when launched from a thread other than the process's main thread.
+    http = threading.Thread(target=server.run, name="edgellm-http", daemon=True)
+    http.start()
+    try:
+        try:
+            state.load(progress=_say, own_thread=False)
+        except BaseException as e:  # noqa: BLE001 - reported, then the server stops
+            _say(f"failed to load {model}: {e!r}")
+            raise SystemExit(1) from None
+        while not server.started and not server.should_exit and http.is_alive():
+            time.sleep(0.02)
+        if not server.started:
+            _say(f"could not listen on {host}:{port}")
+            raise SystemExit(1)
+        shown = f"[{host}]" if ":" in host else host
+        print(
+            f"edgellm: serving {state.model_name} at http://{shown}:{port}/v1 (context {state.llm.n_ctx})",
+            flush=True,
+        )
+        state.engine.run_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.should_exit = True
+        if state.engine is not None:
+            state.engine.shutdown()
+        http.join(timeout=5)
     if state.load_error is not None:
         raise SystemExit(1)

@@ -65,7 +65,7 @@ class ServerState:
         self.in_flight = 0
         self.created = int(time.time())
 
-    def load(self, progress: Callable[[str], None] | None = None) -> None:
+    def load(self, progress: Callable[[str], None] | None = None, own_thread: bool = True) -> None:
         try:
             c = self.config
             llm = LLM(
@@ -79,7 +79,7 @@ class ServerState:
             self.template = ChatTemplate.from_metadata(llm.metadata, llm.tokenizer)
             self.aliases.add(llm.path.name)
             self.aliases.add(llm.path.stem)
-            self.llm, self.engine = llm, AsyncLLMEngine(llm.engine)
+            self.llm, self.engine = llm, AsyncLLMEngine(llm.engine, own_thread=own_thread)
             self.ready.set()
         except BaseException as e:
             self.load_error = e
