@@ -129,7 +129,11 @@ class CpuBackend(Backend):
         ops.rope_cpu(x, positions, n_rot, base, neox)
 
     def gated_act(self, gate_up: np.ndarray, out: np.ndarray, kind: str) -> None:
-        (ops.geglu_cpu if kind == "gelu" else ops.swiglu_cpu)(gate_up, out)
+        # A parallel region costs more than the work for a few rows (decode), and pays from ~8 rows on.
+        if gate_up.shape[0] >= 8:
+            (ops.geglu_par_cpu if kind == "gelu" else ops.swiglu_par_cpu)(gate_up, out)
+        else:
+            (ops.geglu_cpu if kind == "gelu" else ops.swiglu_cpu)(gate_up, out)
 
     def add(self, x: np.ndarray, y: np.ndarray) -> None:
         ops.add_cpu(x, y)

@@ -96,6 +96,28 @@ def geglu_cpu(gate_up: np.ndarray, out: np.ndarray) -> None:
             out[t, i] = gl * gate_up[t, ff + i]
 
 
+@njit(cache=True, nogil=True, fastmath=True, parallel=True)
+def swiglu_par_cpu(gate_up: np.ndarray, out: np.ndarray) -> None:
+    """swiglu_cpu for many rows (prefill, big batches): rows in parallel."""
+    T, ff = out.shape
+    for t in prange(T):
+        for i in range(ff):
+            g = gate_up[t, i]
+            out[t, i] = g / (np.float32(1.0) + np.exp(-g)) * gate_up[t, ff + i]
+
+
+@njit(cache=True, nogil=True, fastmath=True, parallel=True)
+def geglu_par_cpu(gate_up: np.ndarray, out: np.ndarray) -> None:
+    """geglu_cpu for many rows (prefill, big batches): rows in parallel."""
+    T, ff = out.shape
+    c = np.float32(math.sqrt(2.0 / math.pi))
+    for t in prange(T):
+        for i in range(ff):
+            g = gate_up[t, i]
+            gl = np.float32(0.5) * g * (np.float32(1.0) + np.tanh(c * (g + np.float32(0.044715) * g * g * g)))
+            out[t, i] = gl * gate_up[t, ff + i]
+
+
 @njit(cache=True, nogil=True)
 def write_kv_cpu(
     k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, slots: np.ndarray
@@ -167,12 +189,12 @@ def attention_paged_cpu(
                 scores[g, j] = acc * scale
         acc_v = np.zeros((group, dv), np.float32)
         for g in range(group):
-            m = -np.inf
+            m = np.float32(-np.inf)
             for j in range(n):
                 m = max(m, scores[g, j])
-            total = 0.0  # float64, as ggml's softmax
+            total = 0.0  # float64 sum of float32 expf values, as ggml's softmax
             for j in range(n):
-                e = np.exp(scores[g, j] - m)
+                e = np.exp(scores[g, j] - m)  # float32 (a float64 exp here cost ~60% of attention)
                 scores[g, j] = e
                 total += e
             inv = np.float32(1.0 / total)
