@@ -74,48 +74,49 @@ def rope_cpu(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool
                 x[t, h, b] = x0 * sin_t[i] + x1 * cos_t[i]
 
 
+@njit(cache=True, nogil=True, fastmath=True, inline="always")
+def _swiglu_row(gate_up: np.ndarray, out: np.ndarray, t: int) -> None:
+    ff = out.shape[1]
+    for i in range(ff):
+        g = gate_up[t, i]
+        out[t, i] = g / (np.float32(1.0) + np.exp(-g)) * gate_up[t, ff + i]
+
+
+@njit(cache=True, nogil=True, fastmath=True, inline="always")
+def _geglu_row(gate_up: np.ndarray, out: np.ndarray, t: int) -> None:
+    ff = out.shape[1]
+    c = np.float32(math.sqrt(2.0 / math.pi))
+    for i in range(ff):
+        g = gate_up[t, i]
+        gl = np.float32(0.5) * g * (np.float32(1.0) + np.tanh(c * (g + np.float32(0.044715) * g * g * g)))
+        out[t, i] = gl * gate_up[t, ff + i]
+
+
+# Gated activations: out = act(gate) * up for gate_up = [gate | up] ([T, 2*ff] -> [T, ff]); SwiGLU (silu)
+# or GeGLU (gelu, tanh form, Gemma). A serial driver for a few rows (a parallel region costs more than
+# the work at decode) and a row-parallel one for prefill and big batches.
 @njit(cache=True, nogil=True, fastmath=True)
 def swiglu_cpu(gate_up: np.ndarray, out: np.ndarray) -> None:
-    """out = silu(gate) * up, gate_up: [T, 2*ff] = [gate | up]; out: [T, ff]."""
-    T, ff = out.shape
-    for t in range(T):
-        for i in range(ff):
-            g = gate_up[t, i]
-            out[t, i] = g / (np.float32(1.0) + np.exp(-g)) * gate_up[t, ff + i]
-
-
-@njit(cache=True, nogil=True, fastmath=True)
-def geglu_cpu(gate_up: np.ndarray, out: np.ndarray) -> None:
-    """out = gelu_tanh(gate) * up (GeGLU, Gemma), same layout as swiglu_cpu."""
-    T, ff = out.shape
-    c = np.float32(math.sqrt(2.0 / math.pi))
-    for t in range(T):
-        for i in range(ff):
-            g = gate_up[t, i]
-            gl = np.float32(0.5) * g * (np.float32(1.0) + np.tanh(c * (g + np.float32(0.044715) * g * g * g)))
-            out[t, i] = gl * gate_up[t, ff + i]
+    for t in range(out.shape[0]):
+        _swiglu_row(gate_up, out, t)
 
 
 @njit(cache=True, nogil=True, fastmath=True, parallel=True)
 def swiglu_par_cpu(gate_up: np.ndarray, out: np.ndarray) -> None:
-    """swiglu_cpu for many rows (prefill, big batches): rows in parallel."""
-    T, ff = out.shape
-    for t in prange(T):
-        for i in range(ff):
-            g = gate_up[t, i]
-            out[t, i] = g / (np.float32(1.0) + np.exp(-g)) * gate_up[t, ff + i]
+    for t in prange(out.shape[0]):
+        _swiglu_row(gate_up, out, t)
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def geglu_cpu(gate_up: np.ndarray, out: np.ndarray) -> None:
+    for t in range(out.shape[0]):
+        _geglu_row(gate_up, out, t)
 
 
 @njit(cache=True, nogil=True, fastmath=True, parallel=True)
 def geglu_par_cpu(gate_up: np.ndarray, out: np.ndarray) -> None:
-    """geglu_cpu for many rows (prefill, big batches): rows in parallel."""
-    T, ff = out.shape
-    c = np.float32(math.sqrt(2.0 / math.pi))
-    for t in prange(T):
-        for i in range(ff):
-            g = gate_up[t, i]
-            gl = np.float32(0.5) * g * (np.float32(1.0) + np.tanh(c * (g + np.float32(0.044715) * g * g * g)))
-            out[t, i] = gl * gate_up[t, ff + i]
+    for t in prange(out.shape[0]):
+        _geglu_row(gate_up, out, t)
 
 
 @njit(cache=True, nogil=True)
