@@ -1,5 +1,6 @@
 """`LocalBackend`: runs the model in this process. The load (weights, kernel compile) happens on a worker
-thread so the UI keeps drawing; replies stream from `AsyncLLMEngine`, whose engine thread does the work."""
+thread so the UI keeps drawing; replies stream from `LoopLLMEngine`, whose steps run on the app's own
+(main) thread between UI events: GNU OpenMP kernels launched from another thread ran ~3x slower."""
 
 from __future__ import annotations
 
@@ -57,7 +58,13 @@ def readable_load_error(model: str, e: BaseException) -> str:
 class LocalBackend:
     def __init__(self, model: str, n_ctx: int | None = None, **llm_kwargs: Any) -> None:
         self.model = model
-        self._llm_kwargs = dict(llm_kwargs, n_ctx=n_ctx)
+        self._threads = llm_kwargs.pop("threads", None)
+        # Small prefill chunks: each engine step blocks the UI loop for one forward pass.
+        llm_kwargs.setdefault("max_num_batched_tokens", 128)
+        # One thread for the load: its warm-up launches OpenMP regions, and a multi-threaded team led by
+        # the load thread made the main thread's later kernels slow too (measured); the engine then runs
+        # with the real thread count on the main thread.
+        self._llm_kwargs = dict(llm_kwargs, n_ctx=n_ctx, threads=1)
         self.llm: Any = None
         self.engine: Any = None  # AsyncLLMEngine
         # The load thread runs the first (warm-up) OpenMP parallel regions. Measured here: once that thread
@@ -85,9 +92,9 @@ class LocalBackend:
             self.llm = await _run_in_daemon_thread(load_blocking, park=self._park)
         except Exception as e:
             raise BackendError(readable_load_error(self.model, e)) from e
-        from edgellm.engine.async_engine import AsyncLLMEngine
+        from edgellm.engine.async_engine import LoopLLMEngine
 
-        self.engine = AsyncLLMEngine(self.llm.engine)
+        self.engine = LoopLLMEngine(self.llm.engine, threads=self._threads)
         progress(f"ready: {self.model}, context {self.llm.n_ctx} tokens")
         return BackendInfo(self.model, self.llm.n_ctx, f"{self.llm.config.arch}, {self.llm.path.name}")
 
@@ -137,7 +144,7 @@ class LocalBackend:
     async def close(self) -> None:
         if self.engine is not None:
             engine, self.engine = self.engine, None
-            await _run_in_daemon_thread(engine.shutdown)
+            engine.shutdown()
         self._park.set()
 
 

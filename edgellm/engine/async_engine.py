@@ -154,3 +154,84 @@ class AsyncLLMEngine:
             loop.call_soon_threadsafe(q.put_nowait, out)
         except RuntimeError:  # the caller's event loop is closed: nobody is listening any more
             self.engine.abort(out.request_id)
+
+
+class LoopLLMEngine:
+    """The same streaming interface as AsyncLLMEngine, but the engine steps run as a task on the calling
+    event loop's own thread (for an app whose main thread is its event loop, like the TUI): GNU OpenMP
+    kernels launched from a non-main thread ran ~3x slower here. Each step blocks the loop for one
+    forward pass (milliseconds at decode; keep prefill chunks small with max_num_batched_tokens)."""
+
+    def __init__(self, engine: LLMEngine, threads: int | None = None) -> None:
+        from edgellm.runtime import set_threads
+
+        self.engine = engine
+        self.threads = set_threads(threads)  # Numba's thread count is per calling thread
+        self._streams: dict[str, asyncio.Queue] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._error: BaseException | None = None
+
+    async def generate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        priority: int = 0,
+    ) -> AsyncIterator[RequestOutput]:
+        if self._error is not None:
+            raise EngineDeadError(f"engine stopped after an error: {self._error!r}")
+        rid = self.engine.add_request(prompt, params, request_id, priority)  # ValueError for a bad request
+        q: asyncio.Queue = asyncio.Queue()
+        self._streams[rid] = q
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+        self._wake.set()
+        finished = False
+        try:
+            while True:
+                item = await q.get()
+                if isinstance(item, BaseException):
+                    raise EngineDeadError(f"engine failed: {item!r}") from item
+                yield item
+                if item.finished:
+                    finished = True
+                    return
+        finally:
+            self._streams.pop(rid, None)
+            if not finished:
+                self.engine.abort(rid)  # frees its KV blocks at once
+
+    def abort(self, request_id: str) -> None:
+        self.engine.abort(request_id)
+        self._streams.pop(request_id, None)
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
+
+    @property
+    def healthy(self) -> bool:
+        return self._error is None
+
+    def shutdown(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                if not self.engine.has_unfinished():
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                for out in self.engine.step():
+                    q = self._streams.get(out.request_id)
+                    if q is not None:
+                        q.put_nowait(out)
+                await asyncio.sleep(0)  # let the app draw and take input between steps
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:
+            self._error = e
+            for q in self._streams.values():
+                q.put_nowait(e)
