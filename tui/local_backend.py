@@ -66,7 +66,7 @@ class LocalBackend:
         # with the real thread count on the main thread.
         self._llm_kwargs = dict(llm_kwargs, n_ctx=n_ctx, threads=1)
         self.llm: Any = None
-        self.engine: Any = None  # AsyncLLMEngine
+        self.engine: Any = None  # LoopLLMEngine
         # The load thread runs the first (warm-up) OpenMP parallel regions. Measured here: once that thread
         # exits, the engine thread's kernels run ~20x slower (27 -> 1 tok/s, SmolLM2, 2 cores, omp layer),
         # so the thread is parked until close() instead of ending.
