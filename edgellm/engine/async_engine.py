@@ -39,6 +39,24 @@ class EngineDeadError(RuntimeError):
     pass
 
 
+async def _drain(q: asyncio.Queue, on_early_exit) -> AsyncIterator[RequestOutput]:
+    """Yield a request's outputs from its queue until the finished one; an engine error arrives as an
+    exception object. Leaving before the end (disconnect, cancellation) calls on_early_exit (abort)."""
+    finished = False
+    try:
+        while True:
+            item = await q.get()
+            if isinstance(item, BaseException):
+                raise EngineDeadError(f"engine failed: {item!r}") from item
+            yield item
+            if item.finished:
+                finished = True
+                return
+    finally:
+        if not finished:
+            on_early_exit()
+
+
 class AsyncLLMEngine:
     """With own_thread=False the caller runs the engine loop itself with run_forever(), normally on the
     process's main thread: GNU OpenMP kernels launched from another thread ran ~3x slower here (its
@@ -77,19 +95,8 @@ class AsyncLLMEngine:
         cmd = _Add(prompt, params, request_id, priority, loop, asyncio.Queue())
         self._commands.put(cmd)
         rid = await asyncio.wrap_future(cmd.done)  # raises the engine's ValueError for a bad request
-        finished = False
-        try:
-            while True:
-                item = await cmd.out.get()
-                if isinstance(item, BaseException):
-                    raise EngineDeadError(f"engine failed: {item!r}") from item
-                yield item
-                if item.finished:
-                    finished = True
-                    return
-        finally:
-            if not finished:
-                self._commands.put(_Abort(rid))
+        async for item in _drain(cmd.out, on_early_exit=lambda: self._commands.put(_Abort(rid))):
+            yield item
 
     def abort(self, request_id: str) -> None:
         self._commands.put(_Abort(request_id))
@@ -187,20 +194,13 @@ class LoopLLMEngine:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run())
         self._wake.set()
-        finished = False
-        try:
-            while True:
-                item = await q.get()
-                if isinstance(item, BaseException):
-                    raise EngineDeadError(f"engine failed: {item!r}") from item
-                yield item
-                if item.finished:
-                    finished = True
-                    return
-        finally:
+
+        def leave_early() -> None:
             self._streams.pop(rid, None)
-            if not finished:
-                self.engine.abort(rid)  # frees its KV blocks at once
+            self.engine.abort(rid)  # frees its KV blocks at once
+
+        async for item in _drain(q, on_early_exit=leave_early):
+            yield item
 
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
