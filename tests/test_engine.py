@@ -119,3 +119,42 @@ def test_bad_requests_are_rejected_with_clear_errors(llm) -> None:
     # the engine is still usable afterwards, and nothing was left queued
     assert not llm.engine.has_unfinished()
     assert llm.generate([PROMPTS[0]], GREEDY)[0].token_ids
+
+
+@pytest.mark.parametrize("driver", ["thread", "loop"])
+def test_streaming_engines_match_generate_and_abort_on_early_exit(llm, alone, driver) -> None:
+    """AsyncLLMEngine (own thread) and LoopLLMEngine (steps on the caller's event loop): the streamed
+    deltas are the same tokens as LLM.generate, and leaving a stream early frees its KV blocks."""
+    import asyncio
+
+    from edgellm.engine.async_engine import AsyncLLMEngine, LoopLLMEngine
+
+    bm = llm.engine.scheduler.block_manager
+    free0 = bm.num_free_blocks
+
+    async def main() -> tuple[list[list[int]], int]:
+        ae = AsyncLLMEngine(llm.engine) if driver == "thread" else LoopLLMEngine(llm.engine)
+
+        async def one(prompt: str) -> list[int]:
+            ids: list[int] = []
+            async for out in ae.generate(prompt, GREEDY):
+                for d in out.deltas:
+                    ids.extend(d.token_ids)
+            return ids
+
+        try:
+            streamed = await asyncio.gather(*[one(p) for p in PROMPTS[:3]])
+            agen = ae.generate(PROMPTS[0], SamplingParams(max_tokens=200, ignore_eos=True))
+            await agen.__anext__()
+            await agen.aclose()  # a client that goes away after the first token
+            for _ in range(100):  # the abort reaches the engine thread asynchronously
+                if not llm.engine.has_unfinished():
+                    break
+                await asyncio.sleep(0.02)
+            return streamed, bm.num_free_blocks
+        finally:
+            ae.shutdown()
+
+    streamed, free_after = asyncio.run(main())
+    assert streamed == alone[:3]
+    assert free_after == free0 and not llm.engine.has_unfinished()
