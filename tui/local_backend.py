@@ -67,9 +67,9 @@ class LocalBackend:
         self._llm_kwargs = dict(llm_kwargs, n_ctx=n_ctx, threads=1)
         self.llm: Any = None
         self.engine: Any = None  # LoopLLMEngine
-        # The load thread runs the first (warm-up) OpenMP parallel regions. Measured here: once that thread
-        # exits, the engine thread's kernels run ~20x slower (27 -> 1 tok/s, SmolLM2, 2 cores, omp layer),
-        # so the thread is parked until close() instead of ending.
+        # The load thread stays parked until close() instead of ending: when it ran a 2-thread warm-up,
+        # its exit made later kernels ~20x slower (27 -> 1 tok/s, SmolLM2, omp layer). With the 1-thread
+        # warm-up above that may no longer matter; not re-measured, so the park stays.
         self._park = threading.Event()
 
     async def load(self, progress: Callable[[str], None]) -> BackendInfo:

@@ -134,6 +134,28 @@ def quantize_act_cuda(x, x_off, x_ld, m_rows, k_cols, group, mode, xq, xs, xsum)
             gsum = 0
 
 
+@cuda.jit(device=True)
+def _reduce_team_and_store(red, acc, ty, lane, n, n_rows, m0, m_rows, out, out_off, out_ld):  # noqa: ANN001
+    """Sum each thread's partial dots (acc[i] for activation rows m0+i of output row n) across the team's
+    lanes in a fixed tree order (batch-invariant), then lane 0 writes the row. red: the kernel's shared
+    [rows, lanes, tile_m] scratch."""
+    tile_m = red.shape[2]
+    for i in range(tile_m):
+        red[ty, lane, i] = acc[i]
+    cuda.syncthreads()
+    s = red.shape[1] // 2
+    while s > 0:
+        if lane < s:
+            for i in range(tile_m):
+                red[ty, lane, i] += red[ty, lane + s, i]
+        cuda.syncthreads()
+        s //= 2
+    if lane == 0 and n < n_rows:
+        for i in range(tile_m):
+            if m0 + i < m_rows:
+                out[out_off + (m0 + i) * out_ld + n] = red[ty, 0, i]
+
+
 def _grouped_kernel(tile_m: int):  # noqa: ANN202
     lanes, rows = MATMUL_LANES, MATMUL_ROWS
 
@@ -170,21 +192,10 @@ def _grouped_kernel(tile_m: int):  # noqa: ANN202
                         acc[i] += mul_rn(mul_rn(xs[m, g], sc), np.float32(isum[i]))
                         if has_min:
                             macc[i] += mul_rn(minv[n, g], xsum[m, g])
-        red = cuda.shared.array((rows, lanes, tile_m), np.float32)
         for i in range(tile_m):
-            red[ty, lane, i] = acc[i] + macc[i]
-        cuda.syncthreads()
-        s = lanes // 2
-        while s > 0:
-            if lane < s:
-                for i in range(tile_m):
-                    red[ty, lane, i] += red[ty, lane + s, i]
-            cuda.syncthreads()
-            s //= 2
-        if lane == 0 and n < q.shape[0]:
-            for i in range(tile_m):
-                if m0 + i < m_rows:
-                    out[out_off + (m0 + i) * out_ld + n] = red[ty, 0, i]
+            acc[i] += macc[i]
+        red = cuda.shared.array((rows, lanes, tile_m), np.float32)
+        _reduce_team_and_store(red, acc, ty, lane, n, q.shape[0], m0, m_rows, out, out_off, out_ld)
 
     return matmul_grouped_cuda
 
@@ -213,20 +224,7 @@ def _dense_kernel(tile_m: int):  # noqa: ANN202
                             xv = bf16_round(xv)
                         acc[i] += mul_rn(xv, wk)
         red = cuda.shared.array((rows, lanes, tile_m), np.float32)
-        for i in range(tile_m):
-            red[ty, lane, i] = acc[i]
-        cuda.syncthreads()
-        s = lanes // 2
-        while s > 0:
-            if lane < s:
-                for i in range(tile_m):
-                    red[ty, lane, i] += red[ty, lane + s, i]
-            cuda.syncthreads()
-            s //= 2
-        if lane == 0 and n < w.shape[0]:
-            for i in range(tile_m):
-                if m0 + i < m_rows:
-                    out[out_off + (m0 + i) * out_ld + n] = red[ty, 0, i]
+        _reduce_team_and_store(red, acc, ty, lane, n, w.shape[0], m0, m_rows, out, out_off, out_ld)
 
     return matmul_dense_cuda
 
