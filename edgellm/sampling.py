@@ -4,6 +4,7 @@ enough that this is a few tens of microseconds, far below a decode step)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -49,6 +50,29 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+class TopCandidates(NamedTuple):
+    """A logits row's best entries, best first: ids [k], and values [k] (None for greedy: not needed)."""
+
+    ids: np.ndarray
+    values: np.ndarray | None = None
+
+
+MAX_DEVICE_TOP_K = 64  # the CUDA top-k kernel's limit (config.MAX_TOP_K)
+
+
+def device_candidates(p: SamplingParams) -> int | None:
+    """How many of a row's best logits Sampler.sample_top needs to draw exactly what sample() draws from
+    the whole row: 1 for greedy, top_k for top-k sampling. None when the whole row is needed: penalties or
+    biases change the logits, logprobs are asked for, or sampling is not limited to a few top tokens."""
+    if p.logprobs is not None or p.logit_bias or p.repetition_penalty != 1.0:
+        return None
+    if p.presence_penalty or p.frequency_penalty:
+        return None
+    if p.greedy:
+        return 1
+    return p.top_k if 0 < p.top_k <= MAX_DEVICE_TOP_K else None
+
+
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     x = logits.astype(np.float64)
     m = x.max()
@@ -90,7 +114,21 @@ class Sampler:
         order = np.argsort(-x, kind="stable")
         if p.top_k > 0:
             order = order[: p.top_k]
-        xs = x[order]
+        return self._draw(x[order], order)
+
+    def sample_top(self, top: TopCandidates) -> int:
+        """The token sample() would draw from the whole row, from the row's best entries only (computed
+        where the logits are). Valid when device_candidates(params) is not None and `top` holds at least that
+        many: adjust() is then the identity, and the entries are the first of sample()'s stable sort."""
+        p = self.params
+        if p.greedy:
+            return int(top.ids[0])
+        k = p.top_k
+        return self._draw(top.values[:k].astype(np.float64) / p.temperature, top.ids[:k])
+
+    def _draw(self, xs: np.ndarray, order: np.ndarray) -> int:
+        """xs: the candidates' scaled logits in order (best first)."""
+        p = self.params
         probs = np.exp(xs - xs[0])
         probs /= probs.sum()
         keep = len(order)

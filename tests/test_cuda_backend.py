@@ -2,9 +2,10 @@
 
 The Numba CUDA simulator must be switched on (NUMBA_ENABLE_CUDASIM=1) before numba is first imported, and
 the rest of the suite imports numba first. So, in a plain `pytest` run, this module defines one test that
-runs this same file in a fresh `python -m pytest` subprocess with the simulator on, and fails with the
-subprocess's report if any case there fails. In that subprocess (NUMBA_ENABLE_CUDASIM=1), or on a machine
-with a GPU when EDGELLM_CUDA_TESTS=gpu (scripts/gpu_check.sh), the cases themselves are defined and run.
+runs this same file and test_cuda_engine.py in a fresh `python -m pytest` subprocess with the simulator on,
+and fails with the subprocess's report if any case there fails. In that subprocess (NUMBA_ENABLE_CUDASIM=1),
+or on a machine with a GPU when EDGELLM_CUDA_TESTS=gpu (scripts/gpu_check.sh), the cases themselves are
+defined and run.
 
 Kernel cases: parametrized over (op, quant type, shape); outputs are written into the interior of a
 NaN-filled device buffer whose guard rows/columns must stay NaN (out-of-bounds writes). Error is NMSE
@@ -31,7 +32,8 @@ if not (IN_SIM or ON_GPU):
 
     def test_cuda_kernels_in_simulator() -> None:
         env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
+        engine_tests = str(Path(__file__).with_name("test_cuda_engine.py"))
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, engine_tests]
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, cwd=Path(__file__).parent.parent, env=env, capture_output=True, text=True)
         report = (proc.stdout + proc.stderr)[-6000:]
@@ -208,8 +210,12 @@ else:
         assert guards_intact(whole, x.shape), f"{op} wrote outside its view"
         assert nmse(BE.to_host(xv), ref) < 1e-12, op
 
-    def greedy_tokens(path: Path, backend: str, prompt: list[int], n_new: int) -> tuple[list[int], np.ndarray]:  # noqa: E501
-        """Greedy decoding through the model runner (the engine's forward path) on one backend."""
+    def greedy_tokens(
+        path: Path, backend: str, prompt: list[int], n_new: int
+    ) -> tuple[list[int], np.ndarray]:
+        """Greedy decoding through the model runner (the engine's forward path) on one backend: the prefill's
+        logits come to the host (compared across backends), the decode steps take the argmax where the logits
+        are (on CUDA only the int32 id crosses the bus: checked with the backend's transfer counter)."""
         from edgellm.arch import ARCHITECTURES
         from edgellm.backends.base import get_backend
         from edgellm.engine.model_runner import ModelRunner, RunItem
@@ -225,8 +231,12 @@ else:
         logits = runner.run([RunItem(table, prompt, 0)])[0]
         first_logits, tokens = logits[-1], [int(logits[-1].argmax())]
         for _ in range(n_new - 1):
-            logits = runner.run([RunItem(table, [tokens[-1]], len(prompt) + len(tokens) - 1)])[0]
-            tokens.append(int(logits[-1].argmax()))
+            if backend == "cuda":
+                be.stats.reset()
+            [ids] = runner.run_argmax([RunItem(table, [tokens[-1]], len(prompt) + len(tokens) - 1)])
+            tokens.append(int(ids[-1]))
+            if backend == "cuda":  # one copy to the host per step, of one int32
+                assert (be.stats.to_host_copies, be.stats.to_host_bytes) == (1, 4)
         return tokens, first_logits
 
     # Gemma 3 costs ~35 s more in the simulator: run it on a GPU, or with EDGELLM_CUDA_SIM_FULL=1.
@@ -240,8 +250,9 @@ else:
         Gemma 3 adds Q/K norms, GeGLU and sliding-window layers) gives the same greedy tokens as the CPU."""
         from edgellm.testing.synthetic import write_tiny_model
 
-        path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, n_embd=32, n_ff=64, head_dim=8,
-                                sliding_window=3)
+        path = write_tiny_model(
+            tmp_path / f"{arch}.gguf", arch, n_embd=32, n_ff=64, head_dim=8, sliding_window=3
+        )
         prompt = [1, 17, 42, 99]
         cpu_tokens, cpu_logits = greedy_tokens(path, "cpu", prompt, 3)
         cuda_tokens, cuda_logits = greedy_tokens(path, "cuda", prompt, 3)

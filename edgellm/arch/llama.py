@@ -45,8 +45,9 @@ class LlamaModel:
         )
         gguf.release_pages()
 
-    def forward(self, batch: ForwardBatch, kv: Any) -> np.ndarray:
-        """Logits [L, n_vocab] (host float32) at batch.logits_index, after writing the batch's K/V."""
+    def forward(self, batch: ForwardBatch, kv: Any) -> Any:
+        """Logits [L, n_vocab] at batch.logits_index, after writing the batch's K/V. A backend array: the
+        runner copies it to the host or has the backend sample from it where it is."""
         be, cfg = self.be, self.cfg
         positions = be.from_host(batch.positions)
         seq_index = be.from_host(batch.seq_index)
@@ -59,19 +60,15 @@ class LlamaModel:
         return output_logits(be, cfg, x, batch, self.output_norm, self.output)
 
 
-def output_logits(
-    be: Backend, cfg: ModelConfig, x: Any, batch: ForwardBatch, norm: Any, w_out: Any
-) -> np.ndarray:
-    """Final norm and vocabulary projection, only for the rows in batch.logits_index."""
+def output_logits(be: Backend, cfg: ModelConfig, x: Any, batch: ForwardBatch, norm: Any, w_out: Any) -> Any:
+    """Final norm and vocabulary projection, only for the rows in batch.logits_index (a backend array)."""
     if len(batch.logits_index) == 0:
         return np.empty((0, cfg.n_vocab), np.float32)
-    rows = be.to_host(x)[batch.logits_index] if len(batch.logits_index) != batch.n_tokens else be.to_host(x)
-    h = be.from_host(np.ascontiguousarray(rows, dtype=np.float32))  # [L, n_embd]
+    # x itself when every row needs logits (its last use: the norm may overwrite it)
+    h = be.take_rows(x, batch.logits_index) if len(batch.logits_index) != batch.n_tokens else x
     be.rmsnorm(h, norm, cfg.rms_eps, h)
     logits = be.empty((h.shape[0], cfg.n_vocab))  # [L, n_vocab]
     be.matmul(h, w_out, logits)
-    out = be.to_host(logits)
     if cfg.final_logit_softcap > 0:
-        c = cfg.final_logit_softcap
-        out = np.tanh(out / c) * c
-    return out
+        logits = be.softcap(logits, cfg.final_logit_softcap)
+    return logits

@@ -100,6 +100,32 @@ class Backend(ABC):
         out: Array,
     ) -> None: ...
 
+    # --- logits and sampling ---------------------------------------------------------------------------
+    # The defaults work on host arrays (the CPU backend's numpy activations, where to_host/from_host are the
+    # identity, so they add no copy); a device backend overrides them to keep the logits where they are.
+
+    # True when argmax / top_k run where the logits live, so the engine asks for ids instead of logits.
+    samples_on_device: bool = False
+
+    def take_rows(self, x: Array, index: np.ndarray) -> Array:
+        """Rows `index` of x [T, n] as a new contiguous [L, n] activation (the rows that need logits)."""
+        return self.from_host(np.ascontiguousarray(self.to_host(x)[index], dtype=np.float32))
+
+    def softcap(self, x: Array, cap: float) -> Array:
+        """tanh(x / cap) * cap, the final logit soft-capping; may return a new array."""
+        return self.from_host(np.tanh(self.to_host(x) / cap) * cap)
+
+    def argmax(self, logits: Array) -> np.ndarray:
+        """np.argmax of each row [L] (the first maximum; the first NaN if any)."""
+        return np.argmax(self.to_host(logits), axis=1)
+
+    def top_k(self, logits: Array, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's k best entries as (values float32 [L, k], ids [L, k]): the first k of
+        np.argsort(-row, kind="stable"), i.e. larger first, equal values by lower id, NaN last."""
+        x = self.to_host(logits)
+        ids = np.argsort(-x, axis=1, kind="stable")[:, :k]
+        return np.take_along_axis(x, ids, axis=1), ids
+
 
 def get_backend(name: str = "cpu") -> Backend:
     if name == "cpu":

@@ -18,7 +18,7 @@ from edgellm.engine.outputs import (
 )
 from edgellm.engine.scheduler import Scheduler, SchedulerConfig, SchedulerPlan
 from edgellm.engine.sequence import Sequence, SequenceStatus
-from edgellm.sampling import Sampler, SamplingParams, top_logprobs
+from edgellm.sampling import Sampler, SamplingParams, TopCandidates, device_candidates, top_logprobs
 from edgellm.tokenizer import Tokenizer
 
 
@@ -133,7 +133,9 @@ class LLMEngine:
         logits = self._run(plan)
         return self._postprocess(plan, logits)
 
-    def _run(self, plan: SchedulerPlan) -> dict[int, np.ndarray]:
+    def _run(self, plan: SchedulerPlan) -> dict[int, np.ndarray | TopCandidates]:
+        """Each sampled sequence's logits row, or only its best entries when the backend samples where the
+        logits live (see _device_k)."""
         if plan.is_empty:
             return {}
         self.runner.copy_blocks(plan.block_copies)
@@ -145,10 +147,39 @@ class LLMEngine:
                 RunItem(seq.block_table, seq.token_ids[c : c + n], c, need_logits=seq.seq_id in sample)
             )
             ids.append(seq.seq_id)
-        rows = self.runner.run(items)
-        return {sid: r[-1] for sid, r in zip(ids, rows, strict=True) if len(r)}
+        k = self._device_k(plan)
+        if k is None:
+            rows = self.runner.run(items)
+            return {sid: r[-1] for sid, r in zip(ids, rows, strict=True) if len(r)}
+        if k == 0:
+            tops = self.runner.run_argmax(items)
+            return {sid: TopCandidates(t[-1:]) for sid, t in zip(ids, tops, strict=True) if len(t)}
+        pairs = self.runner.run_top_k(items, k)
+        return {sid: TopCandidates(i[-1], v[-1]) for sid, (v, i) in zip(ids, pairs, strict=True) if len(i)}
 
-    def _postprocess(self, plan: SchedulerPlan, logits: dict[int, np.ndarray]) -> list[RequestOutput]:
+    def _device_k(self, plan: SchedulerPlan) -> int | None:
+        """0 when every sequence sampled this step is greedy, k when all sample from at most their k best
+        logits (top-k): the backend then returns only ids (and those k values) instead of [n_vocab] logits
+        per row. None (whole rows to the host) on a backend that would copy them anyway, for mixed greedy and
+        sampled steps (np.argmax and np.argsort order NaN differently), or when a sequence needs the whole row
+        (penalties, biases, logprobs, or the first token of n > 1 completions, which forks from the row)."""
+        if not self.runner.be.samples_on_device or not plan.sample_seq_ids:
+            return None
+        ks = set()
+        for sid in plan.sample_seq_ids:
+            req = self._seq_owner[sid][0]
+            k = device_candidates(req.params)
+            if k is None or (req.params.n > 1 and not req.forked):
+                return None
+            ks.add(0 if req.params.greedy else k)
+        if 0 in ks:
+            return 0 if len(ks) == 1 else None
+        k = max(ks)
+        return k if k <= self.runner.cfg.n_vocab else None
+
+    def _postprocess(
+        self, plan: SchedulerPlan, logits: dict[int, np.ndarray | TopCandidates]
+    ) -> list[RequestOutput]:
         t = now()
         sampled: dict[int, int] = {}
         chosen_logprobs: dict[int, TokenLogprob] = {}
@@ -156,7 +187,10 @@ class LLMEngine:
         for sid, row in logits.items():
             req, idx = self._seq_owner[sid]
             seq = self.scheduler.get(sid)
-            tok = req.samplers[idx].sample(row, seq.prompt_token_ids, seq.output_token_ids)
+            if isinstance(row, TopCandidates):
+                tok = req.samplers[idx].sample_top(row)
+            else:
+                tok = req.samplers[idx].sample(row, seq.prompt_token_ids, seq.output_token_ids)
             sampled[sid] = tok
             if req.params.logprobs is not None:
                 lp, top = top_logprobs(row, tok, req.params.logprobs)

@@ -73,8 +73,26 @@ class ModelRunner:
     def run(self, items: list[RunItem]) -> list[np.ndarray]:
         """One forward pass over every item; returns each item's logits rows ([0|1|n, n_vocab])."""
         batch, out_slices = self.build_batch(items)
-        logits = self.model.forward(batch, self.kv)  # [L, n_vocab]; L may be 0 (mid-prompt chunks only)
+        logits = self.be.to_host(self.model.forward(batch, self.kv))  # [L, n_vocab]; L may be 0
         return [logits[sl] for sl in out_slices]
+
+    def run_argmax(self, items: list[RunItem]) -> list[np.ndarray]:
+        """As run(), but each logits row comes back as its argmax only, computed by the backend (on the
+        device for CUDA: the logits never cross the bus)."""
+        batch, out_slices = self.build_batch(items)
+        logits = self.model.forward(batch, self.kv)
+        ids = self.be.argmax(logits) if len(batch.logits_index) else np.empty(0, np.int32)
+        return [ids[sl] for sl in out_slices]
+
+    def run_top_k(self, items: list[RunItem], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """As run(), but each logits row comes back as its k best (values, ids), best first (see top_k)."""
+        batch, out_slices = self.build_batch(items)
+        logits = self.model.forward(batch, self.kv)
+        if len(batch.logits_index):
+            vals, ids = self.be.top_k(logits, k)
+        else:
+            vals, ids = np.empty((0, k), np.float32), np.empty((0, k), np.int32)
+        return [(vals[sl], ids[sl]) for sl in out_slices]
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         if pairs:

@@ -74,8 +74,24 @@ def _block_reduce(red, v, is_max):  # noqa: ANN001, ANN201
 
 
 @cuda.jit
-def attention_paged_cuda(q, q_off, q_st, q_hs, k_cache, v_cache, block_tables, tok_seq, tok_pos, window,  # noqa: ANN001
-                         scale, n_heads, out, o_off, o_st, o_hs):
+def attention_paged_cuda(  # noqa: ANN001
+    q,
+    q_off,
+    q_st,
+    q_hs,
+    k_cache,
+    v_cache,
+    block_tables,
+    tok_seq,
+    tok_pos,
+    window,
+    scale,
+    n_heads,
+    out,
+    o_off,
+    o_st,
+    o_hs,
+):
     """Causal paged attention; see the module docstring. One block per (token, head)."""
     t = cuda.blockIdx.x // n_heads
     h = cuda.blockIdx.x % n_heads
@@ -131,35 +147,3 @@ def attention_paged_cuda(q, q_off, q_st, q_hs, k_cache, v_cache, block_tables, t
         i = tid + a * ROW_THREADS
         if i < dv:
             out[o_off + t * o_st + h * o_hs + i] = acc[a]
-
-
-@cuda.jit
-def argmax_rows_cuda(x, x_off, x_ld, n, out):  # noqa: ANN001
-    """Greedy sampling on the device: out[r] = argmax(x[r]) (first index among ties, as numpy), so only
-    token ids cross the bus. One block per row."""
-    r = cuda.blockIdx.x
-    tid = cuda.threadIdx.x
-    best_v = cuda.shared.array(ROW_THREADS, np.float32)
-    best_i = cuda.shared.array(ROW_THREADS, np.int32)
-    bv = np.float32(-np.inf)
-    bi = np.int32(n)
-    for i in range(tid, n, ROW_THREADS):
-        v = x[x_off + r * x_ld + i]
-        if v > bv or (bi == n and v == bv):
-            bv = v
-            bi = i
-    best_v[tid] = bv
-    best_i[tid] = bi
-    cuda.syncthreads()
-    s = ROW_THREADS // 2
-    while s > 0:
-        if tid < s:
-            ov = best_v[tid + s]
-            oi = best_i[tid + s]
-            if ov > best_v[tid] or (ov == best_v[tid] and oi < best_i[tid]):
-                best_v[tid] = ov
-                best_i[tid] = oi
-        cuda.syncthreads()
-        s //= 2
-    if tid == 0:
-        out[r] = best_i[0]

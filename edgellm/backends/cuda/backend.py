@@ -2,7 +2,9 @@
 
 Weights are repacked on the host with the CPU backend's packer (same int8-grouped values, so both backends
 compute the same dot products) and uploaded once. Activations are DeviceTensor views from a buffer pool;
-only token ids, positions, block tables and the final logits cross the bus.
+token ids, positions, block tables and slots go up each step; what comes back is the logits rows the host
+asks for, or, when the engine samples on the device (argmax / top_k), only token ids (and the k best logits).
+Every launch and copy is counted in STATS (config.KernelStats).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from edgellm.backends.cpu.backend import _stackable, stack_packed
 from edgellm.backends.cpu.packed import dequantize_rows_cpu, pack_weight
 from edgellm.backends.cuda import attention as attn
 from edgellm.backends.cuda import ops
-from edgellm.backends.cuda.config import ROW_THREADS, elem_grid
+from edgellm.backends.cuda import sampling as samp
+from edgellm.backends.cuda.config import MAX_TOP_K, ROW_THREADS, STATS, elem_grid, launch
 from edgellm.backends.cuda.devarray import BufferPool, DeviceTensor
 from edgellm.backends.cuda.matmul import DeviceWeight, Scratch, gather_rows_cuda, matmul_cuda, upload_weight
 from edgellm.gguf.reader import TensorInfo
@@ -36,11 +39,22 @@ class DeviceStacked:
 
 class CudaBackend(Backend):
     name = "cuda"
+    samples_on_device = True  # argmax / top_k run on the device: the engine asks for ids, not logits
 
     def __init__(self) -> None:
         self.pool = BufferPool()
         self.scratch = Scratch()
         self.weight_bytes = 0
+        self.stats = STATS
+
+    def _upload(self, x: np.ndarray) -> Any:
+        self.stats.count_from_host(x.nbytes)
+        return cuda.to_device(x)
+
+    def _download(self, d: Any) -> np.ndarray:
+        out = d.copy_to_host()
+        self.stats.count_to_host(out.nbytes)
+        return out
 
     # --- weights -------------------------------------------------------------------------------------
     def load_matrix(self, tensors: list[TensorInfo]) -> DeviceWeight | DeviceStacked:
@@ -78,13 +92,15 @@ class CudaBackend(Backend):
             (T, H, d), (buf, off, st, sh) = x.shape, x.heads3d()
         grid, threads = elem_grid(T * H * d)
         if out.size:
-            ops.copy_strided_cuda[grid, threads](buf, off, st, sh, T, H, d, out.buf)
+            launch(ops.copy_strided_cuda, grid, threads, buf, off, st, sh, T, H, d, out.buf)
         return out
 
     def to_host(self, x: Any) -> np.ndarray:
         if isinstance(x, DeviceTensor):
-            return x.to_host()
-        return x.copy_to_host() if hasattr(x, "copy_to_host") else np.asarray(x)
+            out = x.to_host()
+            self.stats.count_to_host(out.nbytes)
+            return out
+        return self._download(x) if hasattr(x, "copy_to_host") else np.asarray(x)
 
     def from_host(self, x: np.ndarray) -> Any:
         x = np.ascontiguousarray(x)
@@ -92,8 +108,9 @@ class CudaBackend(Backend):
             t = self.empty(x.shape)
             if x.size:
                 t.buf[: x.size].copy_to_device(x.reshape(-1))
+                self.stats.count_from_host(x.nbytes)
             return t
-        return cuda.to_device(x)  # int arrays: positions, block tables, slots
+        return self._upload(x)  # int arrays: positions, block tables, slots
 
     # --- kernels -------------------------------------------------------------------------------------
     def embed(self, w: Any, ids: np.ndarray, scale_f: float) -> DeviceTensor:
@@ -110,8 +127,21 @@ class CudaBackend(Backend):
             minv = w.minv if w.minv is not None else scale
             dense = w.dense if is_dense else scale
             grid, threads = elem_grid(out.size)
-            gather_rows_cuda[grid, threads](q, scale, minv, w.minv is not None, max(w.group, 1), dense,
-                                            is_dense, cuda.to_device(ids), np.float32(scale_f), flat)
+            launch(
+                gather_rows_cuda,
+                grid,
+                threads,
+                q,
+                scale,
+                minv,
+                w.minv is not None,
+                max(w.group, 1),
+                dense,
+                is_dense,
+                self._upload(ids),
+                np.float32(scale_f),
+                flat,
+            )
         return out
 
     def matmul(self, x: DeviceTensor, w: Any, out: DeviceTensor) -> None:
@@ -126,36 +156,38 @@ class CudaBackend(Backend):
     def rmsnorm(self, x: DeviceTensor, w: DeviceTensor, eps: float, out: DeviceTensor) -> None:
         rows, n = x.shape
         if rows:
-            ops.rmsnorm_cuda[rows, ROW_THREADS](*x.rows2d(), w.buf, float(eps), n, *out.rows2d())
+            launch(ops.rmsnorm_cuda, rows, ROW_THREADS, *x.rows2d(), w.buf, float(eps), n, *out.rows2d())
 
     def rmsnorm_heads(self, x: DeviceTensor, w: DeviceTensor, eps: float) -> None:
         T, H, d = x.shape
         if T:
-            ops.rmsnorm_heads_cuda[T * H, ROW_THREADS](*x.heads3d(), H, w.buf, float(eps), d)
+            launch(ops.rmsnorm_heads_cuda, T * H, ROW_THREADS, *x.heads3d(), H, w.buf, float(eps), d)
 
     def rope(self, x: DeviceTensor, positions: Any, n_rot: int, base: float, neox: bool) -> None:
         T, H, _ = x.shape
         grid, threads = elem_grid(T * H * (n_rot // 2))
         if T:
-            ops.rope_cuda[grid, threads](*x.heads3d(), T, H, positions, n_rot, float(base), bool(neox))
+            launch(
+                ops.rope_cuda, grid, threads, *x.heads3d(), T, H, positions, n_rot, float(base), bool(neox)
+            )
 
     def gated_act(self, gate_up: DeviceTensor, out: DeviceTensor, kind: str) -> None:
         T, ff = out.shape
         grid, threads = elem_grid(T * ff)
         if T:
-            ops.gated_act_cuda[grid, threads](*gate_up.rows2d(), *out.rows2d(), T, ff, kind == "gelu")
+            launch(ops.gated_act_cuda, grid, threads, *gate_up.rows2d(), *out.rows2d(), T, ff, kind == "gelu")
 
     def add(self, x: DeviceTensor, y: DeviceTensor) -> None:
         T, n = x.shape
         grid, threads = elem_grid(T * n)
         if T:
-            ops.add_cuda[grid, threads](*x.rows2d(), *y.rows2d(), T, n, False)
+            launch(ops.add_cuda, grid, threads, *x.rows2d(), *y.rows2d(), T, n, False)
 
     def add_bias(self, x: DeviceTensor, b: DeviceTensor) -> None:
         T, n = x.shape
         grid, threads = elem_grid(T * n)
         if T:
-            ops.add_cuda[grid, threads](*x.rows2d(), b.buf, b.offset, 0, T, n, True)
+            launch(ops.add_cuda, grid, threads, *x.rows2d(), b.buf, b.offset, 0, T, n, True)
 
     def alloc_kv(self, n_layers: int, n_blocks: int, block_size: int, n_kv: int, d: int, dv: int) -> Any:
         return [
@@ -172,37 +204,96 @@ class CudaBackend(Backend):
         dv = v.shape[2]
         grid, threads = elem_grid(T * n_kv * (d + dv))
         if T:
-            attn.write_kv_cuda[grid, threads](
-                *k.heads3d(), *v.heads3d(), k_cache, v_cache, slots, n_kv, d, dv
+            launch(
+                attn.write_kv_cuda,
+                grid,
+                threads,
+                *k.heads3d(),
+                *v.heads3d(),
+                k_cache,
+                v_cache,
+                slots,
+                n_kv,
+                d,
+                dv,
             )
 
     def copy_blocks(self, kv: Any, pairs: list[tuple[int, int]]) -> None:
         if not pairs:
             return
-        src = cuda.to_device(np.asarray([p[0] for p in pairs], np.int64))
-        dst = cuda.to_device(np.asarray([p[1] for p in pairs], np.int64))
+        src = self._upload(np.asarray([p[0] for p in pairs], np.int64))
+        dst = self._upload(np.asarray([p[1] for p in pairs], np.int64))
         for k_cache, v_cache in kv:
             for cache in (k_cache, v_cache):
                 per_block = int(np.prod(cache.shape[1:]))
                 flat = cache.reshape(cache.shape[0], per_block)
                 grid, threads = elem_grid(len(pairs) * per_block)
-                attn.copy_blocks_cuda[grid, threads](flat, src, dst, per_block)
+                launch(attn.copy_blocks_cuda, grid, threads, flat, src, dst, per_block)
 
-    def attention(self, q: DeviceTensor, kv: Any, layer: int, block_tables: Any, seq_index: Any,
-                  positions: Any, window: int, scale: float, out: DeviceTensor) -> None:
+    def attention(
+        self,
+        q: DeviceTensor,
+        kv: Any,
+        layer: int,
+        block_tables: Any,
+        seq_index: Any,
+        positions: Any,
+        window: int,
+        scale: float,
+        out: DeviceTensor,
+    ) -> None:
         k_cache, v_cache = kv[layer]
         T, H, _ = q.shape
         if T:
-            attn.attention_paged_cuda[T * H, ROW_THREADS](
-                *q.heads3d(), k_cache, v_cache, block_tables, seq_index, positions, int(window),
-                np.float32(scale), H, *out.heads3d()
+            launch(
+                attn.attention_paged_cuda,
+                T * H,
+                ROW_THREADS,
+                *q.heads3d(),
+                k_cache,
+                v_cache,
+                block_tables,
+                seq_index,
+                positions,
+                int(window),
+                np.float32(scale),
+                H,
+                *out.heads3d(),
             )
 
-    # --- device sampling -------------------------------------------------------------------------------
-    def argmax(self, logits: DeviceTensor) -> np.ndarray:
-        """Greedy token per row computed on the device; only the ids come back."""
-        rows, n = logits.shape
-        ids = self.scratch.get("argmax", (max(rows, 1),), np.int32)
+    # --- logits and device sampling ----------------------------------------------------------------------
+    def take_rows(self, x: DeviceTensor, index: np.ndarray) -> DeviceTensor:
+        rows = np.ascontiguousarray(index, dtype=np.int32)
+        n = x.shape[1]
+        out = self.empty((len(rows), n))
+        if out.size:
+            grid, threads = elem_grid(out.size)
+            launch(ops.take_rows_cuda, grid, threads, *x.rows2d(), self._upload(rows), n, out.buf)
+        return out
+
+    def softcap(self, x: DeviceTensor, cap: float) -> DeviceTensor:
+        rows, n = x.shape
         if rows:
-            attn.argmax_rows_cuda[rows, ROW_THREADS](*logits.rows2d(), n, ids)
-        return ids.copy_to_host()[:rows]
+            grid, threads = elem_grid(rows * n)
+            launch(samp.softcap_cuda, grid, threads, *x.rows2d(), rows, n, np.float32(cap))
+        return x
+
+    def _top_k(self, logits: DeviceTensor, k: int, nan_first: bool) -> tuple[Any, Any]:
+        rows, n = logits.shape
+        if not 1 <= k <= min(n, MAX_TOP_K):
+            raise ValueError(f"top-k on the device needs 1 <= k <= min(n_vocab, {MAX_TOP_K}), got k={k}")
+        vals = self.scratch.get("top_v", (max(rows, 1), k), np.float32)
+        ids = self.scratch.get("top_i", (max(rows, 1), k), np.int32)
+        if rows:
+            launch(samp.top_k_rows_cuda, rows, ROW_THREADS, *logits.rows2d(), n, k, nan_first, vals, ids)
+        return vals, ids
+
+    def argmax(self, logits: DeviceTensor) -> np.ndarray:
+        """np.argmax of each row, computed on the device: only the int32 ids come back."""
+        _, ids = self._top_k(logits, 1, True)
+        return self._download(ids)[: logits.shape[0], 0]
+
+    def top_k(self, logits: DeviceTensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+        vals, ids = self._top_k(logits, k, False)
+        rows = logits.shape[0]
+        return self._download(vals)[:rows], self._download(ids)[:rows]

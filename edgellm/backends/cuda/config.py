@@ -7,6 +7,10 @@ power-of-two team size, so the same code paths (strided loops, shared-memory tre
 
 from __future__ import annotations
 
+import time
+from collections import Counter, defaultdict
+from typing import Any
+
 import numpy as np
 from numba import config, cuda
 
@@ -22,6 +26,8 @@ GEMM_TILE_M = 4 if SIMULATOR else 8
 ROW_THREADS = 4 if SIMULATOR else 128
 # Threads per block of the elementwise kernels.
 ELEM_THREADS = 4 if SIMULATOR else 256
+# Largest k of the device top-k (per-thread sorted lists of this length live in local memory).
+MAX_TOP_K = 64
 # Largest head dim the attention kernel's per-thread V accumulators cover.
 MAX_HEAD_DIM = 512
 ACC_PER_THREAD = -(-MAX_HEAD_DIM // ROW_THREADS)
@@ -64,3 +70,50 @@ def f16_round(x):  # noqa: ANN001, ANN201
 def rint_f32(v):  # noqa: ANN001, ANN201
     """Round-half-even of a float32 |v| < 2^22 in float32 adds only (nothing NVVM could fuse)."""
     return (v + RINT_MAGIC) - RINT_MAGIC
+
+
+class KernelStats:
+    """What crossed the bus and what was launched: the measure of launch overhead and of device sampling.
+
+    Launch counts are always kept (a dict increment next to a launch that costs microseconds). With `timing`
+    on, each launch is bracketed by device synchronizes and its wall time is added per kernel: a profiling
+    mode only, since it serializes host and GPU (scripts/cuda_profile.py)."""
+
+    def __init__(self) -> None:
+        self.timing = False
+        self.reset()
+
+    def reset(self) -> None:
+        self.launches: Counter[str] = Counter()
+        self.seconds: defaultdict[str, float] = defaultdict(float)
+        self.to_host_bytes = self.to_host_copies = 0
+        self.from_host_bytes = self.from_host_copies = 0
+
+    def count_to_host(self, nbytes: int) -> None:
+        self.to_host_bytes += int(nbytes)
+        self.to_host_copies += 1
+
+    def count_from_host(self, nbytes: int) -> None:
+        self.from_host_bytes += int(nbytes)
+        self.from_host_copies += 1
+
+    @property
+    def total_launches(self) -> int:
+        return sum(self.launches.values())
+
+
+STATS = KernelStats()
+
+
+def launch(kernel: Any, grid: Any, block: Any, *args: Any) -> None:
+    """kernel[grid, block](*args), counted (and timed when STATS.timing)."""
+    name = kernel.py_func.__name__
+    STATS.launches[name] += 1
+    if not STATS.timing:
+        kernel[grid, block](*args)
+        return
+    cuda.synchronize()
+    t0 = time.perf_counter()
+    kernel[grid, block](*args)
+    cuda.synchronize()
+    STATS.seconds[name] += time.perf_counter() - t0

@@ -30,6 +30,7 @@ from edgellm.backends.cuda.config import (
     SIMULATOR,
     cdiv,
     f16_round,
+    launch,
     mul_rn,
     rint_f32,
 )
@@ -60,11 +61,20 @@ def upload_weight(p: PackedWeight) -> DeviceWeight:
     if p.dense is not None:
         dense = p.dense.astype(np.float16) if traits.vec_dot == "f16" else p.dense  # F16: exact round trip
         d = cuda.to_device(np.ascontiguousarray(dense))
-        return DeviceWeight(p.rows, p.cols, p.qtype, dense=d, act_round=ACT_ROUND[traits.vec_dot],
-                            nbytes=dense.nbytes)
+        return DeviceWeight(
+            p.rows, p.cols, p.qtype, dense=d, act_round=ACT_ROUND[traits.vec_dot], nbytes=dense.nbytes
+        )
     words = np.ascontiguousarray(p.q).view(np.int32)
-    w = DeviceWeight(p.rows, p.cols, p.qtype, q=cuda.to_device(words), scale=cuda.to_device(p.scale),
-                     group=p.group, act_mode=p.act_mode, nbytes=words.nbytes + p.scale.nbytes)
+    w = DeviceWeight(
+        p.rows,
+        p.cols,
+        p.qtype,
+        q=cuda.to_device(words),
+        scale=cuda.to_device(p.scale),
+        group=p.group,
+        act_mode=p.act_mode,
+        nbytes=words.nbytes + p.scale.nbytes,
+    )
     if p.minv is not None:
         w.minv = cuda.to_device(p.minv)
         w.nbytes += p.minv.nbytes
@@ -183,8 +193,12 @@ def _grouped_kernel(tile_m: int):  # noqa: ANN202
                     for i in range(tile_m):
                         if m0 + i < m_rows:
                             xv = xq[m0 + i, j]
-                            isum[i] += (w0 * byte_of(xv, 0) + w1 * byte_of(xv, 1)
-                                        + w2 * byte_of(xv, 2) + w3 * byte_of(xv, 3))
+                            isum[i] += (
+                                w0 * byte_of(xv, 0)
+                                + w1 * byte_of(xv, 1)
+                                + w2 * byte_of(xv, 2)
+                                + w3 * byte_of(xv, 3)
+                            )
                 sc = scale[n, g]
                 for i in range(tile_m):
                     m = m0 + i
@@ -258,7 +272,7 @@ def quantize_act(x: Any, w: DeviceWeight, scratch: Scratch) -> tuple[Any, Any, A
     block = 256 if w.act_mode == 2 else 32
     threads = 32 if not SIMULATOR else 4
     grid = max(1, cdiv(m_rows * (k_cols // block), threads))  # one thread per activation block
-    quantize_act_cuda[grid, threads](buf, off, ld, m_rows, k_cols, w.group, w.act_mode, xq, xs, xsum)
+    launch(quantize_act_cuda, grid, threads, buf, off, ld, m_rows, k_cols, w.group, w.act_mode, xq, xs, xsum)
     return xq, xs, xsum
 
 
@@ -275,12 +289,12 @@ def matmul_cuda(x: Any, w: DeviceWeight, out: Any, scratch: Scratch) -> None:
     block = (MATMUL_LANES, MATMUL_ROWS)
     if w.dense is not None:
         x_buf, x_off, x_ld = x.rows2d()
-        DENSE[tile][grid, block](x_buf, x_off, x_ld, w.dense, w.act_round, m_rows, o_buf, o_off, o_ld)
+        launch(DENSE[tile], grid, block, x_buf, x_off, x_ld, w.dense, w.act_round, m_rows, o_buf, o_off, o_ld)
         return
     xq, xs, xsum = quantize_act(x, w, scratch)
     has_min = w.minv is not None
     minv = w.minv if has_min else w.scale
-    GROUPED[tile][grid, block](xq, xs, xsum, w.q, w.scale, minv, has_min, m_rows, o_buf, o_off, o_ld)
+    launch(GROUPED[tile], grid, block, xq, xs, xsum, w.q, w.scale, minv, has_min, m_rows, o_buf, o_off, o_ld)
 
 
 @cuda.jit

@@ -127,3 +127,10 @@ def copy_strided_cuda(x, off, st, sh, n_tokens, n_heads, d, out):  # noqa: ANN00
         h = (idx // d) % n_heads
         t = idx // (d * n_heads)
         out[idx] = x[off + t * st + h * sh + i]
+
+
+@cuda.jit
+def take_rows_cuda(x, x_off, x_ld, rows, n, out):  # noqa: ANN001
+    """out (contiguous [L, n]) = x[rows]: the rows that need logits, gathered without a trip to the host."""
+    for idx in range(cuda.grid(1), rows.shape[0] * n, cuda.gridsize(1)):  # grid-stride
+        out[idx] = x[x_off + rows[idx // n] * x_ld + idx % n]
