@@ -13,22 +13,24 @@ as the median over repetitions (the box is shared: medians are steadier than bes
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import statistics
 import sys
 import time
-from dataclasses import replace
-
-import numba
-import numpy as np
-from gguf import GGMLQuantizationType as T
 
 if "--no-vnni" in sys.argv:  # must precede the kernel imports (the path is chosen at import)
     os.environ["EDGELLM_NO_VNNI"] = "1"
+# as edgellm/__init__ does, but before this script's own `import numba` (which isort puts first)
+os.environ.setdefault("NUMBA_THREADING_LAYER_PRIORITY", "omp tbb workqueue")
+
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
+from gguf import GGMLQuantizationType as T  # noqa: E402
 
 from edgellm.backends.cpu import vnni  # noqa: E402
 from edgellm.backends.cpu.matmul import matmul_cpu  # noqa: E402
-from edgellm.backends.cpu.packed import PackedWeight, pack_weight  # noqa: E402
+from edgellm.backends.cpu.packed import PackedWeight, pack_weight, tile_packed  # noqa: E402
 from edgellm.quants import BLOCK_DTYPES, get_traits  # noqa: E402
 
 L3_BYTES = 32 * 2**20
@@ -83,17 +85,12 @@ def bench_case(
 ) -> None:
     raw = random_raw(qtype, rows, cols, rng)
     gguf_bytes = raw.nbytes
+    # the layout the CPU backend uses on this host (tile16 with VNNI, int8 rows otherwise)
     first = pack_weight(qtype, raw, rows, cols)
+    if vnni.VNNI_ACTIVE:
+        first = tile_packed(first)
     n_copies = max(1, -(-2 * L3_BYTES // first.nbytes))  # 2x L3 worth of weights for the cold GEMV
-    weights: list[PackedWeight] = [first] + [
-        replace(
-            first,
-            q=first.q.copy(),
-            scale=first.scale.copy(),
-            minv=None if first.minv is None else first.minv.copy(),
-        )
-        for _ in range(n_copies - 1)
-    ]
+    weights: list[PackedWeight] = [first] + [copy.deepcopy(first) for _ in range(n_copies - 1)]
     label = f"{qtype.name} {rows}x{cols}"
     for threads in threads_list:
         numba.set_num_threads(threads)

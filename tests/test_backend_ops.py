@@ -17,8 +17,9 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
 
+from edgellm.backends.cpu import vnni
 from edgellm.backends.cpu.matmul import ACT_MODES, matmul_cpu, quantize_act_cpu
-from edgellm.backends.cpu.packed import dequantize_rows_cpu, pack_weight
+from edgellm.backends.cpu.packed import dequantize_rows_cpu, pack_weight, tile_packed
 from edgellm.quants import BLOCK_DTYPES, QUANT_TRAITS, UnsupportedQuantError, get_traits
 from edgellm.quants.activations import quantize_act_ref
 
@@ -66,21 +67,29 @@ def assert_guards_untouched(buf: np.ndarray, rows: int, cols: int) -> None:
     assert np.isnan(buf[mask]).all(), "op wrote outside its output slice"
 
 
+# Weight layouts of the CPU backend: int8 rows (portable kernels, every host) and vnni's tile16 (hosts with
+# AVX-512 VNNI; the backend uses it there). Float types have one layout.
 CASES = [
-    pytest.param(op, qtype, shape, id=f"{op}-{qtype.name}-{shape[0]}x{shape[1]}")
+    pytest.param(op, qtype, shape, layout, id=f"{op}-{qtype.name}-{shape[0]}x{shape[1]}-{layout}")
     for op in ("matmul_m1", "matmul_m2", "matmul_m7", "matmul_m33", "get_rows")
     for qtype in QUANT_TRAITS
     for shape in SHAPES
+    for layout in (["rows"] if qtype in FLOAT_TYPES else ["rows", "tile16"])
 ]
 
 
-@pytest.mark.parametrize("op,qtype,shape", CASES)
-def test_backend_op_matches_reference(op: str, qtype: T, shape: tuple[int, int]) -> None:
+@pytest.mark.parametrize("op,qtype,shape,layout", CASES)
+def test_backend_op_matches_reference(op: str, qtype: T, shape: tuple[int, int], layout: str) -> None:
+    if layout == "tile16" and not vnni._host_has_vnni():
+        pytest.skip("host CPU has no AVX-512 VNNI")
     rows, cols = shape
     rng = np.random.default_rng(zlib.crc32(f"{op}-{qtype.name}-{shape}".encode()))
     raw = random_raw(qtype, rows, cols, rng)
     ref_w = reference_weight(qtype, raw, rows, cols)
     packed = pack_weight(qtype, raw, rows, cols)
+    if layout == "tile16":
+        packed = tile_packed(packed)
+        assert packed.tiles is not None and packed.q is None
     if op == "get_rows":
         ids = rng.integers(0, rows, 9)
         got = dequantize_rows_cpu(packed, ids)
@@ -147,7 +156,8 @@ def test_activation_quantization_matches_llama_cpp_rule(vec_dot: str, group: int
     x[1, :256] = 0.0
     x[2, 3] = -40.0
     x[3, :32] = np.float32(127.0) / 254.0 * np.arange(32)  # exact .5 ties after scaling
-    got = quantize_act_cpu(x, group, ACT_MODES[vec_dot])
+    xq, xs, xsum, xisum = quantize_act_cpu(x, group, ACT_MODES[vec_dot])
     want = quantize_act_ref(x, group, vec_dot)
-    for g, w in zip(got, want, strict=True):
+    for g, w in zip((xq, xs, xsum), want, strict=True):
         np.testing.assert_array_equal(g, w)
+    np.testing.assert_array_equal(xisum, want[0].reshape(5, -1, group).astype(np.int64).sum(-1))

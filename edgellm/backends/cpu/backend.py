@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import numba
 import numpy as np
 
 from edgellm.backends.base import Backend
-from edgellm.backends.cpu import ops
+from edgellm.backends.cpu import ops, vnni
+from edgellm.backends.cpu.attention import attention_paged_cpu
 from edgellm.backends.cpu.matmul import matmul_cpu
-from edgellm.backends.cpu.packed import PackedWeight, dequantize_rows_cpu, pack_weight
+from edgellm.backends.cpu.packed import PackedWeight, dequantize_rows_cpu, pack_weight, tile_packed
 from edgellm.gguf.reader import TensorInfo
 from edgellm.quants.traits import get_traits
 
@@ -80,9 +82,13 @@ class CpuBackend(Backend):
             get_traits(t.qtype, t.name)  # clear error for unsupported types, naming the tensor
             rows, cols = t.shape
             parts.append(pack_weight(t.qtype, t.data, rows, cols))
+        # On VNNI hosts the int8 rows move to the tile16 layout after stacking (no second copy is kept).
+        layout = tile_packed if vnni.VNNI_ACTIVE else (lambda w: w)
         if len(parts) == 1:
-            return parts[0]
-        return stack_packed(parts) if _stackable(parts) else StackedWeights(parts)
+            return layout(parts[0])
+        if _stackable(parts):
+            return layout(stack_packed(parts))
+        return StackedWeights([layout(p) for p in parts])
 
     def load_vector(self, tensor: TensorInfo) -> np.ndarray:
         get_traits(tensor.qtype, tensor.name)
@@ -144,7 +150,7 @@ class CpuBackend(Backend):
     def alloc_kv(self, n_layers: int, n_blocks: int, block_size: int, n_kv: int, d: int, dv: int) -> Any:
         return [
             (
-                np.zeros((n_blocks, block_size, n_kv, d), np.float32),
+                np.zeros((n_blocks, n_kv, d, block_size), np.float32),  # K transposed per block
                 np.zeros((n_blocks, block_size, n_kv, dv), np.float32),
             )
             for _ in range(n_layers)
@@ -174,4 +180,7 @@ class CpuBackend(Backend):
         out: np.ndarray,
     ) -> None:
         k_cache, v_cache = kv[layer]
-        ops.attention_paged_cpu(q, k_cache, v_cache, block_tables, seq_index, positions, window, scale, out)
+        attention_paged_cpu(
+            np.ascontiguousarray(q), k_cache, v_cache, block_tables, seq_index, positions, window, scale,
+            numba.get_num_threads(), out,
+        )  # fmt: skip

@@ -37,7 +37,7 @@ ACT_MODES = {"q8_0": ACT_Q8_0, "q8_1": ACT_Q8_1, "q8_K": ACT_Q8_K}
 
 
 @njit(cache=True, nogil=True, fastmath=ORDERED_MATH, inline="always")
-def _quantize_act_row(x, m, group, mode, xq, xs, xsum) -> None:
+def _quantize_act_row(x, m, group, mode, xq, xs, xsum, xisum) -> None:
     """Row m of quantize_act_cpu (shared by the parallel and the serial entry: same code, same bits)."""
     k_cols = x.shape[1]
     block = 256 if mode == ACT_Q8_K else 32
@@ -69,6 +69,7 @@ def _quantize_act_row(x, m, group, mode, xq, xs, xsum) -> None:
             for k in range(group):
                 isum += np.int32(xq[m, base + j * group + k])
             xs[m, g] = d_stored
+            xisum[m, g] = isum
             if mode == ACT_Q8_1:
                 xsum[m, g] = f16_round(d * np.float32(isum))
             else:
@@ -76,20 +77,23 @@ def _quantize_act_row(x, m, group, mode, xq, xs, xsum) -> None:
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath=ORDERED_MATH)
-def quantize_act_cpu(x: np.ndarray, group: int, mode: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """x f32 [M,K] -> (xq int8 [M,K], xs f32 [M,K//G], xsum f32 [M,K//G]) for weight group G.
+def quantize_act_cpu(x: np.ndarray, group: int, mode: int) -> tuple[np.ndarray, ...]:
+    """x f32 [M,K] -> (xq int8 [M,K], xs f32 [M,K//G], xsum f32 [M,K//G], xisum int32 [M,K//G]) for
+    weight group G.
 
     Quantizes exactly as llama.cpp quantizes activations for the weight type (see ACT_*), then expresses
     the result per weight group: xs[m, g] is the scale of the activation block holding group g, and
     xsum[m, g] = xs * sum(xq over the group) (f16-rounded for q8_1, as its `s` field) — the sum of the
-    dequantized activations, so the min term sees the same rounding as the integer term."""
+    dequantized activations, so the min term sees the same rounding as the integer term. xisum is the
+    exact integer sum of xq over the group (the VNNI kernels' offset correction)."""
     m_rows, k_cols = x.shape
     xq = np.empty((m_rows, k_cols), np.int8)
     xs = np.empty((m_rows, k_cols // group), np.float32)
     xsum = np.empty((m_rows, k_cols // group), np.float32)
+    xisum = np.empty((m_rows, k_cols // group), np.int32)
     for m in prange(m_rows):
-        _quantize_act_row(x, m, group, mode, xq, xs, xsum)
-    return xq, xs, xsum
+        _quantize_act_row(x, m, group, mode, xq, xs, xsum, xisum)
+    return xq, xs, xsum, xisum
 
 
 @njit(cache=True, nogil=True, fastmath=ORDERED_MATH)
@@ -99,18 +103,17 @@ def quantize_act_serial_cpu(x: np.ndarray, group: int, mode: int) -> tuple[np.nd
     xq = np.empty((m_rows, k_cols), np.int8)
     xs = np.empty((m_rows, k_cols // group), np.float32)
     xsum = np.empty((m_rows, k_cols // group), np.float32)
+    xisum = np.empty((m_rows, k_cols // group), np.int32)
     for m in range(m_rows):
-        _quantize_act_row(x, m, group, mode, xq, xs, xsum)
-    return xq, xs, xsum
+        _quantize_act_row(x, m, group, mode, xq, xs, xsum, xisum)
+    return xq, xs, xsum, xisum
 
 
 @njit(cache=True, nogil=True, fastmath=ORDERED_MATH)
-def matmul_vnni_m1_cpu(x, q, scale, minv, has_min, group, mode, n_threads, out) -> None:
+def matmul_tiles_m1_cpu(x, qt, sct, mnt, has_min, group, mode, n_rows, n_threads, out) -> None:
     """Decode (M=1) through the VNNI tiles in one call from Python: serial quantize, one parallel region."""
-    xq, xs, xsum = quantize_act_serial_cpu(x, group, mode)
-    n_done = vnni.matmul_vnni_tiles_cpu(xq, xs, xsum, q, scale, minv, has_min, group, n_threads, out)
-    if n_done < q.shape[0]:
-        rows_from_cpu(xq, xs, xsum, q, scale, minv, has_min, group, n_done, out)
+    xq, xs, xsum, xisum = quantize_act_serial_cpu(x, group, mode)
+    vnni.matmul_tiles_cpu(xq, xs, xsum, xisum, qt, sct, mnt, has_min, group, n_rows, n_threads, out)
 
 
 @njit(cache=True, nogil=True, fastmath=ORDERED_MATH, inline="always")
@@ -229,17 +232,6 @@ def gemm_grouped_cpu(xq, xs, xsum, q, scale, minv, has_min, group, out) -> None:
             m += 1
 
 
-@njit(cache=True, nogil=True, fastmath=ORDERED_MATH)
-def rows_from_cpu(xq, xs, xsum, q, scale, minv, has_min, group, n_start, out) -> None:
-    """Serial _row_dot for weight rows n_start.. (the < 4 rows the VNNI tiles leave)."""
-    n_groups = q.shape[1] // group
-    g_u = U(group)
-    for n in range(n_start, q.shape[0]):
-        mn_row = minv[n] if has_min else scale[n]
-        for m in range(xq.shape[0]):
-            out[m, n] = _row_dot(xq[m], xs[m], xsum[m], q[n], scale[n], mn_row, n_groups, g_u, has_min)
-
-
 @njit(cache=True, nogil=True, parallel=True, fastmath=True)
 def matmul_dense_f32_cpu(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
     """out = x @ w.T for float weights. One compiled loop serves every M, so a row's dot product is the
@@ -264,27 +256,28 @@ def _check(x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
         )
 
 
-def _contiguous(*arrays: np.ndarray) -> bool:
-    return all(a.flags.c_contiguous for a in arrays)
-
-
 def matmul_grouped_cpu(x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
     """out[M, N] = x[M, K] @ W.T for int8-grouped weights (writes in place; out may be a strided view)."""
     _check(x, w, out)
+    if w.tiles is not None:
+        t = w.tiles
+        has_min = t.mnt is not None
+        mnt = t.mnt if has_min else t.sct  # placeholder of the right type; unused when has_min is False
+        if out.strides[1] != 4:  # the tiles store 16 contiguous floats per row
+            tmp = np.empty(out.shape, np.float32)
+            matmul_grouped_cpu(x, w, tmp)
+            out[...] = tmp
+            return
+        n_threads = numba.get_num_threads()
+        if x.shape[0] == 1:
+            matmul_tiles_m1_cpu(x, t.qt, t.sct, mnt, has_min, w.group, w.act_mode, w.rows, n_threads, out)
+            return
+        xq, xs, xsum, xisum = quantize_act_cpu(x, w.group, w.act_mode)
+        vnni.matmul_tiles_cpu(xq, xs, xsum, xisum, t.qt, t.sct, mnt, has_min, w.group, w.rows, n_threads, out)
+        return
     has_min = w.minv is not None
     minv = w.minv if has_min else w.scale  # placeholder of the right type; unused when has_min is False
-    use_vnni = vnni.VNNI_ACTIVE and w.rows >= vnni.TILE_ROWS and _contiguous(w.q, w.scale, minv)
-    if use_vnni and x.shape[0] == 1:
-        matmul_vnni_m1_cpu(x, w.q, w.scale, minv, has_min, w.group, w.act_mode, numba.get_num_threads(), out)
-        return
-    xq, xs, xsum = quantize_act_cpu(x, w.group, w.act_mode)
-    if use_vnni:
-        n_done = vnni.matmul_vnni_tiles_cpu(
-            xq, xs, xsum, w.q, w.scale, minv, has_min, w.group, numba.get_num_threads(), out
-        )
-        if n_done < w.rows:
-            rows_from_cpu(xq, xs, xsum, w.q, w.scale, minv, has_min, w.group, n_done, out)
-        return
+    xq, xs, xsum, _ = quantize_act_cpu(x, w.group, w.act_mode)
     kernel = gemv_grouped_cpu if x.shape[0] == 1 else gemm_grouped_cpu
     kernel(xq, xs, xsum, w.q, w.scale, minv, has_min, w.group, out)
 

@@ -3,18 +3,20 @@
 Quantized types become "int8 grouped": q int8 [N, K], scale f32 [N, K//G], minv f32 [N, K//G] or None, with
 weight[n, k] == scale[n, k//G] * q[n, k] + minv[n, k//G]. Contiguous int8 rows with f32 scales stream
 2-4x faster than the raw GGUF blocks and auto-vectorise (see the shared kernel notes). Float types
-(F32/F16/BF16) become a dense f32 [N, K] matrix.
+(F32/F16/BF16) become a dense f32 [N, K] matrix. On hosts with AVX-512 VNNI the CPU backend then moves the
+int8 rows into vnni's "tile16" layout (`tile_packed`), which replaces q/scale/minv (no second copy).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from gguf import GGMLQuantizationType
 from numba import njit, prange
 
+from edgellm.backends.cpu import vnni
 from edgellm.backends.cpu.matmul import ACT_MODES, ACT_Q8_0, ORDERED_MATH, U
 from edgellm.quants.traits import get_traits
 
@@ -37,6 +39,19 @@ ACT_ROUNDING: dict[str, Callable[[np.ndarray], np.ndarray] | None] = {
 
 
 @dataclass
+class Tiles:
+    """vnni.to_tiles output: rows interleaved 16 at a time by 4-byte words, quants offset to uint8."""
+
+    qt: np.ndarray  # uint8 [T, K/4, 16, 4]
+    sct: np.ndarray  # f32 [T, K/G, 16]
+    mnt: np.ndarray | None  # f32 [T, K/G, 16] or None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.qt, self.sct, self.mnt) if a is not None)
+
+
+@dataclass
 class PackedWeight:
     q: np.ndarray | None  # int8 [N, K], None for float types
     scale: np.ndarray | None  # f32 [N, K // group]
@@ -48,12 +63,23 @@ class PackedWeight:
     qtype: GGMLQuantizationType
     act_mode: int = ACT_Q8_0  # how activations are quantized (matmul.ACT_*), from the traits' vec_dot
     act_round: Callable[[np.ndarray], np.ndarray] | None = None  # float weights: activation rounding
+    tiles: Tiles | None = None  # the VNNI layout; q, scale and minv are then None
 
     @property
     def nbytes(self) -> int:
         """Bytes the kernels stream per full pass over the weight."""
         arrays = (self.q, self.scale, self.minv, self.dense)
-        return sum(a.nbytes for a in arrays if a is not None)
+        tiles = self.tiles.nbytes if self.tiles is not None else 0
+        return sum(a.nbytes for a in arrays if a is not None) + tiles
+
+
+def tile_packed(w: PackedWeight) -> PackedWeight:
+    """The same weight in vnni's tile16 layout (int8-grouped weights only; others are returned as they are).
+    Outputs stay bit-identical to the row layout's portable kernels."""
+    if w.q is None:
+        return w
+    qt, sct, mnt = vnni.to_tiles(w.q, w.scale, w.minv)
+    return replace(w, q=None, scale=None, minv=None, tiles=Tiles(qt, sct, mnt))
 
 
 def pack_weight(
@@ -102,6 +128,11 @@ def dequantize_rows_cpu(w: PackedWeight, ids: np.ndarray) -> np.ndarray:
     if w.dense is not None:
         return w.dense[ids]
     out = np.empty((ids.shape[0], w.cols), np.float32)
+    if w.tiles is not None:
+        t = w.tiles
+        has_min = t.mnt is not None
+        vnni.gather_tiles_cpu(t.qt, t.sct, t.mnt if has_min else t.sct, has_min, w.group, ids, out)
+        return out
     has_min = w.minv is not None
     _gather_grouped(w.q, w.scale, w.minv if has_min else w.scale, has_min, w.group, ids, out)
     return out
