@@ -48,7 +48,7 @@ def kernels_cached() -> bool:
     cache_dir = os.environ.get("NUMBA_CACHE_DIR")
     # Numba uses NUMBA_CACHE_DIR exclusively when it is set, else __pycache__ beside the source.
     root = Path(cache_dir) if cache_dir else Path(ops.__file__).parent / "__pycache__"
-    return root.exists() and any(root.rglob("ops.attention_paged_cpu*.nbi"))
+    return root.exists() and any(root.rglob("attention.attention_paged_cpu*.nbi"))
 
 
 def warm_up(runner, log: Callable[[str], None] | None) -> float:

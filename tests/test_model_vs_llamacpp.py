@@ -28,8 +28,11 @@ MIN_FULL_MATCHES = 3  # prompts per model that must match all fixture tokens (>=
 # batched run on 98.4% of top-1 tokens for both models (perplexity off by 0.3% / 1.1%), and with
 # n_batch=7 on 95.9% for Gemma 3. The disagreements are near-ties (top-2 gaps of 0.1-0.2). An exact
 # float64 forward of SmolLM2's weights agrees with llama.cpp on 97.5% with a perplexity 1.5% lower.
-# So the bound is llama.cpp's own self-consistency, not the issue's figure.
-TOP1_MIN = {"smollm2-135m": 0.97, "gemma3-270m": 0.97}
+# So the bound is llama.cpp's own self-consistency, not the issue's figure: at least 96% (one token in 122
+# moves the figure by 0.8%, and our runs give 96.7-97.5% depending on summation order in attention), and
+# every disagreement must be a near-tie in our own logits (llama.cpp's token within TF_NEAR_TIE of ours).
+TOP1_MIN = {"smollm2-135m": 0.96, "gemma3-270m": 0.96}
+TF_NEAR_TIE = 0.5
 PPL_TOL = {"smollm2-135m": 0.02, "gemma3-270m": 0.015}
 
 
@@ -76,6 +79,11 @@ def test_teacher_forced_logits_match_llamacpp(model) -> None:
     lsm -= np.log(np.exp(lsm).sum(-1, keepdims=True))
     ppl = float(np.exp(-np.mean([lsm[t, ids[t + 1]] for t in range(len(ids) - 1)])))
     assert top1 >= TOP1_MIN[name], f"{name}: top-1 agreement {top1:.4f}"
+    for t in np.nonzero(logits.argmax(axis=-1) != np.asarray(sc["top1"]))[0]:
+        gap = logits[t].max() - logits[t, sc["top1"][t]]
+        assert gap < TF_NEAR_TIE, (
+            f"{name} position {t}: llama.cpp's top-1 is {gap:.2f} below ours (not a near-tie)"
+        )
     assert abs(ppl / sc["perplexity"] - 1) <= PPL_TOL[name], (
         f"{name}: ppl {ppl:.3f} vs {sc['perplexity']:.3f}"
     )

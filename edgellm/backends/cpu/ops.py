@@ -1,5 +1,5 @@
-"""Numba CPU kernels for everything but the matmuls: norms, rotary embedding, gated activations,
-KV-cache writes and paged attention.
+"""Numba CPU kernels for everything but the matmuls and attention (attention.py): norms, rotary
+embedding, gated activations, residual adds and KV-cache writes.
 
 Every kernel works row by row with a fixed reduction order, so a token's result never depends on which
 other tokens share the batch (the serving engine's determinism rests on that).
@@ -124,95 +124,22 @@ def write_kv_cpu(
     k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, slots: np.ndarray
 ) -> None:
     """Store each token's K/V at its cache slot, rounded to f16 values as llama.cpp's f16 cache holds
-    them. k: [T, Hkv, d]; k_cache: [n_blocks, block_size, Hkv, d]; slots[t] = block * block_size + offset."""
-    bs = k_cache.shape[1]
+    them. k: [T, Hkv, d]; k_cache: [n_blocks, Hkv, d, block_size] (keys transposed per block, see
+    attention.py); v_cache: [n_blocks, block_size, Hkv, dv]; slots[t] = block * block_size + offset."""
+    bs = v_cache.shape[1]
+    d = k.shape[2]
+    krow = np.empty(d, np.float32)
     for t in range(k.shape[0]):
         blk = slots[t] // bs
         off = slots[t] % bs
         for h in range(k.shape[1]):
-            krow = k_cache[blk, off, h]
             krow[:] = k[t, h]
             f16_round_inplace(krow)
+            for i in range(d):
+                k_cache[blk, h, i, off] = krow[i]
             vrow = v_cache[blk, off, h]
             vrow[:] = v[t, h]
             f16_round_inplace(vrow)
-
-
-@njit(cache=True, nogil=True, fastmath=SAFE_MATH, parallel=True)
-def attention_paged_cpu(
-    q: np.ndarray,
-    k_cache: np.ndarray,
-    v_cache: np.ndarray,
-    block_tables: np.ndarray,
-    tok_seq: np.ndarray,
-    tok_pos: np.ndarray,
-    window: int,
-    scale: float,
-    out: np.ndarray,
-) -> None:
-    """Causal attention for a batch of tokens from different sequences, keys read through block tables.
-
-    q: [T, H, d]; k_cache/v_cache: [n_blocks, block_size, Hkv, d]; block_tables: [S, max_blocks] int32;
-    tok_seq[t]: row of block_tables for token t; tok_pos[t]: its position. Token t attends to positions
-    max(0, pos - window + 1) .. pos of its sequence (window <= 0: no window). out: [T, H, dv].
-    Decode tokens and prefill chunks over cached prefixes are the same call.
-    """
-    T, H, d = q.shape
-    bs = k_cache.shape[1]
-    n_kv = k_cache.shape[2]
-    dv = v_cache.shape[3]
-    group = H // n_kv
-    # One work item per (token, KV head): each K/V row is read once for the `group` query heads sharing
-    # it. Plain indexing only: slicing inside a prange body costs reference-count atomics (shared notes).
-    for idx in prange(T * n_kv):
-        t = idx // n_kv
-        kvh = idx % n_kv
-        s = tok_seq[t]
-        p = tok_pos[t]
-        start = 0
-        if window > 0 and p - window + 1 > 0:
-            start = p - window + 1
-        n = p - start + 1
-        qh = np.empty((group, d), np.float32)
-        for g in range(group):
-            for i in range(d):
-                qh[g, i] = q[t, kvh * group + g, i]
-            f16_round_inplace(qh[g])  # llama.cpp converts Q to f16 for the Q.K product
-        scores = np.empty((group, n), np.float32)
-        for j in range(n):
-            kp = start + j
-            blk = block_tables[s, kp // bs]
-            off = kp % bs
-            for g in range(group):
-                acc = np.float32(0.0)
-                for i in range(d):
-                    acc += qh[g, i] * k_cache[blk, off, kvh, i]
-                scores[g, j] = acc * scale
-        acc_v = np.zeros((group, dv), np.float32)
-        for g in range(group):
-            m = np.float32(-np.inf)
-            for j in range(n):
-                m = max(m, scores[g, j])
-            total = 0.0  # float64 sum of float32 expf values, as ggml's softmax
-            for j in range(n):
-                e = np.exp(scores[g, j] - m)  # float32 (a float64 exp here cost ~60% of attention)
-                scores[g, j] = e
-                total += e
-            inv = np.float32(1.0 / total)
-            for j in range(n):
-                scores[g, j] *= inv
-            f16_round_inplace(scores[g])  # llama.cpp multiplies V by f16 softmax weights
-        for j in range(n):
-            kp = start + j
-            blk = block_tables[s, kp // bs]
-            off = kp % bs
-            for g in range(group):
-                w = scores[g, j]
-                for i in range(dv):
-                    acc_v[g, i] += w * v_cache[blk, off, kvh, i]
-        for g in range(group):
-            for i in range(dv):
-                out[t, kvh * group + g, i] = acc_v[g, i]
 
 
 @njit(cache=True, nogil=True, fastmath=True)
