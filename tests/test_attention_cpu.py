@@ -23,8 +23,8 @@ def make_case(group: int, d: int, bs: int, rng: np.random.Generator):
     """Three sequences: one with a 5-token prefill chunk over a cached prefix, two decoding one token."""
     n_kv, n_blocks = 2, 40
     lengths = [23, 9, 40]  # tokens in the cache after this step, per sequence
-    k_cache = np.zeros((n_blocks, n_kv, d, bs), np.float32)
-    v_cache = np.zeros((n_blocks, bs, n_kv, d), np.float32)
+    k_cache = np.zeros((n_blocks, n_kv, d, bs), np.uint16)  # f16 bits, as CpuBackend.alloc_kv
+    v_cache = np.zeros((n_blocks, bs, n_kv, d), np.uint16)
     perm = rng.permutation(n_blocks)  # blocks out of order, as the block manager hands them out
     tables, seq_k, seq_v, used = [], [], [], 0
     for n in lengths:
@@ -37,6 +37,9 @@ def make_case(group: int, d: int, bs: int, rng: np.random.Generator):
         write_kv_cpu(k, v, k_cache, v_cache, slots)
         seq_k.append(_f16(k))
         seq_v.append(_f16(v))
+        # the cache holds exactly numpy's f16 conversion, K transposed per block
+        assert k_cache[slots[5] // bs, 1, :, slots[5] % bs].tobytes() == k[5, 1].astype(np.float16).tobytes()
+        assert v_cache[slots[-1] // bs, slots[-1] % bs, 0].tobytes() == v[-1, 0].astype(np.float16).tobytes()
     block_tables = np.zeros((3, max(len(t) for t in tables)), np.int32)
     for s, t in enumerate(tables):
         block_tables[s, : len(t)] = t

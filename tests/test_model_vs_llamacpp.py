@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from edgellm import LLM, SamplingParams
+from edgellm.backends.cpu import vnni
 from tests.conftest import FIXTURES
 
 MODELS = ["smollm2-135m", "gemma3-270m"]
@@ -23,17 +24,17 @@ MODELS = ["smollm2-135m", "gemma3-270m"]
 # llama.cpp's own two paths, so it can between llama.cpp and us.
 NEAR_TIE = 1.0
 MIN_FULL_MATCHES = 3  # prompts per model that must match all fixture tokens (>= 32)
-# Teacher-forced agreement with llama.cpp. The issue asks for >= 99% top-1 and perplexity within 1%;
-# llama.cpp does not meet that against itself: on this text its token-by-token run agrees with its
-# batched run on 98.4% of top-1 tokens for both models (perplexity off by 0.3% / 1.1%), and with
-# n_batch=7 on 95.9% for Gemma 3. The disagreements are near-ties (top-2 gaps of 0.1-0.2). An exact
-# float64 forward of SmolLM2's weights agrees with llama.cpp on 97.5% with a perplexity 1.5% lower.
-# So the bound is llama.cpp's own self-consistency, not the issue's figure: at least 96% (one token in 122
-# moves the figure by 0.8%, and our runs give 96.7-97.5% depending on summation order in attention), and
-# every disagreement must be a near-tie in our own logits (llama.cpp's token within TF_NEAR_TIE of ours).
+# Teacher-forced agreement with llama.cpp. The issue asks for >= 99% top-1 and perplexity within 1%.
+# Perplexity: within 1% (SmolLM2 -0.15% since SwiGLU uses ggml's own vectorised exp, Gemma 3 -0.4%).
+# Top-1: llama.cpp does not reach 99% against itself: on this text its token-by-token run agrees with
+# its batched run on 98.4% of top-1 tokens for both models, and with n_batch=7 on 95.9% for Gemma 3; the
+# disagreements are near-ties (top-2 gaps of 0.1-0.2). So the bound is llama.cpp's own self-consistency:
+# at least 96% (one token in 122 moves the figure by 0.8%; we measure 97.5% on both), and every
+# disagreement must be a near-tie in our own logits (llama.cpp's token within TF_NEAR_TIE of ours).
 TOP1_MIN = {"smollm2-135m": 0.96, "gemma3-270m": 0.96}
+# Without AVX-512 our SwiGLU uses libm's expf (llama.cpp there uses its AVX2 exp): SmolLM2 is then -1.3%.
+PPL_TOL = {"smollm2-135m": 0.01 if vnni.VNNI_ACTIVE else 0.02, "gemma3-270m": 0.01}
 TF_NEAR_TIE = 0.5
-PPL_TOL = {"smollm2-135m": 0.02, "gemma3-270m": 0.015}
 
 
 def load_fixture(name: str) -> dict:

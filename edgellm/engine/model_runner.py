@@ -33,7 +33,8 @@ class ModelRunner:
 
     @staticmethod
     def kv_bytes_per_block(cfg: ModelConfig, block_size: int) -> int:
-        return cfg.n_layers * block_size * cfg.n_kv_heads * (cfg.head_dim + cfg.head_dim_v) * 4
+        # K and V are f16 in both backends' caches (as llama.cpp's default cache type)
+        return cfg.n_layers * block_size * cfg.n_kv_heads * (cfg.head_dim + cfg.head_dim_v) * 2
 
     def build_batch(self, items: list[RunItem]) -> tuple[ForwardBatch, list[slice]]:
         bs = self.block_size

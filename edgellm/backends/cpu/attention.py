@@ -1,5 +1,7 @@
 """Paged attention on the CPU: Q.K and P.V inner loops written as LLVM vector IR, the rest in Numba.
 
+The cache holds f16 values (uint16 bit patterns, as llama.cpp's f16 KV cache: half the bytes of f32,
+and attention over a long batch is bound by reading them), widened to f32 in registers.
 K cache layout: [n_blocks, Hkv, d, block_size] (each block's keys transposed per KV head), so one 16-float
 load holds dimension i of 16 consecutive positions and Q.K for 16 positions is 16-lane FMAs with q[i]
 broadcast: no horizontal sums. V cache layout: [n_blocks, block_size, Hkv, dv] (rows), so P.V adds
@@ -20,7 +22,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from edgellm.backends.cpu.fp16 import f16_round_inplace
+from edgellm.backends.cpu.fp16 import f16_bits_to_f32, f16_round_inplace
 
 SAFE_MATH = {"reassoc", "contract", "nsz", "arcp", "afn"}  # no nnan/ninf: softmax uses -inf
 LANES = 16  # floats per vector: K positions per Q.K step, V columns per accumulator
@@ -28,6 +30,12 @@ MAX_GROUP = 8  # query heads per KV head with an IR kernel; larger groups use th
 _I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
 _VF = ir.VectorType(_F32, LANES)
 _VI = ir.VectorType(_I32, LANES)
+_VH = ir.VectorType(ir.HalfType(), LANES)
+
+
+def _load_f16x16(b: ir.IRBuilder, addr: ir.Value) -> ir.Value:
+    """16 f16 values (uint16 bits in the cache) at a byte address, widened to f32 (vcvtph2ps on x86)."""
+    return b.fpext(b.load(b.inttoptr(addr, _VH.as_pointer()), align=2), _VF)
 
 
 def _splat(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
@@ -84,7 +92,7 @@ def _build_qk(module: ir.Module, name: str, group: int) -> ir.Function:
     zero = ir.Constant(_VF, [0.0] * LANES)
 
     def body(b: ir.IRBuilder, i: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
-        kv = b.load(b.inttoptr(b.add(k_a, b.mul(i, k_row)), _VF.as_pointer()), align=4)
+        kv = _load_f16x16(b, b.add(k_a, b.mul(i, k_row)))
         return [b.call(fma, [_splat(b, b.load(b.gep(q_rows[g], [i]))), kv, accs[g]]) for g in range(group)]
 
     accs = _counted_loop(b, fn, d, [zero] * group, body)
@@ -99,8 +107,8 @@ def _build_qk(module: ir.Module, name: str, group: int) -> ir.Function:
 
 def _build_pv(module: ir.Module, name: str, group: int, n_vec: int) -> ir.Function:
     """void pv(w, w_stride, n, v, v_row, acc, acc_stride): acc[g][c] += sum_j w[g*w_stride + j] *
-    v[j*v_row + c] for j < n in order, over n_vec*16 columns c (v: address of row 0's first column; v_row:
-    bytes between rows; acc f32 rows acc_stride floats apart, loaded once and stored once)."""
+    v[j*v_row + c] for j < n in order, over n_vec*16 columns c (v: address of row 0's first f16 column;
+    v_row: bytes between rows; acc f32 rows acc_stride floats apart, loaded once and stored once)."""
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [_I64] * 7), name)
     fn.linkage = "internal"
     w_a, w_stride, n, v_a, v_row, acc_a, acc_stride = fn.args
@@ -116,10 +124,8 @@ def _build_pv(module: ir.Module, name: str, group: int, n_vec: int) -> ir.Functi
     init = [b.load(p, align=4) for p in acc_ptrs]
 
     def body(b: ir.IRBuilder, j: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
-        row = b.inttoptr(b.add(v_a, b.mul(j, v_row)), f32p)
-        vs = [
-            b.load(b.bitcast(b.gep(row, [ir.Constant(_I64, LANES * c)]), vfp), align=4) for c in range(n_vec)
-        ]
+        row = b.add(v_a, b.mul(j, v_row))
+        vs = [_load_f16x16(b, b.add(row, ir.Constant(_I64, 2 * LANES * c))) for c in range(n_vec)]
         new = []
         for g in range(group):
             w = _splat(b, b.load(b.gep(w_rows[g], [j])))
@@ -249,7 +255,7 @@ def _qk_loop(qh, k_cache, blk, kvh, scale, scores, col) -> None:
         for pos in range(bs):
             acc = np.float32(0.0)
             for i in range(d):
-                acc += qh[g, i] * k_cache[blk, kvh, i, pos]
+                acc += qh[g, i] * f16_bits_to_f32(k_cache[blk, kvh, i, pos])
             scores[g, col + pos] = acc * scale
 
 
@@ -261,7 +267,7 @@ def _pv_loop(scores, col, n, v_cache, blk, row0, kvh, acc) -> None:
         for g in range(group):
             w = scores[g, col + j]
             for i in range(dv):
-                acc[g, i] += w * v_cache[blk, row0 + j, kvh, i]
+                acc[g, i] += w * f16_bits_to_f32(v_cache[blk, row0 + j, kvh, i])
 
 
 @njit(cache=True, nogil=True, fastmath=SAFE_MATH, parallel=True)
@@ -279,10 +285,11 @@ def attention_paged_cpu(
 ) -> None:
     """Causal attention for a batch of tokens from different sequences, keys read through block tables.
 
-    q: [T, H, d] (C-contiguous); k_cache: [n_blocks, Hkv, d, block_size]; v_cache: [n_blocks, block_size,
-    Hkv, dv]; block_tables: [S, max_blocks] int32; tok_seq[t]: row of block_tables for token t; tok_pos[t]:
-    its position. Token t attends to positions max(0, pos - window + 1) .. pos of its sequence (window <= 0:
-    no window). out: [T, H, dv]. Decode tokens and prefill chunks over cached prefixes are the same call.
+    q: [T, H, d] (C-contiguous); k_cache: uint16 (f16 bits) [n_blocks, Hkv, d, block_size]; v_cache:
+    uint16 [n_blocks, block_size, Hkv, dv]; block_tables: [S, max_blocks] int32; tok_seq[t]: row of
+    block_tables for token t; tok_pos[t]: its position. Token t attends to positions
+    max(0, pos - window + 1) .. pos of its sequence (window <= 0: no window). out: [T, H, dv].
+    Decode tokens and prefill chunks over cached prefixes are the same call.
     """
     T, H, d = q.shape
     n_kv, bs = k_cache.shape[1], k_cache.shape[3]
@@ -329,7 +336,7 @@ def attention_paged_cpu(
                     for sb in range(bs // LANES):
                         _qk_call(
                             group, qh.ctypes.data, d,
-                            k_cache.ctypes.data + blk * kb0 + kvh * kb1 + sb * LANES * 4, kb2,
+                            k_cache.ctypes.data + blk * kb0 + kvh * kb1 + sb * LANES * 2, kb2,
                             scores.ctypes.data + (b * bs + sb * LANES) * 4, width, scale_bits,
                         )  # fmt: skip
                 else:
@@ -345,7 +352,7 @@ def attention_paged_cpu(
                     for c0 in range(0, dv, chunk):
                         _pv_call(
                             group, scores.ctypes.data + (b * bs + r0) * 4, width, r1 - r0,
-                            v_cache.ctypes.data + blk * vb0 + r0 * vb1 + kvh * vb2 + c0 * 4, vb1,
+                            v_cache.ctypes.data + blk * vb0 + r0 * vb1 + kvh * vb2 + c0 * 2, vb1,
                             acc.ctypes.data + c0 * 4, dv,
                         )  # fmt: skip
                 else:

@@ -8,7 +8,7 @@ import numba
 import numpy as np
 
 from edgellm.backends.base import Backend
-from edgellm.backends.cpu import ops, vnni
+from edgellm.backends.cpu import ops, silu_avx512, vnni
 from edgellm.backends.cpu.attention import attention_paged_cpu
 from edgellm.backends.cpu.matmul import matmul_cpu
 from edgellm.backends.cpu.packed import PackedWeight, dequantize_rows_cpu, pack_weight, tile_packed
@@ -76,6 +76,9 @@ class StackedWeights:
 class CpuBackend(Backend):
     name = "cpu"
 
+    def __init__(self) -> None:
+        self._rope_tables: dict[tuple[int, float], tuple[np.ndarray, np.ndarray]] = {}
+
     def load_matrix(self, tensors: list[TensorInfo]) -> Any:
         parts = []
         for t in tensors:
@@ -132,11 +135,23 @@ class CpuBackend(Backend):
         ops.rmsnorm_heads_cpu(x, w, eps)
 
     def rope(self, x: np.ndarray, positions: np.ndarray, n_rot: int, base: float, neox: bool) -> None:
-        ops.rope_cpu(x, positions, n_rot, base, neox)
+        if len(positions) == 0:
+            return
+        key = (n_rot, float(base))
+        table = self._rope_tables.get(key)
+        need = int(positions.max()) + 1
+        if table is None or table[0].shape[0] < need:  # grow by doubling: positions only go up to n_ctx
+            size = max(need, 2 * table[0].shape[0] if table is not None else 1024)
+            table = self._rope_tables[key] = ops.rope_table_cpu(size, n_rot, float(base))
+        ops.rope_cached_cpu(x, positions, table[0], table[1], neox)
 
     def gated_act(self, gate_up: np.ndarray, out: np.ndarray, kind: str) -> None:
         # A parallel region costs more than the work for a few rows (decode), and pays from ~8 rows on.
-        if gate_up.shape[0] >= 8:
+        parallel = gate_up.shape[0] >= 8
+        if kind != "gelu" and vnni.VNNI_ACTIVE and gate_up.strides[1] == 4 and out.strides[1] == 4:
+            # ggml's vectorised silu, bit for bit (VNNI hosts have AVX-512F)
+            (silu_avx512.swiglu_avx512_par_cpu if parallel else silu_avx512.swiglu_avx512_cpu)(gate_up, out)
+        elif parallel:
             (ops.geglu_par_cpu if kind == "gelu" else ops.swiglu_par_cpu)(gate_up, out)
         else:
             (ops.geglu_cpu if kind == "gelu" else ops.swiglu_cpu)(gate_up, out)
@@ -150,8 +165,9 @@ class CpuBackend(Backend):
     def alloc_kv(self, n_layers: int, n_blocks: int, block_size: int, n_kv: int, d: int, dv: int) -> Any:
         return [
             (
-                np.zeros((n_blocks, n_kv, d, block_size), np.float32),  # K transposed per block
-                np.zeros((n_blocks, block_size, n_kv, dv), np.float32),
+                # f16 bits (as llama.cpp's f16 cache); K transposed per block (attention.py)
+                np.zeros((n_blocks, n_kv, d, block_size), np.uint16),
+                np.zeros((n_blocks, block_size, n_kv, dv), np.uint16),
             )
             for _ in range(n_layers)
         ]

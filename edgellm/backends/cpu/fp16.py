@@ -38,3 +38,18 @@ def f16_round_inplace(a: np.ndarray) -> None:
             bits[i] = (b + np.uint32(0xFFF) + ((b >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000)
         else:
             a[i] = f16_round(a[i])
+
+
+@njit(cache=True, nogil=True, inline="always")
+def f16_bits_to_f32(h: np.uint16) -> np.float32:
+    """The float32 value of f16 bits (every case: zero, subnormal, normal, inf, NaN)."""
+    hv = np.int64(h)
+    sign = np.float32(-1.0) if hv & 0x8000 else np.float32(1.0)
+    e = (hv >> 10) & 0x1F
+    m = hv & 0x3FF
+    if e == 0:
+        return sign * np.float32(m) * np.float32(2.0**-24)
+    if e == 31:
+        return sign * np.float32(np.inf) if m == 0 else np.float32(np.nan)
+    return sign * np.float32(1024 + m) * np.float32(2.0 ** (e - 25))
+

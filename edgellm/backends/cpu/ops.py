@@ -12,8 +12,6 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from edgellm.backends.cpu.fp16 import f16_round_inplace
-
 # fastmath without 'nnan'/'ninf': softmax uses -inf and exp underflow (see shared notes, pitfall 6).
 SAFE_MATH = {"reassoc", "contract", "nsz", "arcp", "afn"}
 
@@ -46,22 +44,37 @@ def rmsnorm_heads_cpu(x: np.ndarray, w: np.ndarray, eps: float) -> None:
 
 
 @njit(cache=True, nogil=True, fastmath=SAFE_MATH)
+def rope_table_cpu(n_pos: int, n_rot: int, base: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin [n_pos, n_rot/2] (f32) of theta_i = pos * base^(-2i/n_rot), computed in float64 as
+    llama.cpp. The backend keeps one table per (n_rot, base) instead of recomputing per call."""
+    half = n_rot // 2
+    cos_t = np.empty((n_pos, half), np.float32)
+    sin_t = np.empty((n_pos, half), np.float32)
+    for p in range(n_pos):
+        for i in range(half):
+            theta = float(p) * base ** (-2.0 * i / n_rot)
+            cos_t[p, i] = math.cos(theta)
+            sin_t[p, i] = math.sin(theta)
+    return cos_t, sin_t
+
+
 def rope_cpu(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool) -> None:
-    """In-place rotary embedding. x: [T, H, d]; pos: [T] int32.
+    """rope_table_cpu + rope_cached_cpu in one call (the backend keeps its tables instead)."""
+    cos_t, sin_t = rope_table_cpu(int(pos.max()) + 1 if len(pos) else 1, n_rot, float(base))
+    rope_cached_cpu(x, pos, cos_t, sin_t, neox)
+
+
+@njit(cache=True, nogil=True, fastmath=SAFE_MATH)
+def rope_cached_cpu(x: np.ndarray, pos: np.ndarray, cos_t: np.ndarray, sin_t: np.ndarray, neox: bool) -> None:
+    """In-place rotary embedding. x: [T, H, d]; pos: [T] int32; cos_t/sin_t: rope_table_cpu rows by
+    position (n_rot = 2 * their width; dims past n_rot are left as they are).
 
     neox=False rotates adjacent pairs (x[2i], x[2i+1]); neox=True rotates (x[i], x[i + n_rot/2]).
-    theta_i = pos * base^(-2i/n_rot), as llama.cpp.
     """
     T, H, d = x.shape
-    half = n_rot // 2
-    cos_t = np.empty(half, np.float32)
-    sin_t = np.empty(half, np.float32)
+    half = cos_t.shape[1]
     for t in range(T):
-        p = float(pos[t])
-        for i in range(half):
-            theta = p * base ** (-2.0 * i / n_rot)
-            cos_t[i] = math.cos(theta)
-            sin_t[i] = math.sin(theta)
+        p = pos[t]
         for h in range(H):
             for i in range(half):
                 if neox:
@@ -70,8 +83,8 @@ def rope_cpu(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool
                     a, b = 2 * i, 2 * i + 1
                 x0 = x[t, h, a]
                 x1 = x[t, h, b]
-                x[t, h, a] = x0 * cos_t[i] - x1 * sin_t[i]
-                x[t, h, b] = x0 * sin_t[i] + x1 * cos_t[i]
+                x[t, h, a] = x0 * cos_t[p, i] - x1 * sin_t[p, i]
+                x[t, h, b] = x0 * sin_t[p, i] + x1 * cos_t[p, i]
 
 
 @njit(cache=True, nogil=True, fastmath=True, inline="always")
@@ -120,26 +133,28 @@ def geglu_par_cpu(gate_up: np.ndarray, out: np.ndarray) -> None:
 
 
 @njit(cache=True, nogil=True)
+def _scatter_kv_cpu(kh, vh, k_cache, v_cache, slots) -> None:
+    bs = v_cache.shape[1]
+    for t in range(kh.shape[0]):
+        blk = slots[t] // bs
+        off = slots[t] % bs
+        for h in range(kh.shape[1]):
+            for i in range(kh.shape[2]):
+                k_cache[blk, h, i, off] = kh[t, h, i]
+            for i in range(vh.shape[2]):
+                v_cache[blk, off, h, i] = vh[t, h, i]
+
+
 def write_kv_cpu(
     k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, slots: np.ndarray
 ) -> None:
-    """Store each token's K/V at its cache slot, rounded to f16 values as llama.cpp's f16 cache holds
-    them. k: [T, Hkv, d]; k_cache: [n_blocks, Hkv, d, block_size] (keys transposed per block, see
-    attention.py); v_cache: [n_blocks, block_size, Hkv, dv]; slots[t] = block * block_size + offset."""
-    bs = v_cache.shape[1]
-    d = k.shape[2]
-    krow = np.empty(d, np.float32)
-    for t in range(k.shape[0]):
-        blk = slots[t] // bs
-        off = slots[t] % bs
-        for h in range(k.shape[1]):
-            krow[:] = k[t, h]
-            f16_round_inplace(krow)
-            for i in range(d):
-                k_cache[blk, h, i, off] = krow[i]
-            vrow = v_cache[blk, off, h]
-            vrow[:] = v[t, h]
-            f16_round_inplace(vrow)
+    """Store each token's K/V at its cache slot as f16 (uint16 bits, round to nearest even: numpy's
+    conversion, SIMD where the CPU has it), as llama.cpp's f16 cache holds them. k: [T, Hkv, d] f32;
+    k_cache: [n_blocks, Hkv, d, block_size] (keys transposed per block, see attention.py); v_cache:
+    [n_blocks, block_size, Hkv, dv]; slots[t] = block * block_size + offset."""
+    kh = k.astype(np.float16).view(np.uint16)
+    vh = v.astype(np.float16).view(np.uint16)
+    _scatter_kv_cpu(kh, vh, k_cache, v_cache, np.asarray(slots, dtype=np.int64))
 
 
 @njit(cache=True, nogil=True, fastmath=True)

@@ -1,0 +1,81 @@
+"""CPU elementwise kernels: SwiGLU (ggml's vectorised form on AVX-512 hosts, libm elsewhere) and rotary
+embedding from the backend's cached cos/sin tables, against float64 references and each other."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgellm.backends.cpu import ops, silu_avx512, vnni
+from edgellm.backends.cpu.backend import CpuBackend
+
+needs_avx512 = pytest.mark.skipif(not vnni.VNNI_ACTIVE, reason="no AVX-512 (VNNI path inactive)")
+
+
+def swiglu_ref(gate_up: np.ndarray) -> np.ndarray:
+    ff = gate_up.shape[1] // 2
+    g = gate_up[:, :ff].astype(np.float64)
+    with np.errstate(over="ignore"):
+        return g / (1.0 + np.exp(-g)) * gate_up[:, ff:].astype(np.float64)
+
+
+@needs_avx512
+@pytest.mark.parametrize("ff", [1536, 1544, 7])  # 7 / 1544: the n % 16 leftovers take libm's expf
+def test_swiglu_avx512_matches_reference(ff: int) -> None:
+    rng = np.random.default_rng(ff)
+    gate_up = (rng.standard_normal((9, 2 * ff)) * 4).astype(np.float32)
+    special = [0.0, -0.0, 1e-30, 30.0, -30.0, 88.0, -88.0, 100.0, -100.0, 150.0, -150.0, 5.0, -5.0]
+    gate_up[0, : min(ff, len(special))] = special[:ff]
+    out = np.full((9, ff), np.nan, np.float32)
+    silu_avx512.swiglu_avx512_cpu(gate_up, out)
+    ref = swiglu_ref(gate_up)
+    big = np.abs(ref) > 1e-30
+    rel = np.abs(out[big] - ref[big]) / np.abs(ref[big])
+    assert rel.max() < 1e-6, rel.max()  # ggml's exp: <= 1.5 ulp, plus the division's rounding
+    assert np.all(out[~big] == 0) or np.allclose(out[~big], ref[~big], atol=1e-30)
+    par = np.empty_like(out)
+    silu_avx512.swiglu_avx512_par_cpu(gate_up, par)
+    np.testing.assert_array_equal(par, out)  # same row code serial and parallel
+    portable = np.empty_like(out)
+    ops.swiglu_cpu(gate_up, portable)
+    np.testing.assert_allclose(out, portable, rtol=1e-6, atol=1e-30)
+
+
+def test_backend_swiglu_path_follows_host() -> None:
+    """The backend uses ggml's vectorised form exactly when the AVX-512 path is active."""
+    rng = np.random.default_rng(1)
+    gate_up = rng.standard_normal((3, 64)).astype(np.float32)
+    out = np.empty((3, 32), np.float32)
+    CpuBackend().gated_act(gate_up, out, "silu")
+    expect = np.empty_like(out)
+    (silu_avx512.swiglu_avx512_cpu if vnni.VNNI_ACTIVE else ops.swiglu_cpu)(gate_up, expect)
+    np.testing.assert_array_equal(out, expect)
+
+
+@pytest.mark.parametrize("neox", [False, True])
+def test_rope_from_cached_tables(neox: bool) -> None:
+    """Rotary embedding through the backend's table (grown past its first 1024 positions) equals the
+    direct float64 formula to f32 rounding, and the table path equals the one-call path bit for bit."""
+    rng = np.random.default_rng(2)
+    T, H, d, n_rot, base = 6, 3, 64, 48, 10000.0  # n_rot < d: the last 16 dims are left alone
+    x = rng.standard_normal((T, H, d)).astype(np.float32)
+    pos = np.array([0, 1, 7, 1023, 1024, 3000], np.int32)
+    be = CpuBackend()
+    got = x.copy()
+    be.rope(got, pos, n_rot, base, neox)
+    assert be._rope_tables[(n_rot, base)][0].shape[0] >= 3001
+    one_call = x.copy()
+    ops.rope_cpu(one_call, pos, n_rot, base, neox)
+    np.testing.assert_array_equal(got, one_call)
+    half = n_rot // 2
+    theta = pos[:, None].astype(np.float64) * base ** (-2.0 * np.arange(half) / n_rot)
+    a_idx, b_idx = (
+        (np.arange(half), np.arange(half) + half) if neox else (2 * np.arange(half), 2 * np.arange(half) + 1)
+    )
+    ref = x.astype(np.float64)
+    x0, x1 = ref[:, :, a_idx].copy(), ref[:, :, b_idx].copy()
+    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    ref[:, :, a_idx] = x0 * c - x1 * s
+    ref[:, :, b_idx] = x0 * s + x1 * c
+    np.testing.assert_allclose(got, ref, rtol=0, atol=2e-5)
+    np.testing.assert_array_equal(got[:, :, n_rot:], x[:, :, n_rot:])
