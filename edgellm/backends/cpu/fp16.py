@@ -4,8 +4,48 @@ from __future__ import annotations
 
 import math
 
+import llvmlite.binding as llb
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+
+@intrinsic
+def _f32_bits(typingctx, x):
+    """The bits of a float32 as a uint32 (a scalar bitcast; Numba has no scalar view)."""
+    sig = types.uint32(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.uint32))
+
+    return sig, codegen
+
+
+@intrinsic
+def _bits_f32(typingctx, b):
+    sig = types.float32(types.uint32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.float32))
+
+    return sig, codegen
+
+
+# x86 F16C (vcvtps2ph / vcvtph2ps): f32_to_f16_bits is only called where the host has it; elsewhere LLVM
+# would lower the conversion to a runtime-library call Numba's JIT may not resolve.
+HOST_F16C = bool(llb.get_host_cpu_features().get("f16c"))
+
+
+@intrinsic
+def f32_to_f16_bits(typingctx, x):
+    """The f16 bits of a float32, rounded to nearest even (fptrunc: vcvtps2ph with F16C)."""
+    sig = types.uint16(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+
+    return sig, codegen
 
 
 @njit(cache=True, inline="always")
@@ -13,7 +53,15 @@ def f16_round(x: float) -> np.float32:
     """x rounded to the nearest float16 value (ties to even), returned as float32.
 
     llama.cpp stores activation-quantization scales, the KV cache, and the attention operands in f16;
-    doing the same roundings keeps our greedy tokens identical to its tokens."""
+    doing the same roundings keeps our greedy tokens identical to its tokens. The normal f16 range is
+    rounded with integer ops on the f32 bits (it runs per activation block: frexp/ldexp calls cost
+    ~10x more); zero, subnormals and overflow take the general path."""
+    b = _f32_bits(np.float32(x))
+    e = (b >> np.uint32(23)) & np.uint32(0xFF)
+    if e >= np.uint32(113) and e < np.uint32(142):  # 2^-14 <= |x| < 2^15: the result is a normal f16
+        return _bits_f32(
+            (b + np.uint32(0xFFF) + ((b >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000)
+        )
     ax = abs(x)
     if ax == 0.0 or ax != ax:
         return np.float32(x)
@@ -52,4 +100,3 @@ def f16_bits_to_f32(h: np.uint16) -> np.float32:
     if e == 31:
         return sign * np.float32(np.inf) if m == 0 else np.float32(np.nan)
     return sign * np.float32(1024 + m) * np.float32(2.0 ** (e - 25))
-

@@ -37,21 +37,26 @@ ACT_MODES = {"q8_0": ACT_Q8_0, "q8_1": ACT_Q8_1, "q8_K": ACT_Q8_K}
 
 
 @njit(cache=True, nogil=True, fastmath=ORDERED_MATH, inline="always")
-def _quantize_act_row(x, m, group, mode, xq, xs, xsum, xisum) -> None:
-    """Row m of quantize_act_cpu (shared by the parallel and the serial entry: same code, same bits)."""
-    k_cols = x.shape[1]
+def _quantize_act_row(xr, xb, qr, m, group, mode, xs, xsum, xisum) -> None:
+    """Row m of quantize_act_cpu (shared by the parallel and the serial entry: same code, same bits).
+    xr/xb/qr: the row as f32 / its uint32 bits / int8 out (1-D views). Written so LLVM vectorises it
+    (3.5x faster than 2-D indexing with a branchy max): unsigned 1-D indices, and the largest magnitude
+    as an integer max over the bits with the sign cleared (monotonic for floats; a float max reduction
+    needs fast-math flags these kernels avoid), its first position giving the signed value q8_K needs."""
     block = 256 if mode == ACT_Q8_K else 32
-    n_blocks = k_cols // block
+    n_blocks = xr.shape[0] // block
     per_block = block // group
     for b in range(n_blocks):
-        base = b * block
-        amax = np.float32(0.0)
+        base = U(b * block)
+        top = np.uint32(0)
+        for k in range(U(0), U(block)):
+            top = max(top, xb[base + k] & np.uint32(0x7FFFFFFF))
         vmax = np.float32(0.0)
-        for k in range(block):
-            v = x[m, base + k]
-            if abs(v) > amax:
-                amax = abs(v)
-                vmax = v
+        for k in range(U(0), U(block)):  # the first value of that magnitude, as a strict `>` scan finds
+            if xb[base + k] & np.uint32(0x7FFFFFFF) == top:
+                vmax = xr[base + k]
+                break
+        amax = abs(vmax)
         if mode == ACT_Q8_K:
             iscale = np.float32(-127.0) / vmax if amax > 0 else np.float32(0.0)
             d = np.float32(1.0) / iscale if amax > 0 else np.float32(0.0)
@@ -60,14 +65,15 @@ def _quantize_act_row(x, m, group, mode, xq, xs, xsum, xisum) -> None:
             iscale = np.float32(127.0) / amax if amax > 0 else np.float32(0.0)
             d = amax / np.float32(127.0)
             d_stored = f16_round(d)
-        for k in range(block):
-            qv = np.rint(x[m, base + k] * iscale)  # ties to even, as llama.cpp's SIMD/nearest_int
-            xq[m, base + k] = np.int8(min(qv, np.float32(127.0)))
+        for k in range(U(0), U(block)):
+            qv = np.rint(xr[base + k] * iscale)  # ties to even, as llama.cpp's SIMD/nearest_int
+            qr[base + k] = np.int8(min(qv, np.float32(127.0)))
         for j in range(per_block):
             g = b * per_block + j
+            gb = base + U(j * group)
             isum = np.int32(0)
-            for k in range(group):
-                isum += np.int32(xq[m, base + j * group + k])
+            for k in range(U(0), U(group)):
+                isum += np.int32(qr[gb + k])
             xs[m, g] = d_stored
             xisum[m, g] = isum
             if mode == ACT_Q8_1:
@@ -91,8 +97,9 @@ def quantize_act_cpu(x: np.ndarray, group: int, mode: int) -> tuple[np.ndarray, 
     xs = np.empty((m_rows, k_cols // group), np.float32)
     xsum = np.empty((m_rows, k_cols // group), np.float32)
     xisum = np.empty((m_rows, k_cols // group), np.int32)
+    xbits = x.view(np.uint32)
     for m in prange(m_rows):
-        _quantize_act_row(x, m, group, mode, xq, xs, xsum, xisum)
+        _quantize_act_row(x[m], xbits[m], xq[m], m, group, mode, xs, xsum, xisum)
     return xq, xs, xsum, xisum
 
 
@@ -104,15 +111,20 @@ def quantize_act_serial_cpu(x: np.ndarray, group: int, mode: int) -> tuple[np.nd
     xs = np.empty((m_rows, k_cols // group), np.float32)
     xsum = np.empty((m_rows, k_cols // group), np.float32)
     xisum = np.empty((m_rows, k_cols // group), np.int32)
+    xbits = x.view(np.uint32)
     for m in range(m_rows):
-        _quantize_act_row(x, m, group, mode, xq, xs, xsum, xisum)
+        _quantize_act_row(x[m], xbits[m], xq[m], m, group, mode, xs, xsum, xisum)
     return xq, xs, xsum, xisum
 
 
 @njit(cache=True, nogil=True, fastmath=ORDERED_MATH)
-def matmul_tiles_m1_cpu(x, qt, sct, mnt, has_min, group, mode, n_rows, n_threads, out) -> None:
-    """Decode (M=1) through the VNNI tiles in one call from Python: serial quantize, one parallel region."""
-    xq, xs, xsum, xisum = quantize_act_serial_cpu(x, group, mode)
+def matmul_tiles_fused_cpu(x, qt, sct, mnt, has_min, group, mode, n_rows, n_threads, out) -> None:
+    """Quantize + VNNI tiles in one call from Python (no boxing of the quantized activations): a serial
+    quantize for a few rows (a parallel region costs more than ~1 us of work), a parallel one past 16."""
+    if x.shape[0] <= 16:
+        xq, xs, xsum, xisum = quantize_act_serial_cpu(x, group, mode)
+    else:
+        xq, xs, xsum, xisum = quantize_act_cpu(x, group, mode)
     vnni.matmul_tiles_cpu(xq, xs, xsum, xisum, qt, sct, mnt, has_min, group, n_rows, n_threads, out)
 
 
@@ -269,11 +281,7 @@ def matmul_grouped_cpu(x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
             out[...] = tmp
             return
         n_threads = numba.get_num_threads()
-        if x.shape[0] == 1:
-            matmul_tiles_m1_cpu(x, t.qt, t.sct, mnt, has_min, w.group, w.act_mode, w.rows, n_threads, out)
-            return
-        xq, xs, xsum, xisum = quantize_act_cpu(x, w.group, w.act_mode)
-        vnni.matmul_tiles_cpu(xq, xs, xsum, xisum, t.qt, t.sct, mnt, has_min, w.group, w.rows, n_threads, out)
+        matmul_tiles_fused_cpu(x, t.qt, t.sct, mnt, has_min, w.group, w.act_mode, w.rows, n_threads, out)
         return
     has_min = w.minv is not None
     minv = w.minv if has_min else w.scale  # placeholder of the right type; unused when has_min is False
