@@ -17,6 +17,7 @@ import numpy as np
 from numba import cuda
 
 from edgellm.backends.cuda.config import ACC_PER_THREAD, MAX_HEAD_DIM, ROW_THREADS, f16_round, mul_rn
+from edgellm.backends.cuda.matmul import quantize_block
 
 
 @cuda.jit
@@ -91,8 +92,16 @@ def attention_paged_cuda(  # noqa: ANN001
     o_off,
     o_st,
     o_hs,
+    quant,
+    group,
+    mode,
+    xq,
+    xs,
+    xsum,
 ):
-    """Causal paged attention; see the module docstring. One block per (token, head)."""
+    """Causal paged attention; see the module docstring. One block per (token, head). With `quant`, each
+    block also quantizes its head's output for the output projection (fused: needs dv a multiple of the
+    activation block and heads contiguous in the row)."""
     t = cuda.blockIdx.x // n_heads
     h = cuda.blockIdx.x % n_heads
     tid = cuda.threadIdx.x
@@ -147,3 +156,8 @@ def attention_paged_cuda(  # noqa: ANN001
         i = tid + a * ROW_THREADS
         if i < dv:
             out[o_off + t * o_st + h * o_hs + i] = acc[a]
+    if quant:
+        cuda.syncthreads()  # the head's outputs were written by every thread
+        block = 256 if mode == 2 else 32
+        for b in range(tid, dv // block, ROW_THREADS):
+            quantize_block(out, o_off + t * o_st, h * dv + b * block, block, group, mode, xq, xs, xsum, t)

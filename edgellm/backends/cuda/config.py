@@ -75,17 +75,21 @@ def rint_f32(v):  # noqa: ANN001, ANN201
 class KernelStats:
     """What crossed the bus and what was launched: the measure of launch overhead and of device sampling.
 
-    Launch counts are always kept (a dict increment next to a launch that costs microseconds). With `timing`
-    on, each launch is bracketed by device synchronizes and its wall time is added per kernel: a profiling
-    mode only, since it serializes host and GPU (scripts/cuda_profile.py)."""
+    Launch counts are always kept (a dict increment next to a launch that costs microseconds). Profiling
+    modes (scripts/cuda_profile.py), off by default: timing = "sync" brackets each launch with device
+    synchronizes and adds its wall time (launch cost + GPU time) per kernel to `seconds`; timing = "events"
+    records CUDA events around each launch, and collect_events() adds the GPU time per kernel to
+    `gpu_seconds`."""
 
     def __init__(self) -> None:
-        self.timing = False
+        self.timing: str | None = None
         self.reset()
 
     def reset(self) -> None:
         self.launches: Counter[str] = Counter()
         self.seconds: defaultdict[str, float] = defaultdict(float)
+        self.gpu_seconds: defaultdict[str, float] = defaultdict(float)
+        self.events: list[tuple[str, Any, Any]] = []
         self.to_host_bytes = self.to_host_copies = 0
         self.from_host_bytes = self.from_host_copies = 0
 
@@ -97,6 +101,14 @@ class KernelStats:
         self.from_host_bytes += int(nbytes)
         self.from_host_copies += 1
 
+    def collect_events(self) -> None:
+        """Wait for the recorded launches and add their GPU times (the simulator reports none)."""
+        if self.events:
+            self.events[-1][2].synchronize()
+        for name, e0, e1 in self.events:
+            self.gpu_seconds[name] += max(e0.elapsed_time(e1), 0.0) / 1e3
+        self.events.clear()
+
     @property
     def total_launches(self) -> int:
         return sum(self.launches.values())
@@ -106,14 +118,20 @@ STATS = KernelStats()
 
 
 def launch(kernel: Any, grid: Any, block: Any, *args: Any) -> None:
-    """kernel[grid, block](*args), counted (and timed when STATS.timing)."""
+    """kernel[grid, block](*args), counted (and timed in a profiling mode: see KernelStats)."""
     name = kernel.py_func.__name__
     STATS.launches[name] += 1
-    if not STATS.timing:
+    if STATS.timing is None:
         kernel[grid, block](*args)
-        return
-    cuda.synchronize()
-    t0 = time.perf_counter()
-    kernel[grid, block](*args)
-    cuda.synchronize()
-    STATS.seconds[name] += time.perf_counter() - t0
+    elif STATS.timing == "events":
+        e0, e1 = cuda.event(), cuda.event()
+        e0.record()
+        kernel[grid, block](*args)
+        e1.record()
+        STATS.events.append((name, e0, e1))
+    else:
+        cuda.synchronize()
+        t0 = time.perf_counter()
+        kernel[grid, block](*args)
+        cuda.synchronize()
+        STATS.seconds[name] += time.perf_counter() - t0

@@ -94,18 +94,11 @@ def bf16_round(x):  # noqa: ANN001, ANN201
     return t - (t - x)
 
 
-@cuda.jit
-def quantize_act_cuda(x, x_off, x_ld, m_rows, k_cols, group, mode, xq, xs, xsum):  # noqa: ANN001
-    """One thread per (row, activation block): xq int32 words [M, K/4], xs / xsum f32 [M, K/G].
-    Same rule as quantize_act_ref: mode 0 q8_0, 1 q8_1, 2 q8_K."""
-    i = cuda.grid(1)
-    block = 256 if mode == 2 else 32
-    n_blocks = k_cols // block
-    if i >= m_rows * n_blocks:
-        return
-    m = i // n_blocks
-    base = (i % n_blocks) * block
-    row = x_off + m * x_ld
+@cuda.jit(device=True)
+def quantize_block(x, row, base, block, group, mode, xq, xs, xsum, m):  # noqa: ANN001
+    """Quantize x[row + base : row + base + block] (one activation block of row m) into xq / xs / xsum,
+    by quantize_act_ref's rule: mode 0 q8_0, 1 q8_1, 2 q8_K. Shared by quantize_act_cuda and the kernels
+    that quantize their own output for the next matmul (fused.py), so both give the same bits."""
     amax = np.float32(0.0)
     vmax = np.float32(0.0)
     for k in range(block):
@@ -142,6 +135,23 @@ def quantize_act_cuda(x, x_off, x_ld, m_rows, k_cols, group, mode, xq, xs, xsum)
             else:
                 xsum[m, g] = d_stored * np.float32(gsum)
             gsum = 0
+
+
+def act_block(mode: int) -> int:
+    """Elements per activation quantization block: 256 for q8_K, 32 for q8_0 / q8_1."""
+    return 256 if mode == 2 else 32
+
+
+@cuda.jit
+def quantize_act_cuda(x, x_off, x_ld, m_rows, k_cols, group, mode, xq, xs, xsum):  # noqa: ANN001
+    """One thread per (row, activation block): xq int32 words [M, K/4], xs / xsum f32 [M, K/G]."""
+    i = cuda.grid(1)
+    block = 256 if mode == 2 else 32
+    n_blocks = k_cols // block
+    if i >= m_rows * n_blocks:
+        return
+    m = i // n_blocks
+    quantize_block(x, x_off + m * x_ld, (i % n_blocks) * block, block, group, mode, xq, xs, xsum, m)
 
 
 @cuda.jit(device=True)
@@ -261,23 +271,29 @@ class Scratch:
         return a
 
 
+def act_scratch(scratch: Scratch, m_rows: int, k_cols: int, group: int) -> tuple[Any, Any, Any]:
+    """The quantized-activation arrays (xq, xs, xsum) for an [m_rows, k_cols] input."""
+    n_groups = k_cols // group
+    xq = scratch.get("xq", (m_rows, k_cols // 4), np.int32)
+    xs = scratch.get("xs", (m_rows, n_groups), np.float32)
+    xsum = scratch.get("xsum", (m_rows, n_groups), np.float32)
+    return xq, xs, xsum
+
+
 def quantize_act(x: Any, w: DeviceWeight, scratch: Scratch) -> tuple[Any, Any, Any]:
     """Device quantization of activations x (DeviceTensor [M, K]) for weight w's vec_dot type."""
     buf, off, ld = x.rows2d()
     m_rows, k_cols = x.shape
-    n_groups = k_cols // w.group
-    xq = scratch.get("xq", (m_rows, k_cols // 4), np.int32)
-    xs = scratch.get("xs", (m_rows, n_groups), np.float32)
-    xsum = scratch.get("xsum", (m_rows, n_groups), np.float32)
-    block = 256 if w.act_mode == 2 else 32
+    xq, xs, xsum = act_scratch(scratch, m_rows, k_cols, w.group)
     threads = 32 if not SIMULATOR else 4
-    grid = max(1, cdiv(m_rows * (k_cols // block), threads))  # one thread per activation block
+    grid = max(1, cdiv(m_rows * (k_cols // act_block(w.act_mode)), threads))  # a thread per activation block
     launch(quantize_act_cuda, grid, threads, buf, off, ld, m_rows, k_cols, w.group, w.act_mode, xq, xs, xsum)
     return xq, xs, xsum
 
 
-def matmul_cuda(x: Any, w: DeviceWeight, out: Any, scratch: Scratch) -> None:
-    """out[M, N] = x[M, K] @ W.T on the device; out may be a column-slice view of a wider buffer."""
+def matmul_cuda(x: Any, w: DeviceWeight, out: Any, scratch: Scratch, xquant: tuple | None = None) -> None:
+    """out[M, N] = x[M, K] @ W.T on the device; out may be a column-slice view of a wider buffer.
+    xquant: x already quantized for w's (group, act_mode) by the kernel that produced it (fused.py)."""
     m_rows, k_cols = x.shape
     if k_cols != w.cols or tuple(out.shape) != (m_rows, w.rows):
         raise ValueError(f"shape mismatch: x {x.shape}, weight {w.rows}x{w.cols}, out {out.shape}")
@@ -291,7 +307,7 @@ def matmul_cuda(x: Any, w: DeviceWeight, out: Any, scratch: Scratch) -> None:
         x_buf, x_off, x_ld = x.rows2d()
         launch(DENSE[tile], grid, block, x_buf, x_off, x_ld, w.dense, w.act_round, m_rows, o_buf, o_off, o_ld)
         return
-    xq, xs, xsum = quantize_act(x, w, scratch)
+    xq, xs, xsum = xquant if xquant is not None else quantize_act(x, w, scratch)
     has_min = w.minv is not None
     minv = w.minv if has_min else w.scale
     launch(GROUPED[tile], grid, block, xq, xs, xsum, w.q, w.scale, minv, has_min, m_rows, o_buf, o_off, o_ld)

@@ -17,7 +17,7 @@ from edgellm.backends.cuda.config import ROW_THREADS, mul_rn
 
 
 @cuda.jit(device=True, inline=True)
-def _block_sum_f64(red, v):  # noqa: ANN001, ANN201
+def block_sum_f64(red, v):  # noqa: ANN001, ANN201
     """Sum of v over the block's threads (fixed tree); every thread gets the total."""
     tid = cuda.threadIdx.x
     red[tid] = v
@@ -33,80 +33,92 @@ def _block_sum_f64(red, v):  # noqa: ANN001, ANN201
     return total
 
 
+@cuda.jit(device=True, inline=True)
+def rms_scale(x, base, n, eps, red):  # noqa: ANN001, ANN201
+    """1 / sqrt(mean(x[base : base + n]^2) + eps) for the block's row (float64 sum as ggml); each thread
+    reads the elements tid, tid + ROW_THREADS, ... (the ones it may have just written itself)."""
+    acc = 0.0
+    for i in range(cuda.threadIdx.x, n, ROW_THREADS):
+        v = np.float64(x[base + i])
+        acc += v * v
+    total = block_sum_f64(red, acc)
+    return np.float32(1.0 / math.sqrt(total / n + eps))
+
+
+@cuda.jit(device=True, inline=True)
+def scale_row(x, x_base, scale, w, n, out, o_base):  # noqa: ANN001
+    """out[o_base + i] = x[x_base + i] * scale * w[i] over this thread's elements (may alias)."""
+    for i in range(cuda.threadIdx.x, n, ROW_THREADS):
+        out[o_base + i] = mul_rn(mul_rn(x[x_base + i], scale), w[i])
+
+
 @cuda.jit
 def rmsnorm_cuda(x, x_off, x_ld, w, eps, n, out, o_off, o_ld):  # noqa: ANN001
-    """One block per row: out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w (float64 sum as ggml). May alias."""
+    """One block per row: out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w. May alias."""
     r = cuda.blockIdx.x
-    tid = cuda.threadIdx.x
     red = cuda.shared.array(ROW_THREADS, np.float64)
-    acc = 0.0
-    for i in range(tid, n, ROW_THREADS):
-        v = np.float64(x[x_off + r * x_ld + i])
-        acc += v * v
-    total = _block_sum_f64(red, acc)
-    scale = np.float32(1.0 / math.sqrt(total / n + eps))
-    for i in range(tid, n, ROW_THREADS):
-        out[o_off + r * o_ld + i] = mul_rn(mul_rn(x[x_off + r * x_ld + i], scale), w[i])
+    scale = rms_scale(x, x_off + r * x_ld, n, eps, red)
+    scale_row(x, x_off + r * x_ld, scale, w, n, out, o_off + r * o_ld)
 
 
 @cuda.jit
 def rmsnorm_heads_cuda(x, off, st, sh, n_heads, w, eps, d):  # noqa: ANN001
     """One block per (token, head), in place over [T, H, d] with a [d] weight (Q/K norm)."""
-    t = cuda.blockIdx.x // n_heads
-    h = cuda.blockIdx.x % n_heads
-    tid = cuda.threadIdx.x
-    base = off + t * st + h * sh
+    base = off + (cuda.blockIdx.x // n_heads) * st + (cuda.blockIdx.x % n_heads) * sh
     red = cuda.shared.array(ROW_THREADS, np.float64)
-    acc = 0.0
-    for i in range(tid, d, ROW_THREADS):
-        v = np.float64(x[base + i])
-        acc += v * v
-    total = _block_sum_f64(red, acc)
-    scale = np.float32(1.0 / math.sqrt(total / d + eps))
-    for i in range(tid, d, ROW_THREADS):
-        x[base + i] = mul_rn(mul_rn(x[base + i], scale), w[i])
+    scale = rms_scale(x, base, d, eps, red)
+    scale_row(x, base, scale, w, d, x, base)
+
+
+@cuda.jit(device=True, inline=True)
+def rope_pair(x, p, i, pos, n_rot, base, neox):  # noqa: ANN001, ANN201
+    """Rotate pair i of the head at x[p:]: theta_i = pos * base^(-2i/n_rot); neox pairs (i, i + n_rot/2),
+    otherwise adjacent pairs (2i, 2i+1), as llama.cpp. Returns the pair's element indexes."""
+    theta = np.float64(pos) * base ** (-2.0 * i / n_rot)
+    c = np.float32(math.cos(theta))
+    s = np.float32(math.sin(theta))
+    if neox:
+        a = i
+        b = i + n_rot // 2
+    else:
+        a = 2 * i
+        b = 2 * i + 1
+    x0 = x[p + a]
+    x1 = x[p + b]
+    x[p + a] = mul_rn(x0, c) - mul_rn(x1, s)
+    x[p + b] = mul_rn(x0, s) + mul_rn(x1, c)
+    return a, b
 
 
 @cuda.jit
 def rope_cuda(x, off, st, sh, n_tokens, n_heads, pos, n_rot, base, neox):  # noqa: ANN001
-    """In place over [T, H, d]; one thread per (token, head, rotated pair). theta_i = pos * base^(-2i/n_rot);
-    neox pairs (i, i + n_rot/2), otherwise adjacent pairs (2i, 2i+1), as llama.cpp."""
+    """In place over [T, H, d]; one thread per (token, head, rotated pair)."""
     half = n_rot // 2
     for idx in range(cuda.grid(1), n_tokens * n_heads * half, cuda.gridsize(1)):  # grid-stride
-        i = idx % half
         h = (idx // half) % n_heads
         t = idx // (half * n_heads)
-        theta = np.float64(pos[t]) * base ** (-2.0 * i / n_rot)
-        c = np.float32(math.cos(theta))
-        s = np.float32(math.sin(theta))
-        if neox:
-            a = i
-            b = i + half
-        else:
-            a = 2 * i
-            b = 2 * i + 1
-        p = off + t * st + h * sh
-        x0 = x[p + a]
-        x1 = x[p + b]
-        x[p + a] = mul_rn(x0, c) - mul_rn(x1, s)
-        x[p + b] = mul_rn(x0, s) + mul_rn(x1, c)
+        rope_pair(x, off + t * st + h * sh, idx % half, pos[t], n_rot, base, neox)
+
+
+@cuda.jit(device=True, inline=True)
+def gated(gv, up, gelu):  # noqa: ANN001, ANN201
+    """act(gate) * up: SiLU (SwiGLU) or tanh-GELU (GeGLU)."""
+    if gelu:
+        c = np.float32(math.sqrt(2.0 / math.pi))
+        inner = mul_rn(c, gv + mul_rn(mul_rn(mul_rn(np.float32(0.044715), gv), gv), gv))
+        act = mul_rn(mul_rn(np.float32(0.5), gv), np.float32(1.0) + math.tanh(inner))
+    else:
+        act = gv / (np.float32(1.0) + math.exp(-gv))
+    return mul_rn(act, up)
 
 
 @cuda.jit
 def gated_act_cuda(g, g_off, g_ld, out, o_off, o_ld, n_tokens, ff, gelu):  # noqa: ANN001
-    """out = act(gate) * up over gate_up = [gate | up]: SiLU (SwiGLU) or tanh-GELU (GeGLU)."""
+    """out = act(gate) * up over gate_up = [gate | up]."""
     for idx in range(cuda.grid(1), n_tokens * ff, cuda.gridsize(1)):  # grid-stride
         t = idx // ff
         i = idx % ff
-        gv = g[g_off + t * g_ld + i]
-        up = g[g_off + t * g_ld + ff + i]
-        if gelu:
-            c = np.float32(math.sqrt(2.0 / math.pi))
-            inner = mul_rn(c, gv + mul_rn(mul_rn(mul_rn(np.float32(0.044715), gv), gv), gv))
-            act = mul_rn(mul_rn(np.float32(0.5), gv), np.float32(1.0) + math.tanh(inner))
-        else:
-            act = gv / (np.float32(1.0) + math.exp(-gv))
-        out[o_off + t * o_ld + i] = mul_rn(act, up)
+        out[o_off + t * o_ld + i] = gated(g[g_off + t * g_ld + i], g[g_off + t * g_ld + ff + i], gelu)
 
 
 @cuda.jit
