@@ -113,3 +113,25 @@ def test_env_forces_portable_path(env_value: str, expect_active: bool | None) ->
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     active, host = result.stdout.split()
     assert active == str(expect_active if expect_active is not None else host == "True")
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q8_0, T.Q4_1, T.F16], ids=lambda t: t.name)
+def test_chunked_tiling_equals_whole_matrix_tiling(monkeypatch: pytest.MonkeyPatch, qtype: T) -> None:
+    """pack_weight_tiled (big matrices, a chunk of rows at a time) builds exactly the tiles of packing the
+    whole matrix and tiling it, including a partial last chunk and tile."""
+    from edgellm.backends.cpu import packed
+
+    monkeypatch.setattr(packed, "TILED_CHUNK_ROWS", 32)
+    raw = random_raw(qtype, 77, 256, np.random.default_rng(9))
+    chunked = packed.pack_weight_tiled(qtype, raw, 77, 256)
+    whole = tile_packed(pack_weight(qtype, raw, 77, 256))
+    assert chunked.rows == whole.rows == 77
+    if whole.tiles is None:  # float types keep their dense form
+        np.testing.assert_array_equal(chunked.dense, whole.dense)
+        return
+    np.testing.assert_array_equal(chunked.tiles.qt, whole.tiles.qt)
+    np.testing.assert_array_equal(chunked.tiles.sct, whole.tiles.sct)
+    if whole.tiles.mnt is None:
+        assert chunked.tiles.mnt is None
+    else:
+        np.testing.assert_array_equal(chunked.tiles.mnt, whole.tiles.mnt)

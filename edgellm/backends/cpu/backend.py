@@ -11,7 +11,13 @@ from edgellm.backends.base import Backend
 from edgellm.backends.cpu import ops, silu_avx512, vnni
 from edgellm.backends.cpu.attention import attention_paged_cpu
 from edgellm.backends.cpu.matmul import matmul_cpu
-from edgellm.backends.cpu.packed import PackedWeight, dequantize_rows_cpu, pack_weight, tile_packed
+from edgellm.backends.cpu.packed import (
+    PackedWeight,
+    dequantize_rows_cpu,
+    pack_weight,
+    pack_weight_tiled,
+    tile_packed,
+)
 from edgellm.gguf.reader import TensorInfo
 from edgellm.quants.traits import get_traits
 
@@ -80,15 +86,16 @@ class CpuBackend(Backend):
         self._rope_tables: dict[tuple[int, float], tuple[np.ndarray, np.ndarray]] = {}
 
     def load_matrix(self, tensors: list[TensorInfo]) -> Any:
-        parts = []
         for t in tensors:
             get_traits(t.qtype, t.name)  # clear error for unsupported types, naming the tensor
-            rows, cols = t.shape
-            parts.append(pack_weight(t.qtype, t.data, rows, cols))
+        if len(tensors) == 1 and vnni.VNNI_ACTIVE:  # straight to the tiles, a chunk of rows at a time
+            t = tensors[0]
+            return pack_weight_tiled(t.qtype, t.data, *t.shape)
+        parts = [pack_weight(t.qtype, t.data, *t.shape) for t in tensors]
         # On VNNI hosts the int8 rows move to the tile16 layout after stacking (no second copy is kept).
         layout = tile_packed if vnni.VNNI_ACTIVE else (lambda w: w)
         if len(parts) == 1:
-            return layout(parts[0])
+            return parts[0]
         if _stackable(parts):
             return layout(stack_packed(parts))
         return StackedWeights([layout(p) for p in parts])

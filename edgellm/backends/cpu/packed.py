@@ -82,6 +82,34 @@ def tile_packed(w: PackedWeight) -> PackedWeight:
     return replace(w, q=None, scale=None, minv=None, tiles=Tiles(qt, sct, mnt))
 
 
+TILED_CHUNK_ROWS = 4096  # rows unpacked at a time by pack_weight_tiled (a multiple of vnni.TILE)
+
+
+def pack_weight_tiled(
+    qtype: GGMLQuantizationType, raw: np.ndarray, rows: int, cols: int, name: str | None = None
+) -> PackedWeight:
+    """pack_weight then tile_packed, TILED_CHUNK_ROWS rows at a time into the final arrays, so a big
+    matrix (Gemma 3's 262,144-row output) never exists whole in the int8 row layout next to its tiles:
+    that doubled its transient memory (peak RSS 907 MB instead of ~700 for Gemma 3)."""
+    traits = get_traits(qtype, name)
+    if traits.unpack_ref is None or rows <= TILED_CHUNK_ROWS:
+        return tile_packed(pack_weight(qtype, raw, rows, cols, name))
+    n_tiles, n_groups = -(-rows // vnni.TILE), cols // traits.group
+    qt = np.empty((n_tiles, cols // 4, vnni.TILE, 4), np.uint8)
+    sct = np.empty((n_tiles, n_groups, vnni.TILE), np.float32)
+    mnt = np.empty((n_tiles, n_groups, vnni.TILE), np.float32) if traits.has_min else None
+    first = None
+    for r0 in range(0, rows, TILED_CHUNK_ROWS):
+        r1 = min(rows, r0 + TILED_CHUNK_ROWS)
+        part = tile_packed(pack_weight(qtype, raw[r0:r1], r1 - r0, cols, name))
+        t0, t1 = r0 // vnni.TILE, r0 // vnni.TILE + part.tiles.qt.shape[0]
+        qt[t0:t1], sct[t0:t1] = part.tiles.qt, part.tiles.sct
+        if mnt is not None:
+            mnt[t0:t1] = part.tiles.mnt
+        first = first or part
+    return replace(first, rows=rows, tiles=Tiles(qt, sct, mnt))
+
+
 def pack_weight(
     qtype: GGMLQuantizationType, raw: np.ndarray, rows: int, cols: int, name: str | None = None
 ) -> PackedWeight:
