@@ -111,10 +111,31 @@ class Sampler:
         if p.greedy:
             return int(np.argmax(x))
         x = x.astype(np.float64) / p.temperature
-        order = np.argsort(-x, kind="stable")
-        if p.top_k > 0:
-            order = order[: p.top_k]
-        return self._draw(x[order], order)
+        n = len(x)
+        if 0 < p.top_k < n:
+            order = top_k_stable(x, p.top_k)
+            return self._draw(x[order], order)
+        if p.top_p >= 1.0 and p.min_p <= 0.0:
+            # The whole distribution: drawn in token order, no sort (a full argsort of the vocabulary per
+            # token was 60% of a 16-client server's time).
+            probs = np.exp(x - x.max())
+            cdf = np.cumsum(probs)
+            return int(min(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"), n - 1))
+        # top-p / min-p: only the best-first prefix that can be kept is sorted (for top-p, grown until its
+        # mass covers the nucleus), with probabilities normalised over the whole row as before.
+        e = np.exp(x - x.max())
+        total = e.sum()
+        need = n  # prefix length that certainly holds every kept token
+        if p.min_p > 0.0:
+            need = max(1, int(np.count_nonzero(e >= p.min_p)))
+        k = min(need, 256)
+        while k < need:
+            order = top_k_stable(x, k)
+            if p.top_p < 1.0 and e[order].sum() / total >= p.top_p + 1e-9:  # margin: rounding of the cumsum
+                break
+            k = min(need, k * 8)
+        order = top_k_stable(x, k)
+        return self._draw(x[order], order, total=total)
 
     def sample_top(self, top: TopCandidates) -> int:
         """The token sample() would draw from the whole row, from the row's best entries only (computed
@@ -126,11 +147,12 @@ class Sampler:
         k = p.top_k
         return self._draw(top.values[:k].astype(np.float64) / p.temperature, top.ids[:k])
 
-    def _draw(self, xs: np.ndarray, order: np.ndarray) -> int:
-        """xs: the candidates' scaled logits in order (best first)."""
+    def _draw(self, xs: np.ndarray, order: np.ndarray, total: float | None = None) -> int:
+        """xs: the candidates' scaled logits in order (best first); total: sum of exp(x - xs[0]) over the
+        whole row when the candidates are only its best-first prefix (None: they are all there is)."""
         p = self.params
         probs = np.exp(xs - xs[0])
-        probs /= probs.sum()
+        probs /= probs.sum() if total is None else total
         keep = len(order)
         if p.top_p < 1.0:
             # smallest prefix whose cumulative probability reaches top_p (at least one token)
@@ -141,8 +163,21 @@ class Sampler:
         return int(order[self.rng.choice(keep, p=probs)])
 
 
+def top_k_stable(x: np.ndarray, k: int) -> np.ndarray:
+    """np.argsort(-x, kind="stable")[:k] (larger first, equal values by lower id, NaN last) without
+    sorting the whole row: the k-th largest value bounds the candidates, and only they are sorted."""
+    n = len(x)
+    if k >= n:
+        return np.argsort(-x, kind="stable")
+    thr = np.partition(x, n - k)[n - k]
+    cand = np.flatnonzero(x >= thr)  # in id order, so the stable sort keeps ties by lower id
+    if len(cand) < k:  # NaN among the k best: argsort's own order
+        return np.argsort(-x, kind="stable")[:k]
+    return cand[np.argsort(-x[cand], kind="stable")[:k]]
+
+
 def top_logprobs(logits: np.ndarray, chosen: int, k: int) -> tuple[float, list[tuple[int, float]]]:
     """The chosen token's logprob under the raw logits, and the k most likely tokens with theirs."""
     lp = log_softmax(logits)
-    top = np.argsort(-lp, kind="stable")[:k] if k > 0 else []
+    top = top_k_stable(lp, k) if k > 0 else []
     return float(lp[chosen]), [(int(i), float(lp[i])) for i in top]
