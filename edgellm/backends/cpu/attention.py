@@ -22,7 +22,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from edgellm.backends.cpu.fp16 import f16_bits_to_f32, f16_round_inplace
+from edgellm.backends.cpu.fp16 import HALF_OPS_NATIVE, f16_bits_to_f32, f16_round_inplace
 
 SAFE_MATH = {"reassoc", "contract", "nsz", "arcp", "afn"}  # no nnan/ninf: softmax uses -inf
 LANES = 16  # floats per vector: K positions per Q.K step, V columns per accumulator
@@ -297,7 +297,7 @@ def attention_paged_cpu(
     group = H // n_kv
     n_vec = 4 if group <= 6 else 2  # attention._pv_vectors
     chunk = n_vec * LANES
-    fast = bs % LANES == 0 and dv % chunk == 0 and group <= MAX_GROUP and d > 0
+    fast = HALF_OPS_NATIVE and bs % LANES == 0 and dv % chunk == 0 and group <= MAX_GROUP and d > 0
     max_pos = 0
     for t in range(T):
         max_pos = max(max_pos, tok_pos[t])

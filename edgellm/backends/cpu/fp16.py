@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import platform
 
 import llvmlite.binding as llb
 import numpy as np
@@ -35,6 +36,9 @@ def _bits_f32(typingctx, b):
 # x86 F16C (vcvtps2ph / vcvtph2ps): f32_to_f16_bits is only called where the host has it; elsewhere LLVM
 # would lower the conversion to a runtime-library call Numba's JIT may not resolve.
 HOST_F16C = bool(llb.get_host_cpu_features().get("f16c"))
+# Where half <-> float conversions are instructions LLVM can emit inline: x86 with F16C, and ARM64 (native
+# fcvt). The attention IR widens f16 K/V with them; elsewhere attention uses its Numba loops.
+HALF_OPS_NATIVE = HOST_F16C or platform.machine().lower() in ("aarch64", "arm64")
 
 
 @intrinsic
