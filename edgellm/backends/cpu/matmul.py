@@ -82,6 +82,19 @@ def _quantize_act_row(xr, xb, qr, m, group, mode, xs, xsum, xisum) -> None:
                 xsum[m, g] = d_stored * np.float32(isum)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _act_buffers(x: np.ndarray, group: int) -> tuple[np.ndarray, ...]:
+    """quantize_act_cpu's outputs: xq int8 [M, K], xs / xsum f32 and xisum int32 [M, K // G]."""
+    m_rows, k_cols = x.shape
+    n_groups = k_cols // group
+    return (
+        np.empty((m_rows, k_cols), np.int8),
+        np.empty((m_rows, n_groups), np.float32),
+        np.empty((m_rows, n_groups), np.float32),
+        np.empty((m_rows, n_groups), np.int32),
+    )
+
+
 @njit(cache=True, nogil=True, parallel=True, fastmath=ORDERED_MATH)
 def quantize_act_cpu(x: np.ndarray, group: int, mode: int) -> tuple[np.ndarray, ...]:
     """x f32 [M,K] -> (xq int8 [M,K], xs f32 [M,K//G], xsum f32 [M,K//G], xisum int32 [M,K//G]) for
@@ -92,13 +105,9 @@ def quantize_act_cpu(x: np.ndarray, group: int, mode: int) -> tuple[np.ndarray, 
     xsum[m, g] = xs * sum(xq over the group) (f16-rounded for q8_1, as its `s` field) — the sum of the
     dequantized activations, so the min term sees the same rounding as the integer term. xisum is the
     exact integer sum of xq over the group (the VNNI kernels' offset correction)."""
-    m_rows, k_cols = x.shape
-    xq = np.empty((m_rows, k_cols), np.int8)
-    xs = np.empty((m_rows, k_cols // group), np.float32)
-    xsum = np.empty((m_rows, k_cols // group), np.float32)
-    xisum = np.empty((m_rows, k_cols // group), np.int32)
+    xq, xs, xsum, xisum = _act_buffers(x, group)
     xbits = x.view(np.uint32)
-    for m in prange(m_rows):
+    for m in prange(x.shape[0]):
         _quantize_act_row(x[m], xbits[m], xq[m], m, group, mode, xs, xsum, xisum)
     return xq, xs, xsum, xisum
 
@@ -106,13 +115,9 @@ def quantize_act_cpu(x: np.ndarray, group: int, mode: int) -> tuple[np.ndarray, 
 @njit(cache=True, nogil=True, fastmath=ORDERED_MATH)
 def quantize_act_serial_cpu(x: np.ndarray, group: int, mode: int) -> tuple[np.ndarray, ...]:
     """quantize_act_cpu without a parallel region: one row (decode) costs ~1 us, less than waking a thread."""
-    m_rows, k_cols = x.shape
-    xq = np.empty((m_rows, k_cols), np.int8)
-    xs = np.empty((m_rows, k_cols // group), np.float32)
-    xsum = np.empty((m_rows, k_cols // group), np.float32)
-    xisum = np.empty((m_rows, k_cols // group), np.int32)
+    xq, xs, xsum, xisum = _act_buffers(x, group)
     xbits = x.view(np.uint32)
-    for m in range(m_rows):
+    for m in range(x.shape[0]):
         _quantize_act_row(x[m], xbits[m], xq[m], m, group, mode, xs, xsum, xisum)
     return xq, xs, xsum, xisum
 
