@@ -130,3 +130,28 @@ def test_f16_round_unit_matches_numpy_float16() -> None:
     general = a.copy()
     f16_round_inplace(general)
     np.testing.assert_array_equal(general, got)
+
+
+def test_kv_write_paths_store_the_same_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The F16C path (conversion inside the scatter) and the numpy-cast path store identical caches,
+    equal to numpy's float16 conversion, for strided K/V views (as the model passes them)."""
+    from edgellm.backends.cpu import ops
+
+    rng = np.random.default_rng(4)
+    qkv = (rng.standard_normal((5, 3 * 2 * 16)) * 1e3).astype(np.float32)
+    qkv[0, :4] = [0.0, 1e-8, 7e4, -3e-6]  # f16 zero, subnormal, overflow to inf, negative subnormal
+    k = qkv[:, :32].reshape(5, 2, 16)
+    v = qkv[:, 32:64].reshape(5, 2, 16)
+    slots = np.array([3, 17, 18, 40, 0])
+    caches = []
+    for f16c in (True, False) if ops.HOST_F16C else (False,):
+        monkeypatch.setattr(ops, "HOST_F16C", f16c)
+        kc, vc = np.zeros((4, 2, 16, 16), np.uint16), np.zeros((4, 16, 2, 16), np.uint16)
+        write_kv_cpu(k, v, kc, vc, slots)
+        caches.append((kc, vc))
+    with np.errstate(over="ignore"):
+        want_k, want_v = k.astype(np.float16).view(np.uint16), v.astype(np.float16).view(np.uint16)
+    for kc, vc in caches:
+        for t, s in enumerate(slots):
+            np.testing.assert_array_equal(kc[s // 16, :, :, s % 16], want_k[t])
+            np.testing.assert_array_equal(vc[s // 16, s % 16], want_v[t])

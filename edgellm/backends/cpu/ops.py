@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
 from edgellm.backends.cpu.fp16 import HOST_F16C, f32_to_f16_bits
 
@@ -134,31 +135,30 @@ def geglu_par_cpu(gate_up: np.ndarray, out: np.ndarray) -> None:
         _geglu_row(gate_up, out, t)
 
 
-@njit(cache=True, nogil=True)
-def _scatter_kv_cpu(kh, vh, k_cache, v_cache, slots) -> None:
-    bs = v_cache.shape[1]
-    for t in range(kh.shape[0]):
-        blk = slots[t] // bs
-        off = slots[t] % bs
-        for h in range(kh.shape[1]):
-            for i in range(kh.shape[2]):
-                k_cache[blk, h, i, off] = kh[t, h, i]
-            for i in range(vh.shape[2]):
-                v_cache[blk, off, h, i] = vh[t, h, i]
+def _as_f16_bits(x):  # noqa: ANN001, ANN202 (typed by the overload below)
+    raise NotImplementedError("only called from Numba code")
+
+
+@overload(_as_f16_bits, inline="always")
+def _as_f16_bits_typed(x):  # noqa: ANN001, ANN202
+    """f32 -> f16 bits with vcvtps2ph (only ever compiled for f32 on F16C hosts); f16 bits pass through."""
+    if isinstance(x, types.Float):
+        return lambda x: f32_to_f16_bits(x)
+    return lambda x: x
 
 
 @njit(cache=True, nogil=True)
-def _write_kv_f16c_cpu(k, v, k_cache, v_cache, slots) -> None:
-    """Convert (vcvtps2ph: round to nearest even, as numpy's float16 cast) and scatter in one pass."""
+def _write_kv_slots_cpu(k, v, k_cache, v_cache, slots) -> None:
+    """Scatter each token's K/V (f32, converted here, or f16 bits already) to its cache slot."""
     bs = v_cache.shape[1]
     for t in range(k.shape[0]):
         blk = slots[t] // bs
         off = slots[t] % bs
         for h in range(k.shape[1]):
             for i in range(k.shape[2]):
-                k_cache[blk, h, i, off] = f32_to_f16_bits(k[t, h, i])
+                k_cache[blk, h, i, off] = _as_f16_bits(k[t, h, i])
             for i in range(v.shape[2]):
-                v_cache[blk, off, h, i] = f32_to_f16_bits(v[t, h, i])
+                v_cache[blk, off, h, i] = _as_f16_bits(v[t, h, i])
 
 
 def write_kv_cpu(
@@ -170,11 +170,10 @@ def write_kv_cpu(
     block * block_size + offset. With F16C the conversion is an instruction inside the scatter (numpy's
     cast took ~5 us per call here); elsewhere numpy converts."""
     slots = np.asarray(slots, dtype=np.int64)
-    if HOST_F16C:
-        _write_kv_f16c_cpu(k, v, k_cache, v_cache, slots)
-    else:
-        _scatter_kv_cpu(k.astype(np.float16).view(np.uint16), v.astype(np.float16).view(np.uint16),
-                        k_cache, v_cache, slots)  # fmt: skip
+    if not HOST_F16C:
+        with np.errstate(over="ignore"):  # |x| >= 65520 becomes inf, as in llama.cpp's f16 cache
+            k, v = k.astype(np.float16).view(np.uint16), v.astype(np.float16).view(np.uint16)
+    _write_kv_slots_cpu(k, v, k_cache, v_cache, slots)
 
 
 @njit(cache=True, nogil=True, fastmath=True)
