@@ -19,17 +19,16 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba import njit, prange
 
 from edgellm.backends.cpu.fp16 import HALF_OPS_NATIVE, f16_bits_to_f32, f16_round_inplace
+from edgellm.backends.cpu.ir_util import declare, splat, switch_intrinsic
 
 SAFE_MATH = {"reassoc", "contract", "nsz", "arcp", "afn"}  # no nnan/ninf: softmax uses -inf
 LANES = 16  # floats per vector: K positions per Q.K step, V columns per accumulator
 MAX_GROUP = 8  # query heads per KV head with an IR kernel; larger groups use the Numba loops
 _I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
 _VF = ir.VectorType(_F32, LANES)
-_VI = ir.VectorType(_I32, LANES)
 _VH = ir.VectorType(ir.HalfType(), LANES)
 
 
@@ -39,13 +38,11 @@ def _load_f16x16(b: ir.IRBuilder, addr: ir.Value) -> ir.Value:
 
 
 def _splat(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
-    one = b.insert_element(ir.Constant(_VF, ir.Undefined), v, ir.Constant(_I32, 0))
-    return b.shuffle_vector(one, ir.Constant(_VF, ir.Undefined), ir.Constant(_VI, [0] * LANES))
+    return splat(b, v, _VF)
 
 
 def _fma_fn(module: ir.Module) -> ir.Function:
-    fn = module.globals.get("llvm.fma.v16f32")
-    return fn if fn is not None else ir.Function(module, ir.FunctionType(_VF, [_VF] * 3), "llvm.fma.v16f32")
+    return declare(module, "llvm.fma.v16f32", _VF, [_VF] * 3)
 
 
 def _counted_loop(b: ir.IRBuilder, fn: ir.Function, count: ir.Value, carried: list[ir.Value], body):
@@ -138,74 +135,21 @@ def _build_pv(module: ir.Module, name: str, group: int, n_vec: int) -> ir.Functi
     return fn
 
 
-def _make_intrinsic(name: str, build):
-    @intrinsic
-    def kernel(typingctx, a0, a1, a2, a3, a4, a5, a6):
-        sig = types.void(*([types.intp] * 7))
-
-        def codegen(context, builder, signature, args):
-            fn = builder.module.globals.get(name)
-            if fn is None:
-                fn = build(builder.module, name)
-            builder.call(fn, args)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return kernel
-
-
 def _pv_vectors(group: int) -> int:
     return 4 if group <= 6 else 2  # group * n_vec accumulators + n_vec rows stay within 32 registers
 
 
-_QK = [_make_intrinsic(f"edgellm_qk_g{g}", lambda m, n, g=g: _build_qk(m, n, g)) for g in range(1, 9)]
-_PV = [
-    _make_intrinsic(f"edgellm_pv_g{g}", lambda m, n, g=g: _build_pv(m, n, g, _pv_vectors(g)))
-    for g in range(1, 9)
-]
-_qk1, _qk2, _qk3, _qk4, _qk5, _qk6, _qk7, _qk8 = _QK
-_pv1, _pv2, _pv3, _pv4, _pv5, _pv6, _pv7, _pv8 = _PV
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _qk_call(group, q, d, k, k_row, out, out_stride, scale_bits) -> None:
-    if group == 1:
-        _qk1(q, d, k, k_row, out, out_stride, scale_bits)
-    elif group == 2:
-        _qk2(q, d, k, k_row, out, out_stride, scale_bits)
-    elif group == 3:
-        _qk3(q, d, k, k_row, out, out_stride, scale_bits)
-    elif group == 4:
-        _qk4(q, d, k, k_row, out, out_stride, scale_bits)
-    elif group == 5:
-        _qk5(q, d, k, k_row, out, out_stride, scale_bits)
-    elif group == 6:
-        _qk6(q, d, k, k_row, out, out_stride, scale_bits)
-    elif group == 7:
-        _qk7(q, d, k, k_row, out, out_stride, scale_bits)
-    else:
-        _qk8(q, d, k, k_row, out, out_stride, scale_bits)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _pv_call(group, w, w_stride, n, v, v_row, acc, acc_stride) -> None:
-    if group == 1:
-        _pv1(w, w_stride, n, v, v_row, acc, acc_stride)
-    elif group == 2:
-        _pv2(w, w_stride, n, v, v_row, acc, acc_stride)
-    elif group == 3:
-        _pv3(w, w_stride, n, v, v_row, acc, acc_stride)
-    elif group == 4:
-        _pv4(w, w_stride, n, v, v_row, acc, acc_stride)
-    elif group == 5:
-        _pv5(w, w_stride, n, v, v_row, acc, acc_stride)
-    elif group == 6:
-        _pv6(w, w_stride, n, v, v_row, acc, acc_stride)
-    elif group == 7:
-        _pv7(w, w_stride, n, v, v_row, acc, acc_stride)
-    else:
-        _pv8(w, w_stride, n, v, v_row, acc, acc_stride)
+# qk(group, ...) / pv(group, ...): one IR variant per GQA group size (its accumulators stay in registers)
+_qk_call = switch_intrinsic(
+    {g: (f"edgellm_qk_g{g}", lambda m, n, g=g: _build_qk(m, n, g)) for g in range(1, MAX_GROUP + 1)}, 7
+)
+_pv_call = switch_intrinsic(
+    {
+        g: (f"edgellm_pv_g{g}", lambda m, n, g=g: _build_pv(m, n, g, _pv_vectors(g)))
+        for g in range(1, MAX_GROUP + 1)
+    },
+    7,
+)
 
 
 @njit(cache=True, nogil=True)

@@ -15,6 +15,8 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from edgellm.backends.cpu.ir_util import declare
+
 _I16, _I32, _I64, _F32 = ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
 _VF = ir.VectorType(_F32, 16)
 _SCALEF = "llvm.x86.avx512.mask.scalef.ps.512"
@@ -25,15 +27,10 @@ def _const(v: float) -> ir.Constant:
     return ir.Constant(_VF, [float(np.float32(v))] * 16)
 
 
-def _fn(module: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
-    fn = module.globals.get(name)
-    return fn if fn is not None else ir.Function(module, ir.FunctionType(ret, args), name)
-
-
 def _v_expf(b: ir.IRBuilder, module: ir.Module, x: ir.Value) -> ir.Value:
     """ggml_v_expf (AVX-512 form), operation for operation."""
-    fma = _fn(module, _FMA, _VF, [_VF] * 3)
-    scalef = _fn(module, _SCALEF, _VF, [_VF, _VF, _VF, _I16, _I32])
+    fma = declare(module, _FMA, _VF, [_VF] * 3)
+    scalef = declare(module, _SCALEF, _VF, [_VF, _VF, _VF, _I16, _I32])
     r = _const(float.fromhex("0x1.8p23"))
     z = b.call(fma, [x, _const(float.fromhex("0x1.715476p+0")), r])
     n = b.fsub(z, r)
@@ -47,7 +44,7 @@ def _v_expf(b: ir.IRBuilder, module: ir.Module, x: ir.Value) -> ir.Value:
     j = b.call(fma, [b.call(fma, [p3, u, p2]), u, p1])
     res = b.call(scalef, [j, n, ir.Constant(_VF, ir.Undefined), ir.Constant(_I16, -1), ir.Constant(_I32, 4)])
     # |n| > 192: exp over/underflows; ggml blends inf (n > 0) or 0 (n <= 0)
-    absn = b.call(_fn(module, "llvm.fabs.v16f32", _VF, [_VF]), [n])
+    absn = b.call(declare(module, "llvm.fabs.v16f32", _VF, [_VF]), [n])
     big = b.fcmp_ordered(">", absn, _const(192.0))
     alt = b.select(b.fcmp_ordered("<=", n, _const(0.0)), _const(0.0), _const(float("inf")))
     return b.select(big, alt, res)

@@ -26,8 +26,9 @@ import os
 import llvmlite.binding as llb
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba import njit, prange
+
+from edgellm.backends.cpu.ir_util import declare, splat, switch_intrinsic
 
 
 def _host_has_vnni() -> bool:
@@ -77,19 +78,12 @@ def from_tiles(qt: np.ndarray, n_rows: int) -> np.ndarray:
     return np.ascontiguousarray(q[:n_rows])
 
 
-def _splat(b: ir.IRBuilder, v: ir.Value, vec_t: ir.VectorType) -> ir.Value:
-    one = b.insert_element(ir.Constant(vec_t, ir.Undefined), v, ir.Constant(_I32, 0))
-    return b.shuffle_vector(one, ir.Constant(vec_t, ir.Undefined), ir.Constant(_V16I32, [0] * 16))
-
-
 def _build(module: ir.Module, name: str, group: int, has_min: bool, rm: int) -> ir.Function:
     """void name(w, sc, mn, n_groups, x, x_stride, xs, xsum, xisum, a_stride, out, out_stride), all i64:
     addresses of the tile's weights/scales/mins, rm activation rows (int8, x_stride bytes apart), their
     per-group scales, sums and int sums (f32/f32/i32, a_stride elements apart), and rm output rows of 16
     floats (out_stride floats apart)."""
-    dp = module.globals.get(_DPBUSD)
-    if dp is None:
-        dp = ir.Function(module, ir.FunctionType(_V16I32, [_V16I32] * 3), _DPBUSD)
+    dp = declare(module, _DPBUSD, _V16I32, [_V16I32] * 3)
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [_I64] * 12), name)
     fn.linkage = "internal"
     w_a, sc_a, mn_a, n_groups, x_a, x_stride, xs_a, xsum_a, xi_a, a_stride, out_a, out_stride = fn.args
@@ -118,15 +112,11 @@ def _build(module: ir.Module, name: str, group: int, has_min: bool, rm: int) -> 
     # int sums start at -128 * sum(x): removes the +128 offset of the stored weights exactly
     # int sums start at -128 * sum(x): removes the +128 offset of the stored weights exactly
     isums = [
-        _splat(b, b.sub(ir.Constant(_I32, 0), b.shl(b.load(b.gep(p, [g])), ir.Constant(_I32, 7))), _V16I32)
+        splat(b, b.sub(ir.Constant(_I32, 0), b.shl(b.load(b.gep(p, [g])), ir.Constant(_I32, 7))), _V16I32)
         for p in xi_rows
     ]
     w0 = b.mul(g, ir.Constant(_I64, words))  # first word of the group = index of its first 64-byte vector
-    pf = module.globals.get(_PREFETCH)
-    if pf is None:
-        pf = ir.Function(
-            module, ir.FunctionType(ir.VoidType(), [_I8.as_pointer(), _I32, _I32, _I32]), _PREFETCH
-        )
+    pf = declare(module, _PREFETCH, ir.VoidType(), [_I8.as_pointer(), _I32, _I32, _I32])
     for j in range(words):
         # Weights stream from RAM once per call (the model is larger than L3); the hardware prefetcher
         # alone left the batched decode step waiting on memory: ask for the line 4 KiB ahead (~10% faster
@@ -144,17 +134,17 @@ def _build(module: ir.Module, name: str, group: int, has_min: bool, rm: int) -> 
         wv = b.load(b.gep(w_ptr, [b.add(w0, ir.Constant(_I64, j))]), align=1)
         for m in range(rm):
             xw = b.load(b.gep(x_rows[m], [b.add(w0, ir.Constant(_I64, j))]), align=1)
-            isums[m] = b.call(dp, [isums[m], wv, _splat(b, xw, _V16I32)])
+            isums[m] = b.call(dp, [isums[m], wv, splat(b, xw, _V16I32)])
     scv = b.load(b.gep(sc_ptr, [g]), align=4)
     mnv = b.load(b.gep(mn_ptr, [g]), align=4) if has_min else None
     new_accs, new_maccs = [], []
     for m in range(rm):
-        xs_sc = b.fmul(_splat(b, b.load(b.gep(xs_rows[m], [g])), _V16F32), scv, flags=_FLAGS)
+        xs_sc = b.fmul(splat(b, b.load(b.gep(xs_rows[m], [g])), _V16F32), scv, flags=_FLAGS)
         new_accs.append(
             b.fadd(accs[m], b.fmul(xs_sc, b.sitofp(isums[m], _V16F32), flags=_FLAGS), flags=_FLAGS)
         )
         if has_min:
-            xm = _splat(b, b.load(b.gep(xsum_rows[m], [g])), _V16F32)
+            xm = splat(b, b.load(b.gep(xsum_rows[m], [g])), _V16F32)
             new_maccs.append(b.fadd(maccs[m], b.fmul(mnv, xm, flags=_FLAGS), flags=_FLAGS))
         else:
             new_maccs.append(maccs[m])
@@ -180,55 +170,23 @@ def _build(module: ir.Module, name: str, group: int, has_min: bool, rm: int) -> 
     return fn
 
 
-def _make_intrinsic(group: int, has_min: bool, rm: int):
-    name = f"edgellm_vnni_tile16_g{group}_{'min' if has_min else 'nomin'}_rm{rm}"
-
-    @intrinsic
-    def tile_fn(typingctx, w, sc, mn, n_groups, x, x_stride, xs, xsum, xisum, a_stride, out, out_stride):
-        sig = types.void(*([types.intp] * 12))
-
-        def codegen(context, builder, signature, args):
-            fn = builder.module.globals.get(name)
-            if fn is None:
-                fn = _build(builder.module, name, group, has_min, rm)
-            builder.call(fn, args)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return tile_fn
+def _variant_key(group: int, has_min: bool, rm: int) -> int:
+    return (group == 32) * 4 + has_min * 2 + (rm == RM)
 
 
-_KERNELS = {
-    (g, mn, rm): _make_intrinsic(g, mn, rm) for g in (16, 32) for mn in (True, False) for rm in (1, RM)
-}
-_g32_min_1, _g32_min_4 = _KERNELS[32, True, 1], _KERNELS[32, True, RM]
-_g32_1, _g32_4 = _KERNELS[32, False, 1], _KERNELS[32, False, RM]
-_g16_min_1, _g16_min_4 = _KERNELS[16, True, 1], _KERNELS[16, True, RM]
-_g16_1, _g16_4 = _KERNELS[16, False, 1], _KERNELS[16, False, RM]
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _tile(group, has_min, rm, w, sc, mn, n_groups, x, x_stride, xs, xsum, xisum, a_stride, out, out_stride):
-    if group == 32:
-        if has_min:
-            if rm == RM:
-                _g32_min_4(w, sc, mn, n_groups, x, x_stride, xs, xsum, xisum, a_stride, out, out_stride)
-            else:
-                _g32_min_1(w, sc, mn, n_groups, x, x_stride, xs, xsum, xisum, a_stride, out, out_stride)
-        elif rm == RM:
-            _g32_4(w, sc, mn, n_groups, x, x_stride, xs, xsum, xisum, a_stride, out, out_stride)
-        else:
-            _g32_1(w, sc, mn, n_groups, x, x_stride, xs, xsum, xisum, a_stride, out, out_stride)
-    elif has_min:
-        if rm == RM:
-            _g16_min_4(w, sc, mn, n_groups, x, x_stride, xs, xsum, xisum, a_stride, out, out_stride)
-        else:
-            _g16_min_1(w, sc, mn, n_groups, x, x_stride, xs, xsum, xisum, a_stride, out, out_stride)
-    elif rm == RM:
-        _g16_4(w, sc, mn, n_groups, x, x_stride, xs, xsum, xisum, a_stride, out, out_stride)
-    else:
-        _g16_1(w, sc, mn, n_groups, x, x_stride, xs, xsum, xisum, a_stride, out, out_stride)
+# _tile(key, ...): one IR variant per (group size, min term, activation rows per block)
+_tile = switch_intrinsic(
+    {
+        _variant_key(g, mn, rm): (
+            f"edgellm_vnni_tile16_g{g}_{'min' if mn else 'nomin'}_rm{rm}",
+            lambda m, n, g=g, mn=mn, rm=rm: _build(m, n, g, mn, rm),
+        )
+        for g in (16, 32)
+        for mn in (True, False)
+        for rm in (1, RM)
+    },
+    12,
+)
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -256,8 +214,9 @@ def matmul_tiles_cpu(xq, xs, xsum, xisum, qt, sct, mnt, has_min, group, n_rows, 
             while m < m_rows:
                 rm = RM if m + RM <= m_rows else 1
                 dst = out.ctypes.data + (m * out.strides[0] + n0 * 4) if full else scratch.ctypes.data
+                key = (group == 32) * 4 + has_min * 2 + (rm == RM)  # _variant_key
                 _tile(
-                    group, has_min, rm, w, sc, mn, n_groups,
+                    key, w, sc, mn, n_groups,
                     xq.ctypes.data + m * xq.strides[0], xq.strides[0],
                     xs.ctypes.data + m * xs.strides[0],
                     xsum.ctypes.data + m * xsum.strides[0],

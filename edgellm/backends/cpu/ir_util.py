@@ -1,0 +1,62 @@
+"""Small helpers shared by the kernels written as LLVM IR (vnni.py, attention.py, silu_avx512.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+I32, I64 = ir.IntType(32), ir.IntType(64)
+
+
+def splat(b: ir.IRBuilder, v: ir.Value, vec_t: ir.VectorType) -> ir.Value:
+    """A vector of vec_t with every lane = v."""
+    one = b.insert_element(ir.Constant(vec_t, ir.Undefined), v, ir.Constant(I32, 0))
+    mask = ir.Constant(ir.VectorType(I32, vec_t.count), [0] * vec_t.count)
+    return b.shuffle_vector(one, ir.Constant(vec_t, ir.Undefined), mask)
+
+
+def declare(module: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
+    """The module's function `name` (an LLVM intrinsic or one of ours), declared on first use."""
+    fn = module.globals.get(name)
+    return fn if fn is not None else ir.Function(module, ir.FunctionType(ret, args), name)
+
+
+def switch_intrinsic(variants: dict[int, tuple[str, Callable[[ir.Module, str], ir.Function]]], n_args: int):
+    """A Numba intrinsic `kernel(key, a0, ..., a{n_args-1})` (all intp) that calls the variant built for
+    `key` (a `switch` in the IR; callers pass only keys in `variants`). Each variant is an IR function
+    `void name(i64 x n_args)`, built into the calling module the first time a caller is compiled.
+    One intrinsic per kernel family instead of an if/elif ladder over one intrinsic per variant."""
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        key, rest = args[0], list(args[1:])
+        end = builder.append_basic_block("variant_end")
+        sw = builder.switch(key, end)
+        for k, (name, build) in variants.items():
+            case = builder.append_basic_block(f"variant_{k}")
+            sw.add_case(ir.Constant(key.type, k), case)
+            builder.position_at_end(case)
+            fn = builder.module.globals.get(name)
+            builder.call(fn if fn is not None else build(builder.module, name), rest)
+            builder.branch(end)
+        builder.position_at_end(end)
+        return context.get_dummy_value()
+
+    sig = types.void(*([types.intp] * (n_args + 1)))
+    if n_args == 7:
+
+        @intrinsic
+        def kernel7(typingctx, key, a0, a1, a2, a3, a4, a5, a6):  # noqa: ANN001, ANN202
+            return sig, codegen
+
+        return kernel7
+    if n_args == 12:
+
+        @intrinsic
+        def kernel12(typingctx, key, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11):  # noqa: ANN001, ANN202
+            return sig, codegen
+
+        return kernel12
+    raise ValueError(f"no switch intrinsic for {n_args} arguments")  # Numba intrinsics need fixed arity
