@@ -259,6 +259,36 @@ def test_killed_client_frees_its_request(server: str) -> None:
     assert now["edgellm_generation_tokens_total"] - busy["edgellm_generation_tokens_total"] < 150
 
 
+def _wait_idle(url: str, idle: dict[str, float], what: str) -> dict[str, float]:
+    deadline = time.monotonic() + 10
+    while True:
+        now = _metrics(url)
+        if (
+            now["edgellm_num_requests_running"] == 0
+            and now["edgellm_num_requests_waiting"] == 0
+            and now["edgellm_kv_cache_blocks_used"] == idle["edgellm_kv_cache_blocks_used"]
+        ):
+            return now
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_streams_dropped_after_the_role_chunk_do_not_stop_the_server(server: str, client: openai.OpenAI) -> None:
+    # A client that reads the first SSE chunk and hangs up cancels the handler while the engine may still be
+    # taking its request: that cancellation must neither kill the engine nor leak the request.
+    idle = _metrics(server)
+    body = {"model": MODEL, "messages": MSGS, "max_tokens": 64, "stream": True, "logit_bias": NO_EOS}
+    for _ in range(50):
+        with httpx.Client(timeout=30) as c, c.stream("POST", f"{server}/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            first = next(r.iter_lines())
+            assert first.startswith("data: ") and '"role"' in first
+    ok = client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=4)
+    assert ok.usage.completion_tokens == 4
+    assert httpx.get(f"{server}/health").status_code == 200
+    _wait_idle(server, idle, "dropped streams left requests or KV blocks behind")
+
+
 ERROR_CASES = [
     # (method, path, body or raw bytes, status, substring of the message)
     ("POST", "/v1/chat/completions", b"{not json", 400, "malformed JSON"),

@@ -94,12 +94,21 @@ class AsyncLLMEngine:
         loop = asyncio.get_running_loop()
         cmd = _Add(prompt, params, request_id, priority, loop, asyncio.Queue())
         self._commands.put(cmd)
-        rid = await asyncio.wrap_future(cmd.done)  # raises the engine's ValueError for a bad request
+        try:
+            rid = await asyncio.wrap_future(cmd.done)  # raises the engine's ValueError for a bad request
+        except asyncio.CancelledError:
+            # the client left while the engine was taking the request: abort it once its id is known
+            cmd.done.add_done_callback(self._abort_added)
+            raise
         async for item in _drain(cmd.out, on_early_exit=lambda: self._commands.put(_Abort(rid))):
             yield item
 
     def abort(self, request_id: str) -> None:
         self._commands.put(_Abort(request_id))
+
+    def _abort_added(self, done: concurrent.futures.Future) -> None:
+        if not done.cancelled() and done.exception() is None:
+            self.abort(done.result())
 
     def stats(self) -> EngineStats:
         return self._stats
@@ -121,6 +130,8 @@ class AsyncLLMEngine:
         if isinstance(cmd, _Abort):
             self.engine.abort(cmd.request_id)
             self._streams.pop(cmd.request_id, None)
+            return
+        if not cmd.done.set_running_or_notify_cancel():  # the caller was cancelled before we got here
             return
         try:
             rid = self.engine.add_request(cmd.prompt, cmd.params, cmd.request_id, cmd.priority)
