@@ -273,7 +273,7 @@ def _wait_idle(url: str, idle: dict[str, float], what: str) -> dict[str, float]:
         time.sleep(0.05)
 
 
-def test_streams_dropped_after_the_role_chunk_do_not_stop_the_server(server: str, client: openai.OpenAI) -> None:
+def test_streams_dropped_after_the_role_chunk_keep_it_serving(server: str, client: openai.OpenAI) -> None:
     # A client that reads the first SSE chunk and hangs up cancels the handler while the engine may still be
     # taking its request: that cancellation must neither kill the engine nor leak the request.
     idle = _metrics(server)
