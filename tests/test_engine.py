@@ -97,6 +97,22 @@ def test_parallel_sampling_forks_and_seed_reproduces(llm) -> None:
     assert greedy.outputs[0].token_ids == greedy.outputs[1].token_ids
 
 
+def test_parallel_sampling_when_the_running_set_is_full() -> None:
+    # Two n=2 requests with room for two sequences: the children cannot join the running set at their
+    # parents' first token and must wait their turn instead of failing the engine.
+    small = LLM("smollm2-135m", n_ctx=256, max_num_seqs=2)
+    params = SamplingParams(temperature=0.8, max_tokens=4, n=2, seed=7, ignore_eos=True)
+    outs = small.generate(["Hello", "Once upon a time"], params)
+    assert [[len(c.token_ids) for c in o.outputs] for o in outs] == [[4, 4], [4, 4]]
+    greedy = SamplingParams(temperature=0, max_tokens=6, n=2, ignore_eos=True)
+    both = small.generate(["Hello", "Once upon a time"], greedy)
+    for o in both:
+        alone = small.generate([o.prompt_token_ids], greedy)[0].token_ids
+        assert o.outputs[0].token_ids == o.outputs[1].token_ids == alone
+    bm = small.engine.scheduler.block_manager
+    assert bm.num_free_blocks == bm.num_blocks
+
+
 def test_stop_strings_eos_and_length(llm) -> None:
     [full] = llm.generate(["1, 2, 3,"], SamplingParams(temperature=0, max_tokens=20))
     assert ", 6" in full.text

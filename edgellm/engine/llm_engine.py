@@ -250,7 +250,9 @@ class LLMEngine:
         for i, cid in enumerate(req.seq_ids[1:], start=1):
             tok = req.samplers[i].sample(row, req.prompt_ids, [])
             self._seq_owner[cid] = (req, i)
-            if pseq is None:  # parent already finished on its first token: start the child fresh
+            if pseq is None or not self.scheduler.can_fork():
+                # the parent already finished on its first token, or the running set is full: the child
+                # waits like a new request (its prompt blocks are prefix-cache hits when it starts)
                 child = Sequence(
                     cid,
                     req.prompt_ids + [tok],

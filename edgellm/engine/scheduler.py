@@ -130,6 +130,9 @@ class Scheduler:
         seq.status = status
         return seq
 
+    def can_fork(self) -> bool:
+        return len(self.running) < self.config.max_num_seqs
+
     def fork(self, parent_id: int, child_id: int) -> Sequence:
         """Clone a running sequence (parallel sampling): the child shares every KV block copy-on-write."""
         parent = self.seqs[parent_id]
