@@ -182,6 +182,22 @@ async def run_one(kind: str, coro, timeout: float) -> Result:
     return res
 
 
+async def health(url: str, tries: int = 3) -> int | str:
+    """/health's status on a new connection (a pooled one may have been closed by the server after a
+    500), retried a few times; the last error's repr if it never answered."""
+    status: int | str = "no answer"
+    for i in range(tries):
+        try:
+            async with httpx.AsyncClient(timeout=10) as c:
+                status = (await c.get(f"{url}/health")).status_code
+            if status == 200:
+                break
+        except httpx.HTTPError as e:
+            status = repr(e)
+        await asyncio.sleep(1.0 * (i + 1))
+    return status
+
+
 class Load:
     def __init__(self, t: Traffic, a: argparse.Namespace, end: float) -> None:
         self.t, self.a, self.end = t, a, end
@@ -198,17 +214,18 @@ class Load:
         return time.monotonic() < self.end and self.sent < self.a.max_requests and not self.stopped_early
 
     async def one(self, kind: str) -> None:
-        self.sent += 1
         if kind == "bad":
-            name, path, raw, accepted = self.t.rng.choice(self.bad)
-            res = await run_one(
-                "overlong" if name.startswith("overlong") else "malformed",
-                send_bad(self.t, path, raw, accepted),
-                self.a.request_timeout,
-            )
-            res.detail = f"{name}: {res.detail}"
-        else:
-            res = await run_one(kind, KINDS[kind][0](self.t), self.a.request_timeout)
+            await self.one_bad(self.t.rng.choice(self.bad))
+            return
+        self.sent += 1
+        await self.record(await run_one(kind, KINDS[kind][0](self.t), self.a.request_timeout))
+
+    async def one_bad(self, case: tuple[str, str, bytes, set[int]]) -> None:
+        name, path, raw, accepted = case
+        self.sent += 1
+        kind = "overlong" if name in OVERLONG_NAMES else "malformed"
+        res = await run_one(kind, send_bad(self.t, path, raw, accepted), self.a.request_timeout)
+        res.detail = f"{name}: {res.detail}"
         await self.record(res)
 
     async def record(self, res: Result) -> None:
@@ -216,10 +233,7 @@ class Load:
         (a dead engine answers every request at once: the soak would only count the same failure)."""
         self.results.append(res)
         if res.outcome in ("5xx", "error") and not self.stopped_early:
-            try:
-                status = (await self.t.http.get(f"{self.t.url}/health", timeout=10)).status_code
-            except httpx.HTTPError as e:
-                status = repr(e)
+            status = await health(self.t.url)
             if status != 200 and not self.stopped_early:
                 self.stopped_early = f"/health answered {status} after {self.sent} requests"
                 print(f"soak: stopping the load: {self.stopped_early}", flush=True)
@@ -251,9 +265,11 @@ async def metrics(t: Traffic) -> dict[str, float]:
     return parse_metrics((await t.http.get(f"{t.url}/metrics")).text)
 
 
-async def wait_idle(t: Traffic, idle: dict[str, float], timeout: float) -> dict[str, float] | None:
+async def wait_idle(
+    t: Traffic, idle: dict[str, float], timeout: float, proc: subprocess.Popen | None
+) -> dict[str, float] | None:
     deadline, m = time.monotonic() + timeout, None
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and (proc is None or proc.poll() is None):
         try:
             m = await metrics(t)
         except httpx.HTTPError:
@@ -295,6 +311,8 @@ async def soak(a: argparse.Namespace, url: str, pid: int | None, proc: subproces
     t_load = time.monotonic()
     sampler = asyncio.ensure_future(sample_rss(pid, t_load, series, a.rss_every)) if pid else None
     load = Load(t, a, t_load + a.minutes * 60)
+    for case in load.bad:  # every bad request once, whatever the mix draws later
+        await load.one_bad(case)
     tasks = [asyncio.ensure_future(load.worker()) for _ in range(a.workers)]
     if "long_greedy_burst" not in a.exclude:
         tasks.append(asyncio.ensure_future(load.bursts(burst)))
@@ -304,20 +322,17 @@ async def soak(a: argparse.Namespace, url: str, pid: int | None, proc: subproces
     done, pending = await asyncio.wait(tasks, timeout=a.minutes * 60 - a.warmup + a.request_timeout + 30)
     for task in pending:  # cannot happen while run_one bounds every request; counted as lost if it does
         task.cancel()
-    end = await wait_idle(t, idle, a.idle_timeout)
+    end = await wait_idle(t, idle, a.idle_timeout, proc)
     if sampler:
         sampler.cancel()
-    try:
-        health = (await http.get(f"{url}/health")).status_code
-    except httpx.HTTPError:
-        health = None
+    final_health = await health(url)
     report = SoakReport(
         results=load.results,
         sent=load.sent,
         idle_metrics=idle,
         end_metrics=end,
-        health_status=health,
-        server_alive=proc.poll() is None if proc else health is not None,
+        health_status=final_health if isinstance(final_health, int) else None,
+        server_alive=proc.poll() is None if proc else isinstance(final_health, int),
         rss_series=series,
         rss_after_warmup_kb=rss_warm,
         rss_end_kb=read_rss_kb(pid) if pid else None,
@@ -389,6 +404,9 @@ def main(argv: list[str] | None = None) -> int:
             code = asyncio.run(soak(a, url, proc.pid, proc))
         finally:
             stop_server(proc)
+    if proc.returncode not in (0, -signal.SIGINT):
+        tail = Path(log.name).read_text(errors="replace").splitlines()[-15:]
+        print(f"the server exited with {proc.returncode}; the end of its log:", *tail, sep="\n")
     print(f"server log: {log.name}")
     return code
 
