@@ -66,7 +66,11 @@ def evaluate(r: SoakReport) -> list[tuple[str, bool, str]]:
     checks: list[tuple[str, bool, str]] = []
     bad = [x for x in r.results if x.outcome not in OK_OUTCOMES]
     checks.append(
-        ("every request finished correctly or got its 4xx", not bad, f"{len(bad)} failed (listed above)")
+        (
+            "every request finished correctly or got its 4xx",
+            not bad,
+            f"{len(bad)} failed" + (" (listed above)" if bad else ""),
+        )
     )
     client_5xx = sum(1 for x in r.results if x.status is not None and x.status >= 500)
     checks.append(("no 5xx seen by the clients", client_5xx == 0, f"{client_5xx}"))
@@ -175,15 +179,20 @@ def format_summary(r: SoakReport, checks: list[tuple[str, bool, str]], warmup_en
         }
         lines.append(f"server finish reasons: {finished}")
     if r.rss_series:
+
+        def mib(kb: int | None) -> str:
+            return "n/a" if kb is None else f"{kb / 1024:.1f}"
+
         peak = rss_peak_kb(r, warmup_end)
-        start = r.rss_after_warmup_kb
         lines.append(
-            f"server RSS MiB: after warm-up {start / 1024 if start else float('nan'):.1f}, end "
-            f"{(r.rss_end_kb or 0) / 1024:.1f}, peak after warm-up {(peak or 0) / 1024:.1f}"
+            f"server RSS MiB: after warm-up {mib(r.rss_after_warmup_kb)}, end {mib(r.rss_end_kb)}, "
+            f"peak after warm-up {mib(peak)}"
         )
         step = max(1, len(r.rss_series) // 40)
         series = ", ".join(f"{t:.0f}s:{kb / 1024:.1f}" for t, kb in r.rss_series[::step])
         lines.append(f"RSS series (MiB): {series}")
+    else:
+        lines.append("server RSS: not measured (no server pid: pass --pid with --url)")
     lines += failure_lines(r.results)
     lines.append("checks:")
     lines += [f"  {'PASS' if ok else 'FAIL'}  {name}" + (f"  ({d})" if d else "") for name, ok, d in checks]
