@@ -24,17 +24,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import math
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -43,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import openai  # noqa: E402
 from soak_bad_requests import OVERLONG_NAMES, malformed_bodies, overlong_bodies, send_bad  # noqa: E402
 from soak_report import SoakReport, evaluate, format_summary, parse_metrics  # noqa: E402
+from soak_server import check_loopback, eog_ids, read_rss_kb, start_server, stop_server  # noqa: E402
 from soak_traffic import (  # noqa: E402
     CHAT_PROMPTS,
     COMPLETION_PROMPTS,
@@ -60,76 +58,7 @@ from soak_traffic import (  # noqa: E402
     long_greedy,
 )
 
-LAUNCHER = (
-    "import sys, edgellm.llm; edgellm.llm.DEFAULT_KV_MEMORY = int(sys.argv[1]); "
-    "from edgellm.server.__main__ import main; main(sys.argv[2:])"
-)
 BAD_WEIGHT = 4  # share of malformed / over-long requests in the mix, against KINDS' weights
-
-
-def check_loopback(url: str) -> None:
-    host = urlparse(url).hostname or ""
-    try:
-        ok = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        ok = False
-    if not ok:
-        raise SystemExit(f"refusing to soak {url}: only loopback addresses are allowed")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def read_rss_kb(pid: int) -> int | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def eog_ids(model: str) -> list[int]:
-    from edgellm.catalog import resolve_model
-    from edgellm.gguf.reader import load_gguf
-    from edgellm.tokenizer import Tokenizer
-
-    return sorted(Tokenizer.from_metadata(load_gguf(resolve_model(model, download=False)).metadata).eog_ids)
-
-
-def start_server(a: argparse.Namespace, log_file) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [sys.executable, "-c", LAUNCHER, str(a.kv_cache_bytes), a.model, "--port", str(port)]
-    cmd += ["--ctx", str(a.ctx), "--max-num-seqs", str(a.max_num_seqs), "--max-queue", str(a.max_queue)]
-    cmd += ["--threads", str(a.threads)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + a.start_timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited with {proc.returncode}; see {log_file.name}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    stop_server(proc)
-    raise SystemExit(f"the server did not become healthy in {a.start_timeout} s; see {log_file.name}")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 async def take_references(t: Traffic) -> None:
