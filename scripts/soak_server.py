@@ -18,8 +18,10 @@ from soak_traffic import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# `serve` has no KV-size option: the launcher sets the default budget LLM() uses when given none
 LAUNCHER = (
-    "import sys, edgellm.llm; edgellm.llm.DEFAULT_KV_MEMORY = int(sys.argv[1]); "
+    "import sys, edgellm.llm; assert hasattr(edgellm.llm, 'DEFAULT_KV_MEMORY'), 'the KV default moved'; "
+    "edgellm.llm.DEFAULT_KV_MEMORY = int(sys.argv[1]); "
     "from edgellm.server.__main__ import main; main(sys.argv[2:])"
 )
 
