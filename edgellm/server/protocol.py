@@ -16,6 +16,7 @@ from edgellm.sampling import SamplingParams
 MAX_N = 16  # completions per request
 MAX_TOP_LOGPROBS = 20
 MAX_STOP = 16
+MAX_SEED = 2**63 - 1 - MAX_N  # each of the n completions seeds its generator with seed + index
 CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 
@@ -48,7 +49,34 @@ def _is_int(v: Any) -> bool:
 
 
 def _is_number(v: Any) -> bool:
-    return (isinstance(v, int | float) and not isinstance(v, bool)) and math.isfinite(v)
+    if isinstance(v, bool):
+        return False
+    return isinstance(v, int) or (isinstance(v, float) and math.isfinite(v))  # huge ints overflow isfinite
+
+
+def check_unicode(body: Any) -> None:
+    """Every string (and key) of a parsed JSON body must be valid Unicode: JSON's \\ud800 escapes decode
+    to lone surrogates, which no tokenizer or UTF-8 encoder accepts."""
+    stack = [(body, "")]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, dict):
+            for k, v in value.items():
+                stack.append((k, where))
+                stack.append((v, f"{where}.{k}" if where else str(k)))
+        elif isinstance(value, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(value))
+        elif isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as e:
+                param = where.encode("ascii", "backslashreplace").decode() or "body"
+                raise ApiError(
+                    400,
+                    f"'{param}': invalid Unicode: lone surrogate {value[e.start]!r} at position {e.start}",
+                    param=param,
+                    code="invalid_unicode",
+                ) from None
 
 
 def _int(body: dict, key: str, lo: int | None = None, hi: int | None = None) -> int | None:
@@ -153,7 +181,7 @@ def _common(body: dict, vocab_size: int, max_tokens_default: int, top_logprobs: 
         "repetition_penalty": _number(body, "repetition_penalty", 0.0, 10.0, lo_open=True),
         "presence_penalty": _number(body, "presence_penalty", -2.0, 2.0),
         "frequency_penalty": _number(body, "frequency_penalty", -2.0, 2.0),
-        "seed": _int(body, "seed"),
+        "seed": _int(body, "seed", lo=0, hi=MAX_SEED),
         "n": _int(body, "n", lo=1, hi=MAX_N),
         "top_k": None if top_k is None else max(top_k, 0),  # -1 means off, as in vLLM
     }
@@ -178,7 +206,7 @@ def _messages(body: dict) -> list[dict[str, Any]]:
         if not isinstance(m, dict):
             raise _bad(where, "expected an object")
         role = m.get("role")
-        if role not in CHAT_ROLES:
+        if not isinstance(role, str) or role not in CHAT_ROLES:
             raise _bad(f"{where}.role", f"expected one of {sorted(CHAT_ROLES)}, got {role!r}")
         content = m.get("content")
         if content is None:
@@ -197,7 +225,14 @@ def _messages(body: dict) -> list[dict[str, Any]]:
     return out
 
 
+def _object(body: Any) -> dict:
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    return body
+
+
 def parse_chat(body: dict, vocab_size: int, n_ctx: int) -> GenerationRequest:
+    body = _object(body)
     logprobs = _bool(body, "logprobs") or False
     top = _int(body, "top_logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
     if top is not None and not logprobs:
@@ -209,6 +244,7 @@ def parse_chat(body: dict, vocab_size: int, n_ctx: int) -> GenerationRequest:
 
 
 def parse_completion(body: dict, vocab_size: int) -> GenerationRequest:
+    body = _object(body)
     k = _int(body, "logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
     if _bool(body, "echo"):
         raise _bad("echo", "echo is not supported")
