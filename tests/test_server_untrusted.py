@@ -76,7 +76,7 @@ def test_template_limits_are_400s(hostile_server: str, trigger: str, message: st
 
 
 MALFORMED = [
-    # (path, raw body, substring of the message)
+    # (path, raw body, substring of the message); the test ids are the paths and messages
     ("/v1/chat/completions", b'{"messages": ' + b"[" * 10000 + b"]" * 10000 + b"}", "nested too deeply"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}', "lone surrogate"),
     ("/v1/completions", b'{"prompt": "x\\udfff"}', "lone surrogate"),
@@ -87,7 +87,7 @@ MALFORMED = [
 ]
 
 
-@pytest.mark.parametrize("path,body,message", MALFORMED)
+@pytest.mark.parametrize("path,body,message", MALFORMED, ids=[f"{p}:{m}" for p, _, m in MALFORMED])
 def test_malformed_bodies_are_400s(hostile_server: str, path: str, body: bytes, message: str) -> None:
     r = httpx.post(f"{hostile_server}{path}", content=body, timeout=30)
     _error(r, 400, message)
