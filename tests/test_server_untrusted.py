@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from edgellm.chat_template import CHATML_TEMPLATE
-from edgellm.server.app import ServerConfig, ServerState, build_app
+from edgellm.cli import main as cli_main
+from edgellm.server.app import ServerConfig, ServerState, build_app, load_template, render_chat_prompt
+from edgellm.server.protocol import ApiError
 from tests.test_server import MODEL, _start, httpx
 
 # ChatML, except that the last message's content can ask for one of the fuzzing pass's hostile templates.
@@ -174,3 +176,26 @@ def test_duplicate_authorization_headers_are_refused() -> None:
         status, body = guarded.get("/v1/models", [("Authorization", v) for v in pair])
         assert status == 401 and "more than one Authorization header" in body["error"]["message"]
     assert guarded.get("/v1/models", KEY)[0] == 503
+
+
+def test_a_broken_model_template_is_reported_at_load_and_refuses_chat(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spin = tmp_path / "spin.jinja"
+    spin.write_text("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}")
+    llm = type("FakeLLM", (), {"metadata": {"tokenizer.ggml.tokens": ["<s>"]}, "tokenizer": None})()
+    config = ServerConfig(model="unused.gguf", chat_template_file=str(spin))
+    template, error = load_template(config, llm)  # type: ignore[arg-type]
+    assert template is None and error is not None
+    assert "chat template is broken" in error and "ran longer than its 2 s limit" in error
+    assert "WARNING" in capsys.readouterr().out
+    state = ServerState(config)
+    state.template_error = error
+    with pytest.raises(ApiError) as exc:
+        asyncio.run(render_chat_prompt(state, [{"role": "user", "content": "hi"}]))
+    assert exc.value.status == 400 and "chat is unavailable" in exc.value.message
+
+
+def test_chat_refuses_the_content_flag_with_a_server_url(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["chat", "--url", "http://127.0.0.1:1/v1", "--allow-special-in-content"]) == 2
+    assert "the server decides" in capsys.readouterr().err
