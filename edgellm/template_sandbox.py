@@ -8,7 +8,9 @@ its limits stops on its own thread instead of spinning there forever:
 - time: every loop iteration, function or macro call, filter call and intercepted operator checks the
   render's deadline (loops are rewritten at compile time to iterate through a checking wrapper);
 - size: ``*``, ``**``, ``+``, ``%``, ``~``, the size-taking string methods and filters are checked
-  before they allocate, and the output is counted as it is produced;
+  before they allocate, captured blocks and macro bodies before they are joined, everything built is
+  added up against a budget (a loop could keep what it builds in a captured block), and the output is
+  counted as it is produced;
 - depth: RecursionError becomes a TemplateLimitError.
 
 A limit is raised as TemplateLimitError (a ValueError) naming what was exceeded.
@@ -23,6 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from jinja2 import nodes
+from jinja2.runtime import Macro
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.visitor import NodeTransformer
 
@@ -30,6 +33,9 @@ DEFAULT_TIME_LIMIT_S = 2.0
 # Rendered text and any string or list built on the way; well above the server's 4 MiB body limit.
 DEFAULT_MAX_CHARS = 8 * 2**20
 MAX_INT_BITS = 4096  # integers a template computes (** and * on ints)
+# Everything a render builds, added up (a loop can keep what it builds in a captured block): a multiple
+# of the per-string limit, far above what joining even a body-limit-sized conversation needs.
+BUILD_BUDGET_FACTOR = 8
 
 _BOUNDED_ITER = "__edgellm_bounded_iter"
 _BOUNDED_CONCAT = "__edgellm_bounded_concat"
@@ -46,6 +52,7 @@ class _Limits(threading.local):
     deadline: float | None = None
     time_limit: float = DEFAULT_TIME_LIMIT_S
     max_chars: int = DEFAULT_MAX_CHARS
+    built: int = 0  # characters (or list items) built so far by this render
 
 
 _limits = _Limits()
@@ -64,6 +71,26 @@ def _too_large(what: str) -> TemplateLimitError:
 def _check_len(n: int, what: str = "a string or list") -> None:
     if n > _limits.max_chars:
         raise _too_large(what)
+
+
+def _count(result: Any) -> Any:
+    size = _sized(result)
+    if size:
+        _limits.built += size
+        if _limits.built > BUILD_BUDGET_FACTOR * _limits.max_chars:
+            raise TemplateLimitError(
+                f"the chat template built over {BUILD_BUDGET_FACTOR * _limits.max_chars} characters in all"
+            )
+    return result
+
+
+def _bounded_join(parts: Iterable[Any]) -> str:
+    """Environment.concat: joins captured blocks, macro and caller bodies once their size is known."""
+    _check_time()
+    if not isinstance(parts, list):
+        parts = list(_bounded_iter(parts))
+    _check_len(sum(len(p) for p in parts), "a captured block or macro output")
+    return _count("".join(parts))
 
 
 def _check_int_args(args: Iterable[Any], what: str) -> None:
@@ -94,7 +121,7 @@ def _bounded_concat(*parts: Any) -> str:
     _check_time()
     out = "".join(str(p) for p in parts)
     _check_len(len(out), "a string with '~'")
-    return out
+    return _count(out)
 
 
 def _check_binop(op: str, left: Any, right: Any) -> None:
@@ -134,7 +161,7 @@ def _limited_filter(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
                 _check_len(len(value) + width * (value.count("\n") + 1), "an indented string")
             elif name == "replace" and len(rest) >= 2:
                 _check_len(len(value) + (len(value) + 1) * len(str(rest[1])), "a replaced string")
-        return fn(*args, **kwargs)
+        return _count(fn(*args, **kwargs))
 
     filter_.__dict__.update(getattr(fn, "__dict__", {}))  # keeps Jinja's pass_context/pass_eval_context mark
     return filter_
@@ -160,6 +187,7 @@ class LimitedSandboxEnvironment(ImmutableSandboxedEnvironment):
         super().__init__(**options)
         self.globals[_BOUNDED_ITER] = _bounded_iter
         self.globals[_BOUNDED_CONCAT] = _bounded_concat
+        self.concat = _bounded_join  # type: ignore[method-assign]
 
     def finalize_filters(self) -> None:
         """Wrap every filter registered so far with the limit checks (call after adding custom ones)."""
@@ -172,7 +200,7 @@ class LimitedSandboxEnvironment(ImmutableSandboxedEnvironment):
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         _check_time()
         _check_binop(operator, left, right)
-        return super().call_binop(context, operator, left, right)
+        return _count(super().call_binop(context, operator, left, right))
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
         _check_time()
@@ -181,7 +209,8 @@ class LimitedSandboxEnvironment(ImmutableSandboxedEnvironment):
             _check_int_args([*args, *kwargs.values()], f"str.{__obj.__name__}")
         elif isinstance(owner, str) and getattr(__obj, "__name__", "") == "replace" and len(args) >= 2:
             _check_len(len(owner) + (len(owner) + 1) * len(str(args[1])), "a replaced string")
-        return super().call(__context, __obj, *args, **kwargs)
+        result = super().call(__context, __obj, *args, **kwargs)
+        return result if isinstance(__obj, Macro) else _count(result)  # a macro's body counted itself
 
     def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
         wrapped = super().wrap_str_format(value)
@@ -197,9 +226,9 @@ def render_limited(
     max_chars: int = DEFAULT_MAX_CHARS,
 ) -> str:
     """Render a template compiled by LimitedSandboxEnvironment within the limits, on this thread."""
-    saved = (_limits.deadline, _limits.time_limit, _limits.max_chars)
+    saved = (_limits.deadline, _limits.time_limit, _limits.max_chars, _limits.built)
     _limits.deadline = time.monotonic() + time_limit
-    _limits.time_limit, _limits.max_chars = time_limit, max_chars
+    _limits.time_limit, _limits.max_chars, _limits.built = time_limit, max_chars, 0
     try:
         chunks, size = [], 0
         for chunk in template.generate(**variables):
@@ -216,4 +245,4 @@ def render_limited(
     except MemoryError:
         raise TemplateLimitError("the chat template ran out of memory") from None
     finally:
-        _limits.deadline, _limits.time_limit, _limits.max_chars = saved
+        _limits.deadline, _limits.time_limit, _limits.max_chars, _limits.built = saved

@@ -34,6 +34,9 @@ HOSTILE = [
     ("{{ '%s' | format('x') }}{{ '%9999999999s' | format('x') }}", "filter 'format'"),
     ("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", "output is over"),
     ("{% macro m(x) %}{{ m(x) }}{% endmacro %}{{ m(1) }}", "recursed too deeply"),
+    ("{% set x %}{% for i in range(100000) %}{{ 'x' * 8000000 }}{% endfor %}{% endset %}", "in all"),
+    ("{% set x %}{% for i in range(9000) %}{{ 'z' * 1000 }}{% endfor %}{% endset %}", "captured block"),
+    ("{% macro m() %}{% for i in range(9000) %}{{ 'y' * 1000 }}{% endfor %}{% endmacro %}{{ m() }}", "macro"),
 ]
 
 
@@ -61,7 +64,7 @@ def test_a_timed_out_render_stops_its_thread() -> None:
 
 
 def test_limits_leave_ordinary_templates_alone() -> None:
-    long_text = "word " * 200_000  # 1 MB of content renders
+    long_text = "word " * 800_000  # a conversation as large as the server's 4 MiB body limit renders
     msgs = [{"role": "user", "content": long_text}, {"role": "assistant", "content": "ok"}]
     assert long_text in ChatTemplate(CHATML_TEMPLATE).render(msgs)
     loops = "{% for m in messages %}{% for i in range(3) %}{{ loop.index ~ m['role'] * 2 }}{% endfor %}"
