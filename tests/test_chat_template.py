@@ -147,3 +147,24 @@ def test_typed_control_tokens_in_content_stay_text(
     )
     system = tmpl.render_prompt([{"role": "system", "content": EVIL}, {"role": "user", "content": "q"}], tok)
     assert len(controls(system.token_ids)) > len(controls(benign))
+
+
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+def test_content_as_data_changes_only_texts_with_control_token_text(
+    model: str, smollm2_path: Path, gemma3_path: Path
+) -> None:
+    # The tokenizer fixtures' texts (unicode, whitespace runs, code, byte tokens...) as user messages:
+    # identical ids to parsing the rendered text, except where the text holds control-token text.
+    _, tok, tmpl = _load(smollm2_path if model == "smollm2" else gemma3_path)
+    texts = [c["text"] for c in json.loads((FIXTURES / f"tokenizer_{model}.json").read_text())["cases"]]
+    changed = 0
+    for text in texts:
+        msgs = [{"role": "user", "content": text}]
+        old = prompt_token_ids(tok, tmpl.render(msgs))
+        new = tmpl.render_prompt(msgs, tok).token_ids
+        if tok.control_texts_in(text):
+            changed += 1
+            assert new != old and tok.decode(new) == tok.decode(old)
+        else:
+            assert new == old, text
+    assert 0 < changed < len(texts) // 4
