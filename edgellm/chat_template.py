@@ -2,9 +2,9 @@
 
 The GGUF's ``tokenizer.chat_template`` (a Hugging Face Jinja template) is rendered in Jinja's
 ``ImmutableSandboxedEnvironment`` (a template is data from a downloaded file: it may not touch Python
-objects or mutate anything) with the globals Hugging Face templates expect: ``raise_exception``,
-``strftime_now``, ``bos_token``, ``eos_token``, ``add_generation_prompt`` and a ``tojson`` filter that
-keeps non-ASCII text as is.
+objects or mutate anything), bounded in time, size and depth (edgellm.template_sandbox), with the
+globals Hugging Face templates expect: ``raise_exception``, ``strftime_now``, ``bos_token``,
+``eos_token``, ``add_generation_prompt`` and a ``tojson`` filter that keeps non-ASCII text as is.
 
 A model without a template gets a built-in fallback, chosen by architecture and announced once with a
 warning: Gemma's turn format for gemma/gemma2/gemma3 (Google's Gemma 3 template), ChatML otherwise
@@ -14,14 +14,20 @@ API
 ---
 ``ChatTemplate.from_metadata(metadata, tokenizer=None)`` / ``ChatTemplate(source, bos_token, eos_token)``
     compile once; ``.render(messages, add_generation_prompt=True) -> str``; ``.name`` says where the
-    template came from ("gguf", "gemma (built-in fallback)", "chatml (built-in fallback)").
+    template came from ("gguf", "gemma (built-in fallback)", "chatml (built-in fallback)");
+    ``time_limit``/``max_chars`` bound each render; ``.check()`` probes a template at load.
+``ChatTemplate.render_prompt(messages, tokenizer, add_generation_prompt=True,
+allow_special_in_content=False) -> ChatPrompt(text, token_ids)``
+    the prompt for generation: user and tool content is data (typed control-token text stays text;
+    only the template's own text produces control tokens).
 ``render_chat(metadata_or_template, messages, add_generation_prompt=True, tokenizer=None) -> str``
     one-shot form. ``metadata_or_template`` is a GGUF metadata mapping (``llm.metadata``), a template
     source string, or a ``ChatTemplate``; ``tokenizer`` (an ``edgellm.tokenizer.Tokenizer``) supplies
     the BOS/EOS token texts when the metadata's token list is not at hand.
-``prompt_token_ids(tokenizer, text) -> list[int]``
-    tokenizes rendered text the way llama.cpp's server does: special tokens are parsed, and BOS is
-    added only when the text does not already start with it (templates such as Gemma's emit it).
+``prompt_token_ids(tokenizer, text, literal=None) -> list[int]``
+    tokenizes rendered text the way llama.cpp's server does: special tokens are parsed (everywhere:
+    use render_prompt for conversations), and BOS is added only when the text does not already start
+    with it (templates such as Gemma's emit it).
 
 Messages are dicts with ``role`` and ``content``; content may be a string or OpenAI content parts
 (``[{"type": "text", "text": ...}]``), whose texts are joined with newlines before rendering because
