@@ -16,7 +16,7 @@ from edgellm.sampling import SamplingParams
 MAX_N = 16  # completions per request
 MAX_TOP_LOGPROBS = 20
 MAX_STOP = 16
-MAX_SEED = 2**63 - 1 - MAX_N  # each of the n completions seeds its generator with seed + index
+MAX_SEED = 2**63 - 1  # OpenAI's seed is an int64; numpy seeds its generators with any non-negative int
 CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 
