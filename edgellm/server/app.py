@@ -207,6 +207,8 @@ def endpoint(state: ServerState, auth: bool = True, needs_model: bool = True) ->
                 return error_response(e, state)
             except ValueError as e:  # SamplingParams and the engine reject bad values with ValueError
                 return error_response(ApiError(400, str(e)), state)
+            except RecursionError:  # a body just under json's nesting limit, walked a few frames deeper
+                return error_response(ApiError(400, "the request is nested too deeply"), state)
 
         return handler
 

@@ -8,6 +8,7 @@ as numbers (Python's bool is an int; JSON's is not).
 from __future__ import annotations
 
 import math
+import reprlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,7 +159,7 @@ def _common(body: dict, vocab_size: int, max_tokens_default: int, top_logprobs: 
             try:
                 tid = int(k)
             except ValueError:
-                raise _bad("logit_bias", f"key {k!r} is not a token id") from None
+                raise _bad("logit_bias", f"key {reprlib.repr(k)} is not a token id") from None
             if not 0 <= tid < vocab_size:
                 raise _bad("logit_bias", f"token id {tid} is outside the vocabulary (0..{vocab_size - 1})")
             if not _is_number(v) or not -100 <= v <= 100:
@@ -207,7 +208,7 @@ def _messages(body: dict) -> list[dict[str, Any]]:
             raise _bad(where, "expected an object")
         role = m.get("role")
         if not isinstance(role, str) or role not in CHAT_ROLES:
-            raise _bad(f"{where}.role", f"expected one of {sorted(CHAT_ROLES)}, got {role!r}")
+            raise _bad(f"{where}.role", f"expected one of {sorted(CHAT_ROLES)}, got {reprlib.repr(role)}")
         content = m.get("content")
         if content is None:
             content = ""
