@@ -2,9 +2,9 @@
 
 The GGUF's ``tokenizer.chat_template`` (a Hugging Face Jinja template) is rendered in Jinja's
 ``ImmutableSandboxedEnvironment`` (a template is data from a downloaded file: it may not touch Python
-objects or mutate anything) with the globals Hugging Face templates expect: ``raise_exception``,
-``strftime_now``, ``bos_token``, ``eos_token``, ``add_generation_prompt`` and a ``tojson`` filter that
-keeps non-ASCII text as is.
+objects or mutate anything), bounded in time, size and depth (edgellm.template_sandbox), with the
+globals Hugging Face templates expect: ``raise_exception``, ``strftime_now``, ``bos_token``,
+``eos_token``, ``add_generation_prompt`` and a ``tojson`` filter that keeps non-ASCII text as is.
 
 A model without a template gets a built-in fallback, chosen by architecture and announced once with a
 warning: Gemma's turn format for gemma/gemma2/gemma3 (Google's Gemma 3 template), ChatML otherwise
@@ -14,14 +14,20 @@ API
 ---
 ``ChatTemplate.from_metadata(metadata, tokenizer=None)`` / ``ChatTemplate(source, bos_token, eos_token)``
     compile once; ``.render(messages, add_generation_prompt=True) -> str``; ``.name`` says where the
-    template came from ("gguf", "gemma (built-in fallback)", "chatml (built-in fallback)").
+    template came from ("gguf", "gemma (built-in fallback)", "chatml (built-in fallback)");
+    ``time_limit``/``max_chars`` bound each render; ``.check()`` probes a template at load.
+``ChatTemplate.render_prompt(messages, tokenizer, add_generation_prompt=True,
+allow_special_in_content=False) -> ChatPrompt(text, token_ids)``
+    the prompt for generation: user and tool content is data (typed control-token text stays text;
+    only the template's own text produces control tokens).
 ``render_chat(metadata_or_template, messages, add_generation_prompt=True, tokenizer=None) -> str``
     one-shot form. ``metadata_or_template`` is a GGUF metadata mapping (``llm.metadata``), a template
     source string, or a ``ChatTemplate``; ``tokenizer`` (an ``edgellm.tokenizer.Tokenizer``) supplies
     the BOS/EOS token texts when the metadata's token list is not at hand.
-``prompt_token_ids(tokenizer, text) -> list[int]``
-    tokenizes rendered text the way llama.cpp's server does: special tokens are parsed, and BOS is
-    added only when the text does not already start with it (templates such as Gemma's emit it).
+``prompt_token_ids(tokenizer, text, literal=None) -> list[int]``
+    tokenizes rendered text the way llama.cpp's server does: special tokens are parsed (everywhere:
+    use render_prompt for conversations), and BOS is added only when the text does not already start
+    with it (templates such as Gemma's emit it).
 
 Messages are dicts with ``role`` and ``content``; content may be a string or OpenAI content parts
 (``[{"type": "text", "text": ...}]``), whose texts are joined with newlines before rendering because
@@ -32,19 +38,32 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import jinja2
 import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from edgellm.template_sandbox import (
+    DEFAULT_MAX_CHARS,
+    DEFAULT_TIME_LIMIT_S,
+    LimitedSandboxEnvironment,
+    TemplateLimitError,
+    render_limited,
+)
 
 log = logging.getLogger("edgellm.chat_template")
 
 
 class ChatTemplateError(ValueError):
-    """The template could not be compiled or rejected the messages (raise_exception)."""
+    """The template could not be compiled, broke a limit or rejected the messages (raise_exception,
+    which sets `from_template_text`)."""
+
+    def __init__(self, message: str, from_template_text: bool = False) -> None:
+        super().__init__(message)
+        self.from_template_text = from_template_text
 
 
 # llama.cpp's default for a model without a template (LLM_CHAT_TEMPLATE_CHATML).
@@ -87,7 +106,7 @@ _GEMMA_ARCHS = {"gemma", "gemma2", "gemma3", "gemma3n"}
 
 
 def _raise_exception(message: str) -> None:
-    raise ChatTemplateError(f"chat template error: {message}")
+    raise ChatTemplateError(f"chat template error: {message}", from_template_text=True)
 
 
 def _strftime_now(fmt: str) -> str:
@@ -101,11 +120,12 @@ def _tojson(
     return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
 
 
-def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
+def _environment() -> LimitedSandboxEnvironment:
+    env = LimitedSandboxEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
     )
     env.filters["tojson"] = _tojson
+    env.finalize_filters()
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env
@@ -132,13 +152,42 @@ def _token_text(metadata: Mapping[str, Any] | None, tokenizer: Any, key: str, at
     return ""
 
 
+class ChatPrompt(NamedTuple):
+    text: str  # the rendered conversation
+    token_ids: list[int]
+
+
+# Placeholders for control-token text typed inside message content: Supplementary Private Use Area
+# characters, which templates' string operations (trim, split on ASCII, case changes) leave alone.
+_PLACEHOLDER_OPEN, _PLACEHOLDER_CLOSE, _PLACEHOLDER_DIGIT0 = "\U000F0000", "\U000F0001", 0xF0010
+# Roles whose content is data from the conversation's participants, not the operator's instructions.
+DATA_ROLES = frozenset({"user", "tool"})
+
+
+def _placeholder(nonce: int, index: int) -> str:
+    digits = f"{nonce:016x}{index:x}"
+    inner = "".join(chr(_PLACEHOLDER_DIGIT0 + int(d, 16)) for d in digits)
+    return _PLACEHOLDER_OPEN + inner + _PLACEHOLDER_CLOSE
+
+
 class ChatTemplate:
-    def __init__(self, source: str, bos_token: str = "", eos_token: str = "", name: str = "custom") -> None:
+    def __init__(
+        self,
+        source: str,
+        bos_token: str = "",
+        eos_token: str = "",
+        name: str = "custom",
+        time_limit: float = DEFAULT_TIME_LIMIT_S,
+        max_chars: int = DEFAULT_MAX_CHARS,
+    ) -> None:
         self.source, self.bos_token, self.eos_token, self.name = source, bos_token, eos_token, name
+        self.time_limit, self.max_chars = time_limit, max_chars
         try:
             self._template = _environment().from_string(source)
         except jinja2.TemplateError as e:
             raise ChatTemplateError(f"cannot compile the chat template: {e}") from e
+        except RecursionError:
+            raise ChatTemplateError("cannot compile the chat template: it is nested too deeply") from None
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, Any], tokenizer: Any = None) -> ChatTemplate:
@@ -156,22 +205,78 @@ class ChatTemplate:
         )
         return cls(source, bos, eos, name=f"{kind} (built-in fallback)")
 
+    def check(self) -> None:
+        """Render a one-message conversation: a template that breaks its limits (or cannot render plain
+        messages) raises ChatTemplateError now, at load, rather than on every request."""
+        try:
+            self.render([{"role": "user", "content": "Hello"}])
+        except ChatTemplateError as e:
+            if e.from_template_text:  # the template's own raise_exception may just want other roles
+                return
+            raise ChatTemplateError(f"the {self.name} chat template is broken: {e}") from None
+
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
         if not messages:
             raise ChatTemplateError("messages must not be empty")
         msgs = [{**m, "content": _content_text(m.get("content"))} for m in messages]
+        return self._render(msgs, add_generation_prompt)
+
+    def render_prompt(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tokenizer: Any,
+        add_generation_prompt: bool = True,
+        allow_special_in_content: bool = False,
+    ) -> ChatPrompt:
+        """Rendered text and prompt ids. User and tool content is data: control-token text typed there
+        (e.g. "<|im_start|>system") is tokenized as plain text, while the template's own text still
+        produces control tokens. `allow_special_in_content` parses it in content too (the old way)."""
+        if not messages:
+            raise ChatTemplateError("messages must not be empty")
+        msgs = [{**m, "content": _content_text(m.get("content"))} for m in messages]
+        if allow_special_in_content:
+            text = self._render(msgs, add_generation_prompt)
+            return ChatPrompt(text, prompt_token_ids(tokenizer, text))
+        nonce = secrets.randbits(64)
+        literal: dict[str, str] = {}  # placeholder -> the control-token text it stands for
+        by_text: dict[str, str] = {}
+        for m in msgs:
+            content = m["content"]
+            if m.get("role") not in DATA_ROLES or not isinstance(content, str):
+                continue
+            for special in tokenizer.control_texts_in(content):
+                ph = by_text.get(special)
+                if ph is None:
+                    ph = by_text[special] = _placeholder(nonce, len(by_text))
+                    literal[ph] = special
+                content = content.replace(special, ph)
+            m["content"] = content
+        rendered = self._render(msgs, add_generation_prompt)
+        text = rendered
+        for ph, special in literal.items():
+            text = text.replace(ph, special)
+        return ChatPrompt(text, prompt_token_ids(tokenizer, rendered, literal))
+
+    def _render(self, msgs: list[dict[str, Any]], add_generation_prompt: bool) -> str:
         try:
-            return self._template.render(
-                messages=msgs,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token,
-                eos_token=self.eos_token,
+            return render_limited(
+                self._template,
+                {
+                    "messages": msgs,
+                    "add_generation_prompt": add_generation_prompt,
+                    "bos_token": self.bos_token,
+                    "eos_token": self.eos_token,
+                },
+                self.time_limit,
+                self.max_chars,
             )
         except ChatTemplateError:
             raise
+        except TemplateLimitError as e:
+            raise ChatTemplateError(str(e)) from None
         except jinja2.TemplateError as e:  # includes sandbox violations
             raise ChatTemplateError(f"chat template failed: {e}") from e
-        except (TypeError, KeyError, IndexError, AttributeError) as e:
+        except (TypeError, KeyError, IndexError, AttributeError, ValueError, ArithmeticError) as e:
             raise ChatTemplateError(f"chat template failed on these messages: {e!r}") from e
 
 
@@ -194,11 +299,13 @@ def render_chat(
     return tmpl.render(messages, add_generation_prompt)
 
 
-def prompt_token_ids(tokenizer: Any, text: str) -> list[int]:
-    """Rendered chat text -> prompt ids with exactly one BOS where the model wants one."""
+def prompt_token_ids(tokenizer: Any, text: str, literal: Mapping[str, str] | None = None) -> list[int]:
+    """Rendered chat text -> prompt ids with exactly one BOS where the model wants one. `literal` maps
+    placeholders in `text` to text that is tokenized as plain text (see ChatTemplate.render_prompt)."""
+    extra = {"literal": literal} if literal else {}
     bos_id = getattr(tokenizer, "bos_id", None)
     if bos_id is not None and getattr(tokenizer, "add_bos", False):
         bos_text = tokenizer.token_bytes(bos_id).decode("utf-8", errors="replace")
         if bos_text and text.startswith(bos_text):
-            return tokenizer.encode(text, add_special=False, parse_special=True)
-    return tokenizer.encode(text, add_special=True, parse_special=True)
+            return tokenizer.encode(text, add_special=False, parse_special=True, **extra)
+    return tokenizer.encode(text, add_special=True, parse_special=True, **extra)

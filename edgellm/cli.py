@@ -30,6 +30,23 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
 
 
+ALLOW_SPECIAL_HELP = (
+    "tokenize control-token text typed in user and tool messages (e.g. '<|im_start|>') as control tokens; "
+    "by default it stays plain text so a message cannot open a turn of another role"
+)
+
+
+def add_server_security_args(p: argparse.ArgumentParser) -> None:
+    """The `serve` flags about untrusted input, shared by `edgellm serve` and `python -m edgellm.server`."""
+    p.add_argument(
+        "--metrics-public", action="store_true", help="serve /metrics without the --api-key (for scrapers)"
+    )
+    p.add_argument("--allow-special-in-content", action="store_true", help=ALLOW_SPECIAL_HELP)
+    p.add_argument(
+        "--chat-template-file", default=None, help="a Jinja chat template to use instead of the model's"
+    )
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from edgellm import LLM, SamplingParams
 
@@ -142,6 +159,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ctx=args.ctx,
         backend=args.backend,
         threads=args.threads,
+        metrics_public=args.metrics_public,
+        allow_special_in_content=args.allow_special_in_content,
+        chat_template_file=args.chat_template_file,
     )
     return 0
 
@@ -149,6 +169,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_chat(args: argparse.Namespace) -> int:
     from tui.app import run_chat
 
+    if args.url and args.allow_special_in_content:
+        print(
+            "edgellm: error: --allow-special-in-content applies to an in-process model; with --url the "
+            "server decides (edgellm serve --allow-special-in-content)",
+            file=sys.stderr,
+        )
+        return 2
+    import tui.prompt
+
+    tui.prompt.allow_special_in_content = args.allow_special_in_content
     run_chat(model=None if args.url else args.model, url=args.url, api_key=args.api_key)
     return 0
 
@@ -169,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", nargs="?", default=DEFAULT_MODEL)
     p.add_argument("--url", default=None, help="chat with a running OpenAI-compatible server instead")
     p.add_argument("--api-key", default=None)
+    p.add_argument("--allow-special-in-content", action="store_true", help=ALLOW_SPECIAL_HELP)
     p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
@@ -178,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=None)
     p.add_argument("--max-queue", type=int, default=64)
     _add_runtime_args(p)
+    add_server_security_args(p)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("bench", help="measure prefill/decode speed (batch 1, or N requests in flight)")

@@ -93,9 +93,10 @@ MSGS = [{"role": "user", "content": "What is the capital of France?"}]
 NO_EOS = {"0": -100, "2": -100, "4": -100}  # SmolLM2's end-of-generation ids: keeps a request running
 
 
-def _metrics(url: str) -> dict[str, float]:
+def _metrics(url: str, key: str | None = None) -> dict[str, float]:
     out = {}
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    for line in httpx.get(f"{url}/metrics", headers=headers).text.splitlines():
         if line and not line.startswith("#"):
             name, value = line.rsplit(" ", 1)
             out[re.sub(r'model_name="[^"]*",?', "", name).replace("{}", "")] = float(value)
@@ -346,7 +347,8 @@ def test_api_key_and_queue_full(guarded_server: str) -> None:
         for h in holders:
             h.close()
     deadline = time.monotonic() + 5
-    while _metrics(url)["edgellm_num_requests_running"] or _metrics(url)["edgellm_num_requests_waiting"]:
+    busy = ("edgellm_num_requests_running", "edgellm_num_requests_waiting")
+    while any(_metrics(url, "s3cret")[k] for k in busy):
         assert time.monotonic() < deadline
         time.sleep(0.05)
     assert good.completions.create(model=MODEL, prompt="Hi", max_tokens=2).usage.completion_tokens == 2

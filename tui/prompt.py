@@ -10,6 +10,8 @@ from weakref import WeakKeyDictionary
 from tui.messages import BackendError, ChatMessage
 
 _templates: WeakKeyDictionary[Any, Any] = WeakKeyDictionary()
+# `edgellm chat --allow-special-in-content`: control-token text typed in a message becomes control tokens.
+allow_special_in_content = False
 
 
 def _template_for(llm: Any) -> Any:
@@ -22,10 +24,17 @@ def _template_for(llm: Any) -> Any:
 
 
 def render_prompt_ids(llm: Any, messages: Sequence[ChatMessage]) -> list[int]:
-    from edgellm.chat_template import ChatTemplateError, prompt_token_ids
+    from edgellm.chat_template import ChatTemplateError
 
     try:
-        text = _template_for(llm).render([{"role": m.role, "content": m.content} for m in messages])
+        return (
+            _template_for(llm)
+            .render_prompt(
+                [{"role": m.role, "content": m.content} for m in messages],
+                llm.tokenizer,
+                allow_special_in_content=allow_special_in_content,
+            )
+            .token_ids
+        )
     except ChatTemplateError as e:
         raise BackendError(f"The model's chat template rejected the conversation: {e}") from e
-    return prompt_token_ids(llm.tokenizer, text)

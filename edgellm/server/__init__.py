@@ -48,6 +48,9 @@ def run_server(
     max_num_seqs: int = 16,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     log_level: str = "warning",
+    metrics_public: bool = False,
+    allow_special_in_content: bool = False,
+    chat_template_file: str | None = None,
 ) -> None:
     """Serve `model` until interrupted. The socket opens at once (/health answers 503 while the model
     loads); the URL is printed to stdout once the model is ready."""
@@ -67,6 +70,9 @@ def run_server(
         max_queue=max_queue,
         max_num_seqs=max_num_seqs,
         max_body_bytes=max_body_bytes,
+        metrics_public=metrics_public,
+        allow_special_in_content=allow_special_in_content,
+        chat_template_file=chat_template_file,
     )
     state = ServerState(config)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from edgellm.cli import add_server_security_args
 from edgellm.server import run_server
 
 
@@ -19,6 +20,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=16, help="requests generated together")
     p.add_argument("--max-body-bytes", type=int, default=None)
+    add_server_security_args(p)
     a = p.parse_args(argv)
     extra = {} if a.max_body_bytes is None else {"max_body_bytes": a.max_body_bytes}
     run_server(
@@ -31,6 +33,9 @@ def main(argv: list[str] | None = None) -> None:
         a.backend,
         a.threads,
         max_num_seqs=a.max_num_seqs,
+        metrics_public=a.metrics_public,
+        allow_special_in_content=a.allow_special_in_content,
+        chat_template_file=a.chat_template_file,
         **extra,
     )
 

@@ -6,12 +6,14 @@ loads; every model endpoint answers 503 until then too.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,12 +26,12 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from edgellm.catalog import CATALOG
-from edgellm.chat_template import ChatTemplate, ChatTemplateError, prompt_token_ids
+from edgellm.chat_template import ChatPrompt, ChatTemplate, ChatTemplateError
 from edgellm.engine.async_engine import AsyncLLMEngine
 from edgellm.llm import LLM
 from edgellm.server.generate import generate
 from edgellm.server.metrics import ServerMetrics
-from edgellm.server.protocol import ApiError, parse_chat, parse_completion
+from edgellm.server.protocol import ApiError, check_unicode, parse_chat, parse_completion
 
 log = logging.getLogger("edgellm.server")
 DEFAULT_MAX_BODY_BYTES = 4 * 2**20
@@ -45,6 +47,9 @@ class ServerConfig:
     max_queue: int = 64  # requests that may wait for a free slot beyond the running ones
     max_num_seqs: int = 16  # requests generated together
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    metrics_public: bool = False  # /metrics without the API key
+    allow_special_in_content: bool = False  # parse control-token text typed in user/tool content
+    chat_template_file: str | None = None  # instead of the GGUF's template
 
 
 def served_model_name(model: str) -> str:
@@ -60,6 +65,9 @@ class ServerState:
         self.llm: LLM = None  # type: ignore[assignment]  # set once loaded
         self.engine: AsyncLLMEngine = None  # type: ignore[assignment]
         self.template: ChatTemplate | None = None
+        self.template_error: str | None = None  # why chat requests cannot be served (broken template)
+        # Templates render on their own threads: a slow one never blocks the event loop or other requests.
+        self.template_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="edgellm-template")
         self.ready = threading.Event()
         self.load_error: BaseException | None = None
         self.in_flight = 0
@@ -76,7 +84,7 @@ class ServerState:
                 max_num_seqs=c.max_num_seqs,
                 progress=progress,
             )
-            self.template = ChatTemplate.from_metadata(llm.metadata, llm.tokenizer)
+            self.template, self.template_error = load_template(c, llm)
             self.aliases.add(llm.path.name)
             self.aliases.add(llm.path.stem)
             self.llm, self.engine = llm, AsyncLLMEngine(llm.engine, own_thread=own_thread)
@@ -109,10 +117,76 @@ class ServerState:
         return release
 
 
+def load_template(config: ServerConfig, llm: LLM) -> tuple[ChatTemplate | None, str | None]:
+    """The chat template, checked once with a plain conversation; a broken one is reported now and turns
+    chat requests into 400s naming the problem, while completions keep working."""
+    try:
+        if config.chat_template_file is not None:
+            source = Path(config.chat_template_file).read_text(encoding="utf-8")
+            metadata = {**llm.metadata, "tokenizer.chat_template": source}
+            template = ChatTemplate.from_metadata(metadata, llm.tokenizer)
+            template.name = config.chat_template_file
+        else:
+            template = ChatTemplate.from_metadata(llm.metadata, llm.tokenizer)
+        template.check()
+        return template, None
+    except ChatTemplateError as e:
+        print(f"edgellm: WARNING: {e}; chat requests will be refused", flush=True)
+        log.warning("%s", e)
+        return None, str(e)
+
+
+class ErrorResponse(JSONResponse):
+    """Error bodies as ASCII JSON: a message echoing client text (a lone surrogate, say) always encodes."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, separators=(",", ":")).encode("ascii")
+
+
 def error_response(e: ApiError, state: ServerState | None = None) -> JSONResponse:
     if state is not None:
         state.metrics.http_errors[e.status] += 1
-    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+    return ErrorResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+def check_api_key(request: Request, api_key: str) -> None:
+    headers = request.headers.getlist("authorization")
+    if len(headers) > 1:  # which one counts differs between proxies and servers: refuse to guess
+        raise ApiError(
+            401,
+            "more than one Authorization header; send exactly one",
+            type="authentication_error",
+            code="invalid_api_key",
+        )
+    header = headers[0] if headers else ""
+    given = header[7:].strip() if header[:7].lower() == "bearer " else ""
+    if not hmac.compare_digest(given.encode(), api_key.encode()):
+        raise ApiError(
+            401,
+            "missing or invalid API key (send 'Authorization: Bearer <key>')",
+            type="authentication_error",
+            code="invalid_api_key",
+        )
+
+
+async def render_chat_prompt(
+    state: ServerState, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+) -> ChatPrompt:
+    if state.template is None:
+        raise ApiError(400, f"chat is unavailable: {state.template_error}", param="messages")
+    render = state.template.render_prompt
+    try:
+        return await asyncio.get_running_loop().run_in_executor(
+            state.template_pool,
+            lambda: render(
+                messages,
+                state.llm.tokenizer,
+                add_generation_prompt,
+                allow_special_in_content=state.config.allow_special_in_content,
+            ),
+        )
+    except ChatTemplateError as e:
+        raise ApiError(400, str(e), param="messages") from None
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -125,15 +199,7 @@ def endpoint(state: ServerState, auth: bool = True, needs_model: bool = True) ->
         async def handler(request: Request) -> Response:
             try:
                 if auth and state.config.api_key is not None:
-                    header = request.headers.get("authorization", "")
-                    given = header[7:].strip() if header[:7].lower() == "bearer " else ""
-                    if not hmac.compare_digest(given.encode(), state.config.api_key.encode()):
-                        raise ApiError(
-                            401,
-                            "missing or invalid API key (send 'Authorization: Bearer <key>')",
-                            type="authentication_error",
-                            code="invalid_api_key",
-                        )
+                    check_api_key(request, state.config.api_key)
                 if needs_model and not state.ready.is_set():
                     raise ApiError(503, "the model is still loading", type="server_error", code="loading")
                 return await fn(request)
@@ -141,6 +207,8 @@ def endpoint(state: ServerState, auth: bool = True, needs_model: bool = True) ->
                 return error_response(e, state)
             except ValueError as e:  # SamplingParams and the engine reject bad values with ValueError
                 return error_response(ApiError(400, str(e)), state)
+            except RecursionError:  # a body just under json's nesting limit, walked a few frames deeper
+                return error_response(ApiError(400, "the request is nested too deeply"), state)
 
         return handler
 
@@ -165,8 +233,11 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
         body = json.loads(b"".join(chunks))
     except (ValueError, UnicodeDecodeError) as e:
         raise ApiError(400, f"malformed JSON body: {e}", code="invalid_json") from None
+    except RecursionError:
+        raise ApiError(400, "malformed JSON body: nested too deeply", code="invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    check_unicode(body)
     return body
 
 
@@ -188,12 +259,9 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
         body = await read_json(request, limit)
         req = parse_chat(body, state.llm.tokenizer.vocab_size, state.llm.n_ctx)
         check_model(req.model)
-        assert state.template is not None and req.messages is not None
-        try:
-            text = state.template.render(req.messages, add_generation_prompt=True)
-        except ChatTemplateError as e:
-            raise ApiError(400, str(e), param="messages") from None
-        return await generate(state, request, req, [prompt_token_ids(state.llm.tokenizer, text)], chat=True)
+        assert req.messages is not None
+        prompt = await render_chat_prompt(state, req.messages)
+        return await generate(state, request, req, [prompt.token_ids], chat=True)
 
     @endpoint(state)
     async def completions(request: Request) -> Response:
@@ -233,7 +301,7 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
             return JSONResponse({"status": "error", "error": "engine stopped"}, status_code=503)
         return JSONResponse({"status": "ok", "model": state.model_name})
 
-    @endpoint(state, auth=False)
+    @endpoint(state, auth=not state.config.metrics_public)
     async def metrics(request: Request) -> Response:
         text = state.metrics.render(state.engine.stats())
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
@@ -244,12 +312,13 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
         tok = state.llm.tokenizer
         if "messages" in body:
             req = parse_chat({"messages": body["messages"]}, tok.vocab_size, state.llm.n_ctx)
-            assert state.template is not None and req.messages is not None
-            try:
-                text = state.template.render(req.messages, bool(body.get("add_generation_prompt", True)))
-            except ChatTemplateError as e:
-                raise ApiError(400, str(e), param="messages") from None
-            ids = prompt_token_ids(tok, text)
+            assert req.messages is not None
+            add_generation_prompt = body.get("add_generation_prompt", True)
+            if not isinstance(add_generation_prompt, bool):
+                raise ApiError(
+                    400, "'add_generation_prompt' must be a boolean", param="add_generation_prompt"
+                )
+            ids = (await render_chat_prompt(state, req.messages, add_generation_prompt)).token_ids
         else:
             text = body.get("content", body.get("prompt"))
             add_special = body.get("add_special", True)
@@ -289,6 +358,7 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
         yield
         if state.engine is not None:
             state.engine.shutdown()
+        state.template_pool.shutdown(wait=False, cancel_futures=True)
 
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),

@@ -8,6 +8,7 @@ as numbers (Python's bool is an int; JSON's is not).
 from __future__ import annotations
 
 import math
+import reprlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,7 @@ from edgellm.sampling import SamplingParams
 MAX_N = 16  # completions per request
 MAX_TOP_LOGPROBS = 20
 MAX_STOP = 16
+MAX_SEED = 2**63 - 1  # OpenAI's seed is an int64; numpy seeds its generators with any non-negative int
 CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 
@@ -48,7 +50,34 @@ def _is_int(v: Any) -> bool:
 
 
 def _is_number(v: Any) -> bool:
-    return (isinstance(v, int | float) and not isinstance(v, bool)) and math.isfinite(v)
+    if isinstance(v, bool):
+        return False
+    return isinstance(v, int) or (isinstance(v, float) and math.isfinite(v))  # huge ints overflow isfinite
+
+
+def check_unicode(body: Any) -> None:
+    """Every string (and key) of a parsed JSON body must be valid Unicode: JSON's \\ud800 escapes decode
+    to lone surrogates, which no tokenizer or UTF-8 encoder accepts."""
+    stack = [(body, "")]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, dict):
+            for k, v in value.items():
+                stack.append((k, where))
+                stack.append((v, f"{where}.{k}" if where else str(k)))
+        elif isinstance(value, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(value))
+        elif isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as e:
+                param = where.encode("ascii", "backslashreplace").decode() or "body"
+                raise ApiError(
+                    400,
+                    f"'{param}': invalid Unicode: lone surrogate {value[e.start]!r} at position {e.start}",
+                    param=param,
+                    code="invalid_unicode",
+                ) from None
 
 
 def _int(body: dict, key: str, lo: int | None = None, hi: int | None = None) -> int | None:
@@ -130,7 +159,7 @@ def _common(body: dict, vocab_size: int, max_tokens_default: int, top_logprobs: 
             try:
                 tid = int(k)
             except ValueError:
-                raise _bad("logit_bias", f"key {k!r} is not a token id") from None
+                raise _bad("logit_bias", f"key {reprlib.repr(k)} is not a token id") from None
             if not 0 <= tid < vocab_size:
                 raise _bad("logit_bias", f"token id {tid} is outside the vocabulary (0..{vocab_size - 1})")
             if not _is_number(v) or not -100 <= v <= 100:
@@ -153,7 +182,7 @@ def _common(body: dict, vocab_size: int, max_tokens_default: int, top_logprobs: 
         "repetition_penalty": _number(body, "repetition_penalty", 0.0, 10.0, lo_open=True),
         "presence_penalty": _number(body, "presence_penalty", -2.0, 2.0),
         "frequency_penalty": _number(body, "frequency_penalty", -2.0, 2.0),
-        "seed": _int(body, "seed"),
+        "seed": _int(body, "seed", lo=0, hi=MAX_SEED),
         "n": _int(body, "n", lo=1, hi=MAX_N),
         "top_k": None if top_k is None else max(top_k, 0),  # -1 means off, as in vLLM
     }
@@ -178,8 +207,8 @@ def _messages(body: dict) -> list[dict[str, Any]]:
         if not isinstance(m, dict):
             raise _bad(where, "expected an object")
         role = m.get("role")
-        if role not in CHAT_ROLES:
-            raise _bad(f"{where}.role", f"expected one of {sorted(CHAT_ROLES)}, got {role!r}")
+        if not isinstance(role, str) or role not in CHAT_ROLES:
+            raise _bad(f"{where}.role", f"expected one of {sorted(CHAT_ROLES)}, got {reprlib.repr(role)}")
         content = m.get("content")
         if content is None:
             content = ""
@@ -197,7 +226,14 @@ def _messages(body: dict) -> list[dict[str, Any]]:
     return out
 
 
+def _object(body: Any) -> dict:
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    return body
+
+
 def parse_chat(body: dict, vocab_size: int, n_ctx: int) -> GenerationRequest:
+    body = _object(body)
     logprobs = _bool(body, "logprobs") or False
     top = _int(body, "top_logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
     if top is not None and not logprobs:
@@ -209,6 +245,7 @@ def parse_chat(body: dict, vocab_size: int, n_ctx: int) -> GenerationRequest:
 
 
 def parse_completion(body: dict, vocab_size: int) -> GenerationRequest:
+    body = _object(body)
     k = _int(body, "logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
     if _bool(body, "echo"):
         raise _bad("echo", "echo is not supported")

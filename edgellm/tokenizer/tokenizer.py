@@ -118,8 +118,26 @@ class Tokenizer:
             add_space_prefix=_optional_bool(metadata, "tokenizer.ggml.add_space_prefix", add_space_prefix),
         )
 
-    def encode(self, text: str, add_special: bool = False, parse_special: bool = True) -> list[int]:
-        """Token ids for text, as llama_tokenize(text, add_special, parse_special)."""
+    def encode(
+        self,
+        text: str,
+        add_special: bool = False,
+        parse_special: bool = True,
+        literal: Mapping[str, str] | None = None,
+    ) -> list[int]:
+        """Token ids for text, as llama_tokenize(text, add_special, parse_special).
+
+        `literal` maps placeholder strings to texts put back into the raw fragments after special tokens
+        are split out: their text merges with its neighbours as plain text and never becomes a special
+        token (chat message content; see chat_template.ChatTemplate.render_prompt)."""
+        if not isinstance(text, str):
+            raise TokenizerError(f"expected text (str) to tokenize, got {type(text).__name__}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise TokenizerError(
+                f"text is not valid Unicode: lone surrogate {text[e.start]!r} at position {e.start}"
+            ) from None
         output: list[int] = []
         if add_special and self.add_bos:
             if self.bos_id is None:
@@ -131,6 +149,9 @@ class Tokenizer:
                 output.append(fragment)
                 is_prev_special = True
                 continue
+            if literal:
+                for placeholder, original in literal.items():
+                    fragment = fragment.replace(placeholder, original)
             if self.kind == "llama" and self.add_space_prefix and is_prev_special:
                 fragment = " " + fragment
             output.extend(self._model.encode_fragment(fragment))
@@ -140,6 +161,11 @@ class Tokenizer:
                 raise TokenizerError("add_eos is set but the vocabulary has no EOS token")
             output.append(self.eos_id)
         return output
+
+    def control_texts_in(self, text: str) -> list[str]:
+        """Texts of the special tokens that occur in `text` and are parsed only with parse_special
+        (control and unknown tokens), longest first."""
+        return self._splitter.parse_special_only_texts(text)
 
     def _check_id(self, tid: int) -> None:
         if not 0 <= tid < self.vocab_size:

@@ -132,6 +132,13 @@ class SpecialSplitter:
         # Longest first; llama.cpp's sort is unstable on ties, ids give a fixed order.
         return sorted(found, key=lambda tid: (-self._length_by_id[tid], tid))
 
+    def parse_special_only_texts(self, text: str) -> list[str]:
+        """Texts of the specials in `text` that only parse_special=True cuts out, longest first."""
+        if not text or self._start_re is None:
+            return []
+        found = [tid for tid in self._candidates(text, True) if tid in self._control_ids]
+        return [self._text_by_id[tid] for tid in found]
+
     def split(self, text: str, parse_special: bool) -> list[str | int]:
         """Returns the text as a list of raw-text fragments (str) and special token ids (int)."""
         if not text:
