@@ -21,6 +21,7 @@ from edgellm.engine.scheduler import SchedulerConfig
 from edgellm.engine.sequence import Sequence as EngineSequence
 from edgellm.gguf.config import ModelConfig, config_from_gguf
 from edgellm.gguf.reader import load_gguf
+from edgellm.gguf.validation import validate_model
 from edgellm.runtime import set_threads, warm_up
 from edgellm.sampling import SamplingParams
 from edgellm.tokenizer import Tokenizer
@@ -85,6 +86,7 @@ class LLM:
         t0 = time.perf_counter()
         gguf = load_gguf(self.path)
         self.config: ModelConfig = config_from_gguf(gguf)
+        validate_model(gguf, self.config)  # before any kernel sees a shape the file claims
         self.metadata = gguf.metadata
         self.tokenizer = Tokenizer.from_metadata(gguf.metadata)
         self.backend = get_backend(backend)
