@@ -111,9 +111,12 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
     head_dim = get_int(g, p + "attention.key_length", default_head, lo=1, hi=MAX_HEAD_DIM)
     head_dim_v = get_int(g, p + "attention.value_length", head_dim, lo=1, hi=MAX_HEAD_DIM)
     rope_key = p + "rope.dimension_count"
-    rope_dim = get_int(g, rope_key, head_dim, lo=2, hi=head_dim, why=f"the head size is {head_dim}")
-    if rope_dim % 2:
-        raise GGUFError(f"{g.path}: metadata {rope_key} = {rope_dim} must be even (it rotates pairs)")
+    rope_dim = get_int(g, rope_key, head_dim, hi=2**64)  # the range check below names the head size
+    if not (2 <= rope_dim <= head_dim and rope_dim % 2 == 0):
+        raise GGUFError(
+            f"{g.path}: metadata {rope_key} = {rope_dim} must be even, at least 2 and at most the head size "
+            f"{head_dim} (the rotary embedding rotates pairs of a head's dims)"
+        )
     tokens = g.get("tokenizer.ggml.tokens")
     n_vocab = len(tokens) if isinstance(tokens, list) else 0
     if "token_embd.weight" in g.tensors:
