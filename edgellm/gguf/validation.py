@@ -27,6 +27,8 @@ from edgellm.gguf.config import MAX_HEAD_DIM, ModelConfig
 from edgellm.gguf.metadata import describe, get_bool, get_str, is_int
 from edgellm.gguf.reader import GGUFError, GGUFFile
 from edgellm.quants.traits import QUANT_TRAITS, UnsupportedQuantError
+from edgellm.tokenizer import Tokenizer
+from edgellm.tokenizer.bpe import PRE_TYPES
 from edgellm.tokenizer.vocab import TokenizerError
 
 TOKENIZER_MODELS = ("llama", "gpt2")
@@ -97,6 +99,17 @@ def validate_model(g: GGUFFile, cfg: ModelConfig) -> None:
     for name, shape in shapes.items():
         _check_tensor(g, name, shape)
     _check_tokenizer_metadata(g, cfg)
+
+
+def tokenizer_from_gguf(g: GGUFFile) -> Tokenizer:
+    """The model's tokenizer; metadata it cannot be built from (after validate_model's type checks: content
+    such as a vocabulary sentencepiece rejects) is a TokenizerMetadataError naming the file."""
+    try:
+        return Tokenizer.from_metadata(g.metadata)
+    except TokenizerMetadataError:
+        raise
+    except TokenizerError as e:
+        raise TokenizerMetadataError(f"{g.path}: {e}") from e
 
 
 def _check_heads(g: GGUFFile, cfg: ModelConfig) -> None:
@@ -184,7 +197,12 @@ def _check_tokenizer_metadata(g: GGUFFile, cfg: ModelConfig) -> None:
                 g, f"tokenizer.ggml.merges must be an array of strings, got {describe(merges)}"
             )
     if "tokenizer.ggml.pre" in md:
-        get_str(g, "tokenizer.ggml.pre")
+        pre = get_str(g, "tokenizer.ggml.pre")
+        if model == "gpt2" and (pre or "default") not in PRE_TYPES:
+            raise _tokenizer_error(
+                g,
+                f"unsupported tokenizer.ggml.pre '{pre}' for gpt2 tokenizer (supported: {sorted(PRE_TYPES)})",
+            )
     for key in _USED_TOKEN_IDS + _OTHER_TOKEN_IDS:
         if key not in md:
             continue

@@ -1,0 +1,164 @@
+"""Fuzzing the GGUF loader: a mutated model loads and generates 2 tokens, or raises GGUFError. Nothing else.
+
+Structured mutations (edgellm/testing/gguf_fuzz.py) edit small synthetic models of the four architectures:
+every metadata value and value type, keys deleted and added, array element types, lengths and nesting,
+string length fields, tensor dimensions, dimension counts, types, offsets and names, header counts, the
+version, truncation. Each mutated file is loaded by `LLM` in a long-lived child process that also generates 2
+greedy tokens; a child killed by a signal (heap corruption in a kernel) or silent for HANG_TIMEOUT seconds
+fails the test with the mutations that did it, and a fresh child takes over. A second test flips, inserts,
+deletes and cuts raw bytes of a valid file and runs reader, config and validator in process (no kernels).
+
+The default run is bounded to about a minute; a longer run:
+
+    EDGELLM_FUZZ_EXAMPLES=5000 python -m pytest -q tests/test_gguf_fuzz.py -p no:randomly
+
+prints (in pytest's summary) how many examples loaded and generated, raised GGUFError, or failed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from edgellm.gguf.config import config_from_gguf
+from edgellm.gguf.reader import GGUFError, load_gguf
+from edgellm.gguf.validation import validate_model
+from edgellm.testing.gguf_edit import read_editable, serialize
+from edgellm.testing.gguf_fuzz import LoadWorker, apply, mutations
+from edgellm.testing.synthetic import write_tiny_model
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = int(os.environ.get("EDGELLM_FUZZ_EXAMPLES", "0"))
+STRUCTURED_EXAMPLES = EXAMPLES or 150
+RAW_EXAMPLES = EXAMPLES or 300
+HANG_TIMEOUT = 60.0  # seconds for one load + 2 tokens of a tiny model (tens of ms normally)
+STATS: Counter[str] = Counter()
+
+# Base models: (name, arch, write_tiny_model keyword arguments). Quantized and float weights, GQA groups of
+# 2 and 4, tied embeddings, and F32 models whose tensors stay valid when the shapes are reread differently.
+BASES = [
+    ("llama-mix", "llama", {}),
+    ("llama-f32-gqa4-tied", "llama", {"qtypes": "F32", "n_kv_heads": 1, "tied": True}),
+    ("qwen2-q8", "qwen2", {"qtypes": "Q8_0"}),
+    ("qwen3-mix", "qwen3", {}),
+    ("gemma3-f16", "gemma3", {"qtypes": "F16", "n_layers": 1}),
+]
+
+
+class Bases(list):
+    """(name, arch, EditableGGUF) of each base model; a short repr for hypothesis' failure reports."""
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} base models: {', '.join(name for name, _, _ in self)}>"
+
+
+@pytest.fixture(scope="module")
+def bases(tmp_path_factory: pytest.TempPathFactory) -> Bases:
+    root = tmp_path_factory.mktemp("fuzz-bases")
+    out = Bases()
+    for name, arch, kwargs in BASES:
+        path = write_tiny_model(root / f"{name}.gguf", arch, **kwargs)
+        out.append((name, arch, read_editable(path)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def worker(request: pytest.FixtureRequest):
+    w = LoadWorker(REPO)
+    yield w
+    w.close()
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and STATS:
+        summary = ", ".join(f"{k} {v}" for k, v in sorted(STATS.items()))
+        reporter.write_line(
+            f"GGUF fuzz: {sum(STATS.values())} examples: {summary}; worker restarts {w.restarts}"
+        )
+
+
+def test_worker_loads_every_base_model(worker: LoadWorker, bases, tmp_path: Path) -> None:
+    """The harness itself: every unmutated base model loads and generates (so 'ok' is reachable), the
+    first call also pays the child's start-up."""
+    for name, _, model in bases:
+        path = tmp_path / f"{name}.gguf"
+        path.write_bytes(serialize(model))
+        kind, detail = worker.load(path, timeout=600)
+        assert kind == "ok", f"{name}: {kind}: {detail}"
+
+
+@settings(
+    max_examples=STRUCTURED_EXAMPLES,
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.data_too_large,
+    ],
+)
+@given(data=st.data())
+def test_mutated_gguf_loads_or_raises_gguf_error(worker: LoadWorker, bases, tmp_path: Path, data) -> None:
+    name, arch, model = bases[data.draw(st.integers(0, len(bases) - 1), label="base")]
+    muts = data.draw(mutations(model, arch), label="mutations")
+    path = tmp_path / "mutated.gguf"
+    path.write_bytes(serialize(apply(model, muts)))
+    kind, detail = worker.load(path, timeout=HANG_TIMEOUT)
+    STATS[kind] += 1
+    assert kind in ("ok", "gguf_error"), f"{kind} for {name} + {[m.describe() for m in muts]}:\n{detail}"
+
+
+@pytest.fixture(scope="module")
+def valid_bytes(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    return write_tiny_model(tmp_path_factory.mktemp("raw") / "m.gguf", "qwen2").read_bytes()
+
+
+@st.composite
+def byte_edits(draw: st.DrawFn, size: int) -> list[tuple]:
+    """Flips, overwrites with boundary bytes, inserted and deleted runs, and a final cut."""
+    pos = st.integers(0, size - 1)
+    edit = st.one_of(
+        st.tuples(st.just("xor"), pos, st.integers(1, 255)),
+        st.tuples(st.just("set"), pos, st.sampled_from([b"\x00" * 8, b"\xff" * 8, b"\x7f", b"\x80"])),
+        st.tuples(st.just("insert"), pos, st.binary(min_size=1, max_size=16)),
+        st.tuples(st.just("delete"), pos, st.integers(1, 64)),
+    )
+    edits = draw(st.lists(edit, min_size=0, max_size=6))
+    if draw(st.booleans()):
+        edits.append(("cut", draw(pos), 0))
+    return edits
+
+
+def apply_byte_edits(raw: bytes, edits: list[tuple]) -> bytes:
+    out = bytearray(raw)
+    for kind, at, arg in edits:
+        at = min(at, len(out))
+        if kind == "xor" and at < len(out):
+            out[at] ^= arg
+        elif kind == "set":
+            out[at : at + len(arg)] = arg
+        elif kind == "insert":
+            out[at:at] = arg
+        elif kind == "delete":
+            del out[at : at + arg]
+        elif kind == "cut":
+            del out[at:]
+    return bytes(out)
+
+
+@settings(
+    max_examples=RAW_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_raw_byte_mutations_raise_only_gguf_error(valid_bytes: bytes, tmp_path: Path, data) -> None:
+    """Reader, config and validator on arbitrarily damaged bytes: a usable model or GGUFError."""
+    edits = data.draw(byte_edits(len(valid_bytes)), label="edits")
+    path = tmp_path / "damaged.gguf"
+    path.write_bytes(apply_byte_edits(valid_bytes, edits))
+    try:
+        g = load_gguf(path)
+        validate_model(g, config_from_gguf(g))
+    except GGUFError:
+        pass
