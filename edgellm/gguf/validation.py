@@ -20,6 +20,8 @@ dimensions that fit the file. Errors are `GGUFError`s naming the file, the key o
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 from gguf import GGMLQuantizationType
 
@@ -29,7 +31,7 @@ from edgellm.gguf.reader import GGUFError, GGUFFile
 from edgellm.quants.traits import QUANT_TRAITS, UnsupportedQuantError
 from edgellm.tokenizer import Tokenizer
 from edgellm.tokenizer.bpe import PRE_TYPES
-from edgellm.tokenizer.vocab import TokenizerError
+from edgellm.tokenizer.vocab import TYPE_BYTE, TokenizerError
 
 TOKENIZER_MODELS = ("llama", "gpt2")
 # Token ids the tokenizer emits (BOS/EOS are added to prompts); others only feed the EOG set or the SPM
@@ -49,6 +51,7 @@ _TOKENIZER_FLAGS = (
     "tokenizer.ggml.add_eos_token",
     "tokenizer.ggml.add_space_prefix",
 )
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 ACT_BLOCK = {"q8_0": 32, "q8_1": 32, "q8_K": 256}  # activation block of each vec_dot type (matmul.py)
 
 
@@ -188,6 +191,11 @@ def _check_tokenizer_metadata(g: GGUFFile, cfg: ModelConfig) -> None:
             raise _tokenizer_error(g, f"{key} has {len(value)} entries for {n} tokens")
         if value.dtype.kind == "f" and not np.isfinite(value).all():
             raise _tokenizer_error(g, f"{key} holds non-finite values")
+    types = md.get("tokenizer.ggml.token_type")
+    if model == "llama" and types is not None:
+        for tid in np.flatnonzero(types == TYPE_BYTE):  # decoded as the byte their text names
+            if not _BYTE_TOKEN.fullmatch(tokens[tid]):
+                raise _tokenizer_error(g, f"byte token {tid} is {tokens[tid]!r}, not of the form <0xNN>")
     if model == "gpt2":
         merges = md.get("tokenizer.ggml.merges")
         if merges is None:
