@@ -34,8 +34,9 @@ from edgellm.testing.synthetic import write_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = int(os.environ.get("EDGELLM_FUZZ_EXAMPLES", "0"))
-STRUCTURED_EXAMPLES = EXAMPLES or 150
-RAW_EXAMPLES = EXAMPLES or 300
+STRUCTURED_EXAMPLES = EXAMPLES or 1000
+SHAPE_EXAMPLES = EXAMPLES // 10 or 100
+RAW_EXAMPLES = EXAMPLES or 1000
 HANG_TIMEOUT = 60.0  # seconds for one load + 2 tokens of a tiny model (tens of ms normally)
 STATS: Counter[str] = Counter()
 
@@ -108,6 +109,45 @@ def test_mutated_gguf_loads_or_raises_gguf_error(worker: LoadWorker, bases, tmp_
     kind, detail = worker.load(path, timeout=HANG_TIMEOUT)
     STATS[kind] += 1
     assert kind in ("ok", "gguf_error"), f"{kind} for {name} + {[m.describe() for m in muts]}:\n{detail}"
+
+
+@st.composite
+def model_shapes(draw: st.DrawFn) -> dict:
+    """Consistent models (tensors shaped as the metadata says) of unusual sizes: 1-wide heads, odd head
+    sizes, GQA groups past the attention IR kernels' 8, one KV head, head sizes unlike n_embd / n_heads,
+    plus an optional rope width, which must stay within the head."""
+    n_kv = draw(st.integers(1, 4))
+    kwargs = dict(
+        n_layers=draw(st.integers(1, 2)),
+        n_embd=draw(st.sampled_from([32, 64, 96])),
+        n_kv_heads=n_kv,
+        n_heads=n_kv * draw(st.integers(1, 12)),
+        head_dim=draw(st.sampled_from([1, 2, 3, 4, 8, 15, 16, 34, 64])),
+        n_ff=draw(st.sampled_from([32, 64, 96])),
+        context_length=draw(st.sampled_from([2, 3, 17, 256])),
+        tied=draw(st.booleans()),
+    )
+    arch = draw(st.sampled_from(["llama", "qwen2", "qwen3", "gemma3"]))
+    rope = draw(st.one_of(st.none(), st.sampled_from([0, 1, 2, 4, 6, 16, 64, 2**31 - 1])))
+    if rope is not None:
+        kwargs["metadata_overrides"] = {f"{arch}.rope.dimension_count": rope}
+    return dict(arch=arch, qtypes=draw(st.sampled_from(["F32", "F16", "BF16"])), **kwargs)
+
+
+@settings(
+    max_examples=SHAPE_EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(shape=model_shapes())
+def test_unusual_consistent_shapes_load_or_raise_gguf_error(
+    worker: LoadWorker, tmp_path: Path, shape
+) -> None:
+    """Float weights so that any row length is a valid tensor: only the metadata decides what runs."""
+    path = write_tiny_model(tmp_path / "shaped.gguf", **shape)
+    kind, detail = worker.load(path, timeout=HANG_TIMEOUT)
+    STATS[kind] += 1
+    assert kind in ("ok", "gguf_error"), f"{kind} for write_tiny_model(**{shape}):\n{detail}"
 
 
 @pytest.fixture(scope="module")

@@ -114,8 +114,9 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
     rope_dim = get_int(g, rope_key, head_dim, hi=2**64)  # the range check below names the head size
     if not (2 <= rope_dim <= head_dim and rope_dim % 2 == 0):
         raise GGUFError(
-            f"{g.path}: metadata {rope_key} = {rope_dim} must be even, at least 2 and at most the head size "
-            f"{head_dim} (the rotary embedding rotates pairs of a head's dims)"
+            f"{g.path}: metadata {rope_key} = {rope_dim}{'' if rope_key in g.metadata else ' (its default)'} "
+            f"must be even, at least 2 and at most the head size {head_dim} (the rotary embedding rotates "
+            "pairs of a head's dims)"
         )
     tokens = g.get("tokenizer.ggml.tokens")
     n_vocab = len(tokens) if isinstance(tokens, list) else 0
