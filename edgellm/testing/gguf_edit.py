@@ -38,6 +38,7 @@ class Field:
     vtype: int
     value: Any  # see the module docstring
     key_len_delta: int = 0  # added to the key's length field (a string that lies about its length)
+    value_len_delta: int = 0  # the same for a string value's length field
 
 
 @dataclass
@@ -150,7 +151,10 @@ def serialize(model: EditableGGUF) -> bytes:
     )
     for f in model.fields:
         out += _string(f.key, f.key_len_delta) + struct.pack("<I", f.vtype & 0xFFFFFFFF)
-        out += encode_value(f.vtype, f.value)
+        if f.vtype == V.STRING and isinstance(f.value, str):
+            out += _string(f.value, f.value_len_delta)
+        else:
+            out += encode_value(f.vtype, f.value)
     offsets, at = [], 0
     for t in model.tensors:
         offsets.append(at)

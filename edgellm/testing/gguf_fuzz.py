@@ -2,8 +2,8 @@
 
 `mutations(model)` is a hypothesis strategy of 1-3 edits of an `EditableGGUF`: any metadata value (with
 boundary values: 0, -1, 2^31, 2^63, NaN, inf...), any value type, deleted and added keys, array element
-types, lengths and nesting, string length fields, tensor dimensions, dimension counts, types, offsets,
-names, dropped and duplicated tensors, header counts, the version, and truncation.
+types, lengths and nesting, key and string-value length fields, tensor dimensions, dimension counts, types,
+offsets, names, dropped and duplicated tensors, header counts, the version, and truncation.
 
 `LoadWorker` loads mutated files in a long-lived child process (`python -m edgellm.testing.gguf_fuzz`),
 which builds the model with `LLM` and greedily generates 2 tokens. The child answers "ok", "gguf_error" or
@@ -111,7 +111,7 @@ def mutation(draw: st.DrawFn, model: EditableGGUF, arch: str) -> Mutation:
             ["set_value"] * 6
             + ["set_type"] * 2
             + ["delete_key", "add_key", "add_key", "array_type", "array_length", "array_nest"]
-            + ["key_length", "tensor_dim", "tensor_dim", "tensor_ndims", "tensor_type", "tensor_offset"]
+            + ["string_length", "tensor_dim", "tensor_dim", "tensor_ndims", "tensor_type", "tensor_offset"]
             + ["tensor_drop", "tensor_dup", "tensor_rename", "header_count", "version", "truncate"]
         )
     )
@@ -144,8 +144,10 @@ def mutation(draw: st.DrawFn, model: EditableGGUF, arch: str) -> Mutation:
         if kind == "array_length":
             return Mutation(kind, (key, draw(st.sampled_from([0, 1, 2, 3, 100, 287, 289, 1000]))))
         return Mutation(kind, (key, draw(st.one_of(st.integers(1, 12), st.just(200)))))
-    if kind == "key_length":
-        return Mutation(kind, (f.key, draw(st.sampled_from([-8, -1, 1, 7, 2**40, 2**63, 2**64 - 1]))))
+    if kind == "string_length":
+        target = draw(st.sampled_from(["key", "value"]))
+        delta = draw(st.sampled_from([-8, -1, 1, 7, 2**40, 2**63, 2**64 - 1]))
+        return Mutation(kind, (f.key, target, delta))
     t = model.tensors[ti]
     if kind == "tensor_dim":
         dim = draw(st.integers(0, max(3, len(t.ne) - 1)))
@@ -214,8 +216,11 @@ def _edit_field(m: EditableGGUF, f: Field, k: str, a: tuple) -> None:
         for _ in range(a[1]):
             value = (V.ARRAY, (V.ARRAY, [value[1]]))
         f.vtype, f.value = value
-    elif k == "key_length":
-        f.key_len_delta = a[1]
+    elif k == "string_length":
+        if a[1] == "key":
+            f.key_len_delta = a[2]
+        else:
+            f.value_len_delta = a[2]  # used when the value is a string
 
 
 def _edit_tensor(m: EditableGGUF, i: int, k: str, a: tuple) -> None:
