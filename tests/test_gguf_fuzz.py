@@ -38,7 +38,8 @@ STRUCTURED_EXAMPLES = EXAMPLES or 1000
 SHAPE_EXAMPLES = EXAMPLES // 10 or 100
 RAW_EXAMPLES = EXAMPLES or 1000
 HANG_TIMEOUT = 60.0  # seconds for one load + 2 tokens of a tiny model (tens of ms normally)
-STATS: Counter[str] = Counter()
+STATS: Counter[str] = Counter()  # child-worker outcomes: ok / gguf_error / error / signal / hang
+RAW_STATS: Counter[str] = Counter()  # in-process reader/config/validator outcomes: loaded / gguf_error
 
 # Base models: (name, arch, write_tiny_model keyword arguments). Quantized and float weights, GQA groups of
 # 2 and 4, tied embeddings, and F32 models whose tensors stay valid when the shapes are reread differently.
@@ -68,17 +69,36 @@ def bases(tmp_path_factory: pytest.TempPathFactory) -> Bases:
     return out
 
 
+class FuzzSummary:
+    """A pytest plugin registered by the worker fixture: prints the example counts in the terminal summary
+    (output of a fixture's teardown is captured)."""
+
+    worker: LoadWorker | None = None
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:  # noqa: ANN001 - pytest's hook signature
+        for what, stats in (("child worker", STATS), ("raw bytes, in process", RAW_STATS)):
+            if stats:
+                counts = ", ".join(f"{k} {v}" for k, v in sorted(stats.items()))
+                restarts = (
+                    f"; worker restarts {self.worker.restarts}" if self.worker and stats is STATS else ""
+                )
+                terminalreporter.write_line(
+                    f"GGUF fuzz ({what}): {sum(stats.values())} examples: {counts}{restarts}"
+                )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def summary(request: pytest.FixtureRequest) -> FuzzSummary:
+    plugin = FuzzSummary()
+    request.config.pluginmanager.register(plugin, "gguf-fuzz-summary")
+    return plugin
+
+
 @pytest.fixture(scope="module")
-def worker(request: pytest.FixtureRequest):
-    w = LoadWorker(REPO)
+def worker(summary: FuzzSummary):
+    summary.worker = w = LoadWorker(REPO)
     yield w
     w.close()
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None and STATS:
-        summary = ", ".join(f"{k} {v}" for k, v in sorted(STATS.items()))
-        reporter.write_line(
-            f"GGUF fuzz: {sum(STATS.values())} examples: {summary}; worker restarts {w.restarts}"
-        )
 
 
 def test_worker_loads_every_base_model(worker: LoadWorker, bases, tmp_path: Path) -> None:
@@ -200,5 +220,6 @@ def test_raw_byte_mutations_raise_only_gguf_error(valid_bytes: bytes, tmp_path: 
     try:
         g = load_gguf(path)
         validate_model(g, config_from_gguf(g))
+        RAW_STATS["loaded"] += 1
     except GGUFError:
-        pass
+        RAW_STATS["gguf_error"] += 1
