@@ -151,7 +151,10 @@ def model_shapes(draw: st.DrawFn) -> dict:
     rope = draw(st.one_of(st.none(), st.sampled_from([0, 1, 2, 4, 6, 16, 64, 2**31 - 1])))
     if rope is not None:
         kwargs["metadata_overrides"] = {f"{arch}.rope.dimension_count": rope}
-    return dict(arch=arch, qtypes=draw(st.sampled_from(["F32", "F16", "BF16"])), **kwargs)
+    # Block-32 types where every row length of these sizes allows them; attn_output's rows are H * d long.
+    block32 = draw(st.sampled_from(["Q8_0", "Q4_0", "Q5_1"]))
+    qtypes = draw(st.sampled_from(["F32", "F16", "BF16", {"*": block32, "attn_output": "F16"}]))
+    return dict(arch=arch, qtypes=qtypes, **kwargs)
 
 
 @settings(
@@ -163,7 +166,7 @@ def model_shapes(draw: st.DrawFn) -> dict:
 def test_unusual_consistent_shapes_load_or_raise_gguf_error(
     worker: LoadWorker, tmp_path: Path, shape
 ) -> None:
-    """Float weights so that any row length is a valid tensor: only the metadata decides what runs."""
+    """Weights of types that hold any of these row lengths: only the metadata decides what runs."""
     path = write_tiny_model(tmp_path / "shaped.gguf", **shape)
     kind, detail = worker.load(path, timeout=HANG_TIMEOUT)
     STATS[kind] += 1

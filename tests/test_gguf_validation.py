@@ -313,3 +313,11 @@ def test_tokenizer_metadata_types(tmp_path: Path, key: str, value: Any, message:
     g.metadata[key] = np.asarray(value, np.int32) if key.endswith("token_type") else value
     with pytest.raises(GGUFError, match=message):
         validate_model(g, cfg)
+
+
+def test_head_size_limit_is_the_cuda_kernels():
+    """MAX_HEAD_DIM is duplicated in gguf/config.py so that loading never imports the CUDA backend."""
+    from edgellm.backends.cuda.config import MAX_HEAD_DIM as CUDA_MAX_HEAD_DIM
+    from edgellm.gguf.config import MAX_HEAD_DIM
+
+    assert MAX_HEAD_DIM == CUDA_MAX_HEAD_DIM

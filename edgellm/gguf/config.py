@@ -56,7 +56,8 @@ class ModelConfig:
         return self.n_kv_heads * self.head_dim
 
 
-# Both backends hold a head's query in registers / shared memory of this size (cuda/config.py MAX_HEAD_DIM).
+# The CUDA attention kernel holds a query head in shared memory of this size (cuda/config.py MAX_HEAD_DIM;
+# the CPU kernels have no limit): one limit for both keeps a file loadable on either backend.
 MAX_HEAD_DIM = 512
 # A context of one position leaves no room to generate after a single prompt token.
 MIN_CONTEXT_LENGTH = 2
