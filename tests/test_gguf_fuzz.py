@@ -18,6 +18,7 @@ prints (in pytest's summary) how many examples loaded and generated, raised GGUF
 from __future__ import annotations
 
 import os
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -99,6 +100,34 @@ def worker(summary: FuzzSummary):
     summary.worker = w = LoadWorker(REPO)
     yield w
     w.close()
+
+
+FAKE_WORKER = """
+import json, os, sys, time
+print(json.dumps({"kind": "ready"}), flush=True)
+for line in sys.stdin:
+    path = line.strip()
+    if path == "abort":
+        os.abort()
+    if path == "hang":
+        time.sleep(600)
+    print(json.dumps({"kind": "ok", "detail": path}), flush=True)
+"""
+
+
+def test_worker_reports_signals_and_hangs_and_restarts(tmp_path: Path) -> None:
+    """The harness against a stand-in worker that aborts or sleeps on request."""
+    w = LoadWorker(tmp_path, command=[sys.executable, "-c", FAKE_WORKER])
+    try:
+        assert w.load("a", timeout=60) == ("ok", "a")
+        kind, detail = w.load("abort", timeout=60)
+        assert kind == "signal" and "exit status -6" in detail
+        assert w.load("b", timeout=60) == ("ok", "b")
+        assert w.load("hang", timeout=1)[0] == "hang"
+        assert w.load("c", timeout=60) == ("ok", "c")
+        assert w.restarts == 2
+    finally:
+        w.close()
 
 
 def test_worker_loads_every_base_model(worker: LoadWorker, bases, tmp_path: Path) -> None:

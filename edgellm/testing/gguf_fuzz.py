@@ -7,8 +7,8 @@ offsets, names, dropped and duplicated tensors, header counts, the version, and 
 
 `LoadWorker` loads mutated files in a long-lived child process (`python -m edgellm.testing.gguf_fuzz`),
 which builds the model with `LLM` and greedily generates 2 tokens. The child answers "ok", "gguf_error" or
-"error" (any other exception, with its traceback); a child killed by a signal or silent past the timeout is
-reported as "signal" / "hang" and replaced by a fresh one, so one bad file costs one restart.
+"error" (any other exception, with its traceback); a child killed by a signal, exiting, or silent past the
+timeout is reported as "signal" / "exit" / "hang" and replaced by a fresh one: one bad file, one restart.
 """
 
 from __future__ import annotations
@@ -302,8 +302,12 @@ def worker_main() -> None:
 class LoadWorker:
     """The parent's handle on the child; `load` never raises for what the child does."""
 
-    def __init__(self, cwd: str | Path, start_timeout: float = 600.0) -> None:
+    def __init__(
+        self, cwd: str | Path, start_timeout: float = 600.0, command: list[str] | None = None
+    ) -> None:
         self.cwd, self.start_timeout = str(cwd), start_timeout
+        # the worker's command line: this module's worker_main unless a test substitutes its own
+        self.command = command or [sys.executable, "-m", "edgellm.testing.gguf_fuzz"]
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
         self._stderr = tempfile.TemporaryFile()
@@ -313,21 +317,19 @@ class LoadWorker:
         self._stderr.seek(0)
         self._stderr.truncate()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "edgellm.testing.gguf_fuzz"],
+            self.command,
             cwd=self.cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
             text=True,
         )  # fmt: skip
         first = self._read_line(self.start_timeout)
-        if first is None or json.loads(first)["kind"] != "ready":
+        if not first or json.loads(first)["kind"] != "ready":
             raise RuntimeError(f"fuzz worker did not start: {self._stderr_tail()}")
 
     def _read_line(self, timeout: float) -> str | None:
+        """The child's next line; "" when it closed its end (exited), None when it is silent past timeout."""
         assert self.proc is not None and self.proc.stdout is not None
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
-            return None
-        line = self.proc.stdout.readline()
-        return line or None
+        return self.proc.stdout.readline() if ready else None
 
     def _stderr_tail(self) -> str:
         self._stderr.seek(0)
@@ -343,15 +345,20 @@ class LoadWorker:
         except BrokenPipeError:
             pass
         line = self._read_line(timeout)
-        if line is not None:
+        if line:
             answer = json.loads(line)
             return answer["kind"], answer["detail"]
-        if self.proc.poll() is None:
+        if line is None:
             self.proc.kill()
             self.proc.wait()
             result = ("hang", f"no answer in {timeout:.0f} s")
-        else:
-            result = ("signal", f"exit status {self.proc.returncode}: {self._stderr_tail()}")
+        else:  # end of its output: the child is gone; its exit status says how
+            try:
+                code = self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                code = self.proc.wait()
+            result = ("signal" if code < 0 else "exit", f"exit status {code}: {self._stderr_tail()}")
         self.proc = None
         self.restarts += 1
         return result
