@@ -2,17 +2,20 @@
 
 Structured mutations (edgellm/testing/gguf_fuzz.py) edit small synthetic models of the four architectures:
 every metadata value and value type, keys deleted and added, array element types, lengths and nesting,
-string length fields, tensor dimensions, dimension counts, types, offsets and names, header counts, the
-version, truncation. Each mutated file is loaded by `LLM` in a long-lived child process that also generates 2
-greedy tokens; a child killed by a signal (heap corruption in a kernel) or silent for HANG_TIMEOUT seconds
-fails the test with the mutations that did it, and a fresh child takes over. A second test flips, inserts,
-deletes and cuts raw bytes of a valid file and runs reader, config and validator in process (no kernels).
+key and string length fields, tensor dimensions, dimension counts, types, offsets and names, header counts,
+the version, truncation. A second strategy writes consistent models of unusual shapes (1-wide and odd heads,
+GQA groups up to 12, contexts of 2 tokens, rope widths). Each file is loaded by `LLM` in a long-lived child
+process that also generates 2 greedy tokens; a child killed by a signal (heap corruption in a kernel),
+exiting, or silent for HANG_TIMEOUT seconds fails the test with the mutations that did it, and a fresh child
+takes over. A third test flips, inserts, deletes and cuts raw bytes of a valid file and runs reader, config,
+validator and tokenizer in process (no kernels).
 
-The default run is bounded to about a minute; a longer run:
+The default run takes about 20 s (1,000 + 100 child examples, 1,000 raw ones); a longer run:
 
-    EDGELLM_FUZZ_EXAMPLES=5000 python -m pytest -q tests/test_gguf_fuzz.py -p no:randomly
+    EDGELLM_FUZZ_EXAMPLES=5000 python -m pytest -q tests/test_gguf_fuzz.py
 
-prints (in pytest's summary) how many examples loaded and generated, raised GGUFError, or failed.
+(5,000 structured + 500 shaped child examples, 5,000 raw ones) prints, in pytest's summary, how many
+examples loaded and generated, raised GGUFError, or failed (error / signal / exit / hang).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from hypothesis import strategies as st
 
 from edgellm.gguf.config import config_from_gguf
 from edgellm.gguf.reader import GGUFError, load_gguf
-from edgellm.gguf.validation import validate_model
+from edgellm.gguf.validation import tokenizer_from_gguf, validate_model
 from edgellm.testing.gguf_edit import read_editable, serialize
 from edgellm.testing.gguf_fuzz import LoadWorker, apply, mutations
 from edgellm.testing.synthetic import write_tiny_model
@@ -245,13 +248,14 @@ def apply_byte_edits(raw: bytes, edits: list[tuple]) -> bytes:
 )
 @given(data=st.data())
 def test_raw_byte_mutations_raise_only_gguf_error(valid_bytes: bytes, tmp_path: Path, data) -> None:
-    """Reader, config and validator on arbitrarily damaged bytes: a usable model or GGUFError."""
+    """Reader, config, validator and tokenizer on arbitrarily damaged bytes: a usable model or GGUFError."""
     edits = data.draw(byte_edits(len(valid_bytes)), label="edits")
     path = tmp_path / "damaged.gguf"
     path.write_bytes(apply_byte_edits(valid_bytes, edits))
     try:
         g = load_gguf(path)
         validate_model(g, config_from_gguf(g))
+        tokenizer_from_gguf(g)
         RAW_STATS["loaded"] += 1
     except GGUFError:
         RAW_STATS["gguf_error"] += 1
