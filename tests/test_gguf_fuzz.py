@@ -42,8 +42,8 @@ STRUCTURED_EXAMPLES = EXAMPLES or 1000
 SHAPE_EXAMPLES = EXAMPLES // 10 or 100
 RAW_EXAMPLES = EXAMPLES or 1000
 HANG_TIMEOUT = 60.0  # seconds for one load + 2 tokens of a tiny model (tens of ms normally)
-STATS: Counter[str] = Counter()  # child-worker outcomes: ok / gguf_error / error / signal / hang
-RAW_STATS: Counter[str] = Counter()  # in-process reader/config/validator outcomes: loaded / gguf_error
+# Outcomes per strategy: child worker ok / gguf_error / error / signal / exit / hang; raw: loaded / gguf_error
+STATS: dict[str, Counter[str]] = {"structured": Counter(), "shapes": Counter(), "raw bytes": Counter()}
 
 # Base models: (name, arch, write_tiny_model keyword arguments). Quantized and float weights, GQA groups of
 # 2 and 4, tied embeddings, and F32 models whose tensors stay valid when the shapes are reread differently.
@@ -74,21 +74,18 @@ def bases(tmp_path_factory: pytest.TempPathFactory) -> Bases:
 
 
 class FuzzSummary:
-    """A pytest plugin registered by the worker fixture: prints the example counts in the terminal summary
-    (output of a fixture's teardown is captured)."""
+    """A pytest plugin registered by the module: prints the example counts in the terminal summary (output of
+    a fixture's teardown is captured)."""
 
     worker: LoadWorker | None = None
 
     def pytest_terminal_summary(self, terminalreporter) -> None:  # noqa: ANN001 - pytest's hook signature
-        for what, stats in (("child worker", STATS), ("raw bytes, in process", RAW_STATS)):
+        for what, stats in STATS.items():
             if stats:
                 counts = ", ".join(f"{k} {v}" for k, v in sorted(stats.items()))
-                restarts = (
-                    f"; worker restarts {self.worker.restarts}" if self.worker and stats is STATS else ""
-                )
-                terminalreporter.write_line(
-                    f"GGUF fuzz ({what}): {sum(stats.values())} examples: {counts}{restarts}"
-                )
+                terminalreporter.write_line(f"GGUF fuzz, {what}: {sum(stats.values())} examples: {counts}")
+        if self.worker is not None:
+            terminalreporter.write_line(f"GGUF fuzz: child worker restarts {self.worker.restarts}")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -159,7 +156,7 @@ def test_mutated_gguf_loads_or_raises_gguf_error(worker: LoadWorker, bases, tmp_
     path = tmp_path / "mutated.gguf"
     path.write_bytes(serialize(apply(model, muts)))
     kind, detail = worker.load(path, timeout=HANG_TIMEOUT)
-    STATS[kind] += 1
+    STATS["structured"][kind] += 1
     assert kind in ("ok", "gguf_error"), f"{kind} for {name} + {[m.describe() for m in muts]}:\n{detail}"
 
 
@@ -201,7 +198,7 @@ def test_unusual_consistent_shapes_load_or_raise_gguf_error(
     """Weights of types that hold any of these row lengths: only the metadata decides what runs."""
     path = write_tiny_model(tmp_path / "shaped.gguf", **shape)
     kind, detail = worker.load(path, timeout=HANG_TIMEOUT)
-    STATS[kind] += 1
+    STATS["shapes"][kind] += 1
     assert kind in ("ok", "gguf_error"), f"{kind} for write_tiny_model(**{shape}):\n{detail}"
 
 
@@ -256,6 +253,6 @@ def test_raw_byte_mutations_raise_only_gguf_error(valid_bytes: bytes, tmp_path: 
         g = load_gguf(path)
         validate_model(g, config_from_gguf(g))
         tokenizer_from_gguf(g)
-        RAW_STATS["loaded"] += 1
+        STATS["raw bytes"]["loaded"] += 1
     except GGUFError:
-        RAW_STATS["gguf_error"] += 1
+        STATS["raw bytes"]["gguf_error"] += 1
