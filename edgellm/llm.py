@@ -21,9 +21,9 @@ from edgellm.engine.scheduler import SchedulerConfig
 from edgellm.engine.sequence import Sequence as EngineSequence
 from edgellm.gguf.config import ModelConfig, config_from_gguf
 from edgellm.gguf.reader import load_gguf
+from edgellm.gguf.validation import tokenizer_from_gguf, validate_model
 from edgellm.runtime import set_threads, warm_up
 from edgellm.sampling import SamplingParams
-from edgellm.tokenizer import Tokenizer
 
 DEFAULT_CTX = 4096
 DEFAULT_KV_MEMORY = 512 * 2**20  # bytes of KV cache when not given (at least one full context is kept)
@@ -85,8 +85,9 @@ class LLM:
         t0 = time.perf_counter()
         gguf = load_gguf(self.path)
         self.config: ModelConfig = config_from_gguf(gguf)
+        validate_model(gguf, self.config)  # before any kernel sees a shape the file claims
         self.metadata = gguf.metadata
-        self.tokenizer = Tokenizer.from_metadata(gguf.metadata)
+        self.tokenizer = tokenizer_from_gguf(gguf)
         self.backend = get_backend(backend)
         cfg = self.config
         layer_progress = None

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from edgellm.gguf.metadata import INT32_MAX, check_int_range, describe, get_float, get_int, get_str, is_int
 from edgellm.gguf.reader import GGUFError, GGUFFile
 
 SUPPORTED_ARCHS = ("llama", "gemma3", "qwen2", "qwen3")
@@ -55,55 +56,93 @@ class ModelConfig:
         return self.n_kv_heads * self.head_dim
 
 
-def _req(g: GGUFFile, key: str) -> object:
-    if key not in g.metadata:
-        raise GGUFError(f"{g.path}: missing metadata key {key!r}")
-    return g.metadata[key]
+# The CUDA attention kernel holds a query head in shared memory of this size (cuda/config.py MAX_HEAD_DIM;
+# the CPU kernels have no limit): one limit for both keeps a file loadable on either backend.
+MAX_HEAD_DIM = 512
+# A context of one position leaves no room to generate after a single prompt token.
+MIN_CONTEXT_LENGTH = 2
+
+
+def _head_count_kv(g: GGUFFile, p: str, n_heads: int, n_layers: int) -> int:
+    """head_count_kv: a scalar, or a per-layer array (some converters write one) whose entries must be equal,
+    since every layer shares one KV cache shape here."""
+    key = p + "attention.head_count_kv"
+    value = g.get(key, n_heads)
+    if isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype.kind in "iu":
+        if len(value) != n_layers or len(set(value.tolist())) != 1:
+            raise GGUFError(
+                f"{g.path}: metadata {key} is a per-layer array {value.tolist()[:8]} of {len(value)} "
+                f"entries: supported only with {n_layers} equal entries"
+            )
+        value = int(value[0])
+    if not is_int(value):
+        raise GGUFError(f"{g.path}: metadata {key} must be an integer, got {describe(value)}")
+    return check_int_range(g, key, int(value), 1, n_heads, f"{p}attention.head_count = {n_heads}")
 
 
 def config_from_gguf(g: GGUFFile) -> ModelConfig:
+    """The hyper-parameters, each read with its type and range checked (metadata.py); shapes that depend
+    on several keys and on the tensors are checked by validation.validate_model."""
     arch = g.architecture
     if arch not in SUPPORTED_ARCHS:
         raise UnsupportedArchitectureError(
             f"{g.path}: unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHS)})"
         )
     p = f"{arch}."
-    n_embd = int(_req(g, p + "embedding_length"))
-    n_heads = int(_req(g, p + "attention.head_count"))
-    n_kv_heads = g.get(p + "attention.head_count_kv", n_heads)
-    if isinstance(n_kv_heads, np.ndarray):  # per-layer arrays exist in some files; all equal here
-        n_kv_heads = n_kv_heads.max()
-    if n_heads <= 0 or int(n_kv_heads) <= 0:
+    # Every layer has tensors of its own, so the file's tensor count bounds the layers; every width is
+    # the length of some tensor's rows, so the file size bounds it.
+    n_tensors, size = len(g.tensors), g.file_size
+    n_layers = get_int(
+        g, p + "block_count", lo=1, hi=max(1, n_tensors), why=f"{n_tensors} tensors in the file"
+    )
+    n_embd = get_int(g, p + "embedding_length", lo=1, hi=size, why="bounded by the file size")
+    n_heads = get_int(g, p + "attention.head_count", lo=1, hi=size, why="bounded by the file size")
+    n_kv_heads = _head_count_kv(g, p, n_heads, n_layers)
+    if n_heads % n_kv_heads:
         raise GGUFError(
-            f"{g.path}: head counts must be positive: {p}attention.head_count={n_heads}, "
-            f"{p}attention.head_count_kv={n_kv_heads}"
+            f"{g.path}: {n_heads} attention heads are not a multiple of {n_kv_heads} KV heads "
+            f"({p}attention.head_count={n_heads}, {p}attention.head_count_kv={n_kv_heads})"
         )
-    head_dim = int(g.get(p + "attention.key_length", n_embd // n_heads))
+    default_head = n_embd // n_heads
+    if p + "attention.key_length" not in g.metadata and not 1 <= default_head <= MAX_HEAD_DIM:
+        raise GGUFError(
+            f"{g.path}: head size {p}embedding_length / {p}attention.head_count = {n_embd} / {n_heads} "
+            f"= {default_head} is out of range: must be 1..{MAX_HEAD_DIM}"
+        )
+    head_dim = get_int(g, p + "attention.key_length", default_head, lo=1, hi=MAX_HEAD_DIM)
+    head_dim_v = get_int(g, p + "attention.value_length", head_dim, lo=1, hi=MAX_HEAD_DIM)
+    rope_key = p + "rope.dimension_count"
+    rope_dim = get_int(g, rope_key, head_dim, hi=2**64)  # the range check below names the head size
+    if not (2 <= rope_dim <= head_dim and rope_dim % 2 == 0):
+        raise GGUFError(
+            f"{g.path}: metadata {rope_key} = {rope_dim}{'' if rope_key in g.metadata else ' (its default)'} "
+            f"must be even, at least 2 and at most the head size {head_dim} (the rotary embedding rotates "
+            "pairs of a head's dims)"
+        )
     tokens = g.get("tokenizer.ggml.tokens")
-    n_vocab = int(g.get(p + "vocab_size", len(tokens) if tokens is not None else 0))
+    n_vocab = len(tokens) if isinstance(tokens, list) else 0
     if "token_embd.weight" in g.tensors:
         n_vocab = g.tensors["token_embd.weight"].shape[0]
-        if tokens is not None and len(tokens) != n_vocab:
+        if isinstance(tokens, list) and len(tokens) != n_vocab:
             raise GGUFError(
                 f"{g.path}: tensor 'token_embd.weight' has {n_vocab} rows but the vocabulary has "
                 f"{len(tokens)} tokens"
             )
-    n_layers = int(_req(g, p + "block_count"))
     cfg = ModelConfig(
         arch=arch,
-        name=str(g.get("general.name", g.path.stem)),
+        name=get_str(g, "general.name", g.path.stem),
         n_layers=n_layers,
         n_embd=n_embd,
-        n_ff=int(_req(g, p + "feed_forward_length")),
+        n_ff=get_int(g, p + "feed_forward_length", lo=1, hi=size, why="bounded by the file size"),
         n_heads=n_heads,
-        n_kv_heads=int(n_kv_heads),
+        n_kv_heads=n_kv_heads,
         head_dim=head_dim,
-        head_dim_v=int(g.get(p + "attention.value_length", head_dim)),
+        head_dim_v=head_dim_v,
         n_vocab=n_vocab,
-        n_ctx_train=int(g.get(p + "context_length", 2048)),
-        rms_eps=float(g.get(p + "attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_base=float(g.get(p + "rope.freq_base", 10000.0)),
-        rope_dim=int(g.get(p + "rope.dimension_count", head_dim)),
+        n_ctx_train=get_int(g, p + "context_length", 2048, lo=MIN_CONTEXT_LENGTH, hi=INT32_MAX),
+        rms_eps=get_float(g, p + "attention.layer_norm_rms_epsilon", 1e-5, lo=0.0, hi=1.0, lo_open=True),
+        rope_base=get_float(g, p + "rope.freq_base", 10000.0, lo=0.0, lo_open=True),
+        rope_dim=rope_dim,
         rope_type=ROPE_NORM if arch == "llama" else ROPE_NEOX,
         attn_scale=1.0 / math.sqrt(head_dim),
         swa_layers=[False] * n_layers,
@@ -117,16 +156,12 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
         cfg.post_norms = True
         cfg.activation = "gelu"
         cfg.embd_scale = math.sqrt(n_embd)
-        cfg.sliding_window = int(g.get(p + "attention.sliding_window", 0))
+        cfg.sliding_window = get_int(g, p + "attention.sliding_window", 0)
         # llama.cpp: five local (sliding-window, rope base 10k) layers, then one global layer.
         cfg.swa_layers = [cfg.sliding_window > 0 and il % 6 < 5 for il in range(n_layers)]
         cfg.rope_base_swa = 10000.0
-        cfg.final_logit_softcap = float(g.get(p + "final_logit_softcapping", 0.0) or 0.0)
+        cfg.final_logit_softcap = get_float(g, p + "final_logit_softcapping", 0.0, lo=0.0)
         # Gemma 3 27B scales by the model width per head; the others by the head size (llama.cpp).
         if n_layers == 62:
             cfg.attn_scale = 1.0 / math.sqrt(n_embd / n_heads)
-    if n_heads % cfg.n_kv_heads:
-        raise GGUFError(
-            f"{g.path}: {n_heads} attention heads are not a multiple of {cfg.n_kv_heads} KV heads"
-        )
     return cfg

@@ -10,6 +10,7 @@ readers agree on the real model files.
 
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from dataclasses import dataclass
@@ -21,6 +22,9 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
+# Arrays of arrays are legal GGUF; real files nest one level at most. The limit keeps a crafted file from
+# recursing the parser into a RecursionError.
+MAX_ARRAY_NESTING = 8
 
 
 class GGUFError(ValueError):
@@ -94,6 +98,7 @@ class _Cursor:
         self.buf = buf
         self.pos = 0
         self.path = path
+        self.depth = 0  # arrays open around the value being read
 
     def _need(self, n: int, what: str) -> None:
         if self.pos + n > len(self.buf):
@@ -134,7 +139,15 @@ class _Cursor:
             return arr
         if etype == GGUFValueType.STRING:
             return self._string_array(count, what)
-        return [self.value(etype, what) for _ in range(count)]
+        if self.depth >= MAX_ARRAY_NESTING:
+            raise GGUFError(
+                f"{self.path}: corrupt GGUF: {what} nests arrays more than {MAX_ARRAY_NESTING} deep"
+            )
+        self.depth += 1
+        # Each element needs at least its 12-byte array header, so a huge count hits truncation quickly.
+        out = [self.value(etype, what) for _ in range(count)]
+        self.depth -= 1
+        return out
 
     def _string_array(self, count: int, what: str) -> list[str]:
         buf, pos, out = self.buf, self.pos, []
@@ -189,6 +202,8 @@ def load_gguf(path: str | Path) -> GGUFFile:
     metadata: dict[str, Any] = {}
     for i in range(n_kv):
         key = cur.string(f"metadata key #{i}")
+        if key in metadata:
+            raise GGUFError(f"{path}: corrupt GGUF: duplicate metadata key {key!r}")
         vtype = _value_type(cur.scalar("<I", key), path, key)
         metadata[key] = cur.value(vtype, key)
 
@@ -196,46 +211,64 @@ def load_gguf(path: str | Path) -> GGUFFile:
     for i in range(n_tensors):
         name = cur.string(f"tensor #{i} name")
         n_dims = cur.scalar("<I", name)
-        if n_dims > 4:
-            raise GGUFError(f"{path}: corrupt tensor {name!r}: {n_dims} dimensions")
+        if not 1 <= n_dims <= 4:
+            raise GGUFError(f"{path}: corrupt tensor {name!r}: {n_dims} dimensions (GGUF allows 1 to 4)")
         ne = [cur.scalar("<Q", name) for _ in range(n_dims)]
         qraw = cur.scalar("<I", name)
         offset = cur.scalar("<Q", name)
         raw_infos.append((name, ne, qraw, offset))
 
-    alignment = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
-    if alignment <= 0 or alignment & (alignment - 1):
-        raise GGUFError(f"{path}: corrupt GGUF: general.alignment {alignment} is not a positive power of two")
+    alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1):
+        raise GGUFError(
+            f"{path}: corrupt GGUF: general.alignment {alignment!r} is not a positive power of two"
+        )
     data_start = (cur.pos + alignment - 1) // alignment * alignment
     tensors: dict[str, TensorInfo] = {}
     for name, ne, qraw, offset in raw_infos:
         if name in tensors:
             raise GGUFError(f"{path}: corrupt GGUF: duplicate tensor name {name!r}")
-        tensors[name] = _tensor_info(mm, path, size, data_start, name, ne, qraw, offset)
+        tensors[name] = _tensor_info(mm, path, size, data_start, alignment, name, ne, qraw, offset)
     return GGUFFile(path=path, version=version, metadata=metadata, tensors=tensors, file_size=size, _mmap=mm)
 
 
 def _tensor_info(
-    mm: mmap.mmap, path: Path, size: int, data_start: int, name: str, ne: list[int], qraw: int, offset: int
+    mm: mmap.mmap,
+    path: Path,
+    size: int,
+    data_start: int,
+    alignment: int,
+    name: str,
+    ne: list[int],
+    qraw: int,
+    offset: int,
 ) -> TensorInfo:
     try:
         qtype = GGMLQuantizationType(qraw)
     except ValueError:
         raise GGUFError(f"{path}: tensor {name!r} has unknown ggml type id {qraw}") from None
     block_size, type_size = GGML_QUANT_SIZES[qtype]
-    if not ne or ne[0] % block_size:
+    if 0 in ne:
+        raise GGUFError(f"{path}: corrupt tensor {name!r}: empty dimension in shape {tuple(reversed(ne))}")
+    if ne[0] % block_size:
         raise GGUFError(
-            f"{path}: tensor {name!r} ({qtype.name}) row length {ne[0] if ne else 0} "
+            f"{path}: tensor {name!r} ({qtype.name}) row length {ne[0]} "
             f"is not a multiple of its block size {block_size}"
         )
+    if offset % alignment:
+        raise GGUFError(
+            f"{path}: corrupt tensor {name!r}: data offset {offset} is not a multiple of the "
+            f"alignment {alignment}"
+        )
+    # Python integers: dimensions up to 2^64 - 1 must not overflow before they are compared to the file.
     row_bytes = ne[0] // block_size * type_size
-    rows = int(np.prod(ne[1:], dtype=np.int64)) if len(ne) > 1 else 1
+    rows = math.prod(ne[1:])
     n_bytes = rows * row_bytes
     start = data_start + offset
     if start + n_bytes > size:
         raise GGUFError(
-            f"{path}: truncated GGUF file: tensor {name!r} needs bytes {start}..{start + n_bytes}, "
-            f"file has {size} bytes"
+            f"{path}: truncated GGUF file: tensor {name!r} needs bytes {start}..{start + n_bytes} "
+            f"(shape {tuple(reversed(ne))}), file has {size} bytes"
         )
     data = np.frombuffer(mm, dtype=np.uint8, count=n_bytes, offset=start).reshape(rows, row_bytes)
     return TensorInfo(
