@@ -69,7 +69,7 @@ class ChatApp(ConversationActions, App[None]):
         self.save_interval = save_interval  # seconds between saves of a streaming reply
         self.backend: ChatBackend | None = None
         self.info: BackendInfo | None = None
-        self.state = "starting"
+        self.state = "loading"  # on_mount starts the load; the first frame already says so
         self.replying = False
         self.conversation = Conversation.new(model)
         self.last_ttft: float | None = None
@@ -83,7 +83,7 @@ class ChatApp(ConversationActions, App[None]):
                 yield ConversationList(id="conversations")
                 yield Label("f2 rename · f8 delete", id="sidebar-keys")
             with Vertical(id="main"):
-                yield LoadingPanel(id="loading")
+                yield LoadingPanel(loading_title(self.model), id="loading")
                 yield ConversationView(id="chat")
                 yield PromptInput(id="prompt")
         yield StatusBar(id="status", markup=False)
@@ -101,12 +101,24 @@ class ChatApp(ConversationActions, App[None]):
     def prompt_messages(self, conv: Conversation | None = None) -> list[ChatMessage]:
         return with_system_prompt((conv or self.conversation).context_messages(), self.settings)
 
+    def context_used(self) -> tuple[int | None, bool]:
+        """(tokens the conversation takes as it would be sent, whether that is the server's last usage
+        figure instead); None while generating or when nobody can tell."""
+        if self.backend is None or self.info is None or self.state == "generating":
+            return None, False
+        messages = self.prompt_messages()
+        if not messages:  # a new chat: nothing to send yet (chat templates reject an empty conversation)
+            return 0, False
+        try:
+            used = self.backend.count_tokens(messages)
+        except BackendError:  # the status bar shows "?"; sending the same messages reports the error
+            used = None
+        if used is None and self.last_usage is not None:
+            return self.last_usage, True
+        return used, False
+
     def update_status(self) -> None:
-        used, approx = None, False
-        if self.backend is not None and self.info is not None and self.state != "generating":
-            used = self.backend.count_tokens(self.prompt_messages())
-            if used is None and self.last_usage is not None:
-                used, approx = self.last_usage, True
+        used, approx = self.context_used()
         n_ctx = self.info.n_ctx if self.info else None
         status = self.query_one(StatusBar)
         status.show(self.model, used, n_ctx, self.last_ttft, self.last_tps, self.state, approx)
@@ -115,7 +127,6 @@ class ChatApp(ConversationActions, App[None]):
         await self.query_one(ConversationList).show(self.store.list(), self.conversation.id)
 
     async def on_mount(self) -> None:
-        self.query_one(LoadingPanel).display = False
         await self.refresh_sidebar()
         self.update_status()
         self.prompt_input.focus()
@@ -145,7 +156,7 @@ class ChatApp(ConversationActions, App[None]):
             await old.close()
         panel = self.query_one(LoadingPanel)
         panel.lines.clear()
-        panel.set_title(f"Loading {model or 'the server model'}...")
+        panel.set_title(loading_title(model))
         panel.query_one(LoadingIndicator).display = True
         panel.remove_class("failed")
         panel.display = True
@@ -241,7 +252,7 @@ class ChatApp(ConversationActions, App[None]):
         messages = self.prompt_messages(conv)
         reply = StoredMessage("assistant", "", partial=True)
         conv.messages.append(reply)
-        view = await self.chat.add(reply)
+        view = await self.chat.add(reply, streaming=True)
         view.start_stream()
         done: StreamDone | None = None
         error: str | None = None
@@ -294,6 +305,10 @@ class ChatApp(ConversationActions, App[None]):
         if self.replying:
             await self.stop_reply()
             self.notify("Reply stopped; the partial text is kept.", timeout=2)
+
+
+def loading_title(model: str) -> str:
+    return f"Loading {model or 'the server model'}..."
 
 
 def run_chat(model: str | None = None, url: str | None = None, api_key: str | None = None) -> None:
