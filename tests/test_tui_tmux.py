@@ -9,14 +9,12 @@ that never updates, not a slow one."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -71,16 +69,16 @@ class Screen:
 
 
 class TmuxChat:
-    """The chat in a detached tmux session on a private server (its own socket): nothing else shares it."""
+    """The chat in a detached tmux session on a private server whose socket lives in `data_dir`."""
 
     def __init__(self, data_dir: Path) -> None:
-        self.socket = f"edgellm-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.socket = str(data_dir / "tmux.sock")
         self.data_dir = data_dir
         self.started = 0.0
         self.frames: list[Screen] = []
 
     def tmux(self, *args: str) -> str:
-        done = subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, timeout=30)
+        done = subprocess.run(["tmux", "-S", self.socket, *args], capture_output=True, text=True, timeout=30)
         if done.returncode != 0:
             raise AssertionError(f"tmux {' '.join(args)} failed: {done.stderr.strip()}")
         return done.stdout
