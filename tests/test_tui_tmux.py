@@ -136,8 +136,9 @@ class TmuxChat:
 
 @pytest.fixture
 def chat(tmp_path: Path, smollm2_path: Path):
-    """The chat on SmolLM2-135M with greedy sampling, so the first question gets a short, fixed answer."""
-    settings = {"temperature": 0.0, "top_p": 1.0, "max_tokens": 200, "seed": 0, "system_prompt": ""}
+    """The chat on SmolLM2-135M, greedy: "Say hello." gets a 23-token answer that ends by itself; the story
+    runs to the 1000-token limit unless stopped."""
+    settings = {"temperature": 0.0, "top_p": 1.0, "max_tokens": 1000, "seed": 0, "system_prompt": ""}
     (tmp_path / "settings.json").write_text(json.dumps({"generation": settings, "model": MODEL}))
     session = TmuxChat(tmp_path)
     session.start()
@@ -167,15 +168,11 @@ def test_chat_repaints_every_state_change_in_a_real_terminal(chat: TmuxChat) -> 
     assert ready.loading_panel() is None, f"loading panel still shown once ready:\n{ready.text}"
     assert re.search(r"│ ctx \d+/\d+ │", ready.text), f"context size not shown once ready:\n{ready.text}"
 
-    # A reply: its header never says "stopped", neither while it streams nor after it finished.
-    generating_frames: list[Screen] = []
-
+    # Replies: no header says "stopped", neither while a reply streams nor after it finished by itself.
     def not_stopped(screen: Screen) -> None:
         assert not any("stopped" in h for h in screen.headers()), f"reply labelled stopped:\n{screen.text}"
-        if screen.state == "generating" and screen.headers():
-            generating_frames.append(screen)
 
-    chat.send_text("What is the capital of France?")
+    chat.send_text("Say hello.")
     chat.press("Enter")
     done = chat.wait_for(
         "the first reply to finish",
@@ -183,14 +180,14 @@ def test_chat_repaints_every_state_change_in_a_real_terminal(chat: TmuxChat) -> 
         timeout=300,
         on_frame=not_stopped,
     )
-    assert generating_frames, "no frame showed the reply while it was generating"
     [header] = done.headers()
     assert "stopped" not in header and "tok/s" in header
     tps = STATUS_TPS.search(done.text)
     assert tps, f"no tok/s in the status bar:\n{done.text}"
     print(f"status bar after the first reply: {tps.group(1)} tok/s (under load)")
 
-    # A long reply stopped with Esc mid-way is labelled stopped; the first one still is not.
+    # A long reply: frames of it streaming (one at least: the wait's own condition) are not labelled
+    # stopped; once Esc stops it, it is, and the first reply still is not.
     chat.send_text("Write a long story about a dragon who learns to read.")
     chat.press("Enter")
     chat.wait_for(
