@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -113,6 +114,69 @@ async def test_escape_stops_the_reply_and_keeps_the_partial_text(tmp_path: Path)
         kept = reply.content
     [data] = saved(tmp_path)
     assert data["messages"][1]["content"] == kept and data["messages"][1]["partial"] is True
+
+
+def header(view: MessageView) -> str:
+    return str(view.query_one(".message-header").render())
+
+
+@pytest.mark.asyncio
+async def test_streaming_reply_is_labelled_stopped_only_after_escape(tmp_path: Path) -> None:
+    long_reply = " ".join(f"word{i}" for i in range(400))
+    app, _ = make_app(tmp_path, reply_for=lambda m: "short answer" if m[-1].content == "hi" else long_reply,
+                      delay=0.01)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press(*"go", "enter")
+        await wait_for(pilot, lambda: len(app.query(MessageView)) == 2)
+        streaming = app.query(MessageView).last()
+        assert "stopped" not in header(streaming)  # from its first frame on
+        await wait_for(pilot, lambda: len(app.conversation.messages[1].content) > 30)
+        assert app.replying and "stopped" not in header(streaming)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not app.replying)
+        assert header(streaming).endswith(" · stopped")
+        await send(pilot, "hi")
+        assert "stopped" not in header(app.query(MessageView).last())  # finished normally
+
+
+class TemplateBackend(ScriptedBackend):
+    """Counts like a real chat template: an empty conversation cannot be rendered."""
+
+    def count_tokens(self, messages: Sequence[ChatMessage]) -> int | None:
+        if not messages:
+            raise BackendError("The model's chat template rejected the conversation: messages must not be "
+                               "empty")
+        return super().count_tokens(messages)
+
+
+@pytest.mark.asyncio
+async def test_status_turns_ready_on_a_new_chat_the_template_cannot_count(tmp_path: Path) -> None:
+    app = ChatApp(TemplateBackend, "scripted", store=ConversationStore(tmp_path), model_options=MODELS)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: "ready" in status_text(app))
+        assert "ctx 0/4096" in status_text(app) and not app.query_one(LoadingPanel).display
+        await send(pilot, "hello")
+        assert "ready" in status_text(app) and "ctx 15/4096" in status_text(app)  # 3 + (4+1) + (4+3)
+        await pilot.press("ctrl+n")
+        await wait_for(pilot, lambda: "ctx 0/4096" in status_text(app))
+
+
+@pytest.mark.asyncio
+async def test_loading_panel_shown_from_the_first_frame_and_fed_from_any_thread(tmp_path: Path) -> None:
+    gate = asyncio.Event()
+    app, _ = make_app(tmp_path, load_gate=gate, load_lines=())
+    async with app.run_test(size=SIZE) as pilot:
+        panel = app.query_one(LoadingPanel)
+        assert panel.display and app.state == "loading" and "loading" in status_text(app)
+        assert str(panel.query_one("#loading-title").render()) == "Loading scripted..."
+        thread = threading.Thread(target=panel.add_line, args=("compiling kernels (from a thread)",))
+        thread.start()
+        thread.join()
+        log = panel.query_one("#loading-log")
+        await wait_for(pilot, lambda: "compiling kernels (from a thread)" in str(log.render()))
+        gate.set()
+        await ready(pilot)
 
 
 @pytest.mark.asyncio

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 from contextlib import aclosing
@@ -69,7 +70,7 @@ class ChatApp(ConversationActions, App[None]):
         self.save_interval = save_interval  # seconds between saves of a streaming reply
         self.backend: ChatBackend | None = None
         self.info: BackendInfo | None = None
-        self.state = "starting"
+        self.state = "loading"  # on_mount starts the load; the first frame already says so
         self.replying = False
         self.conversation = Conversation.new(model)
         self.last_ttft: float | None = None
@@ -83,7 +84,7 @@ class ChatApp(ConversationActions, App[None]):
                 yield ConversationList(id="conversations")
                 yield Label("f2 rename · f8 delete", id="sidebar-keys")
             with Vertical(id="main"):
-                yield LoadingPanel(id="loading")
+                yield LoadingPanel(loading_title(self.model), id="loading")
                 yield ConversationView(id="chat")
                 yield PromptInput(id="prompt")
         yield StatusBar(id="status", markup=False)
@@ -101,12 +102,24 @@ class ChatApp(ConversationActions, App[None]):
     def prompt_messages(self, conv: Conversation | None = None) -> list[ChatMessage]:
         return with_system_prompt((conv or self.conversation).context_messages(), self.settings)
 
+    def context_used(self) -> tuple[int | None, bool]:
+        """(tokens the conversation takes as it would be sent, whether that is the server's last usage
+        figure instead); None while generating or when nobody can tell."""
+        if self.backend is None or self.info is None or self.state == "generating":
+            return None, False
+        messages = self.prompt_messages()
+        if not messages:  # a new chat: nothing to send yet (chat templates reject an empty conversation)
+            return 0, False
+        try:
+            used = self.backend.count_tokens(messages)
+        except BackendError:  # the status bar shows "?"; sending the same messages reports the error
+            used = None
+        if used is None and self.last_usage is not None:
+            return self.last_usage, True
+        return used, False
+
     def update_status(self) -> None:
-        used, approx = None, False
-        if self.backend is not None and self.info is not None and self.state != "generating":
-            used = self.backend.count_tokens(self.prompt_messages())
-            if used is None and self.last_usage is not None:
-                used, approx = self.last_usage, True
+        used, approx = self.context_used()
         n_ctx = self.info.n_ctx if self.info else None
         status = self.query_one(StatusBar)
         status.show(self.model, used, n_ctx, self.last_ttft, self.last_tps, self.state, approx)
@@ -115,7 +128,6 @@ class ChatApp(ConversationActions, App[None]):
         await self.query_one(ConversationList).show(self.store.list(), self.conversation.id)
 
     async def on_mount(self) -> None:
-        self.query_one(LoadingPanel).display = False
         await self.refresh_sidebar()
         self.update_status()
         self.prompt_input.focus()
@@ -145,7 +157,7 @@ class ChatApp(ConversationActions, App[None]):
             await old.close()
         panel = self.query_one(LoadingPanel)
         panel.lines.clear()
-        panel.set_title(f"Loading {model or 'the server model'}...")
+        panel.set_title(loading_title(model))
         panel.query_one(LoadingIndicator).display = True
         panel.remove_class("failed")
         panel.display = True
@@ -241,7 +253,7 @@ class ChatApp(ConversationActions, App[None]):
         messages = self.prompt_messages(conv)
         reply = StoredMessage("assistant", "", partial=True)
         conv.messages.append(reply)
-        view = await self.chat.add(reply)
+        view = await self.chat.add(reply, streaming=True)
         view.start_stream()
         done: StreamDone | None = None
         error: str | None = None
@@ -296,6 +308,10 @@ class ChatApp(ConversationActions, App[None]):
             self.notify("Reply stopped; the partial text is kept.", timeout=2)
 
 
+def loading_title(model: str) -> str:
+    return f"Loading {model or 'the server model'}..."
+
+
 def run_chat(model: str | None = None, url: str | None = None, api_key: str | None = None) -> None:
     """`edgellm chat [MODEL] [--url URL]`: chat with an in-process model, or with a server at `url`."""
     if url:
@@ -306,6 +322,11 @@ def run_chat(model: str | None = None, url: str | None = None, api_key: str | No
 
         app = ChatApp(factory, model or "")
     else:
+        # OpenMP workers spinning between kernels compete with the UI, which runs between engine steps on
+        # the same thread. SmolLM2 in tmux on 2 cores: libgomp's default spin gave 152 tok/s idle but 3-37
+        # next to 3 busy processes (4-5 on the shared machine); passive gave 82 idle and 68-95 busy.
+        # A chat runs next to other programs: steady speed wins. Read when libgomp starts (first kernel).
+        os.environ.setdefault("OMP_WAIT_POLICY", "passive")
         from edgellm.catalog import DEFAULT_MODEL
         from tui.local_backend import LocalBackend
 

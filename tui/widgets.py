@@ -4,6 +4,7 @@ the sidebar list of conversations, the loading panel and the status bar."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 from textual import events
 from textual.app import ComposeResult
@@ -20,13 +21,15 @@ NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter")  # terminals send ctrl+j f
 
 class MessageView(Vertical, can_focus=True):
     """One message: a header line (who, speed, state) over its Markdown body. Focus it and press c to
-    copy it."""
+    copy it. `streaming`: a reply still being generated; it is drawn so from its first frame, since a
+    reply is partial until it finishes and a partial reply that is not streaming was stopped."""
 
     BINDINGS = [Binding("c", "copy", "Copy message")]
 
-    def __init__(self, message: StoredMessage) -> None:
+    def __init__(self, message: StoredMessage, streaming: bool = False) -> None:
         super().__init__(classes=f"message {message.role}")
         self.message = message
+        self.streaming = streaming
         self._stream: MarkdownStream | None = None
 
     def compose(self) -> ComposeResult:
@@ -40,7 +43,7 @@ class MessageView(Vertical, can_focus=True):
             parts.append(f"TTFT {m.ttft:.2f} s")
         if m.tokens_per_s is not None:
             parts.append(f"{m.tokens_per_s:.1f} tok/s")
-        if m.partial and self._stream is None:
+        if m.partial and not self.streaming:
             parts.append("stopped")
         if not m.in_context:
             parts.append("outside the context window")
@@ -55,6 +58,9 @@ class MessageView(Vertical, can_focus=True):
 
     def start_stream(self) -> None:
         self._stream = Markdown.get_stream(self.query_one(Markdown))
+        if not self.streaming:
+            self.streaming = True
+            self.refresh_header()
 
     async def append(self, text: str) -> None:
         if self._stream is not None:
@@ -72,6 +78,7 @@ class MessageView(Vertical, can_focus=True):
             body = self.query_one(Markdown)
             if body.source != self.message.content:  # text the stream had not drawn yet
                 await body.update(self.message.content)
+        self.streaming = False
         self.refresh_header()
 
     def action_copy(self) -> None:
@@ -87,8 +94,8 @@ class ConversationView(VerticalScroll):
         await self.mount_all([MessageView(m) for m in conv.messages])
         self.scroll_end(animate=False)
 
-    async def add(self, message: StoredMessage) -> MessageView:
-        view = MessageView(message)
+    async def add(self, message: StoredMessage, streaming: bool = False) -> MessageView:
+        view = MessageView(message, streaming)
         await self.mount(view)
         self.scroll_end(animate=False)
         return view
@@ -152,24 +159,40 @@ class ConversationList(ListView):
 
 
 class LoadingPanel(Vertical):
-    """Shown while a model loads: a spinner and the progress lines (download, repack, kernel compile)."""
+    """Shown while a model loads: a spinner and the progress lines (download, repack, kernel compile).
+    `add_line` may be called from any thread (a backend's load thread reports progress as it goes)."""
 
-    def __init__(self, **kwargs) -> None:
+    class Line(Message):
+        def __init__(self, line: str) -> None:
+            super().__init__()
+            self.line = line
+
+    def __init__(self, title: str = "", **kwargs) -> None:
         super().__init__(**kwargs)
+        self.heading = title
         self.lines: list[str] = []
+        self._app_thread = threading.get_ident()  # widgets are built, and may only change, on this one
 
     def compose(self) -> ComposeResult:
-        yield Label("", id="loading-title")
+        yield Label(self.heading, id="loading-title")
         yield LoadingIndicator()
         yield Static("", id="loading-log", markup=False)
 
     def set_title(self, text: str) -> None:
+        self.heading = text
         self.query_one("#loading-title", Label).update(text)
 
     def add_line(self, line: str) -> None:
+        if threading.get_ident() != self._app_thread:
+            self.post_message(self.Line(line))  # thread-safe; handled below on the app's thread
+            return
         self.lines.append(line)
         # the latest lines are what matters; markup off: paths and messages may hold brackets
         self.query_one("#loading-log", Static).update("\n".join(self.lines[-8:]))
+
+    def on_loading_panel_line(self, event: LoadingPanel.Line) -> None:
+        event.stop()
+        self.add_line(event.line)
 
 
 class StatusBar(Static):

@@ -1,0 +1,208 @@
+"""`python -m edgellm chat` in a real terminal: tmux runs it at 160x45 and `tmux capture-pane` reads the
+screen. Textual's pilot drives the app inside the test's own event loop and reads widget state, so it
+cannot see a screen that was never repainted; this test reads only what a user would see, and presses no
+key before it expects the screen to have changed on its own.
+
+Polling bounds are generous (a loaded 2-core machine, maybe a first Numba compile): they catch a screen
+that never updates, not a slow one."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux): no real terminal"
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = "smollm2-135m"
+WIDTH, HEIGHT = 160, 45
+EXITED = "chat process exited with status"
+
+STATUS_LINE = re.compile(r"│ ctx \S+ │ TTFT [^│]+│ [^│]+ tok/s │ (\w+)")
+STATUS_TPS = re.compile(r"│ ([\d.]+) tok/s │")
+ASSISTANT_HEADER = re.compile(r"█ (Assistant\b.*?)\s*$")
+PANEL_ROW = re.compile(r"│\s(.*?)\s*│\s*$")  # a row inside the loading panel's rounded border
+
+
+class Screen:
+    """One captured frame of the terminal."""
+
+    def __init__(self, text: str, at: float) -> None:
+        self.text, self.at = text, at
+        self.lines = text.splitlines()
+
+    @property
+    def state(self) -> str | None:
+        """The status bar's state word (loading, ready, generating, error), None before it is drawn."""
+        for line in reversed(self.lines):
+            m = STATUS_LINE.search(line)
+            if m:
+                return m.group(1)
+        return None
+
+    def headers(self) -> list[str]:
+        """The assistant message headers on screen, top to bottom ("Assistant · TTFT ... · stopped")."""
+        return [m.group(1) for line in self.lines if (m := ASSISTANT_HEADER.search(line))]
+
+    def loading_panel(self) -> list[str] | None:
+        """The rows inside the loading panel (title, spinner, progress lines), None when it is not shown."""
+        if not any(f"Loading {MODEL}..." in line for line in self.lines):
+            return None
+        rows = [m.group(1).strip() for line in self.lines if (m := PANEL_ROW.search(line))]
+        return [r for r in rows if r and not set(r) <= set("● ")]  # drop blank rows and the spinner
+
+    def body_after_last_header(self) -> str:
+        index = max(i for i, line in enumerate(self.lines) if ASSISTANT_HEADER.search(line))
+        below = self.lines[index + 1] if index + 1 < len(self.lines) else ""
+        return below.split("█", 1)[-1].strip()
+
+
+class TmuxChat:
+    """The chat in a detached tmux session on a private server whose socket lives in `data_dir`."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.socket = str(data_dir / "tmux.sock")
+        self.data_dir = data_dir
+        self.started = 0.0
+        self.frames: list[Screen] = []
+
+    def tmux(self, *args: str) -> str:
+        done = subprocess.run(["tmux", "-S", self.socket, *args], capture_output=True, text=True, timeout=30)
+        if done.returncode != 0:
+            raise AssertionError(f"tmux {' '.join(args)} failed: {done.stderr.strip()}")
+        return done.stdout
+
+    def start(self) -> None:
+        env = {"EDGELLM_DATA_DIR": str(self.data_dir), "PYTHONPATH": str(ROOT)}
+        assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        # The app reads its size once at start (COLUMNS/LINES first, then the pty), and on a loaded machine
+        # the pane's shell can start before tmux has sized the pty: wait for it, and drop a stale COLUMNS.
+        # The pane stays after the app ends, saying how it ended: a crash is shown, not a blank screen.
+        command = (
+            f"while [ \"$(stty size)\" != '{HEIGHT} {WIDTH}' ]; do sleep 0.05; done; "
+            f"cd {shlex.quote(str(ROOT))} && env -u COLUMNS -u LINES {assigns} {shlex.quote(sys.executable)} "
+            f"-m edgellm chat {MODEL}; echo '{EXITED}' $?; sleep 600"
+        )
+        self.started = time.monotonic()
+        self.tmux("new-session", "-d", "-s", "chat", "-x", str(WIDTH), "-y", str(HEIGHT), command)
+
+    def close(self) -> None:
+        try:
+            self.tmux("kill-server")
+        except AssertionError:
+            pass
+
+    def capture(self) -> Screen:
+        screen = Screen(self.tmux("capture-pane", "-p", "-t", "chat"), time.monotonic() - self.started)
+        self.frames.append(screen)
+        return screen
+
+    def send_text(self, text: str) -> None:
+        self.tmux("send-keys", "-t", "chat", "-l", text)
+
+    def press(self, key: str) -> None:
+        self.tmux("send-keys", "-t", "chat", key)
+
+    def wait_for(
+        self,
+        what: str,
+        condition: Callable[[Screen], bool],
+        timeout: float,
+        on_frame: Callable[[Screen], None] | None = None,
+    ) -> Screen:
+        """Poll the screen until `condition` holds; `on_frame` checks every frame seen on the way."""
+        deadline = time.monotonic() + timeout
+        while True:
+            screen = self.capture()
+            if on_frame is not None:
+                on_frame(screen)
+            if condition(screen):
+                return screen
+            if EXITED in screen.text or time.monotonic() > deadline:
+                raise AssertionError(f"not seen within {timeout:.0f} s: {what}. The screen:\n{screen.text}")
+            time.sleep(0.05)
+
+
+@pytest.fixture
+def chat(tmp_path: Path, smollm2_path: Path):
+    """The chat on SmolLM2-135M, greedy: "Say hello." gets a 23-token answer that ends by itself; the story
+    runs to the 1000-token limit unless stopped."""
+    settings = {"temperature": 0.0, "top_p": 1.0, "max_tokens": 1000, "seed": 0, "system_prompt": ""}
+    (tmp_path / "settings.json").write_text(json.dumps({"generation": settings, "model": MODEL}))
+    session = TmuxChat(tmp_path)
+    session.start()
+    try:
+        yield session
+    finally:
+        session.close()
+
+
+def test_chat_repaints_every_state_change_in_a_real_terminal(chat: TmuxChat) -> None:
+    # The first frame that shows the app at all shows the loading panel.
+    first = chat.wait_for("the app's first frame", lambda s: s.state is not None, timeout=60)
+    assert max(map(len, first.lines)) > WIDTH - 5, f"the app is not {WIDTH} columns wide:\n{first.text}"
+    assert first.loading_panel() is not None, f"first frame without the loading panel:\n{first.text}"
+    assert first.state == "loading"
+
+    # Progress lines from the load thread appear by themselves, then the status turns ready; no key pressed.
+    progress_seen: list[int] = []
+
+    def panel_lines(screen: Screen) -> None:
+        rows = screen.loading_panel()
+        if rows is not None:
+            progress_seen.append(len(rows) - 1)  # rows below the title
+
+    ready = chat.wait_for("status ready after the load", lambda s: s.state == "ready", 600, panel_lines)
+    assert max(progress_seen, default=0) >= 2, "the load thread's progress lines never showed"
+    assert ready.loading_panel() is None, f"loading panel still shown once ready:\n{ready.text}"
+    assert re.search(r"│ ctx \d+/\d+ │", ready.text), f"context size not shown once ready:\n{ready.text}"
+
+    # Replies: no header says "stopped", neither while a reply streams nor after it finished by itself.
+    def not_stopped(screen: Screen) -> None:
+        assert not any("stopped" in h for h in screen.headers()), f"reply labelled stopped:\n{screen.text}"
+
+    chat.send_text("Say hello.")
+    chat.press("Enter")
+    done = chat.wait_for(
+        "the first reply to finish",
+        lambda s: s.state == "ready" and any("tok/s" in h for h in s.headers()),
+        timeout=300,
+        on_frame=not_stopped,
+    )
+    [header] = done.headers()
+    assert "stopped" not in header and "tok/s" in header
+    tps = STATUS_TPS.search(done.text)
+    assert tps, f"no tok/s in the status bar:\n{done.text}"
+    print(f"status bar after the first reply: {tps.group(1)} tok/s (under load)")
+
+    # A long reply: frames of it streaming (one at least: the wait's own condition) are not labelled
+    # stopped; once Esc stops it, it is, and the first reply still is not.
+    chat.send_text("Write a long story about a dragon who learns to read.")
+    chat.press("Enter")
+    chat.wait_for(
+        "the second reply streaming",
+        lambda s: s.state == "generating" and len(s.headers()) == 2 and bool(s.body_after_last_header()),
+        timeout=300,
+        on_frame=not_stopped,
+    )
+    chat.press("Escape")
+    stopped = chat.wait_for(
+        "the stopped reply labelled", lambda s: s.state == "ready" and len(s.headers()) == 2, timeout=120
+    )
+    first_header, second_header = stopped.headers()
+    assert "stopped" in second_header, f"reply stopped with Esc not labelled stopped:\n{stopped.text}"
+    assert "stopped" not in first_header
+
+    chat.press("C-q")
+    chat.wait_for("the app to quit", lambda s: f"{EXITED} 0" in s.text, timeout=60)
