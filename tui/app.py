@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Callable
 from contextlib import aclosing
@@ -322,11 +321,6 @@ def run_chat(model: str | None = None, url: str | None = None, api_key: str | No
 
         app = ChatApp(factory, model or "")
     else:
-        # OpenMP workers spinning between kernels compete with the UI, which runs between engine steps on
-        # the same thread. SmolLM2 in tmux on 2 cores: libgomp's default spin gave 152 tok/s idle but 3-37
-        # next to 3 busy processes (4-5 on the shared machine); passive gave 82 idle and 68-95 busy.
-        # A chat runs next to other programs: steady speed wins. Read when libgomp starts (first kernel).
-        os.environ.setdefault("OMP_WAIT_POLICY", "passive")
         from edgellm.catalog import DEFAULT_MODEL
         from tui.local_backend import LocalBackend
 
