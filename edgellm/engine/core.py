@@ -136,6 +136,7 @@ class EngineCore:
             "compile_time": compile_time,
             "weight_bytes_per_token": weight_bytes_per_token(self.model),
             "pid": os.getpid(),
+            "stats": self.stats(),
         }
 
     # ---- requests that are not generation ------------------------------------------------------
@@ -195,8 +196,6 @@ class EngineCore:
         """Serve the front-end over `conn` until it says shutdown or goes away (EOF)."""
         send = conn.send
         eng = self.engine
-        stats = self.stats()
-        send(("step", time.perf_counter(), stats, []))
         while True:
             busy = eng.has_unfinished()
             changed = False

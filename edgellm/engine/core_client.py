@@ -88,9 +88,9 @@ class CoreClient:
         self._outbox: queue.Queue = queue.Queue()
         self.error: str | None = None  # why the core is gone
         self._closing = False
-        self._stats: EngineStats | None = None
         self.info = self._wait_ready(progress)
         self.pid: int = self.info["pid"]
+        self._stats = EngineStats(**self.info["stats"])
         threading.Thread(target=self._send_loop, name="edgellm-core-send", daemon=True).start()
         threading.Thread(target=self._recv_loop, name="edgellm-core-recv", daemon=True).start()
 
@@ -144,7 +144,6 @@ class CoreClient:
 
     def stats(self) -> EngineStats:
         """The engine's gauges as of its last step (pushed with every step, no round trip)."""
-        assert self._stats is not None
         return self._stats
 
     @property
