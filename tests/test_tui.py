@@ -342,7 +342,10 @@ def test_real_model_streams_greedy_reply_and_stops(tmp_path: Path, smollm2_path:
 
             MessageView.append = spy  # type: ignore[method-assign]
             try:
-                await send(pilot, "What is the capital of France?")
+                await pilot.press(*"What is the capital of France?", "enter")
+                # a bound, not a speed check: the machine running the tests may be busy
+                replied = lambda: not app.replying and app.conversation.messages[-1].role != "user"  # noqa: E731
+                await wait_for(pilot, replied, timeout=120)
             finally:
                 MessageView.append = original  # type: ignore[method-assign]
             reply = app.conversation.messages[-1]
@@ -356,7 +359,7 @@ def test_real_model_streams_greedy_reply_and_stops(tmp_path: Path, smollm2_path:
                            and len(app.conversation.messages[3].content) > 20, timeout=60)
             await pilot.press("escape")
             await wait_for(pilot, lambda: not app.replying)
-            await wait_for(pilot, lambda: backends[0].llm.stats().num_running == 0)
+            await wait_for(pilot, lambda: backends[0].llm.stats().num_running == 0, timeout=60)
             stopped = app.conversation.messages[3]
             assert stopped.partial and stopped.content
             llm = backends[0].llm
