@@ -67,7 +67,9 @@ def test_two_threads_three_generate_calls_each_equal_single_threaded(llm: LLM, a
     assert len(results) == 6
 
 
-def test_asyncio_app_with_8_concurrent_streams_gets_generate_tokens(llm: LLM, alone) -> None:
+def test_asyncio_streams_and_executor_calls_get_generate_tokens(llm: LLM, alone) -> None:
+    """An asyncio app: 8 concurrent streams, agenerate, and generate from executor threads (which hung on
+    main) get the tokens generate gives alone, and the event loop keeps running meanwhile."""
     async def one(prompt: str) -> list[int]:
         ids: list[int] = []
         async for out in llm.stream(prompt, GREEDY):
@@ -85,16 +87,23 @@ def test_asyncio_app_with_8_concurrent_streams_gets_generate_tokens(llm: LLM, al
                 ticks += 1
 
         hb = asyncio.ensure_future(heartbeat())
+        loop = asyncio.get_running_loop()
         try:
             streamed = await asyncio.gather(*[one(p) for p in PROMPTS])
             gathered = await llm.agenerate(PROMPTS[:3], GREEDY)
+            # the blocking API from executor threads (what desktop apps do) alongside a stream
+            pooled = await asyncio.gather(
+                *[loop.run_in_executor(None, llm.generate, [p], GREEDY) for p in PROMPTS[3:7]],
+                one(PROMPTS[7]),
+            )
         finally:
             hb.cancel()
-        return streamed, [g.token_ids for g in gathered], ticks
+        executor = [out[0].token_ids for out in pooled[:4]] + [pooled[4]]
+        return streamed, [g.token_ids for g in gathered] + executor, ticks
 
     streamed, gathered, ticks = asyncio.run(main())
     assert streamed == alone
-    assert gathered == alone[:3]
+    assert gathered == alone[:3] + alone[3:8]
     assert ticks > 0
 
 
