@@ -1,10 +1,12 @@
 """`edgellm bench`: batch-1 prefill/decode (same JSON fields as shared/bench/llamacpp_bench.py), and N
 requests in flight through the engine (aggregate throughput, TTFT and inter-token latency percentiles,
-prefix-cache hits, a long prompt arriving mid-run)."""
+prefix-cache hits, a long prompt arriving mid-run). Both go through LLM, so through the engine core
+process as every front-end does."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import resource
 import statistics
 import time
@@ -40,22 +42,6 @@ def memory_bandwidth_gbs() -> float:
     return best
 
 
-def weight_bytes_per_token(llm) -> int:
-    """Bytes of weights one decode step streams: every matmul once (tied output counted once)."""
-    seen, total = set(), 0
-    m = llm.model
-    mats = [m.output]
-    for attn, ffn in m.layers:
-        mats += [attn.wqkv, attn.wo, ffn.w_gate_up, ffn.w_down]
-    for w in mats:
-        if id(w) in seen:
-            continue
-        seen.add(id(w))
-        parts = getattr(w, "parts", [w])
-        total += sum(p.nbytes for p in parts)
-    return total
-
-
 def _pct(xs: list[float], q: float) -> float:
     return float(np.percentile(xs, q)) if xs else float("nan")
 
@@ -75,37 +61,36 @@ def batch1(llm, n_prompt: int, n_gen: int, repeat: int) -> dict:
 
 
 def concurrent(llm, args: argparse.Namespace) -> dict:
+    """N requests kept in flight through LLM.stream (the front-end every app uses), from one event loop."""
+    return asyncio.run(_concurrent(llm, args))
+
+
+async def _concurrent(llm, args: argparse.Namespace) -> dict:
     n_req = args.requests or args.concurrency
     prefix = synthetic_prompt(args.shared_prefix, salt=999) if args.shared_prefix else []
     prompts = [prefix + synthetic_prompt(args.prompt_tokens, salt=i + 1) for i in range(n_req)]
     params = SamplingParams(temperature=0.0, max_tokens=args.gen_tokens, ignore_eos=True)
-    eng = llm.engine
-    pending = list(prompts)
-    live: set[str] = set()
+    slots = asyncio.Semaphore(args.concurrency)
     done = []
-    long_sent = args.long_prompt == 0
-    t0 = time.perf_counter()
-    while pending or live:
-        while pending and len(live) < args.concurrency:
-            live.add(eng.add_request(pending.pop(0), params))
-        if (
-            not long_sent
-            and sum(len(d) for d in done) + sum(1 for _ in live)
-            and time.perf_counter() - t0 > 1.0
-        ):
-            live.add(
-                eng.add_request(synthetic_prompt(args.long_prompt, salt=4242), params, request_id="long")
-            )
-            long_sent = True
-        for out in eng.step():
-            if out.finished:
-                live.discard(out.request_id)
-                if out.request_id != "long":
+
+    async def one(prompt: list[int], request_id: str | None = None, record: bool = True) -> None:
+        async with slots:
+            async for out in llm.stream(prompt, params, request_id=request_id):
+                if out.finished and record:
                     done.append(out.metrics)
+
+    async def long_one() -> None:  # a long prompt arriving mid-run
+        await asyncio.sleep(1.0)
+        await one(synthetic_prompt(args.long_prompt, salt=4242), "long", record=False)
+
+    t0 = time.perf_counter()
+    jobs = [one(p) for p in prompts] + ([long_one()] if args.long_prompt else [])
+    await asyncio.gather(*jobs)
     wall = time.perf_counter() - t0
     gen = sum(m.num_generated_tokens for m in done)
     ttft = [m.ttft for m in done]
     itl = [x for m in done for x in m.inter_token_latencies]
+    stats = llm.stats()
     return {
         "concurrency": args.concurrency,
         "requests": len(done),
@@ -114,8 +99,8 @@ def concurrent(llm, args: argparse.Namespace) -> dict:
         "ttft_p99_ms": _pct(ttft, 99) * 1e3,
         "itl_p50_ms": _pct(itl, 50) * 1e3,
         "itl_p99_ms": _pct(itl, 99) * 1e3,
-        "prefix_cache_hit_rate": eng.stats().prefix_cache_hit_rate,
-        "preemptions": eng.stats().num_preemptions,
+        "prefix_cache_hit_rate": stats.prefix_cache_hit_rate,
+        "preemptions": stats.num_preemptions,
     }
 
 
@@ -139,6 +124,17 @@ def prefix_hit(llm, args: argparse.Namespace) -> dict:
     }
 
 
+def _core_rss_kb(pid: int) -> int:
+    """Peak RSS of the live core process (VmHWM), kB; 0 where /proc cannot tell."""
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def run_bench(args: argparse.Namespace) -> dict:
     from edgellm import LLM
 
@@ -153,7 +149,10 @@ def run_bench(args: argparse.Namespace) -> dict:
         enable_prefix_caching=args.concurrency > 1 or args.shared_prefix > 0,
     )
     result: dict = {"model": llm.path.name, "threads": llm.threads, "backend": args.backend}
-    rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # peak RSS, MB
+    # peak RSS, MB: the engine core's process (the model, KV cache and kernels live there) and this one
+    rss = lambda: (
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + _core_rss_kb(llm.core.pid)
+    ) / 1024
     if args.concurrency > 1:
         result.update(concurrent(llm, args))
         result["peak_rss_mb"] = rss()
@@ -163,7 +162,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     else:
         result.update(batch1(llm, args.prompt_tokens, args.gen_tokens, args.repeat))
         result["peak_rss_mb"] = rss()  # before the bandwidth test allocates its 256 MiB
-        wb = weight_bytes_per_token(llm)
+        wb = llm.weight_bytes_per_token
         bw = memory_bandwidth_gbs()
         result["weight_mb_per_token"] = wb / 1e6
         result["mem_bandwidth_gb_s"] = bw

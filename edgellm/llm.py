@@ -1,32 +1,39 @@
-"""The Python API: `LLM` loads a model (catalog name or .gguf path) and runs it through the engine."""
+"""The Python API: `LLM` loads a model (catalog name or .gguf path) and runs it through the engine core.
+
+The core (model, scheduler, sampler, kernels) runs in its own process on that process's main thread (see
+engine/core.py); `LLM` is the front-end: checks, tokenization, detokenization, stop strings. One `LLM` may
+be used from any number of threads (`generate` blocks only its caller) and from asyncio (`agenerate`,
+`stream`). The core is a process for `LLM` too: in-process it would run on a thread that is not the main
+one (OpenMP's slow case) or on the callers' threads (not shareable). Its cost is one pipe message per
+step and a process start; `edgellm bench` measured no batch-1 loss against the old in-process loop.
+"""
 
 from __future__ import annotations
 
-import os
+import asyncio
+import itertools
 import sys
-import time
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from edgellm.arch import ARCHITECTURES
-from edgellm.backends.base import get_backend
 from edgellm.catalog import DEFAULT_MODEL, resolve_model
-from edgellm.engine.llm_engine import LLMEngine, PromptTooLongError
-from edgellm.engine.model_runner import ModelRunner, RunItem
-from edgellm.engine.outputs import CompletionOutput, RequestMetrics
-from edgellm.engine.scheduler import SchedulerConfig
-from edgellm.engine.sequence import Sequence as EngineSequence
+from edgellm.engine.checks import PromptTooLongError, check_prompt
+from edgellm.engine.core import CoreSpec, kv_budget_bytes
+from edgellm.engine.core_client import CoreClient, EngineDeadError
+from edgellm.engine.frontend import RequestStream
+from edgellm.engine.llm_engine import EngineStats
+from edgellm.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from edgellm.gguf.config import ModelConfig, config_from_gguf
 from edgellm.gguf.reader import load_gguf
 from edgellm.gguf.validation import tokenizer_from_gguf, validate_model
-from edgellm.runtime import set_threads, warm_up
 from edgellm.sampling import SamplingParams
 
-DEFAULT_CTX = 4096
-DEFAULT_KV_MEMORY = 512 * 2**20  # bytes of KV cache when not given (at least one full context is kept)
+__all__ = ["LLM", "EngineDeadError", "GenerationOutput", "PromptTooLongError", "kv_budget_bytes"]
 
 
 @dataclass
@@ -51,21 +58,30 @@ class GenerationOutput:
         return self.outputs[0].finish_reason
 
 
-def kv_budget_bytes(kv_cache_memory: int | float | None) -> int:
-    """KV cache budget: bytes (an int), or a fraction of physical RAM (a float in (0, 1))."""
-    if kv_cache_memory is None:
-        return DEFAULT_KV_MEMORY
-    if isinstance(kv_cache_memory, float) and 0 < kv_cache_memory < 1:
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * kv_cache_memory)
-    if kv_cache_memory < 0:
-        raise ValueError(f"kv_cache_memory must be bytes >= 0 or a fraction in (0, 1), got {kv_cache_memory}")
-    return int(kv_cache_memory)
+class _Collector:
+    """Accumulates one request's deltas into a GenerationOutput."""
+
+    def __init__(self, rid: str, prompt_ids: list[int], n: int) -> None:
+        self.rid, self.prompt_ids = rid, prompt_ids
+        self.outs = [CompletionOutput(i, [], "", None) for i in range(n)]
+        self.result: GenerationOutput | None = None
+
+    def push(self, out: RequestOutput) -> None:
+        for d in out.deltas:
+            c = self.outs[d.index]
+            c.token_ids.extend(d.token_ids)
+            c.text += d.text
+            c.finish_reason = d.finish_reason or c.finish_reason
+            if d.logprobs:
+                c.logprobs = (c.logprobs or []) + d.logprobs
+        if out.finished:
+            self.result = GenerationOutput(self.rid, self.prompt_ids, self.outs, out.metrics)
 
 
 class LLM:
     def __init__(
         self,
-        model: str | os.PathLike[str] = DEFAULT_MODEL,
+        model: str | Path = DEFAULT_MODEL,
         backend: str = "cpu",
         n_ctx: int | None = None,
         threads: int | None = None,
@@ -76,51 +92,81 @@ class LLM:
         enable_prefix_caching: bool = True,
         verbose: bool = False,
         progress: Callable[[str], None] | None = None,
+        core_log: str | Path | None = None,  # file for the core process's stdout/stderr (default: ours)
     ) -> None:
-        log = progress or (
+        self._log = progress or (
             (lambda msg: print(f"edgellm: {msg}", file=sys.stderr, flush=True)) if verbose else None
         )
-        self.threads = set_threads(threads)
+        kv_budget_bytes(kv_cache_memory)  # a bad value fails here, before a process starts
         self.path: Path = resolve_model(model)
-        t0 = time.perf_counter()
-        gguf = load_gguf(self.path)
+        gguf = load_gguf(self.path)  # mmapped: the header and metadata only are read here
         self.config: ModelConfig = config_from_gguf(gguf)
         validate_model(gguf, self.config)  # before any kernel sees a shape the file claims
         self.metadata = gguf.metadata
         self.tokenizer = tokenizer_from_gguf(gguf)
-        self.backend = get_backend(backend)
-        cfg = self.config
-        layer_progress = None
-        if log:
-            log(f"loading {self.path.name}: {cfg.arch}, {cfg.n_layers} layers, vocab {cfg.n_vocab}")
-
-            def layer_progress(done: int, total: int) -> None:
-                if done == total or done % max(1, total // 4) == 0:
-                    log(f"repacked weights of {done}/{total} layers")
-
-        self.model = ARCHITECTURES[cfg.arch](cfg, gguf, self.backend, layer_progress)
-        self.n_ctx = min(n_ctx or DEFAULT_CTX, cfg.n_ctx_train)
-        per_block = ModelRunner.kv_bytes_per_block(cfg, block_size)
-        budget = kv_budget_bytes(kv_cache_memory)
-        num_blocks = max(budget // per_block, -(-self.n_ctx // block_size) + 1)
-        self.kv_cache_bytes = num_blocks * per_block
-        runner = ModelRunner(self.model, cfg, self.backend, num_blocks, block_size)
-        sched = SchedulerConfig(
+        self.spec = CoreSpec(
+            str(self.path),
+            backend=backend,
+            n_ctx=n_ctx,
+            threads=threads,
             max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max(max_num_batched_tokens, max_num_seqs),
+            max_num_batched_tokens=max_num_batched_tokens,
             block_size=block_size,
-            num_blocks=num_blocks,
+            kv_cache_memory=kv_cache_memory,
             enable_prefix_caching=enable_prefix_caching,
-            max_model_len=self.n_ctx,
+            log_path=None if core_log is None else str(core_log),
         )
-        self.engine = LLMEngine(runner, self.tokenizer, self.n_ctx, sched)
-        self.load_time = time.perf_counter() - t0
-        if log:
-            log(
-                f"KV cache: {num_blocks} blocks x {block_size} tokens = {num_blocks * block_size} tokens, "
-                f"{self.kv_cache_bytes / 2**20:.0f} MiB; context {self.n_ctx}; {self.threads} threads"
-            )
-        self.compile_time = warm_up(runner, log)
+        self._rids = itertools.count()
+        self.on_core_death: Callable[[str], None] | None = None
+        self.core = self._start_core()
+
+    def _start_core(self) -> CoreClient:
+        me = weakref.ref(self)  # the core client's threads must not keep this LLM alive
+
+        def on_death(reason: str) -> None:
+            llm = me()
+            if llm is not None and llm.on_core_death is not None:
+                llm.on_core_death(reason)
+
+        core = CoreClient(self.spec, self._log, on_death=on_death)
+        weakref.finalize(self, core.shutdown, 1.0)  # a dropped LLM takes its core process with it
+        info = core.info
+        self.n_ctx: int = info["n_ctx"]
+        self.threads: int = info["threads"]
+        self.num_kv_blocks: int = info["num_kv_blocks"]
+        self.block_size: int = info["block_size"]
+        self.kv_cache_bytes: int = info["kv_cache_bytes"]
+        self.load_time: float = info["load_time"]
+        self.compile_time: float = info["compile_time"]
+        self.weight_bytes_per_token: int = info["weight_bytes_per_token"]
+        return core
+
+    def restart(self) -> None:
+        """Start a fresh core process after the last one died (the server's recovery)."""
+        old = self.core
+        self.core = self._start_core()
+        old.shutdown(timeout=1)
+
+    @property
+    def healthy(self) -> bool:
+        return self.core.healthy
+
+    @property
+    def error(self) -> str | None:
+        """Why the core is gone, or None while it runs."""
+        return self.core.error
+
+    def stats(self) -> EngineStats:
+        return self.core.stats()
+
+    def shutdown(self) -> None:
+        self.core.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
 
     # ---- text <-> ids --------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = False) -> list[int]:
@@ -129,7 +175,32 @@ class LLM:
     def detokenize(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids))
 
-    # ---- generation ----------------------------------------------------------------------------
+    def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
+        """A prompt as checked token ids: text gets BOS when the model's metadata says so."""
+        ids = self.tokenizer.encode(prompt, add_special=True) if isinstance(prompt, str) else list(prompt)
+        check_prompt(ids, self.n_ctx, self.tokenizer.vocab_size)
+        return ids
+
+    # ---- requests ------------------------------------------------------------------------------
+    def submit(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams,
+        deliver: Callable[[Any], None],
+        request_id: str | None = None,
+        priority: int = 0,
+    ) -> tuple[str, list[int]]:
+        """Start one request; `deliver` gets its RequestOutput per step (or one exception), on the core
+        client's thread. Returns (request id, prompt ids)."""
+        ids = self.prompt_ids(prompt)
+        rid = request_id if request_id is not None else f"req-{next(self._rids)}"
+        core = self.core
+        core.add(rid, ids, params, RequestStream(core, self.tokenizer, rid, ids, params, deliver), priority)
+        return rid, ids
+
+    def abort(self, request_id: str) -> None:
+        self.core.abort(request_id)
+
     def generate(
         self,
         prompts: str | list[int] | Sequence[str | list[int]],
@@ -137,42 +208,90 @@ class LLM:
         on_output: Callable | None = None,
     ) -> list[GenerationOutput]:
         """Run every prompt through the engine together (continuous batching); results in prompt order.
-        A prompt is text (BOS added when the model's metadata says so) or a list of token ids."""
+        A prompt is text (BOS added when the model's metadata says so) or a list of token ids. Blocks only
+        the calling thread; other threads may generate on the same LLM at the same time."""
+        import queue
+
         params = params or SamplingParams()
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        rids = []
+        prompts = _as_list(prompts)
+        q: queue.Queue = queue.Queue()
+        collectors: dict[str, _Collector] = {}
         try:
             for p in prompts:
-                rids.append(self.engine.add_request(p, params))
-        except Exception:
-            for rid in rids:
-                self.engine.abort(rid)
-            raise
-        results: dict[str, GenerationOutput] = {}
-        texts: dict[str, dict[int, CompletionOutput]] = {
-            rid: {i: CompletionOutput(i, [], "", None) for i in range(params.n)} for rid in rids
-        }
-        prompt_ids = {rid: self.engine.requests[rid].prompt_ids for rid in rids}
-        while len(results) < len(rids):
-            for out in self.engine.step():
-                if out.request_id not in texts:
-                    continue  # a request someone else added to this engine directly
-                for d in out.deltas:
-                    c = texts[out.request_id][d.index]
-                    c.token_ids.extend(d.token_ids)
-                    c.text += d.text
-                    c.finish_reason = d.finish_reason or c.finish_reason
-                    if d.logprobs:
-                        c.logprobs = (c.logprobs or []) + d.logprobs
+                rid, ids = self.submit(p, params, q.put)
+                collectors[rid] = _Collector(rid, ids, params.n)
+            left = len(collectors)
+            while left:
+                out = q.get()
+                if isinstance(out, BaseException):
+                    raise out
+                collectors[out.request_id].push(out)
                 if on_output:
                     on_output(out)
-                if out.finished:
-                    outs = [texts[out.request_id][i] for i in range(params.n)]
-                    results[out.request_id] = GenerationOutput(
-                        out.request_id, prompt_ids[out.request_id], outs, out.metrics
-                    )
-        return [results[rid] for rid in rids]
+                left -= out.finished
+        except BaseException:
+            for rid, c in collectors.items():
+                if c.result is None:
+                    self.core.abort(rid)
+            raise
+        return [c.result for c in collectors.values()]  # type: ignore[misc]
+
+    async def agenerate(
+        self, prompts: str | list[int] | Sequence[str | list[int]], params: SamplingParams | None = None
+    ) -> list[GenerationOutput]:
+        """`generate` for an asyncio app: the event loop keeps running while the core works."""
+        params = params or SamplingParams()
+        prompts = _as_list(prompts)
+
+        async def one(p: str | list[int]) -> GenerationOutput:
+            c: _Collector | None = None
+            async for out in self.stream(p, params):
+                if c is None:
+                    c = _Collector(out.request_id, [], params.n)
+                c.push(out)
+            assert c is not None and c.result is not None
+            return c.result
+
+        results = await asyncio.gather(*[one(p) for p in prompts])
+        for p, r in zip(prompts, results, strict=True):
+            r.prompt_token_ids = self.prompt_ids(p)
+        return list(results)
+
+    async def stream(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        priority: int = 0,
+    ) -> AsyncIterator[RequestOutput]:
+        """Yields one prompt's RequestOutput per engine step until it finishes. Leaving early (a client
+        that went away, a cancelled task) aborts the request and frees its KV blocks at once."""
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        rid = None
+
+        def deliver(item: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(q.put_nowait, item)
+            except RuntimeError:  # the caller's event loop is closed: nobody is listening any more
+                if rid is not None:
+                    self.core.abort(rid)
+
+        rid, _ = self.submit(prompt, params or SamplingParams(), deliver, request_id, priority)
+        finished = False
+        try:
+            while True:
+                item = await q.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.core.abort(rid)
 
     def score(self, ids: Sequence[int]) -> np.ndarray:
         """Teacher-forced logits: float32 [len(ids), n_vocab], row t predicting token t+1."""
@@ -180,18 +299,13 @@ class LLM:
         if not ids:
             raise ValueError("score() needs at least one token")
         if len(ids) > self.n_ctx:
-            raise PromptTooLongError(f"{len(ids)} tokens exceed the context window of {self.n_ctx}")
-        bm = self.engine.scheduler.block_manager
-        seq = EngineSequence(-1, ids)
-        if not bm.can_allocate(seq, len(ids)):
-            raise RuntimeError("not enough free KV blocks to score this sequence while other requests run")
-        bm.allocate(seq, len(ids))
-        try:
-            chunk = self.engine.scheduler.config.max_num_batched_tokens
-            rows = []
-            for start in range(0, len(ids), chunk):
-                item = RunItem(seq.block_table, ids[start : start + chunk], start, all_logits=True)
-                rows.append(self.engine.runner.run([item])[0])
-            return np.concatenate(rows, axis=0)
-        finally:
-            bm.free(seq)
+            raise PromptTooLongError(
+                len(ids), self.n_ctx, f"{len(ids)} tokens exceed the context window of {self.n_ctx}"
+            )
+        return self.core.call("score", ids)
+
+
+def _as_list(prompts: Any) -> list:
+    if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        return [prompts]
+    return list(prompts)

@@ -8,6 +8,25 @@ from typing import NamedTuple
 
 import numpy as np
 
+# The one set of bounds for the sampling knobs, as (low, high, low excluded): SamplingParams checks them,
+# and the server's request parser (server/protocol.py) reads them from here for its OpenAI-style errors.
+PARAM_BOUNDS: dict[str, tuple[float, float, bool]] = {
+    "temperature": (0.0, 2.0, False),
+    "top_p": (0.0, 1.0, True),
+    "min_p": (0.0, 1.0, False),
+    "repetition_penalty": (0.0, 10.0, True),
+    "presence_penalty": (-2.0, 2.0, False),
+    "frequency_penalty": (-2.0, 2.0, False),
+}
+
+
+def out_of_bounds(name: str, value: float) -> str | None:
+    """Why `value` is not allowed for the knob `name` ("in (0.0, 1.0]"), or None when it is."""
+    lo, hi, lo_open = PARAM_BOUNDS[name]
+    if value > hi or value < lo or (lo_open and value == lo) or value != value:  # NaN fails too
+        return f"in {'(' if lo_open else '['}{lo}, {hi}]"
+    return None
+
 
 @dataclass
 class SamplingParams:
@@ -32,16 +51,12 @@ class SamplingParams:
             self.stop = [self.stop]
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        for name in PARAM_BOUNDS:
+            why = out_of_bounds(name, getattr(self, name))
+            if why is not None:
+                raise ValueError(f"{name} must be {why}, got {getattr(self, name)}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
 

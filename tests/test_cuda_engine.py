@@ -18,8 +18,9 @@ import pytest
 if not (os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or os.environ.get("EDGELLM_CUDA_TESTS") == "gpu"):
     pytest.skip("run by tests/test_cuda_backend.py in a simulator subprocess", allow_module_level=True)
 
-from edgellm import LLM, SamplingParams
+from edgellm import SamplingParams
 from edgellm.backends.base import Backend
+from edgellm.engine.core import CoreSpec, EngineCore
 from edgellm.testing.synthetic import write_tiny_model
 from tests.test_backend_ops import nmse
 from tests.test_cuda_backend import BE, guarded, guards_intact
@@ -71,12 +72,16 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def llms(tiny: Path) -> dict[str, LLM]:
-    return {be: LLM(tiny, backend=be, n_ctx=64, kv_cache_memory=1 << 20) for be in ("cpu", "cuda")}
+def llms(tiny: Path) -> dict[str, EngineCore]:
+    """Engine cores built in this process, to drive their engines step by step."""
+    return {
+        be: EngineCore(CoreSpec(str(tiny), backend=be, n_ctx=64, kv_cache_memory=1 << 20))
+        for be in ("cpu", "cuda")
+    }
 
 
 def run_steps(
-    llm: LLM, prompts: list[list[int]], params: SamplingParams
+    llm: EngineCore, prompts: list[list[int]], params: SamplingParams
 ) -> tuple[list[list[int]], list, list]:
     """Drive the engine step by step: (tokens per prompt, logprobs, per step (copies, bytes) to the host)."""
     eng = llm.engine
@@ -96,7 +101,7 @@ def run_steps(
     return [toks[r] for r in rids], lps, moved
 
 
-def test_engine_greedy_on_device_moves_only_ids(llms: dict[str, LLM]) -> None:
+def test_engine_greedy_on_device_moves_only_ids(llms: dict[str, EngineCore]) -> None:
     prompts = [[1, 17, 42, 99], [5, 6, 7]]
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     cpu_tokens, _, _ = run_steps(llms["cpu"], prompts, params)
@@ -106,7 +111,7 @@ def test_engine_greedy_on_device_moves_only_ids(llms: dict[str, LLM]) -> None:
     assert moved == [(1, 8)] * 3
 
 
-def test_engine_logprobs_take_the_host_path(llms: dict[str, LLM]) -> None:
+def test_engine_logprobs_take_the_host_path(llms: dict[str, EngineCore]) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, logprobs=2)
     cpu_tokens, cpu_lps, _ = run_steps(llms["cpu"], [[9, 8, 7]], params)
     cuda_tokens, cuda_lps, moved = run_steps(llms["cuda"], [[9, 8, 7]], params)

@@ -48,13 +48,13 @@ def test_prefix_cache_hit_is_identical_and_computes_only_the_suffix(llm) -> None
     no_cache = LLM("smollm2-135m", n_ctx=512, enable_prefix_caching=False)
     ref = no_cache.generate([second], GREEDY)[0].token_ids
     llm.generate([first], GREEDY)
-    before = llm.engine.stats()
+    before = llm.stats()
     [out] = llm.generate([second], GREEDY)
-    after = llm.engine.stats()
+    after = llm.stats()
     assert out.token_ids == ref
     n_prompt = out.metrics.num_prompt_tokens
     cached = out.metrics.num_cached_tokens
-    block = llm.engine.scheduler.config.block_size
+    block = llm.block_size
     shared_tokens = len(llm.tokenize(shared))
     assert cached >= (shared_tokens // block - 1) * block and cached < n_prompt
     assert after.cached_tokens_total - before.cached_tokens_total == cached
@@ -64,26 +64,41 @@ def test_prefix_cache_hit_is_identical_and_computes_only_the_suffix(llm) -> None
 def test_preemption_under_tiny_kv_budget_completes_every_request(alone) -> None:
     # 64-token context, 5 blocks of 16 tokens: six requests of ~20 tokens cannot all hold their blocks.
     tiny = LLM("smollm2-135m", n_ctx=64, kv_cache_memory=1, max_num_seqs=6)
-    assert tiny.engine.scheduler.config.num_blocks == 5
+    assert tiny.num_kv_blocks == 5
     outs = tiny.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in outs] == alone
-    assert tiny.engine.stats().num_preemptions > 0
-    assert tiny.engine.scheduler.block_manager.num_free_blocks == 5
+    stats = tiny.stats()  # as of the step that finished the last request
+    assert stats.num_preemptions > 0
+    assert stats.kv_blocks_used == 0 and stats.num_running == 0
+    tiny.shutdown()
+
+
+def _wait_idle(llm: LLM) -> None:
+    """Aborts reach the core asynchronously: wait (bounded) until its gauges say nothing runs."""
+    import time
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        s = llm.stats()
+        if s.num_running == 0 and s.num_waiting == 0 and s.kv_blocks_used == 0:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"the engine did not go idle: {llm.stats()}")
 
 
 def test_abort_frees_all_blocks(llm) -> None:
-    eng = llm.engine
-    bm = eng.scheduler.block_manager
-    free0 = bm.num_free_blocks
-    rids = [eng.add_request(p, SamplingParams(max_tokens=50, ignore_eos=True)) for p in PROMPTS]
-    for _ in range(3):
-        eng.step()
-    assert bm.num_free_blocks < free0
+    import queue
+
+    got: queue.Queue = queue.Queue()
+    params = SamplingParams(max_tokens=50, ignore_eos=True)
+    rids = [llm.submit(p, params, got.put)[0] for p in PROMPTS]
+    for _ in range(3 * len(PROMPTS)):  # a few steps' outputs
+        out = got.get(timeout=60)
+        assert not isinstance(out, BaseException) and not out.finished
+    assert llm.stats().kv_blocks_used > 0
     for rid in rids:
-        out = eng.abort(rid)
-        assert out is not None and out.finished and all(d.finish_reason == "abort" for d in out.deltas)
-    assert bm.num_free_blocks == free0 and not eng.has_unfinished()
-    assert eng.stats().num_running == 0 and eng.stats().kv_blocks_used == 0
+        llm.abort(rid)
+    _wait_idle(llm)
 
 
 def test_parallel_sampling_forks_and_seed_reproduces(llm) -> None:
@@ -133,44 +148,28 @@ def test_bad_requests_are_rejected_with_clear_errors(llm) -> None:
     with pytest.raises(ValueError, match="max_tokens"):
         SamplingParams(max_tokens=0)
     # the engine is still usable afterwards, and nothing was left queued
-    assert not llm.engine.has_unfinished()
+    _wait_idle(llm)
     assert llm.generate([PROMPTS[0]], GREEDY)[0].token_ids
 
 
-@pytest.mark.parametrize("driver", ["thread", "loop"])
-def test_streaming_engines_match_generate_and_abort_on_early_exit(llm, alone, driver) -> None:
-    """AsyncLLMEngine (own thread) and LoopLLMEngine (steps on the caller's event loop): the streamed
-    deltas are the same tokens as LLM.generate, and leaving a stream early frees its KV blocks."""
+def test_streams_match_generate_and_abort_on_early_exit(llm, alone) -> None:
+    """LLM.stream from an event loop: the streamed deltas are the same tokens as LLM.generate, and leaving
+    a stream early frees its KV blocks."""
     import asyncio
 
-    from edgellm.engine.async_engine import AsyncLLMEngine, LoopLLMEngine
-
-    bm = llm.engine.scheduler.block_manager
-    free0 = bm.num_free_blocks
-
-    async def main() -> tuple[list[list[int]], int]:
-        ae = AsyncLLMEngine(llm.engine) if driver == "thread" else LoopLLMEngine(llm.engine)
-
+    async def main() -> list[list[int]]:
         async def one(prompt: str) -> list[int]:
             ids: list[int] = []
-            async for out in ae.generate(prompt, GREEDY):
+            async for out in llm.stream(prompt, GREEDY):
                 for d in out.deltas:
                     ids.extend(d.token_ids)
             return ids
 
-        try:
-            streamed = await asyncio.gather(*[one(p) for p in PROMPTS[:3]])
-            agen = ae.generate(PROMPTS[0], SamplingParams(max_tokens=200, ignore_eos=True))
-            await agen.__anext__()
-            await agen.aclose()  # a client that goes away after the first token
-            for _ in range(100):  # the abort reaches the engine thread asynchronously
-                if not llm.engine.has_unfinished():
-                    break
-                await asyncio.sleep(0.02)
-            return streamed, bm.num_free_blocks
-        finally:
-            ae.shutdown()
+        streamed = await asyncio.gather(*[one(p) for p in PROMPTS[:3]])
+        agen = llm.stream(PROMPTS[0], SamplingParams(max_tokens=200, ignore_eos=True))
+        await agen.__anext__()
+        await agen.aclose()  # a client that goes away after the first token
+        return streamed
 
-    streamed, free_after = asyncio.run(main())
-    assert streamed == alone[:3]
-    assert free_after == free0 and not llm.engine.has_unfinished()
+    assert asyncio.run(main()) == alone[:3]
+    _wait_idle(llm)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgellm.sampling import Sampler, SamplingParams, top_k_stable
+from edgellm.sampling import PARAM_BOUNDS, Sampler, SamplingParams, top_k_stable
 
 
 def full_sort_sample(params: SamplingParams, rng: np.random.Generator, logits: np.ndarray) -> int:
@@ -66,3 +66,20 @@ def test_temperature_sampling_follows_the_softmax() -> None:
     x = logits.astype(np.float64) / 0.7
     want = np.exp(x - x.max()) / np.exp(x - x.max()).sum()
     np.testing.assert_allclose(counts / 40000, want, atol=0.01)
+
+
+@pytest.mark.parametrize("name", sorted(PARAM_BOUNDS))
+def test_sampling_params_and_the_server_share_one_set_of_bounds(name: str) -> None:
+    from edgellm.server.protocol import ApiError, parse_completion
+
+    lo, hi, lo_open = PARAM_BOUNDS[name]
+    outside = [hi + 0.01, lo - 0.01] + ([lo] if lo_open else [])
+    inside = [hi, (lo + hi) / 2] + ([] if lo_open else [lo])
+    for v in outside:
+        with pytest.raises(ValueError, match=name):
+            SamplingParams(**{name: v})
+        with pytest.raises(ApiError, match=name):
+            parse_completion({"prompt": "x", name: v}, 1000)
+    for v in inside:
+        assert getattr(SamplingParams(**{name: v}), name) == v
+        assert getattr(parse_completion({"prompt": "x", name: v}, 1000).params, name) == v

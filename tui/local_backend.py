@@ -1,13 +1,16 @@
-"""`LocalBackend`: runs the model in this process. The load (weights, kernel compile) happens on a worker
-thread so the UI keeps drawing; replies stream from `LoopLLMEngine`, whose steps run on the app's own
-(main) thread between UI events: GNU OpenMP kernels launched from another thread ran ~3x slower."""
+"""`LocalBackend`: runs the model on this machine through `edgellm.LLM`, whose engine core is its own
+process: the UI thread never runs a kernel, and a crash in one cannot take the UI down. Starting the core
+(load, kernel compile) is awaited on a worker thread, with the core's progress lines shown as they come."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import tempfile
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
+from pathlib import Path
 from typing import Any
 
 from tui.messages import (
@@ -22,9 +25,8 @@ from tui.messages import (
 from tui.prompt import render_prompt_ids
 
 
-def _run_in_daemon_thread(fn: Callable[[], Any], park: threading.Event | None = None) -> asyncio.Future:
-    """Like asyncio.to_thread, but a daemon thread: quitting during a long load must not wait for it.
-    With `park`, the thread stays alive after `fn` returns until `park` is set (see LocalBackend.load)."""
+def _run_in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future:
+    """Like asyncio.to_thread, but a daemon thread: quitting during a long load must not wait for it."""
     loop = asyncio.get_running_loop()
     fut: asyncio.Future = loop.create_future()
 
@@ -36,8 +38,6 @@ def _run_in_daemon_thread(fn: Callable[[], Any], park: threading.Event | None = 
             loop.call_soon_threadsafe(lambda: fut.done() or fut.set_exception(error))
         else:
             loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(result))
-            if park is not None:
-                park.wait()
 
     threading.Thread(target=target, name="edgellm-load", daemon=True).start()
     return fut
@@ -58,19 +58,12 @@ def readable_load_error(model: str, e: BaseException) -> str:
 class LocalBackend:
     def __init__(self, model: str, n_ctx: int | None = None, **llm_kwargs: Any) -> None:
         self.model = model
-        self._threads = llm_kwargs.pop("threads", None)
-        # Small prefill chunks: each engine step blocks the UI loop for one forward pass.
-        llm_kwargs.setdefault("max_num_batched_tokens", 128)
-        # One thread for the load: its warm-up launches OpenMP regions, and a multi-threaded team led by
-        # the load thread made the main thread's later kernels slow too (measured); the engine then runs
-        # with the real thread count on the main thread.
-        self._llm_kwargs = dict(llm_kwargs, n_ctx=n_ctx, threads=1)
-        self.llm: Any = None
-        self.engine: Any = None  # LoopLLMEngine
-        # The load thread stays parked until close() instead of ending: when it ran a 2-thread warm-up,
-        # its exit made later kernels ~20x slower (27 -> 1 tok/s, SmolLM2, omp layer). With the 1-thread
-        # warm-up above that may no longer matter; not re-measured, so the park stays.
-        self._park = threading.Event()
+        # The core process writes its warnings and tracebacks to a file: on the terminal they would
+        # garble the full-screen UI.
+        log = Path(tempfile.gettempdir()) / f"edgellm-core-{os.getpid()}.log"
+        self._llm_kwargs = dict(llm_kwargs, n_ctx=n_ctx)
+        self._llm_kwargs.setdefault("core_log", log)
+        self.llm: Any = None  # edgellm.LLM: the engine core runs in its own process
 
     async def load(self, progress: Callable[[str], None]) -> BackendInfo:
         loop = asyncio.get_running_loop()
@@ -89,12 +82,9 @@ class LocalBackend:
 
         progress(f"loading {self.model}...")
         try:
-            self.llm = await _run_in_daemon_thread(load_blocking, park=self._park)
+            self.llm = await _run_in_daemon_thread(load_blocking)  # waits for the core process
         except Exception as e:
             raise BackendError(readable_load_error(self.model, e)) from e
-        from edgellm.engine.async_engine import LoopLLMEngine
-
-        self.engine = LoopLLMEngine(self.llm.engine, threads=self._threads)
         progress(f"ready: {self.model}, context {self.llm.n_ctx} tokens")
         return BackendInfo(self.model, self.llm.n_ctx, f"{self.llm.config.arch}, {self.llm.path.name}")
 
@@ -109,10 +99,10 @@ class LocalBackend:
     async def stream(
         self, messages: Sequence[ChatMessage], settings: GenerationSettings
     ) -> AsyncIterator[StreamEvent]:
-        if self.engine is None:
+        if self.llm is None:
             raise BackendError("the model is not loaded yet")
         from edgellm import SamplingParams
-        from edgellm.engine.async_engine import EngineDeadError
+        from edgellm.engine.core_client import EngineDeadError
 
         params = SamplingParams(
             max_tokens=settings.max_tokens,
@@ -125,7 +115,7 @@ class LocalBackend:
         metrics = None
         n = 0
         try:
-            async with aclosing(self.engine.generate(ids, params)) as outputs:
+            async with aclosing(self.llm.stream(ids, params)) as outputs:
                 async for out in outputs:
                     metrics = out.metrics
                     for d in out.deltas:
@@ -142,10 +132,9 @@ class LocalBackend:
         yield StreamDone(finish, *_speed(metrics), completion_tokens=n, prompt_tokens=len(ids))
 
     async def close(self) -> None:
-        if self.engine is not None:
-            engine, self.engine = self.engine, None
-            engine.shutdown()
-        self._park.set()
+        if self.llm is not None:
+            llm, self.llm = self.llm, None
+            await asyncio.get_running_loop().run_in_executor(None, llm.shutdown)
 
 
 def _speed(metrics: Any) -> tuple[float | None, float | None]:

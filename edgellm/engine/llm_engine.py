@@ -7,23 +7,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from edgellm.engine.checks import PromptTooLongError, check_prompt
 from edgellm.engine.model_runner import ModelRunner, RunItem
 from edgellm.engine.outputs import (
     CompletionDelta,
-    OutputProcessor,
     RequestMetrics,
     RequestOutput,
     TokenLogprob,
+    check_stop,
     now,
+    stop_token_ids,
 )
 from edgellm.engine.scheduler import Scheduler, SchedulerConfig, SchedulerPlan
 from edgellm.engine.sequence import Sequence, SequenceStatus
 from edgellm.sampling import Sampler, SamplingParams, TopCandidates, device_candidates, top_logprobs
-from edgellm.tokenizer import Tokenizer
 
-
-class PromptTooLongError(ValueError):
-    pass
+__all__ = ["EngineStats", "LLMEngine", "PromptTooLongError"]
 
 
 @dataclass
@@ -49,7 +48,8 @@ class _Request:
     params: SamplingParams
     prompt_ids: list[int]
     seq_ids: list[int]  # one per completion; [0] is the parent the others fork from
-    outputs: list[OutputProcessor]
+    stop_ids: frozenset[int]
+    num_generated: list[int]  # tokens so far, per completion
     samplers: list[Sampler]
     metrics: RequestMetrics
     max_tokens: int
@@ -58,8 +58,12 @@ class _Request:
 
 
 class LLMEngine:
-    def __init__(self, runner: ModelRunner, tokenizer: Tokenizer, n_ctx: int, sched: SchedulerConfig) -> None:
-        self.runner, self.tok, self.n_ctx = runner, tokenizer, n_ctx
+    """Token ids in, token ids out: the core's engine knows no text (the front-end detokenizes)."""
+
+    def __init__(
+        self, runner: ModelRunner, eog_ids: frozenset[int], n_ctx: int, sched: SchedulerConfig
+    ) -> None:
+        self.runner, self.eog_ids, self.n_ctx = runner, frozenset(eog_ids), n_ctx
         self.scheduler = Scheduler(sched)
         self.requests: dict[str, _Request] = {}
         self._seq_owner: dict[int, tuple[_Request, int]] = {}  # seq_id -> (request, completion index)
@@ -70,24 +74,13 @@ class LLMEngine:
     # ---- requests ------------------------------------------------------------------------------
     def add_request(
         self,
-        prompt: str | list[int],
+        prompt: list[int],
         params: SamplingParams,
         request_id: str | None = None,
         priority: int = 0,
     ) -> str:
-        ids = self.tok.encode(prompt, add_special=True) if isinstance(prompt, str) else list(prompt)
-        if not ids:
-            raise ValueError("empty prompt: at least one token is needed")
-        bad = [t for t in ids if not 0 <= t < self.tok.vocab_size]
-        if bad:
-            raise ValueError(
-                f"prompt token id {bad[0]} is outside the vocabulary (0..{self.tok.vocab_size - 1})"
-            )
-        if len(ids) >= self.n_ctx:
-            raise PromptTooLongError(
-                f"prompt has {len(ids)} tokens but the context window is {self.n_ctx} tokens "
-                f"(at most {self.n_ctx - 1} prompt tokens leave room for one generated token)"
-            )
+        ids = list(prompt)
+        check_prompt(ids, self.n_ctx, self.runner.cfg.n_vocab)  # front-ends check first; this guards kernels
         rid = request_id if request_id is not None else f"req-{next(self._req_ids)}"
         if rid in self.requests:
             raise ValueError(f"request id {rid!r} is already in flight")
@@ -98,7 +91,8 @@ class LLMEngine:
             params=params,
             prompt_ids=ids,
             seq_ids=seq_ids,
-            outputs=[OutputProcessor(self.tok, params, i) for i in range(params.n)],
+            stop_ids=stop_token_ids(params, self.eog_ids),
+            num_generated=[0] * params.n,
             samplers=[Sampler(params, rng_offset=i) for i in range(params.n)],
             metrics=RequestMetrics(arrival_time=now(), num_prompt_tokens=len(ids)),
             max_tokens=max_tokens,
@@ -110,18 +104,22 @@ class LLMEngine:
         self._totals["prompt"] += len(ids)
         return rid
 
-    def abort(self, request_id: str) -> RequestOutput | None:
-        """Cancel a request; its KV blocks are freed at once."""
+    def abort(self, request_id: str, index: int | None = None) -> RequestOutput | None:
+        """Cancel a request, or only its completion `index` (a stop string the front-end matched); the KV
+        blocks are freed at once. Returns the request's final output once nothing of it runs any more."""
         req = self.requests.get(request_id)
         if req is None:
             return None
         deltas = []
         for i, sid in enumerate(req.seq_ids):
-            if i in req.finished:
+            if i in req.finished or (index is not None and i != index):
                 continue
-            self.scheduler.abort(sid)
-            deltas.append(CompletionDelta(i, [], req.outputs[i].finish("abort"), "abort"))
+            if self.scheduler.get(sid) is not None:
+                self.scheduler.abort(sid)
+            deltas.append(CompletionDelta(i, [], "", "abort"))
             req.finished.add(i)
+        if len(req.finished) < req.params.n:
+            return None
         return self._finish_request(req, deltas)
 
     def has_unfinished(self) -> bool:
@@ -217,13 +215,11 @@ class LLMEngine:
                 m.token_times.append(t)
             m.num_generated_tokens += 1
             self._totals["generated"] += 1
-            out = req.outputs[idx]
-            text = out.push(tok, req.max_tokens)
+            req.num_generated[idx] += 1
+            reason = check_stop(tok, req.num_generated[idx], req.max_tokens, req.stop_ids)
             lps = [chosen_logprobs[sid]] if sid in chosen_logprobs else None
-            deltas.setdefault(req.request_id, []).append(
-                CompletionDelta(idx, [tok], text, out.finish_reason, lps)
-            )
-            if out.finish_reason is not None:
+            deltas.setdefault(req.request_id, []).append(CompletionDelta(idx, [tok], "", reason, lps))
+            if reason is not None:
                 req.finished.add(idx)
                 if self.scheduler.get(sid) is not None:
                     self.scheduler.finish(sid, SequenceStatus.FINISHED_STOPPED)
@@ -231,7 +227,7 @@ class LLMEngine:
             req, idx = self._seq_owner[seq.seq_id]
             if idx not in req.finished:
                 req.finished.add(idx)
-                delta = CompletionDelta(idx, [], req.outputs[idx].finish("length"), "length")
+                delta = CompletionDelta(idx, [], "", "length")
                 deltas.setdefault(req.request_id, []).append(delta)
         results = []
         for rid, ds in deltas.items():

@@ -1,5 +1,5 @@
 """Messages the engine hands to its callers (LLM.generate, the server, the TUI), and the per-sequence
-output processing that produces them: detokenization, stop strings, EOS, logprobs, timing."""
+output processing: the core's stop rule on ids (check_stop) and the front-end's text (TextStream)."""
 
 from __future__ import annotations
 
@@ -70,23 +70,38 @@ class CompletionOutput:
     logprobs: list[TokenLogprob] | None = None
 
 
-class OutputProcessor:
-    """Turns one sequence's sampled tokens into text deltas and decides when it stops."""
+def check_stop(token_id: int, num_tokens: int, max_tokens: int, stop_ids: frozenset[int]) -> str | None:
+    """The engine core's one stop rule on token ids: a stop/end-of-generation id ends a completion as
+    "stop", its max_tokens (already capped by the context window) as "length". Stop strings are text and
+    are matched by the front-end (TextStream), which then aborts the completion in the core."""
+    if token_id in stop_ids:
+        return "stop"
+    if num_tokens >= max_tokens:
+        return "length"
+    return None
 
-    def __init__(self, tok: Tokenizer, params: SamplingParams, index: int) -> None:
-        self.tok, self.params, self.index = tok, params, index
+
+def stop_token_ids(params: SamplingParams, eog_ids: frozenset[int] | set[int]) -> frozenset[int]:
+    return frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else frozenset(eog_ids))
+
+
+class TextStream:
+    """Front-end side of one completion: turns the core's token ids into text deltas (never half a UTF-8
+    character, never part of a stop string) and finds stop strings."""
+
+    def __init__(self, tok: Tokenizer, params: SamplingParams) -> None:
+        self.params = params
         self.decoder = StreamDecoder(tok)
         self.text = ""  # full text so far (after stop-string truncation)
         self.emitted = 0  # chars of self.text already handed out
-        self.stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(tok.eog_ids))
         self.hold = max((len(s) for s in params.stop), default=1) - 1  # chars that may start a stop string
         self.finish_reason: str | None = None
-        self.num_tokens = 0  # tokens generated so far
 
-    def push(self, token_id: int, max_tokens: int) -> str:
-        """Account for a new token; returns the text that is now safe to emit. Sets finish_reason."""
-        self.num_tokens += 1
-        if token_id in self.stop_ids:
+    def push(self, token_id: int, core_reason: str | None) -> str:
+        """Account for a token the core sampled, with the core's verdict on it ("stop": a stop id, whose
+        text is not shown; "length"); returns the text now safe to emit. Sets finish_reason, to "stop" also
+        when a stop string matched (the caller then aborts the completion in the core)."""
+        if core_reason == "stop":
             self.finish_reason = "stop"
             return self._take(final=True)
         search_from = max(0, len(self.text) - self.hold)
@@ -97,8 +112,8 @@ class OutputProcessor:
                 self.text = self.text[:at]
                 self.finish_reason = "stop"
                 return self._take(final=True)
-        if self.num_tokens >= max_tokens:
-            self.finish_reason = "length"
+        if core_reason is not None:
+            self.finish_reason = core_reason
             self.text += self.decoder.flush()
             return self._take(final=True)
         return self._take(final=False)

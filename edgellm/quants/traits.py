@@ -1,4 +1,4 @@
-"""One table describing every supported GGML tensor type: sizes, repack group, reference and kernel entries.
+"""One table describing every supported GGML tensor type: sizes, repack group, reference entries.
 
 Code elsewhere looks types up here (`get_traits`) instead of branching on the type, so adding a type means
 adding one row. Unsupported types raise `UnsupportedQuantError` naming the type (and tensor, when known).
@@ -8,13 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
-from edgellm.backends.cpu.matmul import matmul_dense_cpu, matmul_grouped_cpu
 from edgellm.quants import unpack
 
 T = GGMLQuantizationType
@@ -34,13 +32,11 @@ class QuantTraits:
     has_min: bool
     unpack_ref: Callable[[np.ndarray], unpack.Unpacked] | None  # None: float type, repacked to dense f32
     dequantize_ref: Callable[[np.ndarray], np.ndarray]
-    matmul_cpu: Callable[..., None]
     # How activations are quantized for the dot product, as llama.cpp's `vec_dot_type`: "q8_0" (per 32,
     # f16 scale), "q8_1" (q8_0 plus an f16 scaled sum, for types with a min), "q8_K" (per 256, f32 scale),
     # or the float type the activations are rounded to ("f32", "f16", "bf16"). Matching it is what makes
     # greedy tokens identical to llama.cpp's.
     vec_dot: str
-    matmul_cuda: Callable[..., Any] | None = None  # filled in by the CUDA backend
 
     def row_bytes(self, cols: int) -> int:
         if cols % self.block_size:
@@ -71,7 +67,6 @@ def _row(
         has_min=has_min,
         unpack_ref=unpack_ref,
         dequantize_ref=_dequantizer(qtype),
-        matmul_cpu=matmul_grouped_cpu if unpack_ref is not None else matmul_dense_cpu,
         vec_dot=vec_dot,
     )
 

@@ -1,7 +1,7 @@
 """OpenAI-compatible HTTP server over the engine: `run_server(...)` (what `edgellm serve` calls).
 
-Starlette on uvicorn, one process: the event loop handles HTTP and SSE while the engine runs on its
-own thread (AsyncLLMEngine). See app.py for the routes and generate.py for streaming.
+Starlette on uvicorn: the event loop handles HTTP and SSE while the engine core runs in its own process
+(engine/core.py), started by LLM. See app.py for the routes and generate.py for streaming.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import ipaddress
 import socket
 import sys
 import threading
-import time
 
 import uvicorn
 
@@ -75,40 +74,45 @@ def run_server(
         chat_template_file=chat_template_file,
     )
     state = ServerState(config)
+    server: uvicorn.Server
 
-    app = build_app(state, on_startup=lambda: None)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=3, lifespan="on"
-        )
-    )
-    # HTTP on a helper thread, the model and the engine loop on this (main) thread: the Numba/OpenMP
-    # kernels run ~3x slower when launched from a thread other than the process's main thread.
-    http = threading.Thread(target=server.run, name="edgellm-http", daemon=True)
-    http.start()
-    try:
+    def load() -> None:
         try:
-            state.load(progress=_say, own_thread=False)
+            state.load(progress=_say)
         except BaseException as e:  # noqa: BLE001 - reported, then the server stops
             _say(f"failed to load {model}: {e!r}")
-            raise SystemExit(1) from None
-        while not server.started and not server.should_exit and http.is_alive():
-            time.sleep(0.02)
-        if not server.started:
-            _say(f"could not listen on {host}:{port}")
-            raise SystemExit(1)
+            server.should_exit = True
+            return
         shown = f"[{host}]" if ":" in host else host
         print(
             f"edgellm: serving {state.model_name} at http://{shown}:{port}/v1 (context {state.llm.n_ctx})",
             flush=True,
         )
-        state.engine.run_forever()
+
+    def start_loading() -> None:
+        threading.Thread(target=load, name="edgellm-load", daemon=True).start()
+
+    app = build_app(state, on_startup=start_loading)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=3, lifespan="on"
+        )
+    )
+
+    def request_exit() -> None:
+        server.should_exit = True
+
+    state.request_exit = request_exit
+    # HTTP on this thread; the engine core in its own process (started by the load thread), where its
+    # loop runs on that process's main thread.
+    try:
+        server.run()
     except KeyboardInterrupt:
         pass
     finally:
-        server.should_exit = True
-        if state.engine is not None:
-            state.engine.shutdown()
-        http.join(timeout=5)
-    if state.load_error is not None:
+        if state.llm is not None:
+            state.llm.shutdown()
+    if state.load_error is not None or not server.started:
+        if not server.started:
+            _say(f"could not listen on {host}:{port}")
         raise SystemExit(1)

@@ -1,7 +1,9 @@
 """The Starlette application: routes, API-key check, body limit, OpenAI-style errors, model loading.
 
 The model loads on a background thread after the socket is up, so /health can answer 503 while it
-loads; every model endpoint answers 503 until then too.
+loads; every model endpoint answers 503 until then too. The engine core runs in its own process (see
+engine/core.py): if it dies, in-flight requests get an error, /health answers 503 with the reason, and a
+new core is started; if that fails too, the server exits non-zero.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from starlette.routing import Route
 
 from edgellm.catalog import CATALOG
 from edgellm.chat_template import ChatPrompt, ChatTemplate, ChatTemplateError
-from edgellm.engine.async_engine import AsyncLLMEngine
 from edgellm.llm import LLM
 from edgellm.server.generate import generate
 from edgellm.server.metrics import ServerMetrics
@@ -63,7 +64,8 @@ class ServerState:
         self.aliases = {self.model_name, config.model, Path(config.model).name}
         self.metrics = ServerMetrics(self.model_name)
         self.llm: LLM = None  # type: ignore[assignment]  # set once loaded
-        self.engine: AsyncLLMEngine = None  # type: ignore[assignment]
+        self.core_error: str | None = None  # why the engine core died, while a new one starts
+        self.request_exit: Callable[[], None] = lambda: None  # set by run_server
         self.template: ChatTemplate | None = None
         self.template_error: str | None = None  # why chat requests cannot be served (broken template)
         # Templates render on their own threads: a slow one never blocks the event loop or other requests.
@@ -73,7 +75,7 @@ class ServerState:
         self.in_flight = 0
         self.created = int(time.time())
 
-    def load(self, progress: Callable[[str], None] | None = None, own_thread: bool = True) -> None:
+    def load(self, progress: Callable[[str], None] | None = None) -> None:
         try:
             c = self.config
             llm = LLM(
@@ -87,11 +89,30 @@ class ServerState:
             self.template, self.template_error = load_template(c, llm)
             self.aliases.add(llm.path.name)
             self.aliases.add(llm.path.stem)
-            self.llm, self.engine = llm, AsyncLLMEngine(llm.engine, own_thread=own_thread)
+            llm.on_core_death = self._core_died
+            self.llm = llm
             self.ready.set()
         except BaseException as e:
             self.load_error = e
             raise
+
+    def _core_died(self, reason: str) -> None:
+        """The engine core is gone (its requests have their errors): restart it on a helper thread."""
+        log.error("%s; restarting the engine core", reason)
+        self.core_error = reason
+
+        def restart() -> None:
+            try:
+                self.llm.restart()
+            except BaseException as e:  # noqa: BLE001 - no engine: the server stops, non-zero
+                log.error("could not restart the engine core: %r", e)
+                self.load_error = e
+                self.request_exit()
+                return
+            self.core_error = None
+            log.warning("engine core restarted")
+
+        threading.Thread(target=restart, name="edgellm-core-restart", daemon=True).start()
 
     def admit(self, k: int) -> Callable[[], None]:
         """Reserve k request slots or raise 429; returns an idempotent release."""
@@ -297,13 +318,14 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
             return JSONResponse({"status": "error", "error": repr(state.load_error)}, status_code=503)
         if not state.ready.is_set():
             return JSONResponse({"status": "loading"}, status_code=503)
-        if not state.engine.healthy:
-            return JSONResponse({"status": "error", "error": "engine stopped"}, status_code=503)
-        return JSONResponse({"status": "ok", "model": state.model_name})
+        if state.core_error is not None or not state.llm.healthy:
+            reason = state.core_error or state.llm.error
+            return JSONResponse({"status": "error", "error": reason, "restarting": True}, status_code=503)
+        return JSONResponse({"status": "ok", "model": state.model_name, "core_pid": state.llm.core.pid})
 
     @endpoint(state, auth=not state.config.metrics_public)
     async def metrics(request: Request) -> Response:
-        text = state.metrics.render(state.engine.stats())
+        text = state.metrics.render(state.llm.stats())
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @endpoint(state)
@@ -356,8 +378,8 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
         if on_startup is not None:
             on_startup()
         yield
-        if state.engine is not None:
-            state.engine.shutdown()
+        if state.llm is not None:
+            state.llm.shutdown()
         state.template_pool.shutdown(wait=False, cancel_futures=True)
 
     routes = [

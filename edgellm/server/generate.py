@@ -11,7 +11,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from edgellm.engine.async_engine import EngineDeadError
+from edgellm.engine.checks import PromptTooLongError
+from edgellm.engine.core_client import EngineDeadError
 from edgellm.engine.outputs import RequestOutput
 from edgellm.server.openai_format import Choice, ResponseHead, completion_logprobs, new_id, sse, usage
 from edgellm.server.openai_format import chat_logprobs as chat_lp
@@ -99,7 +100,9 @@ async def generate(
 ) -> Response:
     n_ctx = state.llm.n_ctx
     for ids in prompts:
-        if len(ids) >= n_ctx:
+        try:
+            state.llm.prompt_ids(ids)  # the front-end's one prompt check, before a slot is taken
+        except PromptTooLongError:
             what = "messages" if chat else "prompt"
             raise ApiError(
                 400,
@@ -107,7 +110,9 @@ async def generate(
                 f"{len(ids)} tokens (at most {n_ctx - 1} prompt tokens leave room for one generated token).",
                 param="messages" if chat else "prompt",
                 code="context_length_exceeded",
-            )
+            ) from None
+        except ValueError as e:
+            raise ApiError(400, str(e), param="messages" if chat else "prompt") from None
     release = state.admit(len(prompts))
     head = ResponseHead(new_id("chatcmpl" if chat else "cmpl"), state.model_name, chat)
     rids = [f"{head.id}-{i}" for i in range(len(prompts))]
@@ -115,11 +120,11 @@ async def generate(
 
     def close() -> None:
         for rid in rids:
-            state.engine.abort(rid)  # a no-op for requests that already finished
+            state.llm.abort(rid)  # a no-op for requests that already finished
         release()
 
     gens = [
-        state.engine.generate(ids, req.params, request_id=rid) for ids, rid in zip(prompts, rids, strict=True)
+        state.llm.stream(ids, req.params, request_id=rid) for ids, rid in zip(prompts, rids, strict=True)
     ]
     merged = _merge(gens)
     try:

@@ -12,7 +12,7 @@ import reprlib
 from dataclasses import dataclass
 from typing import Any
 
-from edgellm.sampling import SamplingParams
+from edgellm.sampling import PARAM_BOUNDS, SamplingParams
 
 MAX_N = 16  # completions per request
 MAX_TOP_LOGPROBS = 20
@@ -176,12 +176,7 @@ def _common(body: dict, vocab_size: int, max_tokens_default: int, top_logprobs: 
         include_usage = _bool(options, "include_usage") or False
     top_k = _int(body, "top_k", lo=-1)
     opt = {
-        "temperature": _number(body, "temperature", 0.0, 2.0),
-        "top_p": _number(body, "top_p", 0.0, 1.0, lo_open=True),
-        "min_p": _number(body, "min_p", 0.0, 1.0),
-        "repetition_penalty": _number(body, "repetition_penalty", 0.0, 10.0, lo_open=True),
-        "presence_penalty": _number(body, "presence_penalty", -2.0, 2.0),
-        "frequency_penalty": _number(body, "frequency_penalty", -2.0, 2.0),
+        **{k: _number(body, k, *bounds) for k, bounds in PARAM_BOUNDS.items()},  # SamplingParams' bounds
         "seed": _int(body, "seed", lo=0, hi=MAX_SEED),
         "n": _int(body, "n", lo=1, hi=MAX_N),
         "top_k": None if top_k is None else max(top_k, 0),  # -1 means off, as in vLLM

@@ -19,55 +19,8 @@ from edgellm.backends.cpu.packed import (
     tile_packed,
 )
 from edgellm.gguf.reader import TensorInfo
+from edgellm.quants.packing import stack_packed, stackable
 from edgellm.quants.traits import get_traits
-
-
-def stack_packed(parts: list[PackedWeight]) -> PackedWeight:
-    """Stack repacked matrices along the output rows (Q|K|V, gate|up) so one matmul call serves them.
-    Possible whenever they share the repacked form (same group; a missing min is a zero min)."""
-    first = parts[0]
-    rows = sum(p.rows for p in parts)
-    if first.dense is not None:
-        dense = np.concatenate([p.dense for p in parts], axis=0)
-        return PackedWeight(
-            q=None,
-            scale=None,
-            minv=None,
-            dense=dense,
-            group=0,
-            rows=rows,
-            cols=first.cols,
-            qtype=first.qtype,
-            act_round=first.act_round,
-        )
-    any_min = any(p.minv is not None for p in parts)
-    minv = (
-        np.concatenate([p.minv if p.minv is not None else np.zeros_like(p.scale) for p in parts], axis=0)
-        if any_min
-        else None
-    )
-    return PackedWeight(
-        q=np.concatenate([p.q for p in parts], axis=0),
-        scale=np.concatenate([p.scale for p in parts], axis=0),
-        minv=minv,
-        dense=None,
-        group=first.group,
-        rows=rows,
-        cols=first.cols,
-        qtype=first.qtype,
-        act_mode=first.act_mode,
-    )
-
-
-def _stackable(parts: list[PackedWeight]) -> bool:
-    first = parts[0]
-    return all(
-        (p.dense is None) == (first.dense is None)
-        and p.group == first.group
-        and p.act_mode == first.act_mode
-        and p.act_round is first.act_round
-        for p in parts
-    )
 
 
 class StackedWeights:
@@ -96,7 +49,7 @@ class CpuBackend(Backend):
         layout = tile_packed if vnni.VNNI_ACTIVE else (lambda w: w)
         if len(parts) == 1:
             return parts[0]
-        if _stackable(parts):
+        if stackable(parts):
             return layout(stack_packed(parts))
         return StackedWeights([layout(p) for p in parts])
 

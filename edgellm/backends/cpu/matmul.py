@@ -21,19 +21,13 @@ from numba import njit, prange
 
 from edgellm.backends.cpu import vnni
 from edgellm.backends.cpu.fp16 import f16_round
+from edgellm.quants.packing import ACT_MODES, ACT_Q8_0, ACT_Q8_1, ACT_Q8_K  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
-    from edgellm.backends.cpu.packed import PackedWeight
+    from edgellm.quants.packing import PackedWeight
 
 ORDERED_MATH = {"nsz", "arcp", "afn"}  # no reassoc/contract: per-(m,n) float order fixed (see docstring)
 U = np.uint64
-
-
-# Activation quantization modes (llama.cpp's vec_dot_type of the weight type).
-ACT_Q8_0 = 0  # blocks of 32, d = amax/127 stored as f16, q = rint(x * 127/amax)
-ACT_Q8_1 = 1  # q8_0 plus s = f16(d * sum(q)) per block, for the min term of Q4_1/Q5_1
-ACT_Q8_K = 2  # blocks of 256, d = max/-127 as f32 (max: the signed value of largest magnitude)
-ACT_MODES = {"q8_0": ACT_Q8_0, "q8_1": ACT_Q8_1, "q8_K": ACT_Q8_K}
 
 
 @njit(cache=True, nogil=True, fastmath=ORDERED_MATH, inline="always")

@@ -10,14 +10,15 @@ int8 rows into vnni's "tile16" layout (`tile_packed`), which replaces q/scale/mi
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 from gguf import GGMLQuantizationType
 from numba import njit, prange
 
 from edgellm.backends.cpu import vnni
-from edgellm.backends.cpu.matmul import ACT_MODES, ACT_Q8_0, ORDERED_MATH, U
+from edgellm.backends.cpu.matmul import ORDERED_MATH, U
+from edgellm.quants.packing import ACT_MODES, PackedWeight, Tiles
 from edgellm.quants.traits import get_traits
 
 
@@ -36,41 +37,6 @@ ACT_ROUNDING: dict[str, Callable[[np.ndarray], np.ndarray] | None] = {
     "f16": _round_f16,
     "bf16": _round_bf16,
 }
-
-
-@dataclass
-class Tiles:
-    """vnni.to_tiles output: rows interleaved 16 at a time by 4-byte words, quants offset to uint8."""
-
-    qt: np.ndarray  # uint8 [T, K/4, 16, 4]
-    sct: np.ndarray  # f32 [T, K/G, 16]
-    mnt: np.ndarray | None  # f32 [T, K/G, 16] or None
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.qt, self.sct, self.mnt) if a is not None)
-
-
-@dataclass
-class PackedWeight:
-    q: np.ndarray | None  # int8 [N, K], None for float types
-    scale: np.ndarray | None  # f32 [N, K // group]
-    minv: np.ndarray | None  # f32 [N, K // group], None when the type has no min term
-    dense: np.ndarray | None  # f32 [N, K] for float types, else None
-    group: int  # 0 for float types
-    rows: int  # N (output features)
-    cols: int  # K (input features)
-    qtype: GGMLQuantizationType
-    act_mode: int = ACT_Q8_0  # how activations are quantized (matmul.ACT_*), from the traits' vec_dot
-    act_round: Callable[[np.ndarray], np.ndarray] | None = None  # float weights: activation rounding
-    tiles: Tiles | None = None  # the VNNI layout; q, scale and minv are then None
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes the kernels stream per full pass over the weight."""
-        arrays = (self.q, self.scale, self.minv, self.dense)
-        tiles = self.tiles.nbytes if self.tiles is not None else 0
-        return sum(a.nbytes for a in arrays if a is not None) + tiles
 
 
 def tile_packed(w: PackedWeight) -> PackedWeight:

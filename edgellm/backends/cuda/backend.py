@@ -24,7 +24,6 @@ import numpy as np
 from numba import cuda
 
 from edgellm.backends.base import Backend
-from edgellm.backends.cpu.backend import _stackable, stack_packed
 from edgellm.backends.cpu.packed import dequantize_rows_cpu, pack_weight
 from edgellm.backends.cuda import attention as attn
 from edgellm.backends.cuda import ops
@@ -34,6 +33,7 @@ from edgellm.backends.cuda.deferred import ActOp, AttnOp, HeadsOp, ResidualOp, s
 from edgellm.backends.cuda.devarray import BufferPool, DeviceTensor
 from edgellm.backends.cuda.matmul import DeviceWeight, Scratch, gather_rows_cuda, matmul_cuda, upload_weight
 from edgellm.gguf.reader import TensorInfo
+from edgellm.quants.packing import stack_packed, stackable
 from edgellm.quants.traits import get_traits
 
 
@@ -81,7 +81,7 @@ class CudaBackend(Backend):
             get_traits(t.qtype, t.name)
             rows, cols = t.shape
             parts.append(pack_weight(t.qtype, t.data, rows, cols, name=t.name))
-        if len(parts) > 1 and _stackable(parts):
+        if len(parts) > 1 and stackable(parts):
             parts = [stack_packed(parts)]
         uploaded = [upload_weight(p) for p in parts]  # host copies are dropped here
         self.weight_bytes += sum(w.nbytes for w in uploaded)

@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
-from edgellm.backends.cpu.packed import PackedWeight
 from edgellm.backends.cuda.config import (
     GEMM_TILE_M,
     MATMUL_LANES,
@@ -34,6 +33,7 @@ from edgellm.backends.cuda.config import (
     mul_rn,
     rint_f32,
 )
+from edgellm.quants.packing import PackedWeight
 from edgellm.quants.traits import get_traits
 
 ACT_ROUND = {"f32": 0, "f16": 1, "bf16": 2}  # activation rounding before a float-weight dot (llama.cpp)

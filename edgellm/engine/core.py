@@ -1,0 +1,255 @@
+"""The engine core: the one place that loads the model, calls `step()` and launches kernels.
+
+`serve`, `chat`, `bench` and `LLM` run it in its own process (`run_core_process`, started with the
+"spawn" context by core_client.CoreClient), where its loop runs on the process's main thread: GNU OpenMP
+kernels ran ~3x slower when launched from another thread or from several threads, and a crash in a
+kernel takes down this process only. Tests may build an `EngineCore` in-process to drive its engine.
+
+Messages in (tuples): ("add", rid, prompt_ids, params, priority), ("abort", rid, index|None),
+("call", call_id, name, args), ("shutdown",). Out: ("progress", line), ("ready", info), ("load_error",
+exc), per step ("step", time, stats, outputs) with outputs as (rid, finished, deltas, cached,
+preemptions), ("add_error", rid, exc), ("reply", call_id, ok, value). Only ids, numbers, strings, the
+SamplingParams dataclass and exceptions cross: no tokenizer state.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from edgellm.engine.checks import PromptTooLongError
+from edgellm.engine.llm_engine import LLMEngine
+from edgellm.engine.model_runner import ModelRunner, RunItem
+from edgellm.engine.outputs import RequestOutput
+from edgellm.engine.scheduler import SchedulerConfig
+from edgellm.engine.sequence import Sequence as EngineSequence
+
+DEFAULT_CTX = 4096
+DEFAULT_KV_MEMORY = 512 * 2**20  # bytes of KV cache when not given (at least one full context is kept)
+IDLE_POLL_S = 0.5  # how often an idle core looks whether its front-end is still there
+
+
+@dataclass
+class CoreSpec:
+    """What the core process needs to build the engine (plain values: it crosses to the new process)."""
+
+    path: str
+    backend: str = "cpu"
+    n_ctx: int | None = None
+    threads: int | None = None
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 512
+    block_size: int = 16
+    kv_cache_memory: int | float | None = None
+    enable_prefix_caching: bool = True
+    log_path: str | None = None  # where the core process's stdout/stderr go (None: inherited)
+
+
+def kv_budget_bytes(kv_cache_memory: int | float | None) -> int:
+    """KV cache budget: bytes (an int), or a fraction of physical RAM (a float in (0, 1))."""
+    if kv_cache_memory is None:
+        return DEFAULT_KV_MEMORY
+    if isinstance(kv_cache_memory, float) and 0 < kv_cache_memory < 1:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * kv_cache_memory)
+    if kv_cache_memory < 0:
+        raise ValueError(f"kv_cache_memory must be bytes >= 0 or a fraction in (0, 1), got {kv_cache_memory}")
+    return int(kv_cache_memory)
+
+
+def weight_bytes_per_token(model: Any) -> int:
+    """Bytes of weights one decode step streams: every matmul once (tied output counted once)."""
+    seen, total = set(), 0
+    mats = [model.output]
+    for attn, ffn in model.layers:
+        mats += [attn.wqkv, attn.wo, ffn.w_gate_up, ffn.w_down]
+    for w in mats:
+        if id(w) in seen:
+            continue
+        seen.add(id(w))
+        total += sum(p.nbytes for p in getattr(w, "parts", [w]))
+    return total
+
+
+class EngineCore:
+    """Loads the model from `spec.path` (mmapped) and owns the model, scheduler and sampler."""
+
+    def __init__(self, spec: CoreSpec, log: Callable[[str], None] | None = None) -> None:
+        from edgellm.arch import ARCHITECTURES
+        from edgellm.backends.base import get_backend
+        from edgellm.gguf.config import config_from_gguf
+        from edgellm.gguf.reader import load_gguf
+        from edgellm.runtime import set_threads, warm_up
+        from edgellm.tokenizer import Tokenizer
+
+        self.threads = set_threads(spec.threads)
+        t0 = time.perf_counter()
+        gguf = load_gguf(spec.path)
+        self.config = cfg = config_from_gguf(gguf)
+        eog_ids = frozenset(Tokenizer.from_metadata(gguf.metadata).eog_ids)
+        self.backend = get_backend(spec.backend)
+        layer_progress = None
+        if log:
+            name = os.path.basename(spec.path)
+            log(f"loading {name}: {cfg.arch}, {cfg.n_layers} layers, vocab {cfg.n_vocab}")
+
+            def layer_progress(done: int, total: int) -> None:
+                if done == total or done % max(1, total // 4) == 0:
+                    log(f"repacked weights of {done}/{total} layers")
+
+        self.model = ARCHITECTURES[cfg.arch](cfg, gguf, self.backend, layer_progress)
+        self.n_ctx = min(spec.n_ctx or DEFAULT_CTX, cfg.n_ctx_train)
+        bs = spec.block_size
+        per_block = ModelRunner.kv_bytes_per_block(cfg, bs)
+        num_blocks = max(kv_budget_bytes(spec.kv_cache_memory) // per_block, -(-self.n_ctx // bs) + 1)
+        self.runner = ModelRunner(self.model, cfg, self.backend, num_blocks, bs)
+        sched = SchedulerConfig(
+            max_num_seqs=spec.max_num_seqs,
+            max_num_batched_tokens=max(spec.max_num_batched_tokens, spec.max_num_seqs),
+            block_size=bs,
+            num_blocks=num_blocks,
+            enable_prefix_caching=spec.enable_prefix_caching,
+            max_model_len=self.n_ctx,
+        )
+        self.engine = LLMEngine(self.runner, eog_ids, self.n_ctx, sched)
+        load_time = time.perf_counter() - t0
+        if log:
+            log(
+                f"KV cache: {num_blocks} blocks x {bs} tokens = {num_blocks * bs} tokens, "
+                f"{num_blocks * per_block / 2**20:.0f} MiB; context {self.n_ctx}; {self.threads} threads"
+            )
+        compile_time = warm_up(self.runner, log)
+        self.info = {
+            "n_ctx": self.n_ctx,
+            "n_vocab": cfg.n_vocab,
+            "threads": self.threads,
+            "num_kv_blocks": num_blocks,
+            "block_size": bs,
+            "kv_cache_bytes": num_blocks * per_block,
+            "load_time": load_time,
+            "compile_time": compile_time,
+            "weight_bytes_per_token": weight_bytes_per_token(self.model),
+            "pid": os.getpid(),
+            "stats": self.stats(),
+        }
+
+    # ---- requests that are not generation ------------------------------------------------------
+    def score(self, ids: list[int]) -> np.ndarray:
+        """Teacher-forced logits: float32 [len(ids), n_vocab], row t predicting token t+1."""
+        ids = list(ids)
+        if not ids:
+            raise ValueError("score() needs at least one token")
+        if any(isinstance(t, bool) or not 0 <= t < self.config.n_vocab for t in ids):
+            raise ValueError(f"token ids must be in 0..{self.config.n_vocab - 1}")
+        if len(ids) > self.n_ctx:
+            raise PromptTooLongError(
+                len(ids), self.n_ctx, f"{len(ids)} tokens exceed the context window of {self.n_ctx}"
+            )
+        bm = self.engine.scheduler.block_manager
+        seq = EngineSequence(-1, ids)
+        if not bm.can_allocate(seq, len(ids)):
+            raise RuntimeError("not enough free KV blocks to score this sequence while other requests run")
+        bm.allocate(seq, len(ids))
+        try:
+            chunk = self.engine.scheduler.config.max_num_batched_tokens
+            rows = []
+            for start in range(0, len(ids), chunk):
+                item = RunItem(seq.block_table, ids[start : start + chunk], start, all_logits=True)
+                rows.append(self.runner.run([item])[0])
+            return np.concatenate(rows, axis=0)
+        finally:
+            bm.free(seq)
+
+    def stats(self) -> dict:
+        return asdict(self.engine.stats())
+
+    # ---- the loop ------------------------------------------------------------------------------
+    def handle(self, msg: tuple, send: Callable[[tuple], None]) -> bool:
+        """Apply one message from the front-end; False on shutdown."""
+        kind = msg[0]
+        if kind == "add":
+            _, rid, ids, params, priority = msg
+            try:
+                self.engine.add_request(ids, params, rid, priority)
+            except Exception as e:  # a bad request: its sender gets the error, the core goes on
+                send(("add_error", rid, portable(e)))
+        elif kind == "abort":
+            self.engine.abort(msg[1], msg[2])
+        elif kind == "call":
+            _, call_id, name, args = msg
+            try:
+                value = {"score": self.score, "stats": self.stats}[name](*args)
+                send(("reply", call_id, True, value))
+            except Exception as e:
+                send(("reply", call_id, False, portable(e)))
+        elif kind == "shutdown":
+            return False
+        return True
+
+    def run(self, conn: Any) -> None:
+        """Serve the front-end over `conn` until it says shutdown or goes away (EOF)."""
+        send = conn.send
+        eng = self.engine
+        while True:
+            busy = eng.has_unfinished()
+            changed = False
+            if conn.poll(0 if busy else IDLE_POLL_S):
+                while True:
+                    if not self.handle(conn.recv(), send):
+                        return
+                    changed = True
+                    if not conn.poll(0):
+                        break
+            if eng.has_unfinished():
+                outs = eng.step()
+                send(("step", time.perf_counter(), self.stats(), [_wire(o) for o in outs]))
+            elif changed:  # aborts and adds that left the engine idle: the gauges changed
+                send(("step", time.perf_counter(), self.stats(), []))
+
+
+def _wire(out: RequestOutput) -> tuple:
+    m = out.metrics
+    deltas = [(d.index, d.token_ids, d.finish_reason, d.logprobs) for d in out.deltas]
+    return (out.request_id, out.finished, deltas, m.num_cached_tokens, m.num_preemptions)
+
+
+def portable(e: BaseException) -> BaseException:
+    """The exception itself when it survives pickling, else a RuntimeError that names it."""
+    try:
+        pickle.loads(pickle.dumps(e))
+        return e
+    except Exception:
+        return RuntimeError(f"{type(e).__name__}: {e}")
+
+
+def run_core_process(conn: Any, spec: CoreSpec) -> None:
+    """The core process's entry point (its main thread). Ctrl-C in a terminal reaches the whole process
+    group: the front-end decides what happens, so the core ignores SIGINT and ends when told, or when its
+    front-end's end of the pipe closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if spec.log_path is not None:  # e.g. under a full-screen UI, whose screen a traceback would garble
+        fd = os.open(spec.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+    try:
+        core = EngineCore(spec, log=lambda line: conn.send(("progress", line)))
+    except BaseException as e:  # noqa: BLE001 - reported to the front-end, which raises it
+        conn.send(("load_error", portable(e)))
+        return
+    conn.send(("ready", core.info))
+    try:
+        core.run(conn)
+    except (EOFError, OSError):
+        pass  # the front-end went away
+    except BaseException as e:  # a failed step: the front-end fails its requests with this reason
+        try:
+            conn.send(("fatal", portable(e)))
+        finally:
+            raise

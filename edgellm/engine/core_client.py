@@ -1,0 +1,216 @@
+"""The front-end's handle on the engine core process: start it, send it messages, route its per-step
+outputs to whoever waits for each request, and fail everything loudly when it dies.
+
+Any number of threads may call `add`/`abort`/`call`. Messages go out through one sender thread and come
+in on one receiver thread, so neither side of the pipe can block the other: the receiver never sends.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import multiprocessing
+import queue
+import signal
+import sys
+import threading
+import types
+from collections.abc import Callable
+from typing import Any
+
+from edgellm.engine.core import CoreSpec, run_core_process
+from edgellm.engine.llm_engine import EngineStats
+from edgellm.sampling import SamplingParams
+
+# A sink receives, on the receiver thread, (wire output, step time) tuples for its request, or one
+# exception (the core rejected the request, or died). It must not block.
+Sink = Callable[[Any], None]
+
+
+class EngineDeadError(RuntimeError):
+    """The engine core process is gone (an exception in a step, a signal, or shut down)."""
+
+
+class CoreLoadError(RuntimeError):
+    pass
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "the engine core stopped answering"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"the engine core process was killed by {name}"
+    return f"the engine core process exited with status {code}"
+
+
+def _start_without_main(process: Any) -> None:
+    """Start a spawn-context process without re-running the caller's __main__ in it: the core needs
+    nothing from it, and a script without an `if __name__ == "__main__"` guard would start a second core
+    from inside the first."""
+    main, stderr = sys.modules["__main__"], sys.stderr
+    sys.modules["__main__"] = types.ModuleType("__main__")  # no __file__ or __spec__: nothing to re-run
+    # The launcher passes sys.stderr's descriptor on; an app that captures output (Textual) replaces
+    # sys.stderr with an object whose fileno() is not a descriptor.
+    sys.stderr = sys.__stderr__ or stderr
+    try:
+        process.start()
+    finally:
+        sys.modules["__main__"], sys.stderr = main, stderr
+
+
+class CoreClient:
+    """Starts the core process for `spec` and blocks until it is ready (progress lines go to
+    `progress`); raises the core's load error if it cannot load. `on_death(reason)` is called once, on the
+    receiver thread, if the core dies while in use."""
+
+    def __init__(
+        self,
+        spec: CoreSpec,
+        progress: Callable[[str], None] | None = None,
+        on_death: Callable[[str], None] | None = None,
+    ) -> None:
+        ctx = multiprocessing.get_context("spawn")  # fork after Numba/OpenMP threads exist is unsafe
+        self._conn, child = ctx.Pipe(duplex=True)
+        self.process = ctx.Process(
+            target=run_core_process, args=(child, spec), name="edgellm-core", daemon=True
+        )
+        _start_without_main(self.process)
+        child.close()  # so that the core's death reads as EOF here
+        self._on_death = on_death
+        self._sinks: dict[str, Sink] = {}
+        self._calls: dict[int, concurrent.futures.Future] = {}
+        self._call_ids = itertools.count()
+        self._lock = threading.Lock()
+        self._outbox: queue.Queue = queue.Queue()
+        self.error: str | None = None  # why the core is gone
+        self._closing = False
+        self.info = self._wait_ready(progress)
+        self.pid: int = self.info["pid"]
+        self._stats = EngineStats(**self.info["stats"])
+        threading.Thread(target=self._send_loop, name="edgellm-core-send", daemon=True).start()
+        threading.Thread(target=self._recv_loop, name="edgellm-core-recv", daemon=True).start()
+
+    def _wait_ready(self, progress: Callable[[str], None] | None) -> dict:
+        while True:
+            try:
+                msg = self._conn.recv()
+            except (EOFError, OSError):
+                self.process.join(timeout=5)
+                self._conn.close()
+                raise CoreLoadError(f"{_describe_exit(self.process.exitcode)} while loading") from None
+            if msg[0] == "progress":
+                if progress is not None:
+                    progress(msg[1])
+            elif msg[0] == "ready":
+                return msg[1]
+            elif msg[0] == "load_error":
+                self.process.join(timeout=5)
+                self._conn.close()
+                raise msg[1]
+
+    # ---- any thread ----------------------------------------------------------------------------
+    def add(self, rid: str, ids: list[int], params: SamplingParams, sink: Sink, priority: int = 0) -> None:
+        with self._lock:
+            if self.error is not None:
+                raise EngineDeadError(self.error)
+            if rid in self._sinks:
+                raise ValueError(f"request id {rid!r} is already in flight")
+            self._sinks[rid] = sink
+        self._outbox.put(("add", rid, ids, params, priority))
+
+    def abort(self, rid: str, index: int | None = None) -> None:
+        """Stop a request (or one completion of it); a no-op for one that already finished. Aborting the
+        whole request drops its sink at once: nothing more is delivered for it."""
+        if index is None:
+            with self._lock:
+                self._sinks.pop(rid, None)
+        if self.error is None:
+            self._outbox.put(("abort", rid, index))
+
+    def call(self, name: str, *args: Any) -> Any:
+        """A request/reply message to the core ("score", "stats"); blocks the caller only."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            if self.error is not None:
+                raise EngineDeadError(self.error)
+            call_id = next(self._call_ids)
+            self._calls[call_id] = fut
+        self._outbox.put(("call", call_id, name, args))
+        return fut.result()
+
+    def stats(self) -> EngineStats:
+        """The engine's gauges as of its last step (pushed with every step, no round trip)."""
+        return self._stats
+
+    @property
+    def healthy(self) -> bool:
+        return self.error is None
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._closing = True
+        if self.error is None:
+            self._outbox.put(("shutdown",))
+            self._outbox.put(None)
+        self.process.join(timeout=timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout=5)
+
+    # ---- sender / receiver threads -------------------------------------------------------------
+    def _send_loop(self) -> None:
+        while (msg := self._outbox.get()) is not None:
+            try:
+                self._conn.send(msg)
+            except (OSError, ValueError):  # the core is gone: the receiver reports it
+                return
+
+    def _recv_loop(self) -> None:
+        reason = None
+        try:
+            while True:
+                msg = self._conn.recv()
+                kind = msg[0]
+                if kind == "step":
+                    _, t, stats, outs = msg
+                    self._stats = EngineStats(**stats)
+                    for out in outs:
+                        with self._lock:
+                            sink = self._sinks.pop(out[0], None) if out[1] else self._sinks.get(out[0])
+                        if sink is not None:
+                            sink((out, t))
+                elif kind == "add_error":
+                    with self._lock:
+                        sink = self._sinks.pop(msg[1], None)
+                    if sink is not None:
+                        sink(msg[2])
+                elif kind == "reply":
+                    _, call_id, ok, value = msg
+                    with self._lock:
+                        fut = self._calls.pop(call_id)
+                    fut.set_result(value) if ok else fut.set_exception(value)
+                elif kind == "fatal":
+                    reason = f"the engine core failed: {msg[1]!r}"
+        except (EOFError, OSError):
+            pass
+        self.process.join(timeout=2)
+        self._die(reason or _describe_exit(self.process.exitcode))
+
+    def _die(self, reason: str) -> None:
+        if self._closing:
+            reason = "the engine was shut down"
+        with self._lock:
+            self.error = reason
+            sinks, self._sinks = list(self._sinks.values()), {}
+            calls, self._calls = list(self._calls.values()), {}
+        self._outbox.put(None)
+        err = EngineDeadError(reason)
+        for sink in sinks:
+            sink(err)
+        for fut in calls:
+            fut.set_exception(err)
+        if not self._closing and self._on_death is not None:
+            self._on_death(reason)

@@ -1,0 +1,102 @@
+"""Repacked weights as host code shares them: the form every backend's weights are built from (the CPU
+kernels stream it, the CUDA backend uploads it), how projections are stacked into one matrix, and the
+activation quantization modes a weight asks for. No backend code lives here, so any backend may import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+# Activation quantization modes (llama.cpp's vec_dot_type of the weight type).
+ACT_Q8_0 = 0  # blocks of 32, d = amax/127 stored as f16, q = rint(x * 127/amax)
+ACT_Q8_1 = 1  # q8_0 plus s = f16(d * sum(q)) per block, for the min term of Q4_1/Q5_1
+ACT_Q8_K = 2  # blocks of 256, d = max/-127 as f32 (max: the signed value of largest magnitude)
+ACT_MODES = {"q8_0": ACT_Q8_0, "q8_1": ACT_Q8_1, "q8_K": ACT_Q8_K}
+
+
+@dataclass
+class Tiles:
+    """vnni.to_tiles output: rows interleaved 16 at a time by 4-byte words, quants offset to uint8."""
+
+    qt: np.ndarray  # uint8 [T, K/4, 16, 4]
+    sct: np.ndarray  # f32 [T, K/G, 16]
+    mnt: np.ndarray | None  # f32 [T, K/G, 16] or None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.qt, self.sct, self.mnt) if a is not None)
+
+
+@dataclass
+class PackedWeight:
+    q: np.ndarray | None  # int8 [N, K], None for float types
+    scale: np.ndarray | None  # f32 [N, K // group]
+    minv: np.ndarray | None  # f32 [N, K // group], None when the type has no min term
+    dense: np.ndarray | None  # f32 [N, K] for float types, else None
+    group: int  # 0 for float types
+    rows: int  # N (output features)
+    cols: int  # K (input features)
+    qtype: GGMLQuantizationType
+    act_mode: int = ACT_Q8_0  # how activations are quantized (ACT_* above), from the traits' vec_dot
+    act_round: Callable[[np.ndarray], np.ndarray] | None = None  # float weights: activation rounding
+    tiles: Tiles | None = None  # the VNNI layout; q, scale and minv are then None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the kernels stream per full pass over the weight."""
+        arrays = (self.q, self.scale, self.minv, self.dense)
+        tiles = self.tiles.nbytes if self.tiles is not None else 0
+        return sum(a.nbytes for a in arrays if a is not None) + tiles
+
+
+def stack_packed(parts: list[PackedWeight]) -> PackedWeight:
+    """Stack repacked matrices along the output rows (Q|K|V, gate|up) so one matmul call serves them.
+    Possible whenever they share the repacked form (same group; a missing min is a zero min)."""
+    first = parts[0]
+    rows = sum(p.rows for p in parts)
+    if first.dense is not None:
+        dense = np.concatenate([p.dense for p in parts], axis=0)
+        return PackedWeight(
+            q=None,
+            scale=None,
+            minv=None,
+            dense=dense,
+            group=0,
+            rows=rows,
+            cols=first.cols,
+            qtype=first.qtype,
+            act_round=first.act_round,
+        )
+    any_min = any(p.minv is not None for p in parts)
+    minv = (
+        np.concatenate([p.minv if p.minv is not None else np.zeros_like(p.scale) for p in parts], axis=0)
+        if any_min
+        else None
+    )
+    return PackedWeight(
+        q=np.concatenate([p.q for p in parts], axis=0),
+        scale=np.concatenate([p.scale for p in parts], axis=0),
+        minv=minv,
+        dense=None,
+        group=first.group,
+        rows=rows,
+        cols=first.cols,
+        qtype=first.qtype,
+        act_mode=first.act_mode,
+    )
+
+
+def stackable(parts: list[PackedWeight]) -> bool:
+    """Whether stack_packed can merge these parts (the same repacked form and activation handling)."""
+    first = parts[0]
+    return all(
+        (p.dense is None) == (first.dense is None)
+        and p.group == first.group
+        and p.act_mode == first.act_mode
+        and p.act_round is first.act_round
+        for p in parts
+    )
