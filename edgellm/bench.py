@@ -146,6 +146,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         backend=args.backend,
         n_ctx=n_ctx,
         threads=args.threads,
+        kv_cache_memory=args.kv_cache_memory,
         enable_prefix_caching=args.concurrency > 1 or args.shared_prefix > 0,
     )
     result: dict = {"model": llm.path.name, "threads": llm.threads, "backend": args.backend}

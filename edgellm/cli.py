@@ -18,6 +18,35 @@ def _add_runtime_args(p: argparse.ArgumentParser) -> None:
         "--ctx", type=int, default=None, help="context window in tokens (default 4096, capped by the model)"
     )
     p.add_argument("--backend", default="cpu", choices=["cpu", "cuda"])
+    add_kv_memory_arg(p)
+
+
+def kv_memory(text: str) -> int | float:
+    """`--kv-cache-memory`: bytes (512M, 2G, 1073741824) or a fraction of physical RAM (0.25)."""
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    try:
+        if t and t[-1] in units:
+            return int(float(t[:-1]) * units[t[-1]])
+        if "." in t:
+            frac = float(t)
+            if not 0 < frac < 1:
+                raise ValueError
+            return frac
+        return int(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither bytes (512M, 2G, 1073741824) nor a fraction of RAM in (0, 1)"
+        ) from None
+
+
+def add_kv_memory_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--kv-cache-memory",
+        type=kv_memory,
+        default=None,
+        help="KV cache: bytes (512M, 2G) or a fraction of RAM (0.25); default 512M, at least one context",
+    )
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -56,6 +85,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         backend=args.backend,
         n_ctx=args.ctx,
         threads=args.threads,
+        kv_cache_memory=args.kv_cache_memory,
         verbose=args.verbose,
         progress=None if args.verbose else _quiet_progress(),
     )
@@ -159,6 +189,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ctx=args.ctx,
         backend=args.backend,
         threads=args.threads,
+        kv_cache_memory=args.kv_cache_memory,
         metrics_public=args.metrics_public,
         allow_special_in_content=args.allow_special_in_content,
         chat_template_file=args.chat_template_file,

@@ -16,8 +16,7 @@ back to the idle count, no 5xx), /health, and the server's RSS growth after warm
 
 Bounded: traffic goes to loopback only, the load stops after --minutes (or --max-requests), every
 request has a timeout, and a server it started is stopped on exit. The server it starts has the
-smallest KV cache that holds one context (ctx/16 + 1 blocks): `serve` has no KV-size option, so the
-launcher sets edgellm.llm.DEFAULT_KV_MEMORY (the default budget) before the server starts.
+smallest KV cache that holds one context (ctx/16 + 1 blocks), through `--kv-cache-memory`.
 """
 
 from __future__ import annotations

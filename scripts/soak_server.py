@@ -1,5 +1,5 @@
-"""Starting and watching the server for scripts/soak.py: a free loopback port, the launcher that sizes
-the KV cache, /proc RSS readings, and the model's end-of-generation ids."""
+"""Starting and watching the server for scripts/soak.py: a free loopback port, the server's command
+line, /proc RSS readings (the server and its engine core), and the model's end-of-generation ids."""
 
 from __future__ import annotations
 
@@ -18,12 +18,6 @@ from soak_traffic import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# `serve` has no KV-size option: the launcher sets the default budget LLM() uses when given none
-LAUNCHER = (
-    "import sys, edgellm.llm; assert hasattr(edgellm.llm, 'DEFAULT_KV_MEMORY'), 'the KV default moved'; "
-    "edgellm.llm.DEFAULT_KV_MEMORY = int(sys.argv[1]); "
-    "from edgellm.server.__main__ import main; main(sys.argv[2:])"
-)
 
 
 def check_loopback(url: str) -> None:
@@ -42,7 +36,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def read_rss_kb(pid: int) -> int | None:
+def _own_rss_kb(pid: int) -> int | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
@@ -50,6 +44,26 @@ def read_rss_kb(pid: int) -> int | None:
     except OSError:
         return None
     return None
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:  # the field after the state is the parent's pid
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def read_rss_kb(pid: int) -> int | None:
+    """RSS of the server and its descendants (the engine core is a child process of the server)."""
+    own = _own_rss_kb(pid)
+    if own is None:
+        return None
+    return own + sum(read_rss_kb(k) or 0 for k in _children(pid))
 
 
 def eog_ids(model: str) -> list[int]:
@@ -62,7 +76,8 @@ def eog_ids(model: str) -> list[int]:
 
 def start_server(a: argparse.Namespace, log_file: IO[str]) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    cmd = [sys.executable, "-c", LAUNCHER, str(a.kv_cache_bytes), a.model, "--port", str(port)]
+    cmd = [sys.executable, "-m", "edgellm.server", a.model, "--port", str(port)]
+    cmd += ["--kv-cache-memory", str(a.kv_cache_bytes)]
     cmd += ["--ctx", str(a.ctx), "--max-num-seqs", str(a.max_num_seqs), "--max-queue", str(a.max_queue)]
     cmd += ["--threads", str(a.threads)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT)

@@ -65,3 +65,24 @@ def test_unknown_model_is_a_clear_error_not_a_traceback() -> None:
 def test_a_path_works_wherever_a_name_does(smollm2_path) -> None:
     assert resolve_model(str(smollm2_path)) == smollm2_path
     assert resolve_model("smollm2-135m") == smollm2_path
+
+
+@pytest.mark.parametrize(
+    "text,value",
+    [("0", 0), ("1073741824", 2**30), ("512M", 512 * 2**20), ("2GiB", 2 * 2**30), ("0.25", 0.25)],
+)
+def test_kv_cache_memory_takes_bytes_or_a_fraction_of_ram(text: str, value: int | float) -> None:
+    from edgellm.cli import kv_memory
+
+    assert kv_memory(text) == value and type(kv_memory(text)) is type(value)
+
+
+@pytest.mark.parametrize("text", ["", "lots", "1.5", "-0.5", "12X"])
+def test_kv_cache_memory_refuses_what_is_neither(text: str) -> None:
+    import argparse
+
+    from edgellm.cli import kv_memory
+
+    with pytest.raises(argparse.ArgumentTypeError, match="neither bytes"):
+        kv_memory(text)
+

@@ -320,7 +320,9 @@ def test_errors_then_next_request_succeeds(
 
 @pytest.fixture(scope="module")
 def guarded_server(smollm2_path: Path) -> Iterator[str]:
-    yield from _start(smollm2_path, "--api-key", "s3cret", "--max-num-seqs", "1", "--max-queue", "1")
+    # --kv-cache-memory 0: the smallest cache that holds one context (CTX / 16 + 1 blocks)
+    limits = ("--max-num-seqs", "1", "--max-queue", "1", "--kv-cache-memory", "0")
+    yield from _start(smollm2_path, "--api-key", "s3cret", *limits)
 
 
 def test_api_key_and_queue_full(guarded_server: str) -> None:
@@ -352,6 +354,7 @@ def test_api_key_and_queue_full(guarded_server: str) -> None:
         assert time.monotonic() < deadline
         time.sleep(0.05)
     assert good.completions.create(model=MODEL, prompt="Hi", max_tokens=2).usage.completion_tokens == 2
+    assert _metrics(url, "s3cret")["edgellm_kv_cache_blocks_total"] == CTX // 16 + 1
 
 
 def test_loopback_detection_and_request_validation() -> None:
