@@ -41,6 +41,27 @@ def set_threads(threads: int | None = None) -> int:
     return n
 
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+MMAP_THRESHOLD_MAX = 32 * 2**20  # the most glibc accepts on 64-bit (HEAP_MAX_SIZE / 2)
+
+
+def keep_freed_memory() -> bool:
+    """Ask glibc to keep freed memory for reuse instead of handing it back to the kernel. A step's
+    activation buffers (megabytes each) are freed and allocated again every step; by default glibc
+    serves them with fresh mmaps or trims the heap, and every page is then faulted in and zeroed
+    again: ~125,000 page faults in a 16 x 32-token prefill step of SmolLM2 (300 ms, 170 ms without).
+    The resident set stays at its peak instead of shrinking between steps. False where it cannot."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to tune
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
+
+
 def kernels_cached() -> bool:
     """Whether Numba's on-disk cache already holds the attention kernel (a proxy for all of them)."""
     from edgellm.backends.cpu import ops

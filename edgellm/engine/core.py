@@ -85,9 +85,10 @@ class EngineCore:
         from edgellm.backends.base import get_backend
         from edgellm.gguf.config import config_from_gguf
         from edgellm.gguf.reader import load_gguf
-        from edgellm.runtime import set_threads, warm_up
+        from edgellm.runtime import keep_freed_memory, set_threads, warm_up
         from edgellm.tokenizer import Tokenizer
 
+        keep_freed_memory()
         self.threads = set_threads(spec.threads)
         t0 = time.perf_counter()
         gguf = load_gguf(spec.path)
