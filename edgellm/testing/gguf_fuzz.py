@@ -6,9 +6,10 @@ types, lengths and nesting, key and string-value length fields, tensor dimension
 offsets, names, dropped and duplicated tensors, header counts, the version, and truncation.
 
 `LoadWorker` loads mutated files in a long-lived child process (`python -m edgellm.testing.gguf_fuzz`),
-which builds the model with `LLM` and greedily generates 2 tokens. The child answers "ok", "gguf_error" or
-"error" (any other exception, with its traceback); a child killed by a signal, exiting, or silent past the
-timeout is reported as "signal" / "exit" / "hang" and replaced by a fresh one: one bad file, one restart.
+which checks the file as `LLM` does, builds the engine core in-process and greedily generates 2 tokens.
+The child answers "ok", "gguf_error" or "error" (any other exception, with its traceback); a child killed
+by a signal, exiting, or silent past the timeout is reported as "signal" / "exit" / "hang" and replaced
+by a fresh one: one bad file, one restart.
 """
 
 from __future__ import annotations
@@ -270,20 +271,33 @@ def apply(model: EditableGGUF, muts: list[Mutation]) -> EditableGGUF:
 # ---- the child process -------------------------------------------------------------------------------------
 def load_and_generate(path: str) -> tuple[str, str]:
     """(kind, detail): the model loads and generates 2 greedy tokens ("ok"), or raises GGUFError, or
-    anything else ("error", with the traceback)."""
-    from edgellm import LLM
-    from edgellm.gguf.reader import GGUFError
+    anything else ("error", with the traceback). The checks are LLM's front-end checks; the engine is the
+    engine core LLM would start, built in this process so that a kernel fault kills this worker (a signal
+    the parent reports) and no core process is started per example."""
+    from edgellm.engine.core import CoreSpec, EngineCore
+    from edgellm.gguf.config import config_from_gguf
+    from edgellm.gguf.reader import GGUFError, load_gguf
+    from edgellm.gguf.validation import tokenizer_from_gguf, validate_model
     from edgellm.sampling import SamplingParams
 
     try:
-        llm = LLM(path, n_ctx=64, kv_cache_memory=1 << 20, threads=1, max_num_seqs=2)
+        gguf = load_gguf(path)
+        cfg = config_from_gguf(gguf)
+        validate_model(gguf, cfg)
+        tokenizer_from_gguf(gguf)
+        del gguf
+        core = EngineCore(CoreSpec(path, n_ctx=64, kv_cache_memory=1 << 20, threads=1, max_num_seqs=2))
     except GGUFError as e:
         return "gguf_error", str(e).replace(path, "<file>")
     except Exception:  # noqa: BLE001 - reported to the parent as a finding
         return "error", traceback.format_exc()
     try:
-        out = llm.generate([[0]], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
-        return "ok", repr(out[0].token_ids)
+        engine = core.engine
+        engine.add_request([0], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+        tokens: list[int] = []
+        while engine.has_unfinished():
+            tokens += [t for out in engine.step() for d in out.deltas for t in d.token_ids]
+        return "ok", repr(tokens)
     except Exception:  # noqa: BLE001
         return "error", "generate: " + traceback.format_exc()
 
