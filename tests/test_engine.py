@@ -73,7 +73,7 @@ def test_preemption_under_tiny_kv_budget_completes_every_request(alone) -> None:
     tiny.shutdown()
 
 
-def _wait_idle(llm: LLM) -> None:
+def wait_idle(llm: LLM) -> None:
     """Aborts reach the core asynchronously: wait (bounded) until its gauges say nothing runs."""
     import time
 
@@ -98,7 +98,7 @@ def test_abort_frees_all_blocks(llm) -> None:
     assert llm.stats().kv_blocks_used > 0
     for rid in rids:
         llm.abort(rid)
-    _wait_idle(llm)
+    wait_idle(llm)
 
 
 def test_parallel_sampling_forks_and_seed_reproduces(llm) -> None:
@@ -124,7 +124,7 @@ def test_parallel_sampling_when_the_running_set_is_full() -> None:
     for o in both:
         alone = small.generate([o.prompt_token_ids], greedy)[0].token_ids
         assert o.outputs[0].token_ids == o.outputs[1].token_ids == alone
-    _wait_idle(small)
+    wait_idle(small)
 
 
 def test_stop_strings_eos_and_length(llm) -> None:
@@ -147,7 +147,7 @@ def test_bad_requests_are_rejected_with_clear_errors(llm) -> None:
     with pytest.raises(ValueError, match="max_tokens"):
         SamplingParams(max_tokens=0)
     # the engine is still usable afterwards, and nothing was left queued
-    _wait_idle(llm)
+    wait_idle(llm)
     assert llm.generate([PROMPTS[0]], GREEDY)[0].token_ids
 
 
@@ -171,4 +171,4 @@ def test_streams_match_generate_and_abort_on_early_exit(llm, alone) -> None:
         return streamed
 
     assert asyncio.run(main()) == alone[:3]
-    _wait_idle(llm)
+    wait_idle(llm)

@@ -16,6 +16,7 @@ import pytest
 
 from edgellm import LLM, SamplingParams
 from edgellm.engine.core_client import EngineDeadError
+from tests.test_engine import wait_idle
 
 PROMPTS = [
     "The capital of France is",
@@ -115,7 +116,7 @@ def test_stop_string_with_n2_stops_each_completion_and_frees_the_request(llm: LL
     want = full.text[: full.text.index(", 6")]
     assert [c.text for c in out.outputs] == [want, want]
     assert [c.finish_reason for c in out.outputs] == ["stop", "stop"]
-    _wait_idle(llm)
+    wait_idle(llm)
 
 
 def test_core_load_error_reaches_the_caller(smollm2_path: Path) -> None:
@@ -170,13 +171,3 @@ def test_killed_core_fails_in_flight_requests_and_restarts(smollm2_path: Path) -
     assert llm.healthy
     assert len(llm.generate(PROMPTS[0], GREEDY)[0].token_ids) == GREEDY.max_tokens
     llm.shutdown()
-
-
-def _wait_idle(llm: LLM) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        s = llm.stats()
-        if s.num_running == 0 and s.num_waiting == 0 and s.kv_blocks_used == 0:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"the engine did not go idle: {llm.stats()}")

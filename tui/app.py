@@ -67,6 +67,7 @@ class ChatApp(ConversationActions, App[None]):
         self.settings, _ = self.settings_store.load()
         self.model_options = model_options if model_options is not None else catalog_options()
         self.save_interval = save_interval  # seconds between saves of a streaming reply
+        self.draw_interval = 1 / 30  # seconds between redraws of a streaming reply
         self.backend: ChatBackend | None = None
         self.info: BackendInfo | None = None
         self.state = "loading"  # on_mount starts the load; the first frame already says so
@@ -256,14 +257,21 @@ class ChatApp(ConversationActions, App[None]):
         view.start_stream()
         done: StreamDone | None = None
         error: str | None = None
-        last_save = time.monotonic()
+        last_save = last_draw = time.monotonic()
+        undrawn = ""
         try:
             async with aclosing(backend.stream(messages, self.settings)) as events:
                 async for event in events:
                     if isinstance(event, StreamDelta):
                         reply.content += event.text
-                        await view.append(event.text)
-                        self.chat.scroll_end(animate=False)
+                        undrawn += event.text
+                        # Drawing is the UI process's main cost per token, and it runs on the same cores as
+                        # the engine: draw at most draw_interval apart (end_stream draws whatever is left).
+                        if time.monotonic() - last_draw >= self.draw_interval:
+                            await view.append(undrawn)
+                            undrawn = ""
+                            self.chat.scroll_end(animate=False)
+                            last_draw = time.monotonic()
                         if time.monotonic() - last_save >= self.save_interval:
                             self.save_conversation(conv)  # closing mid-reply must lose nothing
                             last_save = time.monotonic()
@@ -281,6 +289,7 @@ class ChatApp(ConversationActions, App[None]):
                 if done.prompt_tokens is not None:
                     self.last_usage = done.prompt_tokens + done.completion_tokens
             await view.end_stream()
+            self.chat.scroll_end(animate=False)
             if not reply.content:  # nothing came: no empty bubble
                 conv.messages.remove(reply)
                 await view.remove()
