@@ -4,7 +4,6 @@ line, /proc RSS readings (the server and its engine core), and the model's end-o
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import signal
 import socket
 import subprocess
@@ -21,12 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def check_loopback(url: str) -> None:
-    host = urlparse(url).hostname or ""
-    try:
-        ok = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        ok = False
-    if not ok:
+    from edgellm.server import _is_loopback  # the server's own test of its --host
+
+    if not _is_loopback(urlparse(url).hostname or ""):
         raise SystemExit(f"refusing to soak {url}: only loopback addresses are allowed")
 
 
