@@ -16,18 +16,10 @@ import pytest
 
 from edgellm import LLM, SamplingParams
 from edgellm.engine.core_client import EngineDeadError
+from tests.test_engine import PROMPTS as ENGINE_PROMPTS
 from tests.test_engine import wait_idle
 
-PROMPTS = [
-    "The capital of France is",
-    "def add(a, b):\n    return",
-    "My favourite fruit is",
-    "1, 2, 3,",
-    "Once upon a time",
-    "The sky is blue because",
-    "Water boils at",
-    "The first president of",
-]
+PROMPTS = ENGINE_PROMPTS + ["Water boils at", "The first president of"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 ROOT = Path(__file__).resolve().parent.parent
 
