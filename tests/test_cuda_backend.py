@@ -60,12 +60,12 @@ else:
 
     from edgellm.backends.cpu import ops as cpu_ops
     from edgellm.backends.cpu.matmul import matmul_cpu
-    from edgellm.backends.cpu.packed import pack_weight
     from edgellm.backends.cuda import get_cuda_backend
     from edgellm.backends.cuda.devarray import DeviceTensor
     from edgellm.backends.cuda.matmul import quantize_act, upload_weight
     from edgellm.quants import QUANT_TRAITS
     from edgellm.quants.activations import quantize_act_ref
+    from edgellm.quants.packing import pack_weight
     from tests.test_backend_ops import NMSE_LIMIT, nmse, random_raw, reference_weight
 
     GUARD = 2

@@ -205,8 +205,8 @@ def test_fused_chains_with_k_quant_weights(qtype: str) -> None:
     give the same bits everywhere (x, the post-normed y, h, the K/V cache, every matmul output)."""
     from gguf import GGMLQuantizationType
 
-    from edgellm.backends.cpu.packed import pack_weight
     from edgellm.backends.cuda.matmul import upload_weight
+    from edgellm.quants.packing import pack_weight
     from tests.test_backend_ops import random_raw
 
     qt = GGMLQuantizationType[qtype]

@@ -11,11 +11,30 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from edgellm.quants.traits import get_traits
+
 # Activation quantization modes (llama.cpp's vec_dot_type of the weight type).
 ACT_Q8_0 = 0  # blocks of 32, d = amax/127 stored as f16, q = rint(x * 127/amax)
 ACT_Q8_1 = 1  # q8_0 plus s = f16(d * sum(q)) per block, for the min term of Q4_1/Q5_1
 ACT_Q8_K = 2  # blocks of 256, d = max/-127 as f32 (max: the signed value of largest magnitude)
 ACT_MODES = {"q8_0": ACT_Q8_0, "q8_1": ACT_Q8_1, "q8_K": ACT_Q8_K}
+
+
+def _round_f16(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float16).astype(np.float32)
+
+
+def _round_bf16(x: np.ndarray) -> np.ndarray:
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    return rounded.view(np.float32)
+
+
+ACT_ROUNDING: dict[str, Callable[[np.ndarray], np.ndarray] | None] = {
+    "f32": None,
+    "f16": _round_f16,
+    "bf16": _round_bf16,
+}
 
 
 @dataclass
@@ -100,3 +119,39 @@ def stackable(parts: list[PackedWeight]) -> bool:
         and p.act_round is first.act_round
         for p in parts
     )
+
+
+def pack_weight(
+    qtype: GGMLQuantizationType, raw: np.ndarray, rows: int, cols: int, name: str | None = None
+) -> PackedWeight:
+    """Repack raw GGUF rows (uint8 [rows, row_bytes]) for the CPU kernels."""
+    traits = get_traits(qtype, name)
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    expected = (rows, traits.row_bytes(cols))
+    if raw.shape != expected:
+        raise ValueError(f"{name or 'tensor'}: raw shape {raw.shape}, expected {expected} for {traits.name}")
+    if traits.unpack_ref is None:
+        dense = np.ascontiguousarray(traits.dequantize_ref(raw).reshape(rows, cols), dtype=np.float32)
+        return PackedWeight(
+            None, None, None, dense, 0, rows, cols, traits.qtype, act_round=ACT_ROUNDING[traits.vec_dot]
+        )
+    q, scale, minv = traits.unpack_ref(raw)
+    scale = np.ascontiguousarray(scale, dtype=np.float32)
+    minv = None if minv is None else np.ascontiguousarray(minv, dtype=np.float32)
+    return PackedWeight(
+        q, scale, minv, None, traits.group, rows, cols, traits.qtype, act_mode=ACT_MODES[traits.vec_dot]
+    )
+
+
+def dequantize_packed(w: PackedWeight) -> np.ndarray:
+    """The whole weight as float32 [N, K], from its row layout: scale * q (+ min), the same float
+    operations in the same order as the kernels' row gather, so the values are bit-identical to it."""
+    if w.dense is not None:
+        return w.dense
+    if w.q is None:
+        raise ValueError("dequantize_packed needs the row layout (q, scale), not tiles")
+    n, k = w.q.shape
+    grouped = w.q.reshape(n, k // w.group, w.group).astype(np.float32) * w.scale[:, :, None]
+    if w.minv is not None:
+        grouped += w.minv[:, :, None]
+    return grouped.reshape(n, k)

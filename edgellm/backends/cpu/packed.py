@@ -9,7 +9,6 @@ int8 rows into vnni's "tile16" layout (`tile_packed`), which replaces q/scale/mi
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -18,25 +17,10 @@ from numba import njit, prange
 
 from edgellm.backends.cpu import vnni
 from edgellm.backends.cpu.matmul import ORDERED_MATH, U
-from edgellm.quants.packing import ACT_MODES, PackedWeight, Tiles
+from edgellm.quants.packing import PackedWeight, Tiles, pack_weight
 from edgellm.quants.traits import get_traits
 
-
-def _round_f16(x: np.ndarray) -> np.ndarray:
-    return x.astype(np.float16).astype(np.float32)
-
-
-def _round_bf16(x: np.ndarray) -> np.ndarray:
-    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
-    return rounded.view(np.float32)
-
-
-ACT_ROUNDING: dict[str, Callable[[np.ndarray], np.ndarray] | None] = {
-    "f32": None,
-    "f16": _round_f16,
-    "bf16": _round_bf16,
-}
+__all__ = ["dequantize_rows_cpu", "pack_weight", "pack_weight_tiled", "tile_packed"]
 
 
 def tile_packed(w: PackedWeight) -> PackedWeight:
@@ -74,28 +58,6 @@ def pack_weight_tiled(
             mnt[t0:t1] = part.tiles.mnt
         first = first or part
     return replace(first, rows=rows, tiles=Tiles(qt, sct, mnt))
-
-
-def pack_weight(
-    qtype: GGMLQuantizationType, raw: np.ndarray, rows: int, cols: int, name: str | None = None
-) -> PackedWeight:
-    """Repack raw GGUF rows (uint8 [rows, row_bytes]) for the CPU kernels."""
-    traits = get_traits(qtype, name)
-    raw = np.ascontiguousarray(raw, dtype=np.uint8)
-    expected = (rows, traits.row_bytes(cols))
-    if raw.shape != expected:
-        raise ValueError(f"{name or 'tensor'}: raw shape {raw.shape}, expected {expected} for {traits.name}")
-    if traits.unpack_ref is None:
-        dense = np.ascontiguousarray(traits.dequantize_ref(raw).reshape(rows, cols), dtype=np.float32)
-        return PackedWeight(
-            None, None, None, dense, 0, rows, cols, traits.qtype, act_round=ACT_ROUNDING[traits.vec_dot]
-        )
-    q, scale, minv = traits.unpack_ref(raw)
-    scale = np.ascontiguousarray(scale, dtype=np.float32)
-    minv = None if minv is None else np.ascontiguousarray(minv, dtype=np.float32)
-    return PackedWeight(
-        q, scale, minv, None, traits.group, rows, cols, traits.qtype, act_mode=ACT_MODES[traits.vec_dot]
-    )
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath=ORDERED_MATH)

@@ -24,7 +24,6 @@ import numpy as np
 from numba import cuda
 
 from edgellm.backends.base import Backend
-from edgellm.backends.cpu.packed import dequantize_rows_cpu, pack_weight
 from edgellm.backends.cuda import attention as attn
 from edgellm.backends.cuda import ops
 from edgellm.backends.cuda import sampling as samp
@@ -33,7 +32,7 @@ from edgellm.backends.cuda.deferred import ActOp, AttnOp, HeadsOp, ResidualOp, s
 from edgellm.backends.cuda.devarray import BufferPool, DeviceTensor
 from edgellm.backends.cuda.matmul import DeviceWeight, Scratch, gather_rows_cuda, matmul_cuda, upload_weight
 from edgellm.gguf.reader import TensorInfo
-from edgellm.quants.packing import stack_packed, stackable
+from edgellm.quants.packing import dequantize_packed, pack_weight, stack_packed, stackable
 from edgellm.quants.traits import get_traits
 
 
@@ -91,7 +90,7 @@ class CudaBackend(Backend):
         get_traits(tensor.qtype, tensor.name)
         n = int(np.prod(tensor.shape))
         w = pack_weight(tensor.qtype, tensor.data.reshape(1, -1), 1, n)
-        host = np.ascontiguousarray(dequantize_rows_cpu(w, np.zeros(1, np.int64))[0], dtype=np.float32)
+        host = np.ascontiguousarray(dequantize_packed(w)[0], dtype=np.float32)
         return self.from_host(host)
 
     # --- activations -----------------------------------------------------------------------------------
