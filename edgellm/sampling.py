@@ -1,5 +1,5 @@
-"""Sampling parameters and the per-request sampler (numpy over one logits row; the vocabulary is small
-enough that this is a few tens of microseconds, far below a decode step)."""
+"""Sampling parameters and the per-request sampler over one logits row (numpy, and edgellm/nucleus.py's
+kernels for top-p / min-p / plain temperature: a few tens of microseconds, far below a decode step)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
+
+from edgellm.nucleus import draw_from_row, draw_in_id_order, kept_tokens, scaled_row
 
 # The one set of bounds for the sampling knobs, as (low, high, low excluded): SamplingParams checks them,
 # and the server's request parser (server/protocol.py) reads them from here for its OpenAI-style errors.
@@ -125,32 +127,16 @@ class Sampler:
         x = self.adjust(logits, prompt, output)
         if p.greedy:
             return int(np.argmax(x))
-        x = x.astype(np.float64) / p.temperature
-        n = len(x)
-        if 0 < p.top_k < n:
+        if 0 < p.top_k < len(x):
+            x = x.astype(np.float64) / p.temperature
             order = top_k_stable(x, p.top_k)
             return self._draw(x[order], order)
+        # No sort of the vocabulary (it cost as much as a decode step): see edgellm/nucleus.py.
+        z, e = scaled_row(x, p.temperature)
+        r = self.rng.random()
         if p.top_p >= 1.0 and p.min_p <= 0.0:
-            # The whole distribution: drawn in token order, no sort (a full argsort of the vocabulary per
-            # token was 60% of a 16-client server's time).
-            probs = np.exp(x - x.max())
-            cdf = np.cumsum(probs)
-            return int(min(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"), n - 1))
-        # top-p / min-p: only the best-first prefix that can be kept is sorted (for top-p, grown until its
-        # mass covers the nucleus), with probabilities normalised over the whole row as before.
-        e = np.exp(x - x.max())
-        total = e.sum()
-        need = n  # prefix length that certainly holds every kept token
-        if p.min_p > 0.0:
-            need = max(1, int(np.count_nonzero(e >= p.min_p)))
-        k = min(need, 256)
-        while k < need:
-            order = top_k_stable(x, k)
-            if p.top_p < 1.0 and e[order].sum() / total >= p.top_p + 1e-9:  # margin: rounding of the cumsum
-                break
-            k = min(need, k * 8)
-        order = top_k_stable(x, k)
-        return self._draw(x[order], order, total=total)
+            return int(draw_from_row(e, r))
+        return int(draw_in_id_order(e, kept_tokens(z, e, p.top_p, p.min_p), r))
 
     def sample_top(self, top: TopCandidates) -> int:
         """The token sample() would draw from the whole row, from the row's best entries only (computed
