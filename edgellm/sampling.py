@@ -8,8 +8,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from edgellm.nucleus import draw_from_row, draw_in_id_order, kept_tokens, scaled_row
-
 # The one set of bounds for the sampling knobs, as (low, high, low excluded): SamplingParams checks them,
 # and the server's request parser (server/protocol.py) reads them from here for its OpenAI-style errors.
 PARAM_BOUNDS: dict[str, tuple[float, float, bool]] = {
@@ -131,12 +129,15 @@ class Sampler:
             x = x.astype(np.float64) / p.temperature
             order = top_k_stable(x, p.top_k)
             return self._draw(x[order], order)
-        # No sort of the vocabulary (it cost as much as a decode step): see edgellm/nucleus.py.
-        z, e = scaled_row(x, p.temperature)
+        # No sort of the vocabulary (it cost as much as a decode step): see edgellm/nucleus.py. Imported here,
+        # in the engine core only: front-ends import this module for SamplingParams and load no Numba.
+        from edgellm import nucleus
+
+        z, e = nucleus.scaled_row(x, p.temperature)
         r = self.rng.random()
         if p.top_p >= 1.0 and p.min_p <= 0.0:
-            return int(draw_from_row(e, r))
-        return int(draw_in_id_order(e, kept_tokens(z, e, p.top_p, p.min_p), r))
+            return int(nucleus.draw_from_row(e, r))
+        return int(nucleus.draw_in_id_order(e, nucleus.kept_tokens(z, e, p.top_p, p.min_p), r))
 
     def sample_top(self, top: TopCandidates) -> int:
         """The token sample() would draw from the whole row, from the row's best entries only (computed
