@@ -94,7 +94,7 @@ async def embeddings(state: ServerState, request: Request, body: dict[str, Any])
         except PromptTooLongError as e:
             raise ApiError(
                 400,
-                f"This model's maximum context length is {llm.n_ctx} tokens. However, input {i} has "
+                f"This model's maximum context length is {llm.n_ctx} tokens. However, input {i} resulted in "
                 f"{e.num_tokens} tokens (inputs are not truncated).",
                 param="input",
                 code="context_length_exceeded",
