@@ -273,4 +273,5 @@ def test_engine_embeddings_match_the_cpu(llms: dict[str, EngineCore]) -> None:
                 if out.embedding is not None:
                     vectors[be] = out.embedding
     assert vectors["cuda"].shape == (32,) and abs(np.linalg.norm(vectors["cuda"]) - 1) < 1e-5
-    np.testing.assert_allclose(vectors["cuda"], vectors["cpu"], atol=1e-3)
+    # 3e-8 apart in the simulator; 1e-4 as the logprobs above, for a GPU's other summation order
+    np.testing.assert_allclose(vectors["cuda"], vectors["cpu"], atol=1e-4)
