@@ -29,7 +29,9 @@ class ModelNames:
         served = list(dict.fromkeys(served))  # repeated flags: one entry, first one first
         for name in served:
             if not name or name != name.strip():
-                raise ValueError(f"--served-model-name {name!r}: expected a name without outer spaces")
+                raise ValueError(
+                    f"--served-model-name {name!r}: expected a non-empty name without outer spaces"
+                )
         self.strict = bool(served)
         self.primary = served[0] if served else default_model_name(model)
         self.listed = served or [self.primary]  # what /v1/models lists
