@@ -168,3 +168,17 @@ def test_embeddings_base64_is_little_endian_float32_and_errors_name_the_problem(
         r = httpx.post(url, json=body)
         assert r.status_code == 400 and message in r.json()["error"]["message"], (body, r.text)
     assert httpx.post(url, json={"input": "ok"}).status_code == 200  # and it serves on
+
+
+def test_bad_names_and_origins_are_refused_at_start() -> None:
+    from edgellm.server.compat import ModelNames, cors_middleware
+
+    for bad in ("", " edge"):
+        with pytest.raises(ValueError, match="--served-model-name"):
+            ModelNames("smollm2-135m", ["edge", bad])
+    with pytest.raises(ValueError, match="--cors-origin 'localhost'"):
+        cors_middleware(["localhost"])
+    assert cors_middleware([]) == [] and len(cors_middleware(["*"])) == 1
+    names = ModelNames("/models/SmolLM2.Q4_1.gguf", ["a", "b", "a"])
+    assert (names.primary, names.listed, names.strict) == ("a", ["a", "b"], True)
+    assert ModelNames("/models/SmolLM2.Q4_1.gguf").primary == "SmolLM2.Q4_1"
