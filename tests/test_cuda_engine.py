@@ -260,3 +260,18 @@ def test_fused_chains_with_k_quant_weights(qtype: str) -> None:
     for a, b in zip(fused, plain, strict=True):
         np.testing.assert_array_equal(a, b)
     assert (n_plain, n_fused) == (19, 10)  # 3 of them the contiguous copies of Q, K, V
+
+
+def test_engine_embeddings_match_the_cpu(llms: dict[str, EngineCore]) -> None:
+    """The final hidden states come back from the device (forward_hidden) and pool as on the CPU."""
+    vectors = {}
+    for be, core in llms.items():
+        eng = core.engine
+        eng.add_embedding_request([3, 1, 4, 1, 5])
+        while eng.has_unfinished():
+            for out in eng.step():
+                if out.embedding is not None:
+                    vectors[be] = out.embedding
+    assert vectors["cuda"].shape == (32,) and abs(np.linalg.norm(vectors["cuda"]) - 1) < 1e-5
+    # 3e-8 apart in the simulator; 1e-4 as the logprobs above, for a GPU's other summation order
+    np.testing.assert_allclose(vectors["cuda"], vectors["cpu"], atol=1e-4)

@@ -5,6 +5,7 @@ for each layer:
     x += Wo @ attention(rope(Wq h), rope(Wk h), Wv h)    with h = rmsnorm(x) * attn_norm
     x += W_down @ (silu(W_gate h) * (W_up h))            with h = rmsnorm(x) * ffn_norm
 logits = W_out @ (rmsnorm(x) * output_norm)        # only at the tokens that need logits
+hidden = rmsnorm(x) * output_norm                  # only at the tokens an embedding pools
 """
 
 from __future__ import annotations
@@ -48,6 +49,19 @@ class LlamaModel:
     def forward(self, batch: ForwardBatch, kv: Any) -> Any:
         """Logits [L, n_vocab] at batch.logits_index, after writing the batch's K/V. A backend array: the
         runner copies it to the host or has the backend sample from it where it is."""
+        x = self._layers(batch, kv)
+        return output_logits(self.be, self.cfg, x, batch, self.output_norm, self.output)
+
+    def forward_hidden(self, batch: ForwardBatch, kv: Any) -> tuple[Any, Any]:
+        """forward()'s logits, and the final hidden states after the output norm [H, n_embd] at
+        batch.hidden_index (what embeddings pool), from the same pass."""
+        x = self._layers(batch, kv)
+        hidden = self.be.take_rows(x, batch.hidden_index)  # a copy: output_logits may overwrite x
+        self.be.rmsnorm(hidden, self.output_norm, self.cfg.rms_eps, hidden)
+        return output_logits(self.be, self.cfg, x, batch, self.output_norm, self.output), hidden
+
+    def _layers(self, batch: ForwardBatch, kv: Any) -> Any:
+        """The residual stream [T, n_embd] after the last layer, having written the batch's K/V."""
         be, cfg = self.be, self.cfg
         positions = be.from_host(batch.positions)
         seq_index = be.from_host(batch.seq_index)
@@ -57,7 +71,7 @@ class LlamaModel:
         for il, (attn_w, ffn_w) in enumerate(self.layers):
             attention_block(be, cfg, attn_w, x, batch, kv, il, positions, seq_index, block_tables, slots)
             feed_forward_block(be, cfg, ffn_w, x, batch.n_tokens)
-        return output_logits(be, cfg, x, batch, self.output_norm, self.output)
+        return x
 
 
 def output_logits(be: Backend, cfg: ModelConfig, x: Any, batch: ForwardBatch, norm: Any, w_out: Any) -> Any:

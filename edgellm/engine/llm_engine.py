@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgellm.engine.checks import PromptTooLongError, check_prompt
+from edgellm.engine.checks import PromptTooLongError, check_embedding_input, check_prompt
 from edgellm.engine.model_runner import ModelRunner, RunItem
 from edgellm.engine.outputs import (
     CompletionDelta,
@@ -18,6 +18,7 @@ from edgellm.engine.outputs import (
     now,
     stop_token_ids,
 )
+from edgellm.engine.pooling import PooledRequests
 from edgellm.engine.scheduler import Scheduler, SchedulerConfig, SchedulerPlan
 from edgellm.engine.sequence import Sequence, SequenceStatus
 from edgellm.sampling import Sampler, SamplingParams, TopCandidates, device_candidates, top_logprobs
@@ -66,6 +67,7 @@ class LLMEngine:
         self.runner, self.eog_ids, self.n_ctx = runner, frozenset(eog_ids), n_ctx
         self.scheduler = Scheduler(sched)
         self.requests: dict[str, _Request] = {}
+        self.pooled = PooledRequests(self.scheduler, runner.cfg.pooling)  # embedding requests
         self._seq_owner: dict[int, tuple[_Request, int]] = {}  # seq_id -> (request, completion index)
         self._seq_ids = itertools.count()
         self._req_ids = itertools.count()
@@ -81,9 +83,7 @@ class LLMEngine:
     ) -> str:
         ids = list(prompt)
         check_prompt(ids, self.n_ctx, self.runner.cfg.n_vocab)  # front-ends check first; this guards kernels
-        rid = request_id if request_id is not None else f"req-{next(self._req_ids)}"
-        if rid in self.requests:
-            raise ValueError(f"request id {rid!r} is already in flight")
+        rid = self._new_id(request_id)
         max_tokens = min(params.max_tokens, self.n_ctx - len(ids))  # capped by the context window
         seq_ids = [next(self._seq_ids) for _ in range(params.n)]
         req = _Request(
@@ -104,11 +104,28 @@ class LLMEngine:
         self._totals["prompt"] += len(ids)
         return rid
 
+    def add_embedding_request(self, ids: list[int], request_id: str | None = None, priority: int = 0) -> str:
+        """An input to embed: computed like a prompt, its hidden states pooled (pooling.py); its
+        RequestOutput carries the vector."""
+        ids = list(ids)
+        check_embedding_input(ids, self.n_ctx, self.runner.cfg.n_vocab)
+        rid = self._new_id(request_id)
+        self.pooled.add(rid, ids, next(self._seq_ids), priority)
+        self._totals["prompt"] += len(ids)
+        return rid
+
+    def _new_id(self, request_id: str | None) -> str:
+        rid = request_id if request_id is not None else f"req-{next(self._req_ids)}"
+        if rid in self.requests or rid in self.pooled:
+            raise ValueError(f"request id {rid!r} is already in flight")
+        return rid
+
     def abort(self, request_id: str, index: int | None = None) -> RequestOutput | None:
         """Cancel a request, or only its completion `index` (a stop string the front-end matched); the KV
         blocks are freed at once. Returns the request's final output once nothing of it runs any more."""
         req = self.requests.get(request_id)
         if req is None:
+            self.pooled.abort(request_id)
             return None
         deltas = []
         for i, sid in enumerate(req.seq_ids):
@@ -123,13 +140,18 @@ class LLMEngine:
         return self._finish_request(req, deltas)
 
     def has_unfinished(self) -> bool:
-        return bool(self.requests)
+        return bool(self.requests) or bool(self.pooled)
 
     # ---- one step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         plan = self.scheduler.schedule()
         logits = self._run(plan)
-        return self._postprocess(plan, logits)
+        if not plan.is_empty:
+            self.pooled.collect(plan, self.runner.last_hidden)
+        outs = self._postprocess(plan, logits)
+        finished = self.pooled.finish(plan)
+        self._totals["finished"] += len(finished)
+        return outs + finished
 
     def _run(self, plan: SchedulerPlan) -> dict[int, np.ndarray | TopCandidates]:
         """Each sampled sequence's logits row, or only its best entries when the backend samples where the
@@ -141,8 +163,10 @@ class LLMEngine:
         sample = set(plan.sample_seq_ids)
         for seq, n in plan.scheduled:
             c = seq.num_computed_tokens
+            rows = self.pooled.rows_for(seq, c, n)
+            need = seq.seq_id in sample
             items.append(
-                RunItem(seq.block_table, seq.token_ids[c : c + n], c, need_logits=seq.seq_id in sample)
+                RunItem(seq.block_table, seq.token_ids[c : c + n], c, need_logits=need, hidden_rows=rows)
             )
             ids.append(seq.seq_id)
         k = self._device_k(plan)

@@ -57,7 +57,11 @@ def completion_logprobs(tok: Tokenizer, lps: list[TokenLogprob], offset: int) ->
         text, _ = _token(tok, lp.token_id)
         tokens.append(text)
         token_lps.append(lp.logprob)
-        tops.append({_token(tok, tid)[0]: v for tid, v in lp.top})
+        # the sampled token first, then the k most likely: OpenAI's "up to logprobs + 1" entries, as vLLM
+        top = {text: lp.logprob}
+        for tid, v in lp.top:
+            top.setdefault(_token(tok, tid)[0], v)
+        tops.append(top)
         offsets.append(offset)
         offset += len(text)
     return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
