@@ -99,13 +99,13 @@ class Decoder:
         t0 = time.perf_counter()
         for _ in range(n):
             self.step([self.tok])
-        return (time.perf_counter() - t0) / n
+        return (time.perf_counter() - t0) / max(n, 1)
 
 
-def profile(dec: Decoder, fuse: bool, steps: int) -> dict:
+def profile(dec: Decoder, fuse: bool, steps: int, warmup: int = 2) -> dict:
     dec.be.fuse = fuse
     dec.restart()
-    dec.decode(2)  # warm-up: compiles every kernel on first use
+    dec.decode(warmup)  # compiles every kernel on first use
     STATS.timing = None
     STATS.reset()
     wall = dec.decode(steps)

@@ -19,7 +19,7 @@ SIMULATOR = bool(config.ENABLE_CUDASIM)
 # Threads that cooperate on one output row of a matmul (reduction over weight groups).
 MATMUL_LANES = 2 if SIMULATOR else 32
 # Output rows per matmul block (one lane team each).
-MATMUL_ROWS = 2 if SIMULATOR else 4
+MATMUL_ROWS = 8 if SIMULATOR else 4
 # Activation rows each thread of the tiled GEMM reuses a weight group for (register tile in M).
 GEMM_TILE_M = 4 if SIMULATOR else 8
 # Threads per block for row-wise ops (norms, attention, argmax): one block per row / (token, head).
