@@ -21,9 +21,8 @@ def test_gpu_check_flow_runs_in_the_simulator(tmp_path: Path) -> None:
     repack("gguf", wheels)
     env = dict(os.environ, WHEELS=str(wheels), OUT=str(out), PYTHON=sys.executable, TMPDIR=str(tmp_path))
     env.pop("NUMBA_ENABLE_CUDASIM", None)  # the script sets it for --sim
-    proc = subprocess.run(
-        ["bash", "scripts/gpu_check.sh", "--sim"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
-    )
+    cmd = ["bash", "scripts/gpu_check.sh", "--sim"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     log = (proc.stdout + proc.stderr)[-5000:]
     assert proc.returncode == 0, log
     r = json.loads((out / "gpu_check.json").read_text())
@@ -37,7 +36,7 @@ def test_gpu_check_flow_runs_in_the_simulator(tmp_path: Path) -> None:
         assert c["greedy_equal"] and c["device_argmax_equal_host_argmax"], c
         assert c["tokens_compared"] >= 1 and c["logits_nmse_max"] < 1e-4, c
     b = r["bench"]["smollm2"]["decode_b1"]
-    assert b["host_to_device_copies_per_token"] <= 5 and b["device_to_host_copies_per_token"] <= 1, b
+    assert b["host_to_device_copies_per_token"] <= 1 and b["device_to_host_copies_per_token"] <= 1, b
     assert b["launches_per_token"] > 0 and r["bench"]["smollm2"]["in_flight_2"]["aggregate_tok_s"] > 0
     assert r["profile"]["smollm2"]["by_kernel"], r["profile"]
     assert r["tests"]["returncode"] == 0 and " passed" in r["tests"]["summary"], r["tests"]
