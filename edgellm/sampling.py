@@ -4,7 +4,7 @@ kernels for top-p / min-p / plain temperature: a few tens of microseconds, far b
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -45,6 +45,14 @@ class SamplingParams:
     ignore_eos: bool = False
     n: int = 1  # completions per prompt
     logprobs: int | None = None  # return the chosen token's logprob and this many top alternatives
+    # Constrained decoding (at most one; see edgellm.grammar): a JSON Schema (dict or JSON text; True: any
+    # JSON object), a Lark or GBNF grammar, or a regular expression the whole output must match.
+    json_schema: dict[str, Any] | str | bool | None = None
+    grammar: str | None = None
+    regex: str | None = None
+    # The llguidance grammar compiled from those by __post_init__ (it crosses to the engine core with the
+    # params, so the core never compiles an unchecked grammar).
+    compiled_grammar: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -59,6 +67,12 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
+        if self.json_schema is not None or self.grammar is not None or self.regex is not None:
+            from edgellm.grammar import compile_grammar
+
+            if self.ignore_eos:
+                raise ValueError("ignore_eos cannot be combined with a grammar: a grammar ends with EOS")
+            self.compiled_grammar = compile_grammar(self.json_schema, self.grammar, self.regex)
 
     @property
     def greedy(self) -> bool:
@@ -77,9 +91,10 @@ MAX_DEVICE_TOP_K = 64  # the CUDA top-k kernel's limit (config.MAX_TOP_K)
 
 def device_candidates(p: SamplingParams) -> int | None:
     """How many of a row's best logits Sampler.sample_top needs to draw exactly what sample() draws from
-    the whole row: 1 for greedy, top_k for top-k sampling. None when the whole row is needed: penalties or
-    biases change the logits, logprobs are asked for, or sampling is not limited to a few top tokens."""
-    if p.logprobs is not None or p.logit_bias or p.repetition_penalty != 1.0:
+    the whole row: 1 for greedy, top_k for top-k sampling. None when the whole row is needed: penalties,
+    biases or a grammar's mask change the logits, logprobs are asked for, or sampling is not limited to a
+    few top tokens."""
+    if p.logprobs is not None or p.logit_bias or p.repetition_penalty != 1.0 or p.compiled_grammar:
         return None
     if p.presence_penalty or p.frequency_penalty:
         return None

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from edgellm.engine.checks import PromptTooLongError
+from edgellm.engine.guidance import GuidedDecoding
 from edgellm.engine.llm_engine import LLMEngine
 from edgellm.engine.model_runner import ModelRunner, RunItem
 from edgellm.engine.outputs import RequestOutput
@@ -94,7 +95,8 @@ class EngineCore:
         t0 = time.perf_counter()
         gguf = load_gguf(spec.path)
         self.config = cfg = config_from_gguf(gguf)
-        eog_ids = frozenset(Tokenizer.from_metadata(gguf.metadata).eog_ids)
+        tokenizer = Tokenizer.from_metadata(gguf.metadata)
+        eog_ids = frozenset(tokenizer.eog_ids)
         self.backend = get_backend(spec.backend)
         layer_progress = None
         if log:
@@ -119,7 +121,9 @@ class EngineCore:
             enable_prefix_caching=spec.enable_prefix_caching,
             max_model_len=self.n_ctx,
         )
-        self.engine = LLMEngine(self.runner, eog_ids, self.n_ctx, sched)
+        self.engine = LLMEngine(
+            self.runner, eog_ids, self.n_ctx, sched, guidance=GuidedDecoding(tokenizer, cfg.n_vocab)
+        )
         load_time = time.perf_counter() - t0
         if log:
             log(

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgellm.engine.checks import PromptTooLongError, check_embedding_input, check_prompt
+from edgellm.engine.guidance import GuidedDecoding
 from edgellm.engine.model_runner import ModelRunner, RunItem
 from edgellm.engine.outputs import (
     CompletionDelta,
@@ -62,9 +63,15 @@ class LLMEngine:
     """Token ids in, token ids out: the core's engine knows no text (the front-end detokenizes)."""
 
     def __init__(
-        self, runner: ModelRunner, eog_ids: frozenset[int], n_ctx: int, sched: SchedulerConfig
+        self,
+        runner: ModelRunner,
+        eog_ids: frozenset[int],
+        n_ctx: int,
+        sched: SchedulerConfig,
+        guidance: GuidedDecoding | None = None,  # constrained decoding (None: grammars are refused)
     ) -> None:
         self.runner, self.eog_ids, self.n_ctx = runner, frozenset(eog_ids), n_ctx
+        self.guidance = guidance
         self.scheduler = Scheduler(sched)
         self.requests: dict[str, _Request] = {}
         self.pooled = PooledRequests(self.scheduler, runner.cfg.pooling)  # embedding requests
@@ -98,7 +105,16 @@ class LLMEngine:
             max_tokens=max_tokens,
         )
         seq = Sequence(seq_ids[0], ids, sampling_params=params, priority=priority, max_tokens=max_tokens)
-        self.scheduler.add(seq)  # raises before anything is registered if it can never fit
+        if params.compiled_grammar is not None:
+            if self.guidance is None:
+                raise ValueError("this engine has no tokenizer for constrained decoding")
+            self.guidance.add(seq_ids[0], params.compiled_grammar)
+        try:
+            self.scheduler.add(seq)  # raises before anything is registered if it can never fit
+        except BaseException:
+            if self.guidance is not None:
+                self.guidance.free(seq_ids[0])
+            raise
         self.requests[rid] = req
         self._seq_owner[seq_ids[0]] = (req, 0)
         self._totals["prompt"] += len(ids)
@@ -135,6 +151,8 @@ class LLMEngine:
                 self.scheduler.abort(sid)
             deltas.append(CompletionDelta(i, [], "", "abort"))
             req.finished.add(i)
+            if self.guidance is not None:
+                self.guidance.free(sid)
         if len(req.finished) < req.params.n:
             return None
         return self._finish_request(req, deltas)
@@ -145,6 +163,8 @@ class LLMEngine:
     # ---- one step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         plan = self.scheduler.schedule()
+        if self.guidance is not None:  # grammar masks are computed while the forward pass runs
+            self.guidance.start(plan.sample_seq_ids)
         logits = self._run(plan)
         if not plan.is_empty:
             self.pooled.collect(plan, self.runner.last_hidden)
@@ -206,23 +226,32 @@ class LLMEngine:
         sampled: dict[int, int] = {}
         chosen_logprobs: dict[int, TokenLogprob] = {}
         forks: list[tuple[_Request, int]] = []
+        fork_rows: dict[int, np.ndarray] = {}  # parent seq id -> the row its forks sample from (masked)
+        guide = self.guidance
         for sid, row in logits.items():
             req, idx = self._seq_owner[sid]
             seq = self.scheduler.get(sid)
             if isinstance(row, TopCandidates):
                 tok = req.samplers[idx].sample_top(row)
             else:
-                tok = req.samplers[idx].sample(row, seq.prompt_token_ids, seq.output_token_ids)
+                allowed = guide.mask(sid, row) if guide is not None else row
+                tok = req.samplers[idx].sample(allowed, seq.prompt_token_ids, seq.output_token_ids)
+                fork_rows[sid] = allowed
             sampled[sid] = tok
-            if req.params.logprobs is not None:
+            if req.params.logprobs is not None:  # the model's own distribution, as OpenAI reports it
                 lp, top = top_logprobs(row, tok, req.params.logprobs)
                 chosen_logprobs[sid] = TokenLogprob(tok, lp, top)
             if req.params.n > 1 and not req.forked:
                 forks.append((req, sid))
-        fork_logits = {sid: logits[sid] for _, sid in forks}
+                if guide is not None:
+                    for cid in req.seq_ids[1:]:
+                        guide.fork(sid, cid)  # from the state before the parent's token
+            if guide is not None:
+                guide.consume(sid, tok)
+        fork_logits = {sid: (fork_rows[sid], logits[sid]) for _, sid in forks}
         self.scheduler.postprocess(plan, sampled)  # type: ignore[arg-type]
         for req, parent in forks:
-            self._fork(req, parent, fork_logits[parent], sampled, chosen_logprobs)
+            self._fork(req, parent, *fork_logits[parent], sampled, chosen_logprobs)
 
         deltas: dict[str, list[CompletionDelta]] = {}
         for sid, tok in sampled.items():
@@ -262,13 +291,17 @@ class LLMEngine:
                 results.append(RequestOutput(rid, ds, False, req.metrics))
         return results
 
-    def _fork(self, req: _Request, parent: int, row: np.ndarray, sampled: dict, chosen: dict) -> None:
+    def _fork(
+        self, req: _Request, parent: int, row: np.ndarray, raw: np.ndarray, sampled: dict, chosen: dict
+    ) -> None:
         """n > 1: the other completions share the parent's prompt blocks (copy-on-write) and sample their
-        own first token from the same logits."""
+        own first token from the same logits (`row`: after the grammar's mask; `raw`: for logprobs)."""
         req.forked = True
         pseq = self.scheduler.get(parent)
         for i, cid in enumerate(req.seq_ids[1:], start=1):
             tok = req.samplers[i].sample(row, req.prompt_ids, [])
+            if self.guidance is not None:
+                self.guidance.consume(cid, tok)
             self._seq_owner[cid] = (req, i)
             if pseq is None or not self.scheduler.can_fork():
                 # the parent already finished on its first token, or the running set is full: the child
@@ -286,7 +319,7 @@ class LLMEngine:
                 child.token_ids[-1] = tok
             sampled[cid] = tok
             if req.params.logprobs is not None:
-                lp, top = top_logprobs(row, tok, req.params.logprobs)
+                lp, top = top_logprobs(raw, tok, req.params.logprobs)
                 chosen[cid] = TokenLogprob(tok, lp, top)
 
     def _finish_request(self, req: _Request, deltas: list[CompletionDelta]) -> RequestOutput:
@@ -297,6 +330,8 @@ class LLMEngine:
         del self.requests[req.request_id]
         for sid in req.seq_ids:
             self._seq_owner.pop(sid, None)
+            if self.guidance is not None:
+                self.guidance.free(sid)
         self._totals["finished"] += 1
         return RequestOutput(req.request_id, deltas, True, req.metrics)
 

@@ -190,7 +190,10 @@ def check_api_key(request: Request, api_key: str) -> None:
 
 
 async def render_chat_prompt(
-    state: ServerState, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    state: ServerState,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool = True,
+    tools: list[dict[str, Any]] | None = None,
 ) -> ChatPrompt:
     if state.template is None:
         raise ApiError(400, f"chat is unavailable: {state.template_error}", param="messages")
@@ -203,6 +206,7 @@ async def render_chat_prompt(
                 state.llm.tokenizer,
                 add_generation_prompt,
                 allow_special_in_content=state.config.allow_special_in_content,
+                tools=tools,
             ),
         )
     except ChatTemplateError as e:
@@ -272,7 +276,7 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
         req = parse_chat(body, state.llm.tokenizer.vocab_size, state.llm.n_ctx)
         check_model(req.model)
         assert req.messages is not None
-        prompt = await render_chat_prompt(state, req.messages)
+        prompt = await render_chat_prompt(state, req.messages, tools=req.tools and req.tools.tools)
         return await generate(state, request, req, [prompt.token_ids], chat=True)
 
     @endpoint(state)

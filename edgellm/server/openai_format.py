@@ -75,6 +75,7 @@ class Choice:
     num_tokens: int = 0
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    message: dict[str, Any] | None = None  # chat message fields replacing the text (tool calls)
 
 
 @dataclass
@@ -105,10 +106,11 @@ class ResponseHead:
         for i, c in enumerate(choices):
             if self.chat:
                 lp = {"content": chat_logprobs(tok, c.logprobs), "refusal": None} if want_logprobs else None
+                message = {"role": "assistant", "content": c.text, "refusal": None, **(c.message or {})}
                 out.append(
                     {
                         "index": i,
-                        "message": {"role": "assistant", "content": c.text, "refusal": None},
+                        "message": message,
                         "logprobs": lp,
                         "finish_reason": c.finish_reason,
                     }
