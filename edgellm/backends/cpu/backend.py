@@ -44,6 +44,8 @@ class CpuBackend(Backend):
     name = "cpu"
 
     def __init__(self) -> None:
+        # Numba's thread count when the backend is made (the engine sets it first); asked once, not per call.
+        self.n_threads = numba.get_num_threads()
         self._rope_tables: dict[tuple[int, float], tuple[np.ndarray, np.ndarray]] = {}
 
     def load_matrix(self, tensors: list[TensorInfo]) -> Any:
@@ -93,10 +95,10 @@ class CpuBackend(Backend):
             c = 0
             x = np.ascontiguousarray(x)
             for p in w.parts:  # each part writes its columns of out in place
-                matmul_cpu(x, p, out[:, c : c + p.rows])
+                matmul_cpu(x, p, out[:, c : c + p.rows], self.n_threads)
                 c += p.rows
             return
-        matmul_cpu(np.ascontiguousarray(x), w, out)
+        matmul_cpu(np.ascontiguousarray(x), w, out, self.n_threads)
 
     def rmsnorm(self, x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:
         ops.rmsnorm_cpu(x, w, eps, out)
