@@ -9,31 +9,34 @@ dense f32 [N, K] matrix on every host.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
+import numba
 import numpy as np
 from gguf import GGMLQuantizationType
 from numba import njit, prange
 
 from edgellm.backends.cpu import vnni
 from edgellm.backends.cpu.matmul import ORDERED_MATH, U
-from edgellm.backends.cpu.tile_layouts import LAYOUT_KEYS, TILE, TILE_LAYOUTS, TileLayout
+from edgellm.backends.cpu.tile_layouts import F16, LAYOUT_KEYS, TILE, TILE_LAYOUTS, TileLayout
 from edgellm.quants.packing import ACT_MODES, PackedWeight, Tiles, pack_weight
 from edgellm.quants.traits import get_traits
 
 __all__ = ["dequantize_rows_cpu", "pack_tiles", "pack_weight", "pack_weight_tiled"]
 
-TILED_CHUNK_ROWS = 4096  # rows repacked at a time (a multiple of TILE): bounds the temporaries
+TILED_CHUNK_ROWS = 1024  # rows repacked at a time (a multiple of TILE): bounds the temporaries
 
 
 def _plane_widths(lay: TileLayout, cols: int) -> list[int]:
     """Bytes per tile of each plane (lo, hi, d, sub, m, msub); 0 for a plane the layout has not."""
     n_d, n_g = cols // lay.d_cols, cols // lay.group
-    scale_bytes = 2 if lay.d_kind == 1 else 4
+    scale_bytes = 2 if lay.d_kind == F16 else 4
     return [
         TILE * lay.lo_bytes(cols),
         TILE * lay.hi_bytes(cols),
         TILE * n_d * scale_bytes,
         TILE * n_g if lay.sub_kind else 0,
-        TILE * n_d * (2 if lay.m_kind == 1 else 4) if lay.m_kind else 0,
+        TILE * n_d * (2 if lay.m_kind == F16 else 4) if lay.m_kind else 0,
         TILE * n_g if lay.m_neg_sub else 0,
     ]
 
@@ -58,7 +61,7 @@ def pack_tiles(
     """Raw GGUF rows of one or more matrices of the same type and width (uint8 [rows_i, row_bytes] each,
     e.g. memory-mapped Q, K and V), stacked along the rows into one tile16 weight. Every part but the
     last must have a multiple of 16 rows (a tile never mixes two matrices). Works TILED_CHUNK_ROWS rows
-    at a time straight into the final arrays: no full-size intermediate."""
+    at a time straight into the final arrays (no full-size intermediate), chunks in parallel."""
     traits = get_traits(qtype, name)
     lay = TILE_LAYOUTS[qtype]
     row_bytes = traits.row_bytes(cols)
@@ -72,15 +75,27 @@ def pack_tiles(
     rows = sum(raw.shape[0] for raw in raws)
     n_tiles = -(-rows // TILE)
     planes = [np.empty((n_tiles, w), np.uint8) for w in _plane_widths(lay, cols)]
-    t0 = 0
+    jobs, t0 = [], 0  # (rows of one chunk, its first tile)
     for raw in raws:
         for r0 in range(0, raw.shape[0], TILED_CHUNK_ROWS):
-            chunk = lay.planes(raw[r0 : r0 + TILED_CHUNK_ROWS])
-            fields = (chunk.lo, chunk.hi, chunk.d, chunk.sub, chunk.m, chunk.msub)
-            for dst, a, word in zip(planes, fields, (True, True, False, False, False, False), strict=True):
-                if dst.shape[1]:
-                    _put(dst, t0, a, np.dtype(np.uint32) if word else a.dtype)
-            t0 += -(-chunk.lo.shape[0] // TILE)
+            jobs.append((raw[r0 : r0 + TILED_CHUNK_ROWS], t0))
+            t0 += -(-jobs[-1][0].shape[0] // TILE)
+
+    def repack(job: tuple[np.ndarray, int]) -> None:
+        chunk = lay.planes(job[0])
+        fields = (chunk.lo, chunk.hi, chunk.d, chunk.sub, chunk.m, chunk.msub)
+        for dst, a, word in zip(planes, fields, (True, True, False, False, False, False), strict=True):
+            if dst.shape[1]:
+                _put(dst, job[1], a, np.dtype(np.uint32) if word else a.dtype)
+
+    # numpy's copies release the GIL: chunks (disjoint tiles) repack on the engine's threads at once
+    workers = min(len(jobs), numba.get_num_threads())
+    if workers > 1:
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(repack, jobs))
+    else:
+        for job in jobs:
+            repack(job)
     tiles = Tiles(*planes, layout_id=LAYOUT_KEYS.index(lay.key))
     return PackedWeight(
         None, None, None, None, lay.group, rows, cols, qtype, act_mode=ACT_MODES[traits.vec_dot], tiles=tiles
