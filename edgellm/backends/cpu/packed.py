@@ -19,6 +19,7 @@ from numba import njit, prange
 from edgellm.backends.cpu import vnni
 from edgellm.backends.cpu.matmul import ORDERED_MATH, U
 from edgellm.backends.cpu.tile_layouts import F16, LAYOUT_KEYS, TILE, TILE_LAYOUTS, TileLayout
+from edgellm.gguf.reader import release_mapped_pages
 from edgellm.quants.packing import ACT_MODES, PackedWeight, Tiles, pack_weight
 from edgellm.quants.traits import get_traits
 
@@ -61,7 +62,8 @@ def pack_tiles(
     """Raw GGUF rows of one or more matrices of the same type and width (uint8 [rows_i, row_bytes] each,
     e.g. memory-mapped Q, K and V), stacked along the rows into one tile16 weight. Every part but the
     last must have a multiple of 16 rows (a tile never mixes two matrices). Works TILED_CHUNK_ROWS rows
-    at a time straight into the final arrays (no full-size intermediate), chunks in parallel."""
+    at a time straight into the final arrays (no full-size intermediate), chunks in parallel, and drops
+    each chunk's pages of the file mapping from RSS once repacked (load_gguf's views only)."""
     traits = get_traits(qtype, name)
     lay = TILE_LAYOUTS[qtype]
     row_bytes = traits.row_bytes(cols)
@@ -87,6 +89,7 @@ def pack_tiles(
         for dst, a, word in zip(planes, fields, (True, True, False, False, False, False), strict=True):
             if dst.shape[1]:
                 _put(dst, job[1], a, np.dtype(np.uint32) if word else a.dtype)
+        release_mapped_pages(job[0])  # the chunk's file pages: repacked, out of RSS
 
     # numpy's copies release the GIL: chunks (disjoint tiles) repack on the engine's threads at once
     workers = min(len(jobs), numba.get_num_threads())
