@@ -160,6 +160,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         enable_prefix_caching=args.concurrency > 1 or args.shared_prefix > 0,
     )
     result: dict = {"model": llm.path.name, "threads": llm.threads, "backend": args.backend}
+    result["load_s"] = llm.load_time  # reading and repacking the weights, KV cache allocation
     # peak RSS, MB: the engine core's process (the model, KV cache and kernels live there) and this one
     rss = lambda: (
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + _core_rss_kb(llm.core.pid)
