@@ -9,6 +9,11 @@ so each is the exact integer dot product of the row layout's signed quants with 
 Then the float part, lane-wise and in matmul._row_dot's order (acc += (xs * scale) * isum;
 macc += min * xsum; out = acc + macc), no FMA contraction or reassociation: bit-identical to the
 portable kernels whatever the batch size and tile position.
+
+Numba's on-disk cache keys a kernel on its own source file only: the functions that embed this IR
+(vnni.matmul_tiles_cpu and its caller matmul.matmul_tiles_fused_cpu) do not see edits to this file or
+to tile_layouts.py. After changing either, clear the cache (the *.nbi / *.nbc files in __pycache__ or
+NUMBA_CACHE_DIR) or touch vnni.py and matmul.py.
 """
 
 from __future__ import annotations
@@ -50,23 +55,8 @@ def build_tile_kernel(module: ir.Module, name: str, key: tuple, rm: int) -> ir.F
     pf = declare(module, _PREFETCH, ir.VoidType(), [_I8.as_pointer(), _I32, _I32, _I32])
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [_I64] * N_ARGS), name)
     fn.linkage = "internal"
-    (
-        lo_a,
-        hi_a,
-        d_a,
-        sub_a,
-        m_a,
-        msub_a,
-        n_units,
-        x_a,
-        x_stride,
-        xs_a,
-        xsum_a,
-        xi_a,
-        a_stride,
-        out_a,
-        out_stride,
-    ) = fn.args
+    lo_a, hi_a, d_a, sub_a, m_a, msub_a, n_units = fn.args[:7]
+    x_a, x_stride, xs_a, xsum_a, xi_a, a_stride, out_a, out_stride = fn.args[7:]
     entry, loop, done = (fn.append_basic_block(s) for s in ("entry", "loop", "done"))
     b = ir.IRBuilder(entry)
     f32p, i32p = _F32.as_pointer(), _I32.as_pointer()
