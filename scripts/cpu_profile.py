@@ -69,8 +69,10 @@ def main() -> None:
         in_backend += t
         if counts[name]:
             calls = counts[name] / n
-            print(f"  {name:14s} {calls:6.1f} calls  {t * 1e3:7.3f} ms  {t / wall:6.1%}  {t / calls * 1e6:8.1f} us/call")
-    print(f"  {'outside':14s} {'':12s} {(wall - in_backend) * 1e3:7.3f} ms  {(wall - in_backend) / wall:6.1%}")
+            share = f"{t * 1e3:7.3f} ms  {t / wall:6.1%}"
+            print(f"  {name:14s} {calls:6.1f} calls  {share}  {t / calls * 1e6:8.1f} us/call")
+    rest = wall - in_backend
+    print(f"  {'outside':14s} {'':12s} {rest * 1e3:7.3f} ms  {rest / wall:6.1%}")
 
 
 if __name__ == "__main__":
