@@ -135,6 +135,16 @@ def _core_rss_kb(pid: int) -> int:
     return 0
 
 
+def gguf_matrix_bytes(path: str) -> int:
+    """The file's bytes of the matrices one decode step reads: every 2-D tensor, except the token
+    embedding when the file has a separate output matrix (the embedding is then only looked up)."""
+    from edgellm.gguf.reader import load_gguf
+
+    tensors = load_gguf(path).tensors
+    skip = {"token_embd.weight"} if "output.weight" in tensors else set()
+    return sum(t.n_bytes for name, t in tensors.items() if len(t.shape) == 2 and name not in skip)
+
+
 def run_bench(args: argparse.Namespace) -> dict:
     from edgellm import LLM
 
@@ -150,6 +160,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         enable_prefix_caching=args.concurrency > 1 or args.shared_prefix > 0,
     )
     result: dict = {"model": llm.path.name, "threads": llm.threads, "backend": args.backend}
+    result["load_s"] = llm.load_time  # reading and repacking the weights, KV cache allocation
     # peak RSS, MB: the engine core's process (the model, KV cache and kernels live there) and this one
     rss = lambda: (
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + _core_rss_kb(llm.core.pid)
@@ -166,6 +177,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         wb = llm.weight_bytes_per_token
         bw = memory_bandwidth_gbs()
         result["weight_mb_per_token"] = wb / 1e6
+        result["weight_bytes_vs_gguf"] = wb / gguf_matrix_bytes(str(llm.path))
         result["mem_bandwidth_gb_s"] = bw
         result["decode_ceiling_tok_s"] = bw * 1e9 / wb
         result["decode_vs_ceiling"] = result["decode_tok_s"] / result["decode_ceiling_tok_s"]

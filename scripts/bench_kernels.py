@@ -30,7 +30,7 @@ from gguf import GGMLQuantizationType as T  # noqa: E402
 
 from edgellm.backends.cpu import vnni  # noqa: E402
 from edgellm.backends.cpu.matmul import matmul_cpu  # noqa: E402
-from edgellm.backends.cpu.packed import PackedWeight, pack_weight, tile_packed  # noqa: E402
+from edgellm.backends.cpu.packed import PackedWeight, pack_weight, pack_weight_tiled  # noqa: E402
 from edgellm.quants import BLOCK_DTYPES, get_traits  # noqa: E402
 
 L3_BYTES = 32 * 2**20
@@ -46,13 +46,21 @@ CASE_SETS = {  # (qtype, N, K): shapes of the model tensors
         (T.Q8_0, 576, 1536),
         (T.Q8_0, 49152, 576),
     ],
+    "llama1b": [  # the 1B bench model (scripts/make_bench_model.py): Q|K, V, wo, gate|up, down, output
+        (T.Q4_K, 2560, 2048),
+        (T.Q6_K, 512, 2048),
+        (T.Q4_K, 2048, 2048),
+        (T.Q4_K, 16384, 2048),
+        (T.Q6_K, 2048, 8192),
+        (T.Q6_K, 49152, 2048),
+    ],
     "gemma": [
         (T.Q4_K, 640, 2048),
         (T.Q5_0, 640, 2048),
         (T.Q6_K, 640, 2048),
     ],
 }
-CASE_SETS["all"] = CASE_SETS["smollm2"] + CASE_SETS["gemma"]
+CASE_SETS["all"] = CASE_SETS["smollm2"] + CASE_SETS["gemma"] + CASE_SETS["llama1b"]
 
 
 def random_raw(qtype: T, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
@@ -86,9 +94,8 @@ def bench_case(
     raw = random_raw(qtype, rows, cols, rng)
     gguf_bytes = raw.nbytes
     # the layout the CPU backend uses on this host (tile16 with VNNI, int8 rows otherwise)
-    first = pack_weight(qtype, raw, rows, cols)
-    if vnni.VNNI_ACTIVE:
-        first = tile_packed(first)
+    pack = pack_weight_tiled if vnni.VNNI_ACTIVE else pack_weight
+    first = pack(qtype, raw, rows, cols)
     n_copies = max(1, -(-2 * L3_BYTES // first.nbytes))  # 2x L3 worth of weights for the cold GEMV
     weights: list[PackedWeight] = [first] + [copy.deepcopy(first) for _ in range(n_copies - 1)]
     label = f"{qtype.name} {rows}x{cols}"

@@ -19,7 +19,7 @@ from gguf import quants as gguf_quants
 
 from edgellm.backends.cpu import vnni
 from edgellm.backends.cpu.matmul import ACT_MODES, matmul_cpu, quantize_act_cpu
-from edgellm.backends.cpu.packed import dequantize_rows_cpu, pack_weight, tile_packed
+from edgellm.backends.cpu.packed import dequantize_rows_cpu, pack_weight, pack_weight_tiled
 from edgellm.quants import BLOCK_DTYPES, QUANT_TRAITS, UnsupportedQuantError, get_traits
 from edgellm.quants.activations import quantize_act_ref
 
@@ -86,10 +86,11 @@ def test_backend_op_matches_reference(op: str, qtype: T, shape: tuple[int, int],
     rng = np.random.default_rng(zlib.crc32(f"{op}-{qtype.name}-{shape}".encode()))
     raw = random_raw(qtype, rows, cols, rng)
     ref_w = reference_weight(qtype, raw, rows, cols)
-    packed = pack_weight(qtype, raw, rows, cols)
     if layout == "tile16":
-        packed = tile_packed(packed)
+        packed = pack_weight_tiled(qtype, raw, rows, cols)
         assert packed.tiles is not None and packed.q is None
+    else:
+        packed = pack_weight(qtype, raw, rows, cols)
     if op == "get_rows":
         ids = rng.integers(0, rows, 9)
         got = dequantize_rows_cpu(packed, ids)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from gguf import GGUFValueType as V
 
-from edgellm.gguf.reader import load_gguf
+from edgellm.gguf.reader import load_gguf, release_mapped_pages
 from edgellm.testing.synthetic import write_tiny_model
 
 
@@ -88,3 +88,25 @@ def test_reader_parity_smollm2(smollm2_path: Path) -> None:
 def test_reader_parity_gemma3(gemma3_path: Path) -> None:
     """gguf-py takes ~18 s to open this file (262,144-token vocabulary); the one slow test of the file."""
     assert_same_as_gguf_py(gemma3_path)
+
+
+def _resident_kb() -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def test_release_mapped_pages_drops_file_pages_only(gemma3_path: Path) -> None:
+    """A tensor's pages of the file mapping leave the resident set and read back the same bytes (they are
+    the file's); an array in anonymous memory is left alone (MADV_DONTNEED would zero it)."""
+    emb = load_gguf(gemma3_path).tensors["token_embd.weight"].data  # ~178 MB
+    before = emb[::512].copy()
+    emb.sum(dtype=np.uint64)  # fault every page in
+    rss_in = _resident_kb()
+    assert release_mapped_pages(emb)
+    assert rss_in - _resident_kb() > 100_000  # kB
+    np.testing.assert_array_equal(emb[::512], before)
+    heap = np.arange(1 << 20, dtype=np.uint8)
+    assert not release_mapped_pages(heap)
+    np.testing.assert_array_equal(heap, np.arange(1 << 20, dtype=np.uint8))

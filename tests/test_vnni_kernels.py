@@ -1,6 +1,7 @@
-"""The AVX-512 VNNI matmul path (vnni's tile16 layout) against the portable kernels over int8 rows:
-bit-identical outputs for every quantized type and batch size, exact extreme values, the layout round trip,
-and the dispatch (host feature check, EDGELLM_NO_VNNI=1 forcing the portable path)."""
+"""The AVX-512 VNNI matmul path (vnni's tile16 layouts, at the GGUF's bit width) against the portable
+kernels over int8 rows: bit-identical outputs for every quantized type and batch size, exact extreme values,
+the bytes each layout streams, stacking, chunked repacking, and the dispatch (host feature check,
+EDGELLM_NO_VNNI=1 forcing the portable path)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from gguf import GGMLQuantizationType as T
 from edgellm.backends.cpu import vnni
 from edgellm.backends.cpu.backend import CpuBackend
 from edgellm.backends.cpu.matmul import matmul_cpu
-from edgellm.backends.cpu.packed import dequantize_rows_cpu, pack_weight, tile_packed
+from edgellm.backends.cpu.packed import pack_tiles, pack_weight, pack_weight_tiled
+from edgellm.backends.cpu.tile_layouts import TILE_LAYOUTS
 from edgellm.gguf.reader import TensorInfo
-from edgellm.quants import QUANT_TRAITS, get_traits
+from edgellm.quants import BLOCK_DTYPES, QUANT_TRAITS, get_traits
 from tests.test_backend_ops import FLOAT_TYPES, random_raw
 
 QUANT_TYPES = [t for t in QUANT_TRAITS if t not in FLOAT_TYPES]
@@ -33,9 +35,11 @@ def shapes_for(qtype: T) -> list[tuple[int, int]]:
     return [(38, 576), (7, 544), (64, 256), (3, 64)]
 
 
-def both_layouts(x: np.ndarray, packed) -> tuple[np.ndarray, np.ndarray]:
+def both_layouts(x: np.ndarray, qtype: T, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    rows, cols = raw.shape[0], x.shape[1]
+    packed = pack_weight(qtype, raw, rows, cols)
     outs = []
-    for w in (packed, tile_packed(packed)):
+    for w in (packed, pack_weight_tiled(qtype, raw, rows, cols)):
         out = np.full((x.shape[0], packed.rows), np.nan, np.float32)
         matmul_cpu(x, w, out)
         outs.append(out)
@@ -47,10 +51,10 @@ def both_layouts(x: np.ndarray, packed) -> tuple[np.ndarray, np.ndarray]:
 def test_vnni_matches_portable_bit_for_bit(qtype: T) -> None:
     rng = np.random.default_rng(zlib.crc32(qtype.name.encode()))
     for rows, cols in shapes_for(qtype):
-        packed = pack_weight(qtype, random_raw(qtype, rows, cols, rng), rows, cols)
+        raw = random_raw(qtype, rows, cols, rng)
         for m_rows in (1, 2, 5, 9):  # 5 and 9: register blocks of 4 plus single leftover rows
             x = rng.standard_normal((m_rows, cols)).astype(np.float32)
-            portable, fast = both_layouts(x, packed)
+            portable, fast = both_layouts(x, qtype, raw)
             assert np.isfinite(portable).all()
             np.testing.assert_array_equal(fast, portable, err_msg=f"{qtype.name} {rows}x{cols} M={m_rows}")
 
@@ -68,24 +72,63 @@ def test_vnni_extreme_int8_values_are_exact() -> None:
     x = np.full((3, cols), -1.0, np.float32)
     x[1] = 1.0
     x[2, ::2] = 1.0
-    portable, fast = both_layouts(x, packed)
+    portable, fast = both_layouts(x, T.Q8_0, raw)
     np.testing.assert_array_equal(fast, portable)
     ref = x.astype(np.float64) @ (packed.scale.repeat(32, axis=1) * packed.q).T.astype(np.float64)
     np.testing.assert_allclose(fast, ref, rtol=1e-3)  # f16 activation scale: ~1e-4 relative
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
-def test_tile_layout_round_trip(qtype: T) -> None:
-    """to_tiles/from_tiles invert each other (padding rows dropped), and rows gathered from the tiles are
-    the row layout's rows bit for bit (the tied embedding is read from the tiles)."""
-    rows, cols = 37, 256
-    rng = np.random.default_rng(5)
-    packed = pack_weight(qtype, random_raw(qtype, rows, cols, rng), rows, cols)
-    tiled = tile_packed(packed)
-    assert tiled.tiles.qt.shape == (3, cols // 4, 16, 4) and tiled.q is None
-    np.testing.assert_array_equal(vnni.from_tiles(tiled.tiles.qt, rows), packed.q)
-    ids = np.array([0, 36, 15, 16, 5, 36])
-    np.testing.assert_array_equal(dequantize_rows_cpu(tiled, ids), dequantize_rows_cpu(packed, ids))
+@needs_vnni
+@pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
+def test_vnni_extreme_quants_are_exact(qtype: T) -> None:
+    """Every quant bit set or clear (largest and smallest values of each type, high bits included) against
+    activations of +-127: where a wrong nibble/bit-plane split, shift or offset would show."""
+    rows, cols = 32, 256
+    raw = random_raw(qtype, rows, cols, np.random.default_rng(2))
+    blocks = raw.view(BLOCK_DTYPES[qtype])
+    for field in ("qs", "qh", "ql", "hmask"):
+        if field in blocks.dtype.names:
+            blocks[field][::2] = np.array(-1).astype(blocks.dtype[field].base)  # all ones
+            blocks[field][1::2] = 0
+    x = np.full((3, cols), -1.0, np.float32)
+    x[1] = 1.0
+    x[2, ::2] = 1.0
+    portable, fast = both_layouts(x, qtype, raw)
+    np.testing.assert_array_equal(fast, portable)
+
+
+@pytest.mark.parametrize("qtype", list(TILE_LAYOUTS), ids=lambda t: t.name)
+def test_tiles_keep_the_gguf_bit_width(qtype: T) -> None:
+    """The tiles stream at most 5% more bytes than the GGUF's blocks (the K-quants' 6-bit scales as
+    bytes); only the types repacked through int8 rows (Q2_K, Q3_K) are larger. The group and activation
+    quantization agree with the traits table."""
+    rows, cols = 48, 512
+    raw = random_raw(qtype, rows, cols, np.random.default_rng(4))
+    w = pack_weight_tiled(qtype, raw, rows, cols)
+    assert w.tiles is not None and w.q is None and w.group == get_traits(qtype).group
+    limit = 1.05 if TILE_LAYOUTS[qtype].lo_split or qtype == T.Q8_0 else 5.0
+    assert w.nbytes <= limit * raw.nbytes, (w.nbytes, raw.nbytes)
+
+
+@needs_vnni
+def test_stacked_tiles_equal_separate_matrices() -> None:
+    """Q|K|V stacked into one tile16 weight give the separate matrices' outputs side by side; a part
+    that would leave a tile half filled (not last) is refused."""
+    rng = np.random.default_rng(8)
+    shapes = [(64, 256), (32, 256), (21, 256)]
+    raws = [random_raw(T.Q4_K, r, c, rng) for r, c in shapes]
+    stacked = pack_tiles(T.Q4_K, raws, 256)
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    out = np.empty((3, stacked.rows), np.float32)
+    matmul_cpu(x, stacked, out)
+    c = 0
+    for raw, (r, cols) in zip(raws, shapes, strict=True):
+        part = np.empty((3, r), np.float32)
+        matmul_cpu(x, pack_weight(T.Q4_K, raw, r, cols), part)
+        np.testing.assert_array_equal(out[:, c : c + r], part)
+        c += r
+    with pytest.raises(ValueError, match="not a multiple of 16"):
+        pack_tiles(T.Q4_K, [raws[2], raws[0]], 256)
 
 
 def test_backend_layout_follows_vnni_active(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -106,6 +149,30 @@ def test_backend_layout_follows_vnni_active(monkeypatch: pytest.MonkeyPatch) -> 
         np.testing.assert_array_equal(out, outs[0])
 
 
+def test_backend_stacks_runs_of_one_type(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Q, K (Q4_K) and V (Q6_K), as in a Q4_K_M file: on VNNI hosts Q|K share one tiled weight and V is
+    its own; every host writes the same outputs into the right columns."""
+    rng = np.random.default_rng(6)
+    specs = [("q", T.Q4_K, 32), ("k", T.Q4_K, 16), ("v", T.Q6_K, 16)]
+    tensors = []
+    for name, qtype, rows in specs:
+        raw = random_raw(qtype, rows, 256, rng)
+        tensors.append(TensorInfo(name, qtype, (rows, 256), 0, raw.nbytes, raw))
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    outs = []
+    for active in (False, True) if vnni._host_has_vnni() else (False,):
+        monkeypatch.setattr(vnni, "VNNI_ACTIVE", active)
+        w = CpuBackend().load_matrix(tensors)
+        if active:
+            assert [(p.qtype, p.rows) for p in w.parts] == [(T.Q4_K, 48), (T.Q6_K, 16)]
+        out = np.full((3, 64), np.nan, np.float32)
+        CpuBackend().matmul(x, w, out)
+        outs.append(out)
+    assert np.isfinite(outs[0]).all()
+    for out in outs[1:]:
+        np.testing.assert_array_equal(out, outs[0])
+
+
 @pytest.mark.parametrize("env_value,expect_active", [("1", False), ("0", None)])
 def test_env_forces_portable_path(env_value: str, expect_active: bool | None) -> None:
     env = dict(os.environ, EDGELLM_NO_VNNI=env_value)
@@ -115,23 +182,16 @@ def test_env_forces_portable_path(env_value: str, expect_active: bool | None) ->
     assert active == str(expect_active if expect_active is not None else host == "True")
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q8_0, T.Q4_1, T.F16], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q8_0, T.Q5_0, T.Q6_K, T.Q2_K], ids=lambda t: t.name)
 def test_chunked_tiling_equals_whole_matrix_tiling(monkeypatch: pytest.MonkeyPatch, qtype: T) -> None:
-    """pack_weight_tiled (big matrices, a chunk of rows at a time) builds exactly the tiles of packing the
-    whole matrix and tiling it, including a partial last chunk and tile."""
+    """pack_tiles (big matrices, a chunk of rows at a time) builds exactly the tiles of repacking the whole
+    matrix at once, including a partial last chunk and tile."""
     from edgellm.backends.cpu import packed
 
-    monkeypatch.setattr(packed, "TILED_CHUNK_ROWS", 32)
     raw = random_raw(qtype, 77, 256, np.random.default_rng(9))
+    whole = packed.pack_weight_tiled(qtype, raw, 77, 256)
+    monkeypatch.setattr(packed, "TILED_CHUNK_ROWS", 32)
     chunked = packed.pack_weight_tiled(qtype, raw, 77, 256)
-    whole = tile_packed(pack_weight(qtype, raw, 77, 256))
     assert chunked.rows == whole.rows == 77
-    if whole.tiles is None:  # float types keep their dense form
-        np.testing.assert_array_equal(chunked.dense, whole.dense)
-        return
-    np.testing.assert_array_equal(chunked.tiles.qt, whole.tiles.qt)
-    np.testing.assert_array_equal(chunked.tiles.sct, whole.tiles.sct)
-    if whole.tiles.mnt is None:
-        assert chunked.tiles.mnt is None
-    else:
-        np.testing.assert_array_equal(chunked.tiles.mnt, whole.tiles.mnt)
+    for a, b in zip(chunked.tiles.planes, whole.tiles.planes, strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -33,6 +33,7 @@ class LlamaModel:
         src = TensorSource(gguf)
         e, V = cfg.n_embd, cfg.n_vocab
         self.tok_embd = be.load_matrix([src.get("token_embd.weight", (V, e))])  # [V, n_embd]
+        gguf.release_pages()  # the embedding's raw blocks (the largest tensor of a small model) are repacked
         self.layers = []
         for il in range(cfg.n_layers):
             self.layers.append((load_attention(be, src, cfg, il), load_feed_forward(be, src, cfg, il)))

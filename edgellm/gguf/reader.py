@@ -91,6 +91,31 @@ class GGUFFile:
         return arch
 
 
+def release_mapped_pages(a: np.ndarray) -> bool:
+    """Drop the pages under `a`, a contiguous view of a file mapping made by load_gguf (a tensor's raw
+    rows), from this process's resident set once they have been repacked: reading them again would
+    just fault them back in from the file. Pages shared with the neighbouring bytes go too (they are
+    clean file pages; a later read refaults them). Anything else (arrays in anonymous memory, where
+    MADV_DONTNEED would zero the data) is left alone. Returns whether pages were released."""
+    base: Any = a
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, memoryview):
+        base = base.obj
+    if not isinstance(base, mmap.mmap) or not a.flags.c_contiguous or not hasattr(mmap, "MADV_DONTNEED"):
+        return False
+    start = a.ctypes.data // mmap.PAGESIZE * mmap.PAGESIZE
+    return _madvise(start, a.ctypes.data + a.nbytes - start, mmap.MADV_DONTNEED) == 0
+
+
+def _madvise(addr: int, length: int, advice: int) -> int:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc.madvise(addr, length, advice)
+
+
 class _Cursor:
     """Bounds-checked little-endian reads over the memory map; running past the end means truncation."""
 

@@ -39,15 +39,24 @@ ACT_ROUNDING: dict[str, Callable[[np.ndarray], np.ndarray] | None] = {
 
 @dataclass
 class Tiles:
-    """vnni.to_tiles output: rows interleaved 16 at a time by 4-byte words, quants offset to uint8."""
+    """The CPU backend's VNNI layout (backends/cpu/tile_layouts.py): the weight at its GGUF bit width, rows
+    interleaved 16 at a time. Each plane is uint8 [T, bytes per tile]; an absent plane is [T, 0]."""
 
-    qt: np.ndarray  # uint8 [T, K/4, 16, 4]
-    sct: np.ndarray  # f32 [T, K/G, 16]
-    mnt: np.ndarray | None  # f32 [T, K/G, 16] or None
+    lo: np.ndarray  # quants (nibbles or bytes)
+    hi: np.ndarray  # high bits
+    d: np.ndarray  # scales (f16 bits or f32)
+    sub: np.ndarray  # per-group sub-scales (bytes)
+    m: np.ndarray  # mins (f16 bits or f32)
+    msub: np.ndarray  # per-group sub-mins (bytes)
+    layout_id: int  # index of the layout's key in tile_layouts.LAYOUT_KEYS
+
+    @property
+    def planes(self) -> tuple[np.ndarray, ...]:
+        return (self.lo, self.hi, self.d, self.sub, self.m, self.msub)
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.qt, self.sct, self.mnt) if a is not None)
+        return sum(a.nbytes for a in self.planes)
 
 
 @dataclass
@@ -62,7 +71,7 @@ class PackedWeight:
     qtype: GGMLQuantizationType
     act_mode: int = ACT_Q8_0  # how activations are quantized (ACT_* above), from the traits' vec_dot
     act_round: Callable[[np.ndarray], np.ndarray] | None = None  # float weights: activation rounding
-    tiles: Tiles | None = None  # the VNNI layout; q, scale and minv are then None
+    tiles: Tiles | None = None  # the CPU VNNI layout; q, scale and minv are then None
 
     @property
     def nbytes(self) -> int:

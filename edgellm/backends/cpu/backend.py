@@ -11,13 +11,8 @@ from edgellm.backends.base import Backend
 from edgellm.backends.cpu import ops, silu_avx512, vnni
 from edgellm.backends.cpu.attention import attention_paged_cpu
 from edgellm.backends.cpu.matmul import matmul_cpu
-from edgellm.backends.cpu.packed import (
-    PackedWeight,
-    dequantize_rows_cpu,
-    pack_weight,
-    pack_weight_tiled,
-    tile_packed,
-)
+from edgellm.backends.cpu.packed import PackedWeight, dequantize_rows_cpu, pack_tiles, pack_weight
+from edgellm.backends.cpu.tile_layouts import TILE, TILE_LAYOUTS
 from edgellm.gguf.reader import TensorInfo
 from edgellm.quants.packing import stack_packed, stackable
 from edgellm.quants.traits import get_traits
@@ -32,26 +27,44 @@ class StackedWeights:
         self.cols = parts[0].cols
 
 
+def _tile_runs(tensors: list[TensorInfo]) -> list[list[TensorInfo]]:
+    """Consecutive tensors that can share one tiled weight: the same type, and every one but the last
+    with whole tiles (a tile never mixes two matrices)."""
+    runs: list[list[TensorInfo]] = []
+    for t in tensors:
+        last = runs[-1] if runs else None
+        if last and last[-1].qtype == t.qtype and last[-1].shape[0] % TILE == 0:
+            last.append(t)
+        else:
+            runs.append([t])
+    return runs
+
+
 class CpuBackend(Backend):
     name = "cpu"
 
     def __init__(self) -> None:
+        # Numba's thread count when the backend is made (the engine sets it first); asked once, not per call.
+        self.n_threads = numba.get_num_threads()
         self._rope_tables: dict[tuple[int, float], tuple[np.ndarray, np.ndarray]] = {}
 
     def load_matrix(self, tensors: list[TensorInfo]) -> Any:
         for t in tensors:
             get_traits(t.qtype, t.name)  # clear error for unsupported types, naming the tensor
-        if len(tensors) == 1 and vnni.VNNI_ACTIVE:  # straight to the tiles, a chunk of rows at a time
-            t = tensors[0]
-            return pack_weight_tiled(t.qtype, t.data, *t.shape)
+        if vnni.VNNI_ACTIVE and all(t.qtype in TILE_LAYOUTS for t in tensors):
+            # Straight from the file's blocks to the tiles, a chunk of rows at a time; consecutive
+            # matrices of one type (Q|K, gate|up) share one weight, so one kernel call serves them.
+            runs = _tile_runs(tensors)
+            parts = [
+                pack_tiles(run[0].qtype, [t.data for t in run], run[0].shape[1], run[0].name) for run in runs
+            ]
+            return parts[0] if len(parts) == 1 else StackedWeights(parts)
         parts = [pack_weight(t.qtype, t.data, *t.shape) for t in tensors]
-        # On VNNI hosts the int8 rows move to the tile16 layout after stacking (no second copy is kept).
-        layout = tile_packed if vnni.VNNI_ACTIVE else (lambda w: w)
         if len(parts) == 1:
             return parts[0]
         if stackable(parts):
-            return layout(stack_packed(parts))
-        return StackedWeights([layout(p) for p in parts])
+            return stack_packed(parts)
+        return StackedWeights(parts)
 
     def load_vector(self, tensor: TensorInfo) -> np.ndarray:
         get_traits(tensor.qtype, tensor.name)
@@ -80,13 +93,12 @@ class CpuBackend(Backend):
     def matmul(self, x: np.ndarray, w: Any, out: np.ndarray) -> None:
         if isinstance(w, StackedWeights):
             c = 0
-            for p in w.parts:
-                part = np.empty((x.shape[0], p.rows), np.float32)
-                matmul_cpu(x, p, part)
-                out[:, c : c + p.rows] = part
+            x = np.ascontiguousarray(x)
+            for p in w.parts:  # each part writes its columns of out in place
+                matmul_cpu(x, p, out[:, c : c + p.rows], self.n_threads)
                 c += p.rows
             return
-        matmul_cpu(np.ascontiguousarray(x), w, out)
+        matmul_cpu(np.ascontiguousarray(x), w, out, self.n_threads)
 
     def rmsnorm(self, x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:
         ops.rmsnorm_cpu(x, w, eps, out)

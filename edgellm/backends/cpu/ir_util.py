@@ -59,4 +59,11 @@ def switch_intrinsic(variants: dict[int, tuple[str, Callable[[ir.Module, str], i
             return sig, codegen
 
         return kernel12
+    if n_args == 15:
+
+        @intrinsic
+        def kernel15(typingctx, key, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14):  # noqa: ANN001, ANN202
+            return sig, codegen
+
+        return kernel15
     raise ValueError(f"no switch intrinsic for {n_args} arguments")  # Numba intrinsics need fixed arity
