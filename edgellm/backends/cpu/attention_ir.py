@@ -70,18 +70,32 @@ def _counted_loop(b: ir.IRBuilder, fn: ir.Function, count: ir.Value, carried: li
     return outs
 
 
+def _qk_entry(module: ir.Module, name: str, group: int) -> tuple[ir.Function, ir.IRBuilder, list[ir.Value]]:
+    """A Q.K kernel `void name(q, d, ... x5)` (7 i64 arguments) and its entry block: (function, builder at
+    the entry, the group's Q row pointers q + g*d floats)."""
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [_I64] * 7), name)
+    fn.linkage = "internal"
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    q_ptr = b.inttoptr(fn.args[0], _F32.as_pointer())
+    return fn, b, [b.gep(q_ptr, [b.mul(fn.args[1], ir.Constant(_I64, g))]) for g in range(group)]
+
+
+def _store_scores(b: ir.IRBuilder, out_a: ir.Value, out_stride: ir.Value, rows: list[ir.Value]) -> None:
+    """Store the group's 16 scores each at out + g*out_stride floats, and return."""
+    out_ptr = b.inttoptr(out_a, _F32.as_pointer())
+    for g, v in enumerate(rows):
+        dst = b.gep(out_ptr, [b.mul(out_stride, ir.Constant(_I64, g))])
+        b.store(v, b.bitcast(dst, _VF.as_pointer()), align=4)
+    b.ret_void()
+
+
 def _build_qk(module: ir.Module, name: str, group: int) -> ir.Function:
     """void qk(q, d, k, k_row, out, out_stride, scale_bits): out[g*out_stride + l] = scale *
     sum_i q[g*d + i] * k[i*k_row + l] for 16 positions l (k: address of dim 0 of the 16 positions; k_row:
     bytes between dims; q f32 [group, d]; scale: f32 bits in an i64)."""
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [_I64] * 7), name)
-    fn.linkage = "internal"
-    q_a, d, k_a, k_row, out_a, out_stride, scale_bits = fn.args
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    fn, b, q_rows = _qk_entry(module, name, group)
+    _, d, k_a, k_row, out_a, out_stride, scale_bits = fn.args
     fma = _fma_fn(module)
-    f32p = _F32.as_pointer()
-    q_ptr = b.inttoptr(q_a, f32p)
-    q_rows = [b.gep(q_ptr, [b.mul(d, ir.Constant(_I64, g))]) for g in range(group)]
     zero = ir.Constant(_VF, [0.0] * LANES)
 
     def body(b: ir.IRBuilder, i: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
@@ -90,18 +104,15 @@ def _build_qk(module: ir.Module, name: str, group: int) -> ir.Function:
 
     accs = _counted_loop(b, fn, d, [zero] * group, body)
     scale = _splat(b, b.bitcast(b.trunc(scale_bits, _I32), _F32))
-    out_ptr = b.inttoptr(out_a, f32p)
-    for g in range(group):
-        dst = b.gep(out_ptr, [b.mul(out_stride, ir.Constant(_I64, g))])
-        b.store(b.fmul(accs[g], scale), b.bitcast(dst, _VF.as_pointer()), align=4)
-    b.ret_void()
+    _store_scores(b, out_a, out_stride, [b.fmul(a, scale) for a in accs])
     return fn
 
 
-def _build_pv(module: ir.Module, name: str, group: int, n_vec: int) -> ir.Function:
+def _build_pv(module: ir.Module, name: str, group: int, n_vec: int, load_row=None) -> ir.Function:  # noqa: ANN001
     """void pv(w, w_stride, n, v, v_row, acc, acc_stride): acc[g][c] += sum_j w[g*w_stride + j] *
     v[j*v_row + c] for j < n in order, over n_vec*16 columns c (v: address of row 0's first f16 column;
-    v_row: bytes between rows; acc f32 rows acc_stride floats apart, loaded once and stored once)."""
+    v_row: bytes between rows; acc f32 rows acc_stride floats apart, loaded once and stored once).
+    load_row(b, row_address) -> the n_vec f32 vectors of a row (default: f16 values)."""
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [_I64] * 7), name)
     fn.linkage = "internal"
     w_a, w_stride, n, v_a, v_row, acc_a, acc_stride = fn.args
@@ -115,10 +126,13 @@ def _build_pv(module: ir.Module, name: str, group: int, n_vec: int) -> ir.Functi
         row = b.gep(acc_ptr, [b.mul(acc_stride, ir.Constant(_I64, g))])
         acc_ptrs += [b.bitcast(b.gep(row, [ir.Constant(_I64, LANES * c)]), vfp) for c in range(n_vec)]
     init = [b.load(p, align=4) for p in acc_ptrs]
+    if load_row is None:
+
+        def load_row(b: ir.IRBuilder, row: ir.Value) -> list[ir.Value]:
+            return [_load_f16x16(b, b.add(row, ir.Constant(_I64, 2 * LANES * c))) for c in range(n_vec)]
 
     def body(b: ir.IRBuilder, j: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
-        row = b.add(v_a, b.mul(j, v_row))
-        vs = [_load_f16x16(b, b.add(row, ir.Constant(_I64, 2 * LANES * c))) for c in range(n_vec)]
+        vs = load_row(b, b.add(v_a, b.mul(j, v_row)))
         new = []
         for g in range(group):
             w = _splat(b, b.load(b.gep(w_rows[g], [j])))
@@ -168,14 +182,9 @@ def _build_qk_q8_0(module: ir.Module, name: str, group: int) -> ir.Function:
     sum_{i<32} q[g*d + c*32 + i] * kq[c][i][l] for 16 positions l (q f32 [group, d], already times the
     attention scale; kq: address of dim 0's values of the 16 positions, ks: of their first scales; k_row:
     bytes between rows = block_size; a 32-dim block spans 34 rows)."""
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [_I64] * 7), name)
-    fn.linkage = "internal"
-    q_a, d, kq_a, ks_a, k_row, out_a, out_stride = fn.args
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    fn, b, q_rows = _qk_entry(module, name, group)
+    _, d, kq_a, ks_a, k_row, out_a, out_stride = fn.args
     fma = _fma_fn(module)
-    f32p = _F32.as_pointer()
-    q_ptr = b.inttoptr(q_a, f32p)
-    q_rows = [b.gep(q_ptr, [b.mul(d, ir.Constant(_I64, g))]) for g in range(group)]
     zero = ir.Constant(_VF, [0.0] * LANES)
     block_bytes = b.mul(k_row, ir.Constant(_I64, Q8_BYTES))
 
@@ -194,35 +203,16 @@ def _build_qk_q8_0(module: ir.Module, name: str, group: int) -> ir.Function:
         return [b.call(fma, [parts[g], scales, totals[g]]) for g in range(group)]
 
     n_blocks = b.udiv(d, ir.Constant(_I64, Q8_BLOCK))
-    totals = _counted_loop(b, fn, n_blocks, [zero] * group, block)
-    out_ptr = b.inttoptr(out_a, f32p)
-    for g in range(group):
-        dst = b.gep(out_ptr, [b.mul(out_stride, ir.Constant(_I64, g))])
-        b.store(totals[g], b.bitcast(dst, _VF.as_pointer()), align=4)
-    b.ret_void()
+    _store_scores(b, out_a, out_stride, _counted_loop(b, fn, n_blocks, [zero] * group, block))
     return fn
 
 
 def _build_pv_q8_0(module: ir.Module, name: str, group: int, n_vec: int) -> ir.Function:
-    """void pv(w, w_stride, n, v, v_row, acc, acc_stride): as the f16 pv over n_vec*16 columns, v the
-    address of row 0's q8_0 block holding the first column (n_vec even: whole blocks); each block's
-    values are widened and times its scale once per row, then shared by the group's FMAs."""
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [_I64] * 7), name)
-    fn.linkage = "internal"
-    w_a, w_stride, n, v_a, v_row, acc_a, acc_stride = fn.args
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    fma = _fma_fn(module)
-    f32p, vfp = _F32.as_pointer(), _VF.as_pointer()
-    w_ptr, acc_ptr = b.inttoptr(w_a, f32p), b.inttoptr(acc_a, f32p)
-    w_rows = [b.gep(w_ptr, [b.mul(w_stride, ir.Constant(_I64, g))]) for g in range(group)]
-    acc_ptrs = []
-    for g in range(group):
-        row = b.gep(acc_ptr, [b.mul(acc_stride, ir.Constant(_I64, g))])
-        acc_ptrs += [b.bitcast(b.gep(row, [ir.Constant(_I64, LANES * c)]), vfp) for c in range(n_vec)]
-    init = [b.load(p, align=4) for p in acc_ptrs]
+    """_build_pv over q8_0 rows: v the address of row 0's block holding the first column (n_vec even:
+    whole blocks); each block's values are widened and times its scale once per row, then shared by the
+    group's FMAs."""
 
-    def body(b: ir.IRBuilder, j: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
-        row = b.add(v_a, b.mul(j, v_row))
+    def load_row(b: ir.IRBuilder, row: ir.Value) -> list[ir.Value]:
         vs = []
         for blk in range(n_vec // 2):
             at = b.add(row, ir.Constant(_I64, Q8_BYTES * blk))
@@ -230,16 +220,9 @@ def _build_pv_q8_0(module: ir.Module, name: str, group: int, n_vec: int) -> ir.F
             for half in range(2):
                 vals = _load_i8x16(b, b.add(at, ir.Constant(_I64, 2 + LANES * half)))
                 vs.append(b.fmul(vals, scale))
-        new = []
-        for g in range(group):
-            w = _splat(b, b.load(b.gep(w_rows[g], [j])))
-            new += [b.call(fma, [w, vs[c], accs[g * n_vec + c]]) for c in range(n_vec)]
-        return new
+        return vs
 
-    for p, v in zip(acc_ptrs, _counted_loop(b, fn, n, init, body), strict=True):
-        b.store(v, p, align=4)
-    b.ret_void()
-    return fn
+    return _build_pv(module, name, group, n_vec, load_row)
 
 
 qk_q8_0_call = switch_intrinsic(
