@@ -2,8 +2,8 @@
 
 K/V live as float16 [n_blocks, block_size, Hkv, d] per layer (llama.cpp's f16 cache), or as q8_0 blocks
 (int8 values and float16 scales per 32, kv_cache.py), read directly: the `q8` flag picks the path.
-Attention reads keys through each sequence's block table, so decode
-tokens and prefill chunks over cached prefixes (and sliding windows) are one kernel, one block per
+Attention reads keys through each sequence's block table, so decode tokens and prefill chunks over
+cached prefixes (and sliding windows) are one kernel, one block per
 (token, head): pass 1 the max score, pass 2 the softmax denominator (float64, as ggml), pass 3 the
 softmax weights rounded to f16 (as llama.cpp multiplies V) times V, keys taken in order in chunks of
 ROW_THREADS so each output element sums its terms in position order. Scores are recomputed per pass
@@ -22,6 +22,13 @@ from edgellm.backends.cuda.kv_cache import KV_BLOCK, quantize_kv_block
 from edgellm.backends.cuda.matmul import quantize_block
 
 
+@cuda.jit(device=True, inline=True)
+def _kv_item(idx, width, n_kv, slots, bs):  # noqa: ANN001, ANN201
+    """Work item idx of a KV write over (token, kv head, width items): (t, h, item, block, offset)."""
+    t = idx // (width * n_kv)
+    return t, (idx // width) % n_kv, idx % width, slots[t] // bs, slots[t] % bs
+
+
 @cuda.jit
 def write_kv_cuda(  # noqa: ANN001
     k, k_off, k_st, k_sh, v, v_off, v_st, v_sh, k_cache, v_cache, k_scale, v_scale, q8, slots, n_kv, d, dv
@@ -29,30 +36,16 @@ def write_kv_cuda(  # noqa: ANN001
     """f16: one thread per (token, kv head, element) stores it at the token's slot, rounded to f16. q8_0:
     one thread per (token, kv head, 32-value block) quantizes the block."""
     bs = k_cache.shape[1]
-    if q8:
-        n_kb = d // KV_BLOCK
-        width = n_kb + dv // KV_BLOCK
-        for idx in range(cuda.grid(1), slots.shape[0] * n_kv * width, cuda.gridsize(1)):  # grid-stride
-            c = idx % width
-            h = (idx // width) % n_kv
-            t = idx // (width * n_kv)
-            blk = slots[t] // bs
-            o = slots[t] % bs
-            if c < n_kb:
-                kb = k_off + t * k_st + h * k_sh + c * KV_BLOCK
-                quantize_kv_block(k, kb, k_cache, k_scale, blk, o, h, c)
-            else:
-                vb = v_off + t * v_st + h * v_sh + (c - n_kb) * KV_BLOCK
-                quantize_kv_block(v, vb, v_cache, v_scale, blk, o, h, c - n_kb)
-        return
-    width = d + dv
+    n_kb = d // KV_BLOCK if q8 else d  # items of K per head: blocks or elements
+    width = n_kb + (dv // KV_BLOCK if q8 else dv)
     for idx in range(cuda.grid(1), slots.shape[0] * n_kv * width, cuda.gridsize(1)):  # grid-stride
-        i = idx % width
-        h = (idx // width) % n_kv
-        t = idx // (width * n_kv)
-        blk = slots[t] // bs
-        o = slots[t] % bs
-        if i < d:
+        t, h, i, blk, o = _kv_item(idx, width, n_kv, slots, bs)
+        if q8 and i < n_kb:
+            quantize_kv_block(k, k_off + t * k_st + h * k_sh + i * KV_BLOCK, k_cache, k_scale, blk, o, h, i)
+        elif q8:
+            c = i - n_kb
+            quantize_kv_block(v, v_off + t * v_st + h * v_sh + c * KV_BLOCK, v_cache, v_scale, blk, o, h, c)
+        elif i < d:
             k_cache[blk, o, h, i] = k[k_off + t * k_st + h * k_sh + i]
         else:
             v_cache[blk, o, h, i - d] = v[v_off + t * v_st + h * v_sh + i - d]
