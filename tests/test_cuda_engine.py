@@ -268,7 +268,8 @@ def test_fused_chains_with_k_quant_weights(qtype: str) -> None:
         attn = BE.empty((2, 1, n))
         BE.attention(q, kv, 0, tables, seq, pos, 0, 0.0625, attn)
         BE.matmul(attn.reshape(2, n), w, outs[2])
-        got = [BE.to_host(t) for t in (x, y, h, act, q, attn, *outs)] + [BE.to_host(c) for c in kv.layers[0].blocks]
+        got = [BE.to_host(t) for t in (x, y, h, act, q, attn, *outs)]
+        got += [BE.to_host(c) for c in kv.layers[0].blocks]
         return got, BE.stats.total_launches
 
     try:
