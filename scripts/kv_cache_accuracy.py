@@ -73,14 +73,24 @@ def main() -> None:
                 f"  {dtype}: KV {bpt} B/token ({bpt / base_bpt:.3f}x), {tokens} tokens in the budget "
                 f"({tokens / base_tokens:.2f}x)"
             )
+            totals: dict[str, list[float]] = {"ours": [], "llama.cpp": []}  # per window (ppl f16, ppl q)
             for w, ids in enumerate(wins):
                 p16, pq = perplexity(base[w], ids), perplexity(logits[w], ids)
+                totals["ours"].append((p16, pq))
                 print(
                     f"    window {w}: ppl f16 {p16:.4f}, {dtype} {pq:.4f} ({(pq / p16 - 1) * 100:+.3f}%); "
                     f"{dtype} vs f16: {agreement(base[w], logits[w])}"
                 )
                 if a.llamacpp:
-                    llamacpp_kv(name, ids, a.threads or 2, {"f16": base[w], dtype: logits[w]})
+                    ours = {"f16": base[w], dtype: logits[w]}
+                    totals["llama.cpp"].append(llamacpp_kv(name, ids, a.threads or 2, ours))
+            for who, pairs in totals.items():
+                if pairs:  # equal-length windows: the ppl of all tokens is the geometric mean of the windows'
+                    p16, pq = (float(np.exp(np.mean(np.log([p[i] for p in pairs])))) for i in (0, 1))
+                    print(
+                        f"  {who}, all {len(pairs) * a.tokens} tokens: ppl f16 {p16:.4f}, {dtype} {pq:.4f} "
+                        f"({(pq / p16 - 1) * 100:+.3f}%)"
+                    )
 
 
 def agreement(a: np.ndarray, b: np.ndarray) -> str:
@@ -90,9 +100,11 @@ def agreement(a: np.ndarray, b: np.ndarray) -> str:
     return f"top-1 {top1 * 100:.1f}%, |dlogit| {float(np.mean(np.abs(a[rows, at] - b[rows, at]))):.4f}"
 
 
-def llamacpp_kv(name: str, ids: list[int], threads: int, ours: dict[str, np.ndarray] | None = None) -> None:
+def llamacpp_kv(
+    name: str, ids: list[int], threads: int, ours: dict[str, np.ndarray] | None = None
+) -> tuple[float, float]:
     """llama.cpp on the same tokens with an f16 and a q8_0 cache (flash attention: llama.cpp quantizes V
-    only with it), as the oracle for how much q8_0 moves this model's perplexity."""
+    only with it), as the oracle for how much q8_0 moves this model's perplexity. Returns the two ppl."""
     import llama_cpp
 
     from edgellm.catalog import resolve_model
@@ -113,6 +125,7 @@ def llamacpp_kv(name: str, ids: list[int], threads: int, ours: dict[str, np.ndar
     )
     for dtype, ours_logits in (ours or {}).items():
         print(f"  edgellm {dtype} vs llama.cpp {dtype}: {agreement(logits[dtype], ours_logits)}")
+    return ppl_f16, ppl_q8
 
 
 if __name__ == "__main__":
