@@ -195,3 +195,16 @@ def test_q8_0_kv_cache_batched_chunked_and_prefix_hit_equal_alone(llm) -> None:
     q8.shutdown()
     with pytest.raises(ValueError, match=r"unknown KV cache dtype 'q4_0' \(supported: f16, q8_0\)"):
         LLM("smollm2-135m", kv_cache_dtype="q4_0")
+
+
+def test_q8_0_kv_cache_refuses_head_sizes_it_cannot_block(tmp_path) -> None:
+    """q8_0 blocks are 32 values along the head: a 16-wide head is refused by name, before a core starts
+    (and by the backend itself)."""
+    from edgellm.backends.cpu.backend import CpuBackend
+    from edgellm.testing.synthetic import write_tiny_model
+
+    path = write_tiny_model(tmp_path / "head16.gguf", "llama", head_dim=16)
+    with pytest.raises(ValueError, match="q8_0 stores blocks of 32 values .* head_dim is 16"):
+        LLM(path, kv_cache_dtype="q8_0")
+    with pytest.raises(ValueError, match="head_dim_v is 48"):
+        CpuBackend().alloc_kv(1, 2, 16, 1, 64, 48, "q8_0")
