@@ -29,7 +29,7 @@ def _kv_item(idx, width, n_kv, slots, bs):  # noqa: ANN001, ANN201
     return t, (idx // width) % n_kv, idx % width, slots[t] // bs, slots[t] % bs
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def write_kv_cuda(  # noqa: ANN001
     k, k_off, k_st, k_sh, v, v_off, v_st, v_sh, k_cache, v_cache, k_scale, v_scale, q8, slots, n_kv, d, dv
 ):
@@ -51,7 +51,7 @@ def write_kv_cuda(  # noqa: ANN001
             v_cache[blk, o, h, i - d] = v[v_off + t * v_st + h * v_sh + i - d]
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def copy_blocks_cuda(cache, src, dst, per_block):  # noqa: ANN001
     """Copy whole blocks src[p] -> dst[p] of one cache array viewed as [n_blocks, per_block]."""
     for idx in range(cuda.grid(1), src.shape[0] * per_block, cuda.gridsize(1)):  # grid-stride
@@ -102,7 +102,7 @@ def _block_reduce(red, v, is_max):  # noqa: ANN001, ANN201
     return r
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def attention_paged_cuda(  # noqa: ANN001
     q,
     q_off,
