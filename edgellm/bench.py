@@ -157,9 +157,17 @@ def run_bench(args: argparse.Namespace) -> dict:
         n_ctx=n_ctx,
         threads=args.threads,
         kv_cache_memory=args.kv_cache_memory,
+        kv_cache_dtype=args.kv_cache_dtype,
         enable_prefix_caching=args.concurrency > 1 or args.shared_prefix > 0,
     )
-    result: dict = {"model": llm.path.name, "threads": llm.threads, "backend": args.backend}
+    result: dict = {
+        "model": llm.path.name,
+        "threads": llm.threads,
+        "backend": args.backend,
+        "kv_cache_dtype": llm.kv_cache_dtype,
+        "kv_bytes_per_token": llm.kv_bytes_per_token,
+        "kv_cache_tokens": llm.num_kv_blocks * llm.block_size,
+    }
     result["load_s"] = llm.load_time  # reading and repacking the weights, KV cache allocation
     # peak RSS, MB: the engine core's process (the model, KV cache and kernels live there) and this one
     rss = lambda: (

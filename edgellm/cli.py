@@ -19,6 +19,7 @@ def _add_runtime_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--backend", default="cpu", choices=["cpu", "cuda"])
     add_kv_memory_arg(p)
+    add_kv_dtype_arg(p)
 
 
 def kv_memory(text: str) -> int | float:
@@ -46,6 +47,18 @@ def add_kv_memory_arg(p: argparse.ArgumentParser) -> None:
         type=kv_memory,
         default=None,
         help="KV cache: bytes (512M, 2G) or a fraction of RAM (0.25); default 512M, at least one context",
+    )
+
+
+def add_kv_dtype_arg(p: argparse.ArgumentParser) -> None:
+    from edgellm.quants.kv_cache import DEFAULT_KV_CACHE_DTYPE, KV_CACHE_TYPES
+
+    p.add_argument(
+        "--kv-cache-dtype",
+        choices=list(KV_CACHE_TYPES),
+        default=DEFAULT_KV_CACHE_DTYPE,
+        help="KV cache element type: f16 (default) or q8_0 (as llama.cpp's --cache-type-k/-v q8_0: "
+        "~1.9x the tokens in the same --kv-cache-memory, head sizes a multiple of 32)",
     )
 
 
@@ -103,6 +116,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         n_ctx=args.ctx,
         threads=args.threads,
         kv_cache_memory=args.kv_cache_memory,
+        kv_cache_dtype=args.kv_cache_dtype,
         verbose=args.verbose,
         progress=None if args.verbose else _quiet_progress(),
     )
@@ -207,6 +221,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         backend=args.backend,
         threads=args.threads,
         kv_cache_memory=args.kv_cache_memory,
+        kv_cache_dtype=args.kv_cache_dtype,
         metrics_public=args.metrics_public,
         allow_special_in_content=args.allow_special_in_content,
         chat_template_file=args.chat_template_file,
@@ -229,7 +244,19 @@ def cmd_chat(args: argparse.Namespace) -> int:
     import tui.prompt
 
     tui.prompt.allow_special_in_content = args.allow_special_in_content
-    run_chat(model=None if args.url else args.model, url=args.url, api_key=args.api_key)
+    if args.url and (args.kv_cache_dtype is not None or args.kv_cache_memory is not None):
+        print(
+            "edgellm: error: --kv-cache-dtype and --kv-cache-memory apply to an in-process model; with --url "
+            "the server decides (edgellm serve --kv-cache-dtype ...)",
+            file=sys.stderr,
+        )
+        return 2
+    llm_kwargs = {
+        k: v
+        for k, v in (("kv_cache_dtype", args.kv_cache_dtype), ("kv_cache_memory", args.kv_cache_memory))
+        if v is not None
+    }
+    run_chat(model=None if args.url else args.model, url=args.url, api_key=args.api_key, **llm_kwargs)
     return 0
 
 
@@ -250,7 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", default=None, help="chat with a running OpenAI-compatible server instead")
     p.add_argument("--api-key", default=None)
     p.add_argument("--allow-special-in-content", action="store_true", help=ALLOW_SPECIAL_HELP)
-    p.set_defaults(func=cmd_chat)
+    add_kv_memory_arg(p)
+    add_kv_dtype_arg(p)
+    p.set_defaults(func=cmd_chat, kv_cache_dtype=None)  # None: the model's default unless given
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     p.add_argument("model", nargs="?", default=DEFAULT_MODEL)

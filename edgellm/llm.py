@@ -31,6 +31,7 @@ from edgellm.engine.outputs import CompletionOutput, RequestMetrics, RequestOutp
 from edgellm.gguf.config import ModelConfig, config_from_gguf
 from edgellm.gguf.reader import load_gguf
 from edgellm.gguf.validation import tokenizer_from_gguf, validate_model
+from edgellm.quants.kv_cache import DEFAULT_KV_CACHE_DTYPE, get_kv_cache_type
 from edgellm.sampling import SamplingParams
 
 __all__ = ["LLM", "EngineDeadError", "GenerationOutput", "PromptTooLongError", "kv_budget_bytes"]
@@ -89,6 +90,7 @@ class LLM:
         max_num_batched_tokens: int = 512,
         block_size: int = 16,
         kv_cache_memory: int | float | None = None,  # bytes, or a fraction of RAM; default 512 MiB
+        kv_cache_dtype: str = DEFAULT_KV_CACHE_DTYPE,  # "f16", or "q8_0" (llama.cpp's --cache-type-k/-v)
         enable_prefix_caching: bool = True,
         verbose: bool = False,
         progress: Callable[[str], None] | None = None,
@@ -102,6 +104,8 @@ class LLM:
         gguf = load_gguf(self.path)  # mmapped: the header and metadata only are read here
         self.config: ModelConfig = config_from_gguf(gguf)
         validate_model(gguf, self.config)  # before any kernel sees a shape the file claims
+        # an unknown dtype, or head sizes it cannot hold, fail here, before a process starts
+        get_kv_cache_type(kv_cache_dtype).check_head_dims(self.config.head_dim, self.config.head_dim_v)
         self.metadata = gguf.metadata
         self.tokenizer = tokenizer_from_gguf(gguf)
         self.spec = CoreSpec(
@@ -113,6 +117,7 @@ class LLM:
             max_num_batched_tokens=max_num_batched_tokens,
             block_size=block_size,
             kv_cache_memory=kv_cache_memory,
+            kv_cache_dtype=kv_cache_dtype,
             enable_prefix_caching=enable_prefix_caching,
             log_path=None if core_log is None else str(core_log),
         )
@@ -136,6 +141,8 @@ class LLM:
         self.num_kv_blocks: int = info["num_kv_blocks"]
         self.block_size: int = info["block_size"]
         self.kv_cache_bytes: int = info["kv_cache_bytes"]
+        self.kv_cache_dtype: str = info["kv_cache_dtype"]
+        self.kv_bytes_per_token: int = info["kv_bytes_per_token"]
         self.load_time: float = info["load_time"]
         self.compile_time: float = info["compile_time"]
         self.weight_bytes_per_token: int = info["weight_bytes_per_token"]

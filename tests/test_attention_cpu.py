@@ -1,6 +1,7 @@
-"""CPU paged attention against a float64 numpy reference over (GQA group, head size, block size, window),
-with prefill chunks over cached prefixes and decode tokens of other sequences in one call, NaN guard regions
-around the output, batch invariance, and the f16 rounding helpers it relies on."""
+"""CPU paged attention against a float64 numpy reference over (KV cache type, GQA group, head size, block
+size, window), with prefill chunks over cached prefixes and decode tokens of other sequences in one call, NaN
+guard regions around the output, batch invariance, the KV writers (the exact bits of the references, and
+nothing outside their slots), and the f16 rounding helpers they rely on."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import numpy as np
 import pytest
 
 from edgellm.backends.cpu.attention import _f16_round_unit_inplace, attention_paged_cpu
-from edgellm.backends.cpu.fp16 import f16_round_inplace
+from edgellm.backends.cpu.fp16 import f16_bits, f16_round_inplace
+from edgellm.backends.cpu.kv_cache import CPU_KV_KERNELS
 from edgellm.backends.cpu.ops import write_kv_cpu
+from edgellm.quants.kv_cache import get_kv_cache_type
 
 GUARD = 2
 
@@ -19,12 +22,36 @@ def _f16(a: np.ndarray) -> np.ndarray:
     return a.astype(np.float16).astype(np.float32)
 
 
-def make_case(group: int, d: int, bs: int, rng: np.random.Generator):
+def q8_0_bytes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml block_q8_0 bytes of x [..., n] from the table's reference: (scale bytes [..., n/32, 2], value
+    bytes [..., n/32, 32])."""
+    q, d = get_kv_cache_type("q8_0").quantize_ref(x)
+    qb = q.view(np.uint8).reshape(*q.shape[:-1], -1, 32)
+    return d.astype(np.float16).view(np.uint8).reshape(*d.shape, 2), qb
+
+
+def check_cache_holds(dtype: str, k_cache, v_cache, k, v, slots, bs: int) -> None:  # noqa: ANN001
+    """The cache holds exactly the reference's bits at each slot (K transposed per block)."""
+    for t, slot in enumerate(slots):
+        blk, off = slot // bs, slot % bs
+        if dtype == "f16":
+            assert k_cache[blk, :, :, off].tobytes() == k[t].astype(np.float16).tobytes()
+            assert v_cache[blk, off].tobytes() == v[t].astype(np.float16).tobytes()
+            continue
+        ks, kq = q8_0_bytes(k[t])  # [Hkv, d/32, 2], [Hkv, d/32, 32]
+        np.testing.assert_array_equal(k_cache[blk, :, :, 2:, off], kq)
+        scales = k_cache[blk, :, :, :2].reshape(*k_cache.shape[1:3], 2 * bs)
+        np.testing.assert_array_equal(scales[:, :, 2 * off : 2 * off + 2], ks)
+        vs, vq = q8_0_bytes(v[t])
+        np.testing.assert_array_equal(v_cache[blk, off], np.concatenate([vs, vq], axis=-1))
+
+
+def make_case(group: int, d: int, bs: int, rng: np.random.Generator, dtype: str = "f16"):
     """Three sequences: one with a 5-token prefill chunk over a cached prefix, two decoding one token."""
     n_kv, n_blocks = 2, 40
     lengths = [23, 9, 40]  # tokens in the cache after this step, per sequence
-    k_cache = np.zeros((n_blocks, n_kv, d, bs), np.uint16)  # f16 bits, as CpuBackend.alloc_kv
-    v_cache = np.zeros((n_blocks, bs, n_kv, d), np.uint16)
+    kernels, kvt = CPU_KV_KERNELS[dtype], get_kv_cache_type(dtype)
+    k_cache, v_cache = kernels.alloc(n_blocks, bs, n_kv, d, d)  # as CpuBackend.alloc_kv
     perm = rng.permutation(n_blocks)  # blocks out of order, as the block manager hands them out
     tables, seq_k, seq_v, used = [], [], [], 0
     for n in lengths:
@@ -34,12 +61,11 @@ def make_case(group: int, d: int, bs: int, rng: np.random.Generator):
         k = rng.standard_normal((n, n_kv, d)).astype(np.float32)
         v = rng.standard_normal((n, n_kv, d)).astype(np.float32)
         slots = np.array([tables[-1][p // bs] * bs + p % bs for p in range(n)], np.int64)
-        write_kv_cpu(k, v, k_cache, v_cache, slots)
-        seq_k.append(_f16(k))
-        seq_v.append(_f16(v))
-        # the cache holds exactly numpy's f16 conversion, K transposed per block
-        assert k_cache[slots[5] // bs, 1, :, slots[5] % bs].tobytes() == k[5, 1].astype(np.float16).tobytes()
-        assert v_cache[slots[-1] // bs, slots[-1] % bs, 0].tobytes() == v[-1, 0].astype(np.float16).tobytes()
+        kernels.write(k, v, k_cache, v_cache, slots)
+        seq_k.append(kvt.dequantize_ref(*kvt.quantize_ref(k)))  # what the cache holds
+        seq_v.append(kvt.dequantize_ref(*kvt.quantize_ref(v)))
+        some = [0, 5, n - 1]
+        check_cache_holds(dtype, k_cache, v_cache, k[some], v[some], slots[some], bs)
     block_tables = np.zeros((3, max(len(t) for t in tables)), np.int32)
     for s, t in enumerate(tables):
         block_tables[s, : len(t)] = t
@@ -66,22 +92,29 @@ def reference(q, tok_seq, tok_pos, seq_k, seq_v, window: int, scale: float) -> n
     return out
 
 
-@pytest.mark.parametrize(
-    "group,d,bs,window",
-    [
-        (3, 64, 16, 0),  # SmolLM2's shape, IR kernels
-        (4, 256, 16, 0),  # Gemma 3 270M's shape
-        (4, 256, 16, 5),  # its sliding-window layers (window smaller than a block)
-        (1, 64, 32, 20),  # no GQA, 32-token blocks, window across blocks
-        (8, 128, 16, 0),  # group of 8: the narrower P.V chunk
-        (9, 64, 16, 0),  # group above the IR kernels: Numba loops
-        (2, 48, 16, 0),  # head size not a multiple of the P.V chunk: Numba loops
-        (3, 64, 4, 7),  # block size not a multiple of 16: Numba loops
-    ],
-)
-def test_attention_matches_reference(group: int, d: int, bs: int, window: int) -> None:
+CASES = [
+    ("f16", 3, 64, 16, 0),  # SmolLM2's shape, IR kernels
+    ("f16", 4, 256, 16, 0),  # Gemma 3 270M's shape
+    ("f16", 4, 256, 16, 5),  # its sliding-window layers (window smaller than a block)
+    ("f16", 1, 64, 32, 20),  # no GQA, 32-token blocks, window across blocks
+    ("f16", 8, 128, 16, 0),  # group of 8: the narrower P.V chunk
+    ("f16", 9, 64, 16, 0),  # group above the IR kernels: Numba loops
+    ("f16", 2, 48, 16, 0),  # head size not a multiple of the P.V chunk: Numba loops
+    ("f16", 3, 64, 4, 7),  # block size not a multiple of 16: Numba loops
+    ("q8_0", 3, 64, 16, 0),  # q8_0 IR kernels, two scale blocks per head
+    ("q8_0", 4, 256, 16, 5),
+    ("q8_0", 1, 64, 32, 20),
+    ("q8_0", 8, 128, 16, 0),  # narrower P.V chunk: one q8_0 block per chunk
+    ("q8_0", 9, 64, 16, 0),  # Numba loops over q8_0 blocks
+    ("q8_0", 3, 64, 4, 7),  # block size 4: scales span both scale rows of a block; Numba loops
+    ("q8_0", 1, 32, 16, 0),  # one q8_0 block per head, narrower than the P.V chunk: Numba loops
+]
+
+
+@pytest.mark.parametrize("dtype,group,d,bs,window", CASES)
+def test_attention_matches_reference(dtype: str, group: int, d: int, bs: int, window: int) -> None:
     rng = np.random.default_rng(group * 1000 + d + bs + window)
-    q, k_cache, v_cache, tables, tok_seq, tok_pos, seq_k, seq_v = make_case(group, d, bs, rng)
+    q, k_cache, v_cache, tables, tok_seq, tok_pos, seq_k, seq_v = make_case(group, d, bs, rng, dtype)
     T, H, _ = q.shape
     buf = np.full((T + 2 * GUARD, H + 2 * GUARD, d + 2 * GUARD), np.nan, np.float32)
     out = buf[GUARD:-GUARD, GUARD:-GUARD, GUARD:-GUARD]
@@ -97,11 +130,12 @@ def test_attention_matches_reference(group: int, d: int, bs: int, window: int) -
     assert nmse < 1e-6, f"NMSE {nmse:.2e}"  # f16 softmax weights: ~1e-8 expected
 
 
-def test_attention_is_batch_invariant() -> None:
+@pytest.mark.parametrize("dtype", ["f16", "q8_0"])
+def test_attention_is_batch_invariant(dtype: str) -> None:
     """Each token's output is bit-identical whether it is computed with the whole batch or alone, on any
     number of threads."""
     rng = np.random.default_rng(11)
-    q, k_cache, v_cache, tables, tok_seq, tok_pos, *_ = make_case(3, 64, 16, rng)
+    q, k_cache, v_cache, tables, tok_seq, tok_pos, *_ = make_case(3, 64, 16, rng, dtype)
     full = np.empty_like(q)
     attention_paged_cpu(q, k_cache, v_cache, tables, tok_seq, tok_pos, 0, 0.125, 2, full)
     for t in range(q.shape[0]):
@@ -155,3 +189,54 @@ def test_kv_write_paths_store_the_same_bits(monkeypatch: pytest.MonkeyPatch) -> 
         for t, s in enumerate(slots):
             np.testing.assert_array_equal(kc[s // 16, :, :, s % 16], want_k[t])
             np.testing.assert_array_equal(vc[s // 16, s % 16], want_v[t])
+
+
+@pytest.mark.parametrize("dtype", ["f16", "q8_0"])
+def test_kv_writers_touch_only_their_slots(dtype: str) -> None:
+    """Every byte of the cache outside the written slots keeps its value (a filled cache as the guard), and
+    q8_0 stores ggml's rounding on special blocks: all zeros, exact ties (to even), a single nonzero value."""
+    rng = np.random.default_rng(5)
+    bs, n_kv, d = 16, 2, 64
+    kernels = CPU_KV_KERNELS[dtype]
+    before = [np.full(a.shape, 0xA5, a.dtype) for a in kernels.alloc(3, bs, n_kv, d, d)]
+    k_cache, v_cache = (a.copy() for a in before)
+    qkv = rng.standard_normal((3, 3 * n_kv * d)).astype(np.float32)  # strided K/V views, as the model's
+    qkv[0, :32] = 0.0
+    qkv[1, :32] = np.arange(32) - np.float32(15.5)  # with amax 127 below, x * 127/amax = x: .5 ties
+    qkv[1, 0] = 127.0
+    qkv[2, :32] = 0.0
+    qkv[2, 7] = -3.0
+    k = qkv[:, : n_kv * d].reshape(3, n_kv, d)
+    v = qkv[:, n_kv * d : 2 * n_kv * d].reshape(3, n_kv, d)
+    slots = np.array([17, 0, 47])  # block 1 offset 1, block 0 offset 0, block 2 offset 15
+    kernels.write(k, v, k_cache, v_cache, slots)
+    check_cache_holds(dtype, k_cache, v_cache, k, v, slots, bs)
+    for cache, old, written in ((k_cache, before[0], "k"), (v_cache, before[1], "v")):
+        mask = np.ones(cache.shape, bool)
+        for s in slots:
+            if written == "v":
+                mask[s // bs, s % bs] = False
+            elif dtype == "f16":
+                mask[s // bs, :, :, s % bs] = False
+            else:  # q8_0 K: the values column and the two scale bytes of the slot
+                mask[s // bs, :, :, 2:, s % bs] = False
+                flat = mask[s // bs, :, :, :2].reshape(n_kv, d // 32, 2 * bs)
+                flat[:, :, 2 * (s % bs) : 2 * (s % bs) + 2] = False
+                mask[s // bs, :, :, :2] = flat.reshape(n_kv, d // 32, 2, bs)
+        np.testing.assert_array_equal(cache[mask], old[mask], err_msg=f"{dtype} {written}: outside its slots")
+
+
+def test_f16_bits_matches_numpy() -> None:
+    """The portable f32 -> f16 bits of the q8_0 scales: every class of value, ties to even."""
+    rng = np.random.default_rng(6)
+    exps = rng.integers(-30, 18, 20000).astype(np.float32)
+    a = np.concatenate(
+        [
+            rng.standard_normal(20000).astype(np.float32) * np.float32(2.0) ** exps,
+            np.array([0.0, -0.0, np.inf, -np.inf, 65504, 65520, 65519.99, 2.0**-24, 2.0**-25, 3 * 2.0**-26,
+                      2.0**-14, 1 + 2.0**-11, 1 + 3 * 2.0**-11], np.float32),
+        ]
+    ).astype(np.float32)  # fmt: skip
+    with np.errstate(over="ignore"):
+        want = a.astype(np.float16).view(np.uint16)
+    np.testing.assert_array_equal(np.array([f16_bits(x) for x in a], np.uint16), want)

@@ -36,14 +36,18 @@ def test_run_streams_greedy_text_and_prints_stats(smollm2_path) -> None:
 
 def test_bench_json_has_the_llamacpp_bench_fields() -> None:
     proc = edgellm(
-        "bench", "smollm2-135m", "--prompt-tokens", "16", "--gen-tokens", "8", "--repeat", "1", "--json"
-    )
+        "bench", "smollm2-135m", "--prompt-tokens", "16", "--gen-tokens", "8", "--repeat", "1", "--json",
+        "--kv-cache-dtype", "q8_0",
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["prefill_tok_s"] > 0 and result["decode_tok_s"] > 0
     assert result["peak_rss_mb"] > 0 and 0 < result["decode_vs_ceiling"]
     # With VNNI the weights stay at the file's bit width; the portable int8 rows are about twice the Q4_1.
     assert 1.0 <= result["weight_bytes_vs_gguf"] <= (1.05 if vnni.VNNI_ACTIVE else 2.2)
+    # SmolLM2: 30 layers x 3 KV heads x (64 + 64) values at 34 bytes per 32
+    assert (result["kv_cache_dtype"], result["kv_bytes_per_token"]) == ("q8_0", 12240)
+    assert result["kv_cache_tokens"] >= 2048
 
 
 def test_models_lists_the_catalog(smollm2_path) -> None:
@@ -89,3 +93,49 @@ def test_kv_cache_memory_refuses_what_is_neither(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="neither bytes"):
         kv_memory(text)
 
+
+
+class _Captured(Exception):
+    """Raised by the stand-ins below with the keyword arguments the command passed."""
+
+
+def _capture(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    raise _Captured(kwargs)
+
+
+@pytest.mark.parametrize("command", ["run", "serve", "bench", "chat", "python -m edgellm.server"])
+@pytest.mark.parametrize("flags,want", [([], "f16"), (["--kv-cache-dtype", "q8_0"], "q8_0")])
+def test_kv_cache_dtype_reaches_the_model(command: str, flags: list[str], want: str, monkeypatch) -> None:
+    """--kv-cache-dtype of every command that loads a model arrives where the LLM is built (stand-ins for
+    LLM / run_server / run_chat record the keyword arguments); chat passes only what was given."""
+    import edgellm
+    import edgellm.server
+    import edgellm.server.__main__ as server_main
+    import tui.app
+    from edgellm import cli
+
+    for mod, name in ((edgellm, "LLM"), (edgellm.server, "run_server"), (server_main, "run_server")):
+        monkeypatch.setattr(mod, name, _capture)
+    monkeypatch.setattr(tui.app, "run_chat", _capture)
+    argv = {"run": ["run", "m.gguf", "hi"], "serve": ["serve", "m.gguf"], "bench": ["bench", "m.gguf"]}
+    with pytest.raises(_Captured) as got:
+        if command.startswith("python"):
+            server_main.main(["m.gguf", *flags])
+        else:
+            cli.main(argv.get(command, [command, "m.gguf"]) + flags)
+    kwargs = got.value.args[0]
+    if command == "chat" and not flags:
+        assert "kv_cache_dtype" not in kwargs  # the LLM's default
+    else:
+        assert kwargs["kv_cache_dtype"] == want
+
+
+def test_kv_cache_dtype_flag_refuses_unknown_types_and_url_chat(capsys) -> None:
+    from edgellm import cli
+
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["run", "m.gguf", "hi", "--kv-cache-dtype", "q4_0"])
+    err = capsys.readouterr().err
+    assert "--kv-cache-dtype: invalid choice: 'q4_0'" in err and "f16" in err and "q8_0" in err
+    assert cli.main(["chat", "--url", "http://127.0.0.1:1", "--kv-cache-dtype", "q8_0"]) == 2
+    assert "apply to an in-process model" in capsys.readouterr().err

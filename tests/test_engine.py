@@ -172,3 +172,39 @@ def test_streams_match_generate_and_abort_on_early_exit(llm, alone) -> None:
 
     assert asyncio.run(main()) == alone[:3]
     wait_idle(llm)
+
+
+def test_q8_0_kv_cache_batched_chunked_and_prefix_hit_equal_alone(llm) -> None:
+    """With a q8_0 KV cache: batched equals alone (prompts prefilled in 16-token chunks next to decodes),
+    a prefix-cache hit equals the miss, the cache holds ~1.9x the tokens of f16 in the same budget, and a
+    dtype the cache does not have is refused before a core starts."""
+    budget = 16 << 20  # more than one context (the floor), so the budget sets the block count
+    q8 = LLM(
+        "smollm2-135m", n_ctx=512, kv_cache_dtype="q8_0", kv_cache_memory=budget, max_num_batched_tokens=16
+    )
+    shared = "Rules: answer in one word, never explain, and stay polite at all times. " * 3
+    prompts = [*PROMPTS[:3], shared + "Name a colour."]
+    alone_q8 = [q8.generate([p], GREEDY)[0].token_ids for p in prompts]  # the last one is a prefix miss
+    assert [o.token_ids for o in q8.generate(prompts[:3], GREEDY)] == alone_q8[:3]
+    [hit] = q8.generate([prompts[-1]], GREEDY)
+    assert hit.metrics.num_cached_tokens >= 32 and hit.token_ids == alone_q8[-1]
+    # SmolLM2: 30 layers x 3 KV heads x (64 + 64) values: 34 bytes per 32 values instead of 64
+    assert (q8.kv_cache_dtype, q8.kv_bytes_per_token) == ("q8_0", 30 * 3 * 2 * 2 * 34)
+    assert q8.kv_bytes_per_token * 64 == llm.kv_bytes_per_token * 34
+    assert q8.num_kv_blocks == budget // (q8.kv_bytes_per_token * q8.block_size)
+    q8.shutdown()
+    with pytest.raises(ValueError, match=r"unknown KV cache dtype 'q4_0' \(supported: f16, q8_0\)"):
+        LLM("smollm2-135m", kv_cache_dtype="q4_0")
+
+
+def test_q8_0_kv_cache_refuses_head_sizes_it_cannot_block(tmp_path) -> None:
+    """q8_0 blocks are 32 values along the head: a 16-wide head is refused by name, before a core starts
+    (and by the backend itself)."""
+    from edgellm.backends.cpu.backend import CpuBackend
+    from edgellm.testing.synthetic import write_tiny_model
+
+    path = write_tiny_model(tmp_path / "head16.gguf", "llama", head_dim=16)
+    with pytest.raises(ValueError, match="q8_0 stores blocks of 32 values .* head_dim is 16"):
+        LLM(path, kv_cache_dtype="q8_0")
+    with pytest.raises(ValueError, match="head_dim_v is 48"):
+        CpuBackend().alloc_kv(1, 2, 16, 1, 64, 48, "q8_0")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable
 from contextlib import aclosing
+from typing import Any
 
 from textual import work
 from textual.app import App, ComposeResult
@@ -320,8 +322,11 @@ def loading_title(model: str) -> str:
     return f"Loading {model or 'the server model'}..."
 
 
-def run_chat(model: str | None = None, url: str | None = None, api_key: str | None = None) -> None:
-    """`edgellm chat [MODEL] [--url URL]`: chat with an in-process model, or with a server at `url`."""
+def run_chat(
+    model: str | None = None, url: str | None = None, api_key: str | None = None, **llm_kwargs: Any
+) -> None:
+    """`edgellm chat [MODEL] [--url URL]`: chat with an in-process model (llm_kwargs go to its LLM, e.g.
+    kv_cache_dtype), or with a server at `url`."""
     if url:
         from tui.remote_backend import RemoteBackend
 
@@ -333,7 +338,7 @@ def run_chat(model: str | None = None, url: str | None = None, api_key: str | No
         from edgellm.catalog import DEFAULT_MODEL
         from tui.local_backend import LocalBackend
 
-        app = ChatApp(LocalBackend, model or DEFAULT_MODEL)
+        app = ChatApp(functools.partial(LocalBackend, **llm_kwargs), model or DEFAULT_MODEL)
     app.run()
 
 

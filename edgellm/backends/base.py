@@ -101,8 +101,12 @@ class Backend(ABC):
         """x[t] += b for every row"""
 
     @abstractmethod
-    def alloc_kv(self, n_layers: int, n_blocks: int, block_size: int, n_kv: int, d: int, dv: int) -> Any:
-        """Paged KV storage: per layer, K [n_blocks, block_size, n_kv, d] and V [..., dv]."""
+    def alloc_kv(
+        self, n_layers: int, n_blocks: int, block_size: int, n_kv: int, d: int, dv: int, dtype: str = "f16"
+    ) -> Any:
+        """Paged KV storage of n_blocks blocks of block_size tokens per layer, K [n_kv, d] and V [n_kv, dv]
+        per token, in element type `dtype` (a row of quants/kv_cache.py's table; ValueError for head sizes
+        the type cannot hold). Opaque to the model code: only the backend's kernels read it."""
 
     @abstractmethod
     def write_kv(self, kv: Any, layer: int, k: Array, v: Array, slots: Array) -> None: ...

@@ -50,6 +50,7 @@ class CoreSpec:
     max_num_batched_tokens: int = 512
     block_size: int = 16
     kv_cache_memory: int | float | None = None
+    kv_cache_dtype: str = "f16"  # a row of quants/kv_cache.py's table: "f16" or "q8_0"
     enable_prefix_caching: bool = True
     log_path: str | None = None  # where the core process's stdout/stderr go (None: inherited)
 
@@ -110,9 +111,9 @@ class EngineCore:
         self.model = ARCHITECTURES[cfg.arch](cfg, gguf, self.backend, layer_progress)
         self.n_ctx = min(spec.n_ctx or DEFAULT_CTX, cfg.n_ctx_train)
         bs = spec.block_size
-        per_block = ModelRunner.kv_bytes_per_block(cfg, bs)
+        per_block = ModelRunner.kv_bytes_per_block(cfg, bs, spec.kv_cache_dtype)
         num_blocks = max(kv_budget_bytes(spec.kv_cache_memory) // per_block, -(-self.n_ctx // bs) + 1)
-        self.runner = ModelRunner(self.model, cfg, self.backend, num_blocks, bs)
+        self.runner = ModelRunner(self.model, cfg, self.backend, num_blocks, bs, spec.kv_cache_dtype)
         sched = SchedulerConfig(
             max_num_seqs=spec.max_num_seqs,
             max_num_batched_tokens=max(spec.max_num_batched_tokens, spec.max_num_seqs),
@@ -127,8 +128,9 @@ class EngineCore:
         load_time = time.perf_counter() - t0
         if log:
             log(
-                f"KV cache: {num_blocks} blocks x {bs} tokens = {num_blocks * bs} tokens, "
-                f"{num_blocks * per_block / 2**20:.0f} MiB; context {self.n_ctx}; {self.threads} threads"
+                f"KV cache ({spec.kv_cache_dtype}): {num_blocks} blocks x {bs} tokens = {num_blocks * bs} "
+                f"tokens, {num_blocks * per_block / 2**20:.0f} MiB; context {self.n_ctx}; "
+                f"{self.threads} threads"
             )
         compile_time = warm_up(self.runner, log)
         self.info = {
@@ -138,6 +140,8 @@ class EngineCore:
             "num_kv_blocks": num_blocks,
             "block_size": bs,
             "kv_cache_bytes": num_blocks * per_block,
+            "kv_cache_dtype": spec.kv_cache_dtype,
+            "kv_bytes_per_token": per_block // bs,
             "load_time": load_time,
             "compile_time": compile_time,
             "weight_bytes_per_token": weight_bytes_per_token(self.model),

@@ -10,6 +10,7 @@ import numpy as np
 from edgellm.arch import ForwardBatch
 from edgellm.backends.base import Backend
 from edgellm.gguf.config import ModelConfig
+from edgellm.quants.kv_cache import get_kv_cache_type
 
 
 @dataclass
@@ -25,20 +26,29 @@ class RunItem:
 
 
 class ModelRunner:
-    def __init__(self, model, cfg: ModelConfig, be: Backend, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self, model, cfg: ModelConfig, be: Backend, num_blocks: int, block_size: int, kv_dtype: str = "f16"
+    ) -> None:
         self.model, self.cfg, self.be = model, cfg, be
-        self.num_blocks, self.block_size = num_blocks, block_size
+        self.num_blocks, self.block_size, self.kv_dtype = num_blocks, block_size, kv_dtype
         self.kv = be.alloc_kv(
-            cfg.n_layers, num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v
+            cfg.n_layers, num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v, kv_dtype
         )
         # Each item's requested hidden states from the latest forward pass ([H, n_embd] float32, host), in
         # item order: the run methods return logits, embeddings read these.
         self.last_hidden: list[np.ndarray] = []
 
     @staticmethod
-    def kv_bytes_per_block(cfg: ModelConfig, block_size: int) -> int:
-        # K and V are f16 in both backends' caches (as llama.cpp's default cache type)
-        return cfg.n_layers * block_size * cfg.n_kv_heads * (cfg.head_dim + cfg.head_dim_v) * 2
+    def kv_bytes_per_token(cfg: ModelConfig, kv_dtype: str = "f16") -> int:
+        """KV bytes one token takes (all layers, K and V) in cache type kv_dtype; ValueError for an unknown
+        type or head sizes it cannot hold."""
+        kvt = get_kv_cache_type(kv_dtype)
+        kvt.check_head_dims(cfg.head_dim, cfg.head_dim_v)
+        return kvt.bytes_per_token(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v)
+
+    @staticmethod
+    def kv_bytes_per_block(cfg: ModelConfig, block_size: int, kv_dtype: str = "f16") -> int:
+        return block_size * ModelRunner.kv_bytes_per_token(cfg, kv_dtype)
 
     def build_batch(self, items: list[RunItem]) -> tuple[ForwardBatch, list[slice]]:
         bs = self.block_size

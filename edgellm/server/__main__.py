@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from edgellm.cli import add_kv_memory_arg, add_server_security_args
+from edgellm.cli import add_kv_dtype_arg, add_kv_memory_arg, add_server_security_args
 from edgellm.server import run_server
 
 
@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-num-seqs", type=int, default=16, help="requests generated together")
     p.add_argument("--max-body-bytes", type=int, default=None)
     add_kv_memory_arg(p)
+    add_kv_dtype_arg(p)
     add_server_security_args(p)
     a = p.parse_args(argv)
     extra = {} if a.max_body_bytes is None else {"max_body_bytes": a.max_body_bytes}
@@ -35,6 +36,7 @@ def main(argv: list[str] | None = None) -> None:
         a.threads,
         max_num_seqs=a.max_num_seqs,
         kv_cache_memory=a.kv_cache_memory,
+        kv_cache_dtype=a.kv_cache_dtype,
         metrics_public=a.metrics_public,
         allow_special_in_content=a.allow_special_in_content,
         chat_template_file=a.chat_template_file,

@@ -50,6 +50,7 @@ class ServerConfig:
     max_num_seqs: int = 16  # requests generated together
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     kv_cache_memory: int | float | None = None  # bytes, or a fraction of RAM (LLM's kv_cache_memory)
+    kv_cache_dtype: str = "f16"  # LLM's kv_cache_dtype
     metrics_public: bool = False  # /metrics without the API key
     allow_special_in_content: bool = False  # parse control-token text typed in user/tool content
     chat_template_file: str | None = None  # instead of the GGUF's template
@@ -85,6 +86,7 @@ class ServerState:
                 threads=c.threads,
                 max_num_seqs=c.max_num_seqs,
                 kv_cache_memory=c.kv_cache_memory,
+                kv_cache_dtype=c.kv_cache_dtype,
                 progress=progress,
             )
             self.template, self.template_error = load_template(c, llm)

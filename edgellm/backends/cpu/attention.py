@@ -1,155 +1,38 @@
-"""Paged attention on the CPU: Q.K and P.V inner loops written as LLVM vector IR, the rest in Numba.
+"""Paged attention on the CPU: Q.K and P.V inner loops written as LLVM vector IR (attention_ir.py, where
+the cache layouts are described), the rest in Numba.
 
-The cache holds f16 values (uint16 bit patterns, as llama.cpp's f16 KV cache: half the bytes of f32,
-and attention over a long batch is bound by reading them), widened to f32 in registers.
-K cache layout: [n_blocks, Hkv, d, block_size] (each block's keys transposed per KV head), so one 16-float
-load holds dimension i of 16 consecutive positions and Q.K for 16 positions is 16-lane FMAs with q[i]
-broadcast: no horizontal sums. V cache layout: [n_blocks, block_size, Hkv, dv] (rows), so P.V adds
-w[j] * V[j] into accumulators held in registers over a block's rows. LLVM does not produce either form
-from Numba loops (it keeps the accumulators in memory); the IR uses only generic vector operations and
-llvm.fma, which LLVM lowers for any target (AVX-512, AVX2, NEON).
+The cache holds f16 values (uint16 bit patterns, as llama.cpp's default cache) or q8_0 blocks (as its
+`--cache-type-k/-v q8_0`); the kernels widen them in registers. Attention over a long batch is bound by
+reading the cache, so it is never copied or dequantized first. One driver serves both types: the few steps
+that differ (geometry, the Q.K and P.V of a block) are Numba overloads picked by the cache's element type
+at compile time (_KV_IMPLS), so there is no branch on the type at run time.
 
 Each (token, KV head) is one work item; its query heads (the GQA group) share every K/V load. Positions run
 in order and each output's sums are fixed by its own token, so results do not depend on the batch.
 Roundings follow llama.cpp's CPU attention: Q in f16 for Q.K, f32 exps with a float64 sum, f16 weights
-for P.V (the cache holds f16-rounded values).
+for P.V (the cache holds f16-rounded or q8_0-quantized values).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
+from edgellm.backends.cpu import attention_ir
+from edgellm.backends.cpu.attention_ir import (
+    LANES,
+    MAX_GROUP,
+    Q8_BLOCK,
+    pv_f16_call,
+    pv_q8_0_call,
+    qk_f16_call,
+    qk_q8_0_call,
+)
 from edgellm.backends.cpu.fp16 import HALF_OPS_NATIVE, f16_bits_to_f32, f16_round_inplace
-from edgellm.backends.cpu.ir_util import declare, splat, switch_intrinsic
 
 SAFE_MATH = {"reassoc", "contract", "nsz", "arcp", "afn"}  # no nnan/ninf: softmax uses -inf
-LANES = 16  # floats per vector: K positions per Q.K step, V columns per accumulator
-MAX_GROUP = 8  # query heads per KV head with an IR kernel; larger groups use the Numba loops
-_I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
-_VF = ir.VectorType(_F32, LANES)
-_VH = ir.VectorType(ir.HalfType(), LANES)
-
-
-def _load_f16x16(b: ir.IRBuilder, addr: ir.Value) -> ir.Value:
-    """16 f16 values (uint16 bits in the cache) at a byte address, widened to f32 (vcvtph2ps on x86)."""
-    return b.fpext(b.load(b.inttoptr(addr, _VH.as_pointer()), align=2), _VF)
-
-
-def _splat(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
-    return splat(b, v, _VF)
-
-
-def _fma_fn(module: ir.Module) -> ir.Function:
-    return declare(module, "llvm.fma.v16f32", _VF, [_VF] * 3)
-
-
-def _counted_loop(b: ir.IRBuilder, fn: ir.Function, count: ir.Value, carried: list[ir.Value], body):
-    """for i in range(count) with loop-carried values: body(b, i, values) -> new values. Returns the
-    values after the loop (the initial ones when count == 0)."""
-    pre = b.block
-    loop, after = fn.append_basic_block("loop"), fn.append_basic_block("after")
-    b.cbranch(b.icmp_signed(">", count, ir.Constant(_I64, 0)), loop, after)
-    b.position_at_end(loop)
-    i = b.phi(_I64)
-    phis = [b.phi(v.type) for v in carried]
-    i.add_incoming(ir.Constant(_I64, 0), pre)
-    for phi, v in zip(phis, carried, strict=True):
-        phi.add_incoming(v, pre)
-    new = body(b, i, phis)
-    i_next = b.add(i, ir.Constant(_I64, 1))
-    end = b.block
-    i.add_incoming(i_next, end)
-    for phi, v in zip(phis, new, strict=True):
-        phi.add_incoming(v, end)
-    b.cbranch(b.icmp_signed("<", i_next, count), loop, after)
-    b.position_at_end(after)
-    outs = []
-    for v, v_new in zip(carried, new, strict=True):
-        out = b.phi(v.type)
-        out.add_incoming(v, pre)
-        out.add_incoming(v_new, end)
-        outs.append(out)
-    return outs
-
-
-def _build_qk(module: ir.Module, name: str, group: int) -> ir.Function:
-    """void qk(q, d, k, k_row, out, out_stride, scale_bits): out[g*out_stride + l] = scale *
-    sum_i q[g*d + i] * k[i*k_row + l] for 16 positions l (k: address of dim 0 of the 16 positions; k_row:
-    bytes between dims; q f32 [group, d]; scale: f32 bits in an i64)."""
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [_I64] * 7), name)
-    fn.linkage = "internal"
-    q_a, d, k_a, k_row, out_a, out_stride, scale_bits = fn.args
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    fma = _fma_fn(module)
-    f32p = _F32.as_pointer()
-    q_ptr = b.inttoptr(q_a, f32p)
-    q_rows = [b.gep(q_ptr, [b.mul(d, ir.Constant(_I64, g))]) for g in range(group)]
-    zero = ir.Constant(_VF, [0.0] * LANES)
-
-    def body(b: ir.IRBuilder, i: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
-        kv = _load_f16x16(b, b.add(k_a, b.mul(i, k_row)))
-        return [b.call(fma, [_splat(b, b.load(b.gep(q_rows[g], [i]))), kv, accs[g]]) for g in range(group)]
-
-    accs = _counted_loop(b, fn, d, [zero] * group, body)
-    scale = _splat(b, b.bitcast(b.trunc(scale_bits, _I32), _F32))
-    out_ptr = b.inttoptr(out_a, f32p)
-    for g in range(group):
-        dst = b.gep(out_ptr, [b.mul(out_stride, ir.Constant(_I64, g))])
-        b.store(b.fmul(accs[g], scale), b.bitcast(dst, _VF.as_pointer()), align=4)
-    b.ret_void()
-    return fn
-
-
-def _build_pv(module: ir.Module, name: str, group: int, n_vec: int) -> ir.Function:
-    """void pv(w, w_stride, n, v, v_row, acc, acc_stride): acc[g][c] += sum_j w[g*w_stride + j] *
-    v[j*v_row + c] for j < n in order, over n_vec*16 columns c (v: address of row 0's first f16 column;
-    v_row: bytes between rows; acc f32 rows acc_stride floats apart, loaded once and stored once)."""
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [_I64] * 7), name)
-    fn.linkage = "internal"
-    w_a, w_stride, n, v_a, v_row, acc_a, acc_stride = fn.args
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    fma = _fma_fn(module)
-    f32p, vfp = _F32.as_pointer(), _VF.as_pointer()
-    w_ptr, acc_ptr = b.inttoptr(w_a, f32p), b.inttoptr(acc_a, f32p)
-    w_rows = [b.gep(w_ptr, [b.mul(w_stride, ir.Constant(_I64, g))]) for g in range(group)]
-    acc_ptrs = []
-    for g in range(group):
-        row = b.gep(acc_ptr, [b.mul(acc_stride, ir.Constant(_I64, g))])
-        acc_ptrs += [b.bitcast(b.gep(row, [ir.Constant(_I64, LANES * c)]), vfp) for c in range(n_vec)]
-    init = [b.load(p, align=4) for p in acc_ptrs]
-
-    def body(b: ir.IRBuilder, j: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
-        row = b.add(v_a, b.mul(j, v_row))
-        vs = [_load_f16x16(b, b.add(row, ir.Constant(_I64, 2 * LANES * c))) for c in range(n_vec)]
-        new = []
-        for g in range(group):
-            w = _splat(b, b.load(b.gep(w_rows[g], [j])))
-            new += [b.call(fma, [w, vs[c], accs[g * n_vec + c]]) for c in range(n_vec)]
-        return new
-
-    for p, v in zip(acc_ptrs, _counted_loop(b, fn, n, init, body), strict=True):
-        b.store(v, p, align=4)
-    b.ret_void()
-    return fn
-
-
-def _pv_vectors(group: int) -> int:
-    return 4 if group <= 6 else 2  # group * n_vec accumulators + n_vec rows stay within 32 registers
-
-
-# qk(group, ...) / pv(group, ...): one IR variant per GQA group size (its accumulators stay in registers)
-_qk_call = switch_intrinsic(
-    {g: (f"edgellm_qk_g{g}", lambda m, n, g=g: _build_qk(m, n, g)) for g in range(1, MAX_GROUP + 1)}, 7
-)
-_pv_call = switch_intrinsic(
-    {
-        g: (f"edgellm_pv_g{g}", lambda m, n, g=g: _build_pv(m, n, g, _pv_vectors(g)))
-        for g in range(1, MAX_GROUP + 1)
-    },
-    7,
-)
+_pv_vectors = njit(cache=True, inline="always")(attention_ir.pv_vectors)  # P.V accumulators per head
 
 
 @njit(cache=True, nogil=True)
@@ -191,7 +74,7 @@ def _softmax_f16_row(s: np.ndarray) -> None:
 
 
 @njit(cache=True, nogil=True, fastmath=SAFE_MATH)
-def _qk_loop(qh, k_cache, blk, kvh, scale, scores, col) -> None:
+def _qk_loop_f16(qh, k_cache, blk, kvh, scale, scores, col) -> None:
     """Q.K for one block without the IR kernel (any block size / group): same layout, plain loops."""
     group, d = qh.shape
     bs = k_cache.shape[3]
@@ -204,7 +87,7 @@ def _qk_loop(qh, k_cache, blk, kvh, scale, scores, col) -> None:
 
 
 @njit(cache=True, nogil=True, fastmath=SAFE_MATH)
-def _pv_loop(scores, col, n, v_cache, blk, row0, kvh, acc) -> None:
+def _pv_loop_f16(scores, col, n, v_cache, blk, row0, kvh, acc) -> None:
     """P.V over rows row0..row0+n-1 of one block without the IR kernel."""
     group, dv = acc.shape
     for j in range(n):
@@ -212,6 +95,180 @@ def _pv_loop(scores, col, n, v_cache, blk, row0, kvh, acc) -> None:
             w = scores[g, col + j]
             for i in range(dv):
                 acc[g, i] += w * f16_bits_to_f32(v_cache[blk, row0 + j, kvh, i])
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _i8(x: np.uint8) -> np.float32:
+    """A q8_0 value stored as a byte, as float32."""
+    v = np.int32(x)
+    return np.float32(v - 256 if v > 127 else v)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _k_scale_q8_0(k_cache, blk, kvh, c, pos) -> np.float32:
+    """The f16 scale of position pos's 32-dim block c (rows 0-1 of the block hold block_size scales)."""
+    bs = k_cache.shape[4]
+    b = 2 * pos
+    lo = np.uint16(k_cache[blk, kvh, c, b // bs, b % bs])
+    hi = np.uint16(k_cache[blk, kvh, c, (b + 1) // bs, (b + 1) % bs])
+    return f16_bits_to_f32(lo | (hi << np.uint16(8)))
+
+
+@njit(cache=True, nogil=True, fastmath=SAFE_MATH)
+def _qk_loop_q8_0(qh, k_cache, blk, kvh, scores, col) -> None:
+    """Q.K over a q8_0 block without the IR kernel (qh already times the attention scale)."""
+    group, d = qh.shape
+    bs = k_cache.shape[4]
+    for g in range(group):
+        for pos in range(bs):
+            acc = np.float32(0.0)
+            for c in range(d // Q8_BLOCK):
+                part = np.float32(0.0)
+                for i in range(Q8_BLOCK):
+                    part += qh[g, c * Q8_BLOCK + i] * _i8(k_cache[blk, kvh, c, 2 + i, pos])
+                acc += part * _k_scale_q8_0(k_cache, blk, kvh, c, pos)
+            scores[g, col + pos] = acc
+
+
+@njit(cache=True, nogil=True, fastmath=SAFE_MATH)
+def _pv_loop_q8_0(scores, col, n, v_cache, blk, row0, kvh, acc) -> None:
+    group, dv = acc.shape
+    for j in range(n):
+        for c in range(dv // Q8_BLOCK):
+            row = v_cache[blk, row0 + j, kvh, c]
+            d = f16_bits_to_f32(np.uint16(row[0]) | (np.uint16(row[1]) << np.uint16(8)))
+            for g in range(group):
+                w = scores[g, col + j]
+                for i in range(Q8_BLOCK):
+                    acc[g, c * Q8_BLOCK + i] += w * (_i8(row[2 + i]) * d)
+
+
+# ---- what differs per cache type: Numba overloads picked by the cache's element type ------------------
+def _kv_geometry(k_cache, v_cache):  # noqa: ANN001, ANN202
+    """(n_kv, block_size, dv) of a layer's cache."""
+    raise NotImplementedError("only called from Numba code")
+
+
+def _prepare_q(k_cache, qh, scale):  # noqa: ANN001, ANN202
+    """In place on the f16-rounded Q rows [group, d] before the Q.K of every block."""
+    raise NotImplementedError("only called from Numba code")
+
+
+def _qk_block(fast, group, qh, k_cache, blk, kvh, scale, scale_bits, scores, col, width):  # noqa: ANN001, ANN202
+    """scores[g, col : col + block_size] = scale * Q.K of every position of cache block blk."""
+    raise NotImplementedError("only called from Numba code")
+
+
+def _pv_rows(fast, group, scores, col, width, n, v_cache, blk, r0, kvh, acc):  # noqa: ANN001, ANN202
+    """acc[g] += sum_j scores[g, col + j] * V[blk, r0 + j] over n rows of cache block blk."""
+    raise NotImplementedError("only called from Numba code")
+
+
+def _f16_geometry(k_cache, v_cache):  # noqa: ANN001, ANN202
+    return k_cache.shape[1], k_cache.shape[3], v_cache.shape[3]
+
+
+def _q8_0_geometry(k_cache, v_cache):  # noqa: ANN001, ANN202
+    return k_cache.shape[1], k_cache.shape[4], v_cache.shape[3] * Q8_BLOCK
+
+
+def _f16_prepare_q(k_cache, qh, scale):  # noqa: ANN001, ANN202
+    pass  # the f16 kernels scale the sums, as llama.cpp's kq_scale
+
+
+def _q8_0_prepare_q(k_cache, qh, scale):  # noqa: ANN001, ANN202
+    s = np.float32(scale)
+    for g in range(qh.shape[0]):
+        for i in range(qh.shape[1]):
+            qh[g, i] *= s  # the q8_0 kernels sum per-block products: the scale folds into Q once
+
+
+def _f16_qk_block(fast, group, qh, k_cache, blk, kvh, scale, scale_bits, scores, col, width):  # noqa: ANN001, ANN202
+    if fast:
+        kb0, kb1, kb2 = k_cache.strides[0], k_cache.strides[1], k_cache.strides[2]
+        for sb in range(k_cache.shape[3] // LANES):
+            qk_f16_call(
+                group, qh.ctypes.data, qh.shape[1],
+                k_cache.ctypes.data + blk * kb0 + kvh * kb1 + sb * LANES * 2, kb2,
+                scores.ctypes.data + (col + sb * LANES) * 4, width, scale_bits,
+            )  # fmt: skip
+    else:
+        _qk_loop_f16(qh, k_cache, blk, kvh, np.float32(scale), scores, col)
+
+
+def _q8_0_qk_block(fast, group, qh, k_cache, blk, kvh, scale, scale_bits, scores, col, width):  # noqa: ANN001, ANN202
+    if fast:
+        bs = k_cache.shape[4]
+        base = k_cache.ctypes.data + blk * k_cache.strides[0] + kvh * k_cache.strides[1]
+        for sb in range(bs // LANES):
+            qk_q8_0_call(
+                group, qh.ctypes.data, qh.shape[1], base + 2 * bs + sb * LANES, base + sb * LANES * 2, bs,
+                scores.ctypes.data + (col + sb * LANES) * 4, width,
+            )  # fmt: skip
+    else:
+        _qk_loop_q8_0(qh, k_cache, blk, kvh, scores, col)
+
+
+def _f16_pv_rows(fast, group, scores, col, width, n, v_cache, blk, r0, kvh, acc):  # noqa: ANN001, ANN202
+    if fast:
+        dv = v_cache.shape[3]
+        chunk = _pv_vectors(group) * LANES
+        vs0, vs1, vs2 = v_cache.strides[0], v_cache.strides[1], v_cache.strides[2]
+        row = v_cache.ctypes.data + blk * vs0 + r0 * vs1 + kvh * vs2
+        for c0 in range(0, dv, chunk):
+            pv_f16_call(
+                group, scores.ctypes.data + col * 4, width, n, row + c0 * 2, v_cache.strides[1],
+                acc.ctypes.data + c0 * 4, dv,
+            )  # fmt: skip
+    else:
+        _pv_loop_f16(scores, col, n, v_cache, blk, r0, kvh, acc)
+
+
+def _q8_0_pv_rows(fast, group, scores, col, width, n, v_cache, blk, r0, kvh, acc):  # noqa: ANN001, ANN202
+    if fast:
+        dv = v_cache.shape[3] * Q8_BLOCK
+        chunk = _pv_vectors(group) * LANES
+        vs0, vs1, vs2 = v_cache.strides[0], v_cache.strides[1], v_cache.strides[2]
+        row = v_cache.ctypes.data + blk * vs0 + r0 * vs1 + kvh * vs2
+        for c0 in range(0, dv, chunk):
+            pv_q8_0_call(
+                group, scores.ctypes.data + col * 4, width, n, row + c0 // Q8_BLOCK * v_cache.strides[3],
+                v_cache.strides[1], acc.ctypes.data + c0 * 4, dv,
+            )  # fmt: skip
+    else:
+        _pv_loop_q8_0(scores, col, n, v_cache, blk, r0, kvh, acc)
+
+
+# cache element type -> (geometry, prepare_q, qk_block, pv_rows): uint16 f16 bits, uint8 q8_0 blocks
+_KV_IMPLS = {
+    types.uint16: (_f16_geometry, _f16_prepare_q, _f16_qk_block, _f16_pv_rows),
+    types.uint8: (_q8_0_geometry, _q8_0_prepare_q, _q8_0_qk_block, _q8_0_pv_rows),
+}
+
+
+def _impl(cache, slot: int):  # noqa: ANN001, ANN202
+    impls = _KV_IMPLS.get(getattr(cache, "dtype", None))
+    return None if impls is None else impls[slot]
+
+
+@overload(_kv_geometry, inline="always")
+def _kv_geometry_typed(k_cache, v_cache):  # noqa: ANN001, ANN202
+    return _impl(k_cache, 0)
+
+
+@overload(_prepare_q, inline="always")
+def _prepare_q_typed(k_cache, qh, scale):  # noqa: ANN001, ANN202
+    return _impl(k_cache, 1)
+
+
+@overload(_qk_block, inline="always")
+def _qk_block_typed(fast, group, qh, k_cache, blk, kvh, scale, scale_bits, scores, col, width):  # noqa: ANN001, ANN202
+    return _impl(k_cache, 2)
+
+
+@overload(_pv_rows, inline="always")
+def _pv_rows_typed(fast, group, scores, col, width, n, v_cache, blk, r0, kvh, acc):  # noqa: ANN001, ANN202
+    return _impl(v_cache, 3)
 
 
 @njit(cache=True, nogil=True, fastmath=SAFE_MATH, parallel=True)
@@ -229,18 +286,16 @@ def attention_paged_cpu(
 ) -> None:
     """Causal attention for a batch of tokens from different sequences, keys read through block tables.
 
-    q: [T, H, d] (C-contiguous); k_cache: uint16 (f16 bits) [n_blocks, Hkv, d, block_size]; v_cache:
-    uint16 [n_blocks, block_size, Hkv, dv]; block_tables: [S, max_blocks] int32; tok_seq[t]: row of
-    block_tables for token t; tok_pos[t]: its position. Token t attends to positions
-    max(0, pos - window + 1) .. pos of its sequence (window <= 0: no window). out: [T, H, dv].
-    Decode tokens and prefill chunks over cached prefixes are the same call.
+    q: [T, H, d] (C-contiguous); k_cache / v_cache: one layer's cache in an f16 or q8_0 layout
+    (attention_ir.py); block_tables: [S, max_blocks] int32; tok_seq[t]: row of block_tables for token t;
+    tok_pos[t]: its position. Token t attends to positions max(0, pos - window + 1) .. pos of its sequence
+    (window <= 0: no window). out: [T, H, dv]. Decode tokens and prefill chunks over cached prefixes are the
+    same call. The caller checks the shapes (CpuBackend: the cache was allocated for this model).
     """
     T, H, d = q.shape
-    n_kv, bs = k_cache.shape[1], k_cache.shape[3]
-    dv = v_cache.shape[3]
+    n_kv, bs, dv = _kv_geometry(k_cache, v_cache)
     group = H // n_kv
-    n_vec = 4 if group <= 6 else 2  # attention._pv_vectors
-    chunk = n_vec * LANES
+    chunk = _pv_vectors(group) * LANES
     fast = HALF_OPS_NATIVE and bs % LANES == 0 and dv % chunk == 0 and group <= MAX_GROUP and d > 0
     max_pos = 0
     for t in range(T):
@@ -251,8 +306,6 @@ def attention_paged_cpu(
     scale_bits = np.int64(sbits.view(np.int32)[0])
     n_items = T * n_kv
     n_runs = min(n_items, n_threads)  # an argument: get_num_threads() inside njit defeats cache=True
-    kb0, kb1, kb2 = k_cache.strides[0], k_cache.strides[1], k_cache.strides[2]
-    vb0, vb1, vb2 = v_cache.strides[0], v_cache.strides[1], v_cache.strides[2]
     for run in prange(n_runs):
         # scratch once per thread run: allocations per item would cost more than short items
         qh = np.empty((group, d), np.float32)
@@ -274,17 +327,10 @@ def attention_paged_cpu(
                 for i in range(d):
                     qh[g, i] = q[t, kvh * group + g, i]
                 f16_round_inplace(qh[g])  # llama.cpp converts Q to f16 for the Q.K product
+            _prepare_q(k_cache, qh, scale)
             for b in range(nb):
                 blk = block_tables[s, b0 + b]
-                if fast:
-                    for sb in range(bs // LANES):
-                        _qk_call(
-                            group, qh.ctypes.data, d,
-                            k_cache.ctypes.data + blk * kb0 + kvh * kb1 + sb * LANES * 2, kb2,
-                            scores.ctypes.data + (b * bs + sb * LANES) * 4, width, scale_bits,
-                        )  # fmt: skip
-                else:
-                    _qk_loop(qh, k_cache, blk, kvh, np.float32(scale), scores, b * bs)
+                _qk_block(fast, group, qh, k_cache, blk, kvh, scale, scale_bits, scores, b * bs, width)
             for g in range(group):
                 _softmax_f16_row(scores[g, lo : lo + n])  # f16 weights, as llama.cpp's P.V
             acc[:] = 0.0
@@ -292,15 +338,7 @@ def attention_paged_cpu(
                 blk = block_tables[s, b0 + b]
                 r0 = lo if b == 0 else 0
                 r1 = min(bs, p - (b0 + b) * bs + 1)
-                if fast:
-                    for c0 in range(0, dv, chunk):
-                        _pv_call(
-                            group, scores.ctypes.data + (b * bs + r0) * 4, width, r1 - r0,
-                            v_cache.ctypes.data + blk * vb0 + r0 * vb1 + kvh * vb2 + c0 * 2, vb1,
-                            acc.ctypes.data + c0 * 4, dv,
-                        )  # fmt: skip
-                else:
-                    _pv_loop(scores, b * bs + r0, r1 - r0, v_cache, blk, r0, kvh, acc)
+                _pv_rows(fast, group, scores, b * bs + r0, width, r1 - r0, v_cache, blk, r0, kvh, acc)
             for g in range(group):
                 for i in range(dv):
                     out[t, kvh * group + g, i] = acc[g, i]

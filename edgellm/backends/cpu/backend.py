@@ -10,10 +10,12 @@ import numpy as np
 from edgellm.backends.base import Backend
 from edgellm.backends.cpu import ops, silu_avx512, vnni
 from edgellm.backends.cpu.attention import attention_paged_cpu
+from edgellm.backends.cpu.kv_cache import CpuKvCache
 from edgellm.backends.cpu.matmul import matmul_cpu
 from edgellm.backends.cpu.packed import PackedWeight, dequantize_rows_cpu, pack_tiles, pack_weight
 from edgellm.backends.cpu.tile_layouts import TILE, TILE_LAYOUTS
 from edgellm.gguf.reader import TensorInfo
+from edgellm.quants.kv_cache import get_kv_cache_type
 from edgellm.quants.packing import stack_packed, stackable
 from edgellm.quants.traits import get_traits
 
@@ -134,31 +136,26 @@ class CpuBackend(Backend):
     def add_bias(self, x: np.ndarray, b: np.ndarray) -> None:
         x += b
 
-    def alloc_kv(self, n_layers: int, n_blocks: int, block_size: int, n_kv: int, d: int, dv: int) -> Any:
-        return [
-            (
-                # f16 bits (as llama.cpp's f16 cache); K transposed per block (attention.py)
-                np.zeros((n_blocks, n_kv, d, block_size), np.uint16),
-                np.zeros((n_blocks, block_size, n_kv, dv), np.uint16),
-            )
-            for _ in range(n_layers)
-        ]
+    def alloc_kv(
+        self, n_layers: int, n_blocks: int, block_size: int, n_kv: int, d: int, dv: int, dtype: str = "f16"
+    ) -> CpuKvCache:
+        get_kv_cache_type(dtype).check_head_dims(d, dv)
+        return CpuKvCache(dtype, n_layers, n_blocks, block_size, n_kv, d, dv)
 
-    def write_kv(self, kv: Any, layer: int, k: np.ndarray, v: np.ndarray, slots: np.ndarray) -> None:
-        k_cache, v_cache = kv[layer]
-        ops.write_kv_cpu(k, v, k_cache, v_cache, slots)
+    def write_kv(self, kv: CpuKvCache, layer: int, k: np.ndarray, v: np.ndarray, slots: np.ndarray) -> None:
+        kv.kernels.write(k, v, *kv.layers[layer], slots)
 
-    def copy_blocks(self, kv: Any, pairs: list[tuple[int, int]]) -> None:
+    def copy_blocks(self, kv: CpuKvCache, pairs: list[tuple[int, int]]) -> None:
         src = np.asarray([p[0] for p in pairs])
         dst = np.asarray([p[1] for p in pairs])
-        for k_cache, v_cache in kv:
+        for k_cache, v_cache in kv.layers:
             k_cache[dst] = k_cache[src]
             v_cache[dst] = v_cache[src]
 
     def attention(
         self,
         q: np.ndarray,
-        kv: Any,
+        kv: CpuKvCache,
         layer: int,
         block_tables: np.ndarray,
         seq_index: np.ndarray,
@@ -167,7 +164,7 @@ class CpuBackend(Backend):
         scale: float,
         out: np.ndarray,
     ) -> None:
-        k_cache, v_cache = kv[layer]
+        k_cache, v_cache = kv.layers[layer]
         attention_paged_cpu(
             np.ascontiguousarray(q), k_cache, v_cache, block_tables, seq_index, positions, window, scale,
             numba.get_num_threads(), out,

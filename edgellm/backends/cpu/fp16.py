@@ -104,3 +104,21 @@ def f16_bits_to_f32(h: np.uint16) -> np.float32:
     if e == 31:
         return sign * np.float32(np.inf) if m == 0 else np.float32(np.nan)
     return sign * np.float32(1024 + m) * np.float32(2.0 ** (e - 25))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def f16_bits(x: float) -> np.uint16:
+    """The f16 bits of a float32, rounded to nearest even, on any host (f16_round, then the fields): for
+    a few values per call (q8_0 scales), where F16C's vcvtps2ph is not guaranteed."""
+    r = f16_round(x)
+    b = _f32_bits(r)
+    sign = np.uint16((b >> np.uint32(16)) & np.uint32(0x8000))
+    a = abs(r)
+    if a != a:
+        return sign | np.uint16(0x7E00)
+    if a == np.inf:
+        return sign | np.uint16(0x7C00)
+    if a < np.float32(2.0**-14):  # zero or an f16 subnormal: an integer multiple of 2^-24
+        return sign | np.uint16(a * np.float32(2.0**24))
+    e = ((b >> np.uint32(23)) & np.uint32(0xFF)) - np.uint32(112)  # rebias 127 -> 15
+    return sign | np.uint16((e << np.uint32(10)) | ((b >> np.uint32(13)) & np.uint32(0x3FF)))

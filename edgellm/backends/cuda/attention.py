@@ -1,8 +1,9 @@
 """Paged KV cache and attention on the device, in the engine's block layout.
 
-K/V live as float16 [n_blocks, block_size, Hkv, d] per layer (llama.cpp's f16 cache; the CPU backend stores
-the same f16-rounded values as f32). Attention reads keys through each sequence's block table, so decode
-tokens and prefill chunks over cached prefixes (and sliding windows) are one kernel, one block per
+K/V live as float16 [n_blocks, block_size, Hkv, d] per layer (llama.cpp's f16 cache), or as q8_0 blocks
+(int8 values and float16 scales per 32, kv_cache.py), read directly: the `q8` flag picks the path.
+Attention reads keys through each sequence's block table, so decode tokens and prefill chunks over
+cached prefixes (and sliding windows) are one kernel, one block per
 (token, head): pass 1 the max score, pass 2 the softmax denominator (float64, as ggml), pass 3 the
 softmax weights rounded to f16 (as llama.cpp multiplies V) times V, keys taken in order in chunks of
 ROW_THREADS so each output element sums its terms in position order. Scores are recomputed per pass
@@ -17,21 +18,34 @@ import numpy as np
 from numba import cuda
 
 from edgellm.backends.cuda.config import ACC_PER_THREAD, MAX_HEAD_DIM, ROW_THREADS, f16_round, mul_rn
+from edgellm.backends.cuda.kv_cache import KV_BLOCK, quantize_kv_block
 from edgellm.backends.cuda.matmul import quantize_block
 
 
+@cuda.jit(device=True, inline=True)
+def _kv_item(idx, width, n_kv, slots, bs):  # noqa: ANN001, ANN201
+    """Work item idx of a KV write over (token, kv head, width items): (t, h, item, block, offset)."""
+    t = idx // (width * n_kv)
+    return t, (idx // width) % n_kv, idx % width, slots[t] // bs, slots[t] % bs
+
+
 @cuda.jit(cache=True)
-def write_kv_cuda(k, k_off, k_st, k_sh, v, v_off, v_st, v_sh, k_cache, v_cache, slots, n_kv, d, dv):  # noqa: ANN001
-    """One thread per (token, kv head, element): store K/V at the token's slot, rounded to f16."""
-    width = d + dv
+def write_kv_cuda(  # noqa: ANN001
+    k, k_off, k_st, k_sh, v, v_off, v_st, v_sh, k_cache, v_cache, k_scale, v_scale, q8, slots, n_kv, d, dv
+):
+    """f16: one thread per (token, kv head, element) stores it at the token's slot, rounded to f16. q8_0:
+    one thread per (token, kv head, 32-value block) quantizes the block."""
     bs = k_cache.shape[1]
+    n_kb = d // KV_BLOCK if q8 else d  # items of K per head: blocks or elements
+    width = n_kb + (dv // KV_BLOCK if q8 else dv)
     for idx in range(cuda.grid(1), slots.shape[0] * n_kv * width, cuda.gridsize(1)):  # grid-stride
-        i = idx % width
-        h = (idx // width) % n_kv
-        t = idx // (width * n_kv)
-        blk = slots[t] // bs
-        o = slots[t] % bs
-        if i < d:
+        t, h, i, blk, o = _kv_item(idx, width, n_kv, slots, bs)
+        if q8 and i < n_kb:
+            quantize_kv_block(k, k_off + t * k_st + h * k_sh + i * KV_BLOCK, k_cache, k_scale, blk, o, h, i)
+        elif q8:
+            c = i - n_kb
+            quantize_kv_block(v, v_off + t * v_st + h * v_sh + c * KV_BLOCK, v_cache, v_scale, blk, o, h, c)
+        elif i < d:
             k_cache[blk, o, h, i] = k[k_off + t * k_st + h * k_sh + i]
         else:
             v_cache[blk, o, h, i - d] = v[v_off + t * v_st + h * v_sh + i - d]
@@ -47,11 +61,25 @@ def copy_blocks_cuda(cache, src, dst, per_block):  # noqa: ANN001
 
 
 @cuda.jit(device=True, inline=True)
-def _score(qv, k_cache, blk, o, kvh, d, scale):  # noqa: ANN001, ANN201
+def _score(qv, k_cache, k_scale, q8, blk, o, kvh, d, scale):  # noqa: ANN001, ANN201
     acc = np.float32(0.0)
-    for i in range(d):
-        acc += mul_rn(qv[i], np.float32(k_cache[blk, o, kvh, i]))
+    if q8:  # per-block integer-valued sums times the block's scale
+        for c in range(d // KV_BLOCK):
+            part = np.float32(0.0)
+            for i in range(c * KV_BLOCK, (c + 1) * KV_BLOCK):
+                part += mul_rn(qv[i], np.float32(k_cache[blk, o, kvh, i]))
+            acc += mul_rn(part, np.float32(k_scale[blk, o, kvh, c]))
+    else:
+        for i in range(d):
+            acc += mul_rn(qv[i], np.float32(k_cache[blk, o, kvh, i]))
     return mul_rn(acc, scale)
+
+
+@cuda.jit(device=True, inline=True)
+def _v_value(v_cache, v_scale, q8, blk, o, kvh, i):  # noqa: ANN001, ANN201
+    if q8:
+        return mul_rn(np.float32(v_cache[blk, o, kvh, i]), np.float32(v_scale[blk, o, kvh, i // KV_BLOCK]))
+    return np.float32(v_cache[blk, o, kvh, i])
 
 
 @cuda.jit(device=True, inline=True)
@@ -82,6 +110,9 @@ def attention_paged_cuda(  # noqa: ANN001
     q_hs,
     k_cache,
     v_cache,
+    k_scale,
+    v_scale,
+    q8,
     block_tables,
     tok_seq,
     tok_pos,
@@ -99,7 +130,8 @@ def attention_paged_cuda(  # noqa: ANN001
     xs,
     xsum,
 ):
-    """Causal paged attention; see the module docstring. One block per (token, head). With `quant`, each
+    """Causal paged attention; see the module docstring. One block per (token, head). K/V: f16 caches, or
+    with `q8` q8_0 values and scales (k_scale / v_scale; placeholders otherwise). With `quant`, each
     block also quantizes its head's output for the output projection (fused: needs dv a multiple of the
     activation block and heads contiguous in the row)."""
     t = cuda.blockIdx.x // n_heads
@@ -124,12 +156,12 @@ def attention_paged_cuda(  # noqa: ANN001
     mx = np.float32(-np.inf)
     for j in range(tid, n, ROW_THREADS):
         kp = start + j
-        mx = max(mx, _score(qv, k_cache, block_tables[s, kp // bs], kp % bs, kvh, d, scale))
+        mx = max(mx, _score(qv, k_cache, k_scale, q8, block_tables[s, kp // bs], kp % bs, kvh, d, scale))
     mx = np.float32(_block_reduce(red, mx, True))
     total = 0.0
     for j in range(tid, n, ROW_THREADS):
         kp = start + j
-        sc = _score(qv, k_cache, block_tables[s, kp // bs], kp % bs, kvh, d, scale)
+        sc = _score(qv, k_cache, k_scale, q8, block_tables[s, kp // bs], kp % bs, kvh, d, scale)
         total += np.float32(math.exp(sc - mx))
     inv = np.float32(1.0 / _block_reduce(red, total, False))
     acc = cuda.local.array(ACC_PER_THREAD, np.float32)
@@ -139,7 +171,7 @@ def attention_paged_cuda(  # noqa: ANN001
         j = c0 + tid
         if j < n:
             kp = start + j
-            sc = _score(qv, k_cache, block_tables[s, kp // bs], kp % bs, kvh, d, scale)
+            sc = _score(qv, k_cache, k_scale, q8, block_tables[s, kp // bs], kp % bs, kvh, d, scale)
             wts[tid] = f16_round(mul_rn(np.float32(math.exp(sc - mx)), inv))
         cuda.syncthreads()
         for jj in range(min(ROW_THREADS, n - c0)):
@@ -150,7 +182,7 @@ def attention_paged_cuda(  # noqa: ANN001
             for a in range(ACC_PER_THREAD):
                 i = tid + a * ROW_THREADS
                 if i < dv:
-                    acc[a] += mul_rn(w, np.float32(v_cache[blk, o, kvh, i]))
+                    acc[a] += mul_rn(w, _v_value(v_cache, v_scale, q8, blk, o, kvh, i))
         cuda.syncthreads()
     for a in range(ACC_PER_THREAD):
         i = tid + a * ROW_THREADS

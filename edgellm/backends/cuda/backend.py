@@ -40,9 +40,11 @@ from edgellm.backends.cuda.config import (
 )
 from edgellm.backends.cuda.deferred import ActOp, AttnOp, HeadsOp, ResidualOp, same_view
 from edgellm.backends.cuda.devarray import BufferPool, DeviceTensor
+from edgellm.backends.cuda.kv_cache import DeviceKvCache
 from edgellm.backends.cuda.matmul import DeviceWeight, Scratch, gather_rows_cuda, matmul_cuda, upload_weight
 from edgellm.backends.cuda.step_inputs import StepIndex, StepUploader
 from edgellm.gguf.reader import TensorInfo
+from edgellm.quants.kv_cache import get_kv_cache_type
 from edgellm.quants.packing import dequantize_packed, pack_weight, stack_packed, stackable
 from edgellm.quants.traits import get_traits
 
@@ -268,21 +270,18 @@ class CudaBackend(Backend):
         if T:
             launch(ops.add_cuda, grid, threads, *x.rows2d(), b.buf, b.offset, 0, T, n, True)
 
-    def alloc_kv(self, n_layers: int, n_blocks: int, block_size: int, n_kv: int, d: int, dv: int) -> Any:
-        return [
-            (
-                cuda.to_device(np.zeros((n_blocks, block_size, n_kv, d), np.float16)),
-                cuda.to_device(np.zeros((n_blocks, block_size, n_kv, dv), np.float16)),
-            )
-            for _ in range(n_layers)
-        ]
+    def alloc_kv(
+        self, n_layers: int, n_blocks: int, block_size: int, n_kv: int, d: int, dv: int, dtype: str = "f16"
+    ) -> DeviceKvCache:
+        get_kv_cache_type(dtype).check_head_dims(d, dv)
+        return DeviceKvCache(dtype, n_layers, n_blocks, block_size, n_kv, d, dv)
 
-    def write_kv(self, kv: Any, layer: int, k: DeviceTensor, v: DeviceTensor, slots: Any) -> None:
-        k_cache, v_cache = kv[layer]
+    def write_kv(self, kv: DeviceKvCache, layer: int, k: DeviceTensor, v: DeviceTensor, slots: Any) -> None:
+        lay, q8 = kv.layers[layer], kv.kind.q8
         op = self._pending
         if isinstance(op, HeadsOp) and op.completes(k):
             self._pending = None
-            op.launch_with_kv(k_cache, v_cache, v, slots)
+            op.launch_with_kv(lay, q8, v, slots)
             return
         self._flush()
         T, n_kv, d = k.shape
@@ -295,22 +294,25 @@ class CudaBackend(Backend):
                 threads,
                 *k.heads3d(),
                 *v.heads3d(),
-                k_cache,
-                v_cache,
+                lay.k,
+                lay.v,
+                lay.k_scale,
+                lay.v_scale,
+                q8,
                 slots,
                 n_kv,
                 d,
                 dv,
             )
 
-    def copy_blocks(self, kv: Any, pairs: list[tuple[int, int]]) -> None:
+    def copy_blocks(self, kv: DeviceKvCache, pairs: list[tuple[int, int]]) -> None:
         self._flush()
         if not pairs:
             return
         src = self._upload(np.asarray([p[0] for p in pairs], np.int64))
         dst = self._upload(np.asarray([p[1] for p in pairs], np.int64))
-        for k_cache, v_cache in kv:
-            for cache in (k_cache, v_cache):
+        for lay in kv.layers:
+            for cache in lay.blocks:
                 per_block = int(np.prod(cache.shape[1:]))
                 flat = cache.reshape(cache.shape[0], per_block)
                 grid, threads = elem_grid(len(pairs) * per_block)
@@ -319,7 +321,7 @@ class CudaBackend(Backend):
     def attention(
         self,
         q: DeviceTensor,
-        kv: Any,
+        kv: DeviceKvCache,
         layer: int,
         block_tables: Any,
         seq_index: Any,
@@ -329,8 +331,7 @@ class CudaBackend(Backend):
         out: DeviceTensor,
     ) -> None:
         self._flush()
-        k_cache, v_cache = kv[layer]
-        op = AttnOp(q, k_cache, v_cache, block_tables, seq_index, positions, window, scale, out)
+        op = AttnOp(q, kv.layers[layer], kv.kind.q8, block_tables, seq_index, positions, window, scale, out)
         if self.fuse:
             self._pending = op  # the output projection's quantization joins it
         else:

@@ -21,6 +21,7 @@ from edgellm.backends.cuda import ops
 from edgellm.backends.cuda.config import ROW_THREADS, elem_grid, launch
 from edgellm.backends.cuda.devarray import DeviceTensor
 from edgellm.backends.cuda.fused import add_rmsnorm_quant_cuda, gated_act_quant_cuda, heads_rope_kv_cuda
+from edgellm.backends.cuda.kv_cache import DeviceKvLayer
 from edgellm.backends.cuda.matmul import DeviceWeight, Scratch, act_block, act_scratch
 
 
@@ -135,8 +136,8 @@ class AttnOp:
     """Paged attention of q into out [T, H, dv]; the output projection reads out as [T, H * dv]."""
 
     q: DeviceTensor
-    k_cache: Any
-    v_cache: Any
+    kv: DeviceKvLayer
+    q8: bool
     block_tables: Any
     seq_index: Any
     positions: Any
@@ -165,8 +166,11 @@ class AttnOp:
             T * H,
             ROW_THREADS,
             *self.q.heads3d(),
-            self.k_cache,
-            self.v_cache,
+            self.kv.k,
+            self.kv.v,
+            self.kv.k_scale,
+            self.kv.v_scale,
+            self.q8,
             self.block_tables,
             self.seq_index,
             self.positions,
@@ -231,7 +235,7 @@ class HeadsOp:
             grid, threads = elem_grid(T * H * (n_rot // 2))
             launch(ops.rope_cuda, grid, threads, *x.heads3d(), T, H, pos, n_rot, float(base), bool(neox))
 
-    def launch_with_kv(self, k_cache: Any, v_cache: Any, v: DeviceTensor, slots: Any) -> None:
+    def launch_with_kv(self, kv: DeviceKvLayer, q8: bool, v: DeviceTensor, slots: Any) -> None:
         """The recorded steps, and K and V stored at `slots`: one launch (completes() was checked)."""
         has_norm = self.steps[0][0] == "norm"
         q, k = self.steps[0][1], self.steps[1][1]
@@ -251,8 +255,11 @@ class HeadsOp:
                 has_norm,
                 float(eps),
                 *v.heads3d(),
-                k_cache,
-                v_cache,
+                kv.k,
+                kv.v,
+                kv.k_scale,
+                kv.v_scale,
+                q8,
                 slots,
                 pos,
                 n_kv,

@@ -6,7 +6,8 @@ mapping, so its results are bitwise those of the unfused sequence (tests/test_cu
 - add_rmsnorm_quant_cuda: [y = rmsnorm(y) * wy (Gemma's post-norm)], [x += y (residual)],
   out = rmsnorm(x) * w, [out quantized for the next matmul]: one block per row.
 - gated_act_quant_cuda: out = act(gate) * up, quantized for the down projection: one block per row.
-- heads_rope_kv_cuda: [Q/K RMSNorm per head], RoPE on Q and K, K and V stored into the paged cache.
+- heads_rope_kv_cuda: [Q/K RMSNorm per head], RoPE on Q and K, K and V stored into the paged cache
+  (f16, or quantized to q8_0).
 - attention_paged_cuda (attention.py) quantizes its output for the output projection itself.
 
 The backend issues them by deferring an op until it sees the one that consumes its output (deferred.py).
@@ -18,6 +19,7 @@ import numpy as np
 from numba import cuda
 
 from edgellm.backends.cuda.config import ROW_THREADS
+from edgellm.backends.cuda.kv_cache import KV_BLOCK, quantize_kv_block
 from edgellm.backends.cuda.matmul import quantize_block
 from edgellm.backends.cuda.ops import gated, rms_scale, rope_pair, scale_row
 
@@ -84,10 +86,11 @@ def gated_act_quant_cuda(g, g_off, g_ld, out, o_off, o_ld, ff, gelu, quant, grou
 @cuda.jit(cache=True)
 def heads_rope_kv_cuda(  # noqa: ANN001
     q, q_off, q_st, q_sh, n_q, qw, k, k_off, k_st, k_sh, kw, has_norm, eps, v, v_off, v_st, v_sh,
-    k_cache, v_cache, slots, pos, n_kv, d, dv, n_rot, base, neox,
+    k_cache, v_cache, k_scale, v_scale, q8, slots, pos, n_kv, d, dv, n_rot, base, neox,
 ):  # fmt: skip
     """One block per (token, head) of Q (heads 0..n_q-1; n_q = 0 when Q is not fused) then K: [the head's
-    RMSNorm in place (Q/K norm)], its RoPE; a K head is then stored with its V head into the cache."""
+    RMSNorm in place (Q/K norm)], its RoPE; a K head is then stored with its V head into the cache (f16
+    values as they are computed, or with `q8` quantized to q8_0 once the whole head is rotated)."""
     n_h = n_q + n_kv
     t = cuda.blockIdx.x // n_h
     hh = cuda.blockIdx.x % n_h
@@ -102,13 +105,23 @@ def heads_rope_kv_cuda(  # noqa: ANN001
         cuda.syncthreads()  # a rotated pair spans elements other threads normalised
     blk = slots[t] // k_cache.shape[1]
     o = slots[t] % k_cache.shape[1]
+    store = is_k and not q8
     for i in range(tid, n_rot // 2, ROW_THREADS):
         a, b = rope_pair(x, p, i, pos[t], n_rot, base, neox)
-        if is_k:
+        if store:
             k_cache[blk, o, h, a] = x[p + a]
             k_cache[blk, o, h, b] = x[p + b]
-    if is_k:
+    if store:
         for i in range(n_rot + tid, d, ROW_THREADS):
             k_cache[blk, o, h, i] = x[p + i]
         for i in range(tid, dv, ROW_THREADS):
             v_cache[blk, o, h, i] = v[v_off + t * v_st + h * v_sh + i]
+    if is_k and q8:
+        cuda.syncthreads()  # every thread's rotated pairs are in x: whole 32-value blocks can be read
+        n_kb = d // KV_BLOCK
+        for c in range(tid, n_kb + dv // KV_BLOCK, ROW_THREADS):
+            if c < n_kb:
+                quantize_kv_block(x, p + c * KV_BLOCK, k_cache, k_scale, blk, o, h, c)
+            else:
+                vb = v_off + t * v_st + h * v_sh + (c - n_kb) * KV_BLOCK
+                quantize_kv_block(v, vb, v_cache, v_scale, blk, o, h, c - n_kb)
