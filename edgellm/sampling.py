@@ -136,9 +136,15 @@ class Sampler:
             probs = np.exp(x - x.max())
             cdf = np.cumsum(probs)
             return int(min(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"), n - 1))
-        # top-p / min-p: only the best-first prefix that can be kept is sorted (for top-p, grown until its
-        # mass covers the nucleus), with probabilities normalised over the whole row as before.
         e = np.exp(x - x.max())
+        order = self._nucleus_prefix(x, e)
+        return self._draw(x[order], order, total=e.sum())
+
+    def _nucleus_prefix(self, x: np.ndarray, e: np.ndarray) -> np.ndarray:
+        """top-p / min-p: only the best-first prefix that can be kept is sorted (for top-p, grown until its
+        mass covers the nucleus); probabilities stay normalised over the whole row (e = exp(x - max))."""
+        p = self.params
+        n = len(x)
         total = e.sum()
         need = n  # prefix length that certainly holds every kept token
         if p.min_p > 0.0:
@@ -149,8 +155,7 @@ class Sampler:
             if p.top_p < 1.0 and e[order].sum() / total >= p.top_p + 1e-9:  # margin: rounding of the cumsum
                 break
             k = min(need, k * 8)
-        order = top_k_stable(x, k)
-        return self._draw(x[order], order, total=total)
+        return top_k_stable(x, k)
 
     def sample_top(self, top: TopCandidates) -> int:
         """The token sample() would draw from the whole row, from the row's best entries only (computed
@@ -165,6 +170,13 @@ class Sampler:
     def _draw(self, xs: np.ndarray, order: np.ndarray, total: float | None = None) -> int:
         """xs: the candidates' scaled logits in order (best first); total: sum of exp(x - xs[0]) over the
         whole row when the candidates are only its best-first prefix (None: they are all there is)."""
+        ids, probs = self._truncate(xs, order, total)
+        return int(ids[self.rng.choice(len(ids), p=probs)])
+
+    def _truncate(
+        self, xs: np.ndarray, order: np.ndarray, total: float | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The top-p / min-p cut of best-first candidates (see _draw): (kept ids, their probabilities)."""
         p = self.params
         probs = np.exp(xs - xs[0])
         probs /= probs.sum() if total is None else total
@@ -174,8 +186,38 @@ class Sampler:
             keep = min(keep, int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1)
         if p.min_p > 0.0:
             keep = min(keep, max(1, int(np.count_nonzero(probs >= p.min_p * probs[0]))))
-        probs = probs[:keep] / probs[:keep].sum()
-        return int(order[self.rng.choice(keep, p=probs)])
+        return order[:keep], probs[:keep] / probs[:keep].sum()
+
+    def distribution(
+        self, row: np.ndarray | TopCandidates, prompt: list[int], output: list[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The distribution sample() / sample_top() draw the next token from, as (ids [m], probs [m]) over
+        the tokens it can pick (m = n_vocab for plain temperature sampling). Speculative decoding's
+        rejection sampling reads it; a one-hot (the argmax) for greedy."""
+        p = self.params
+        if isinstance(row, TopCandidates):
+            if p.greedy:
+                return row.ids[:1].astype(np.int64), np.ones(1)
+            k = p.top_k
+            return self._truncate(row.values[:k].astype(np.float64) / p.temperature, row.ids[:k])
+        x = self.adjust(row, prompt, output)
+        if p.greedy:
+            return np.array([int(np.argmax(x))]), np.ones(1)
+        x = x.astype(np.float64) / p.temperature
+        n = len(x)
+        if 0 < p.top_k < n:
+            order = top_k_stable(x, p.top_k)
+            return self._truncate(x[order], order)
+        e = np.exp(x - x.max())
+        if p.top_p >= 1.0 and p.min_p <= 0.0:
+            return np.arange(n), e / e.sum()
+        order = self._nucleus_prefix(x, e)
+        return self._truncate(x[order], order, total=e.sum())
+
+    def draw(self, ids: np.ndarray, probs: np.ndarray) -> int:
+        """One token from a distribution (ids, probs), with this request's generator."""
+        cdf = np.cumsum(probs)
+        return int(ids[min(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"), len(ids) - 1)])
 
 
 def top_k_stable(x: np.ndarray, k: int) -> np.ndarray:

@@ -30,6 +30,8 @@ from edgellm.engine.model_runner import ModelRunner, RunItem
 from edgellm.engine.outputs import RequestOutput
 from edgellm.engine.scheduler import SchedulerConfig
 from edgellm.engine.sequence import Sequence as EngineSequence
+from edgellm.engine.spec.build import build_speculator
+from edgellm.engine.spec.config import SpeculativeConfig
 
 DEFAULT_CTX = 4096
 DEFAULT_KV_MEMORY = 512 * 2**20  # bytes of KV cache when not given (at least one full context is kept)
@@ -50,6 +52,7 @@ class CoreSpec:
     kv_cache_memory: int | float | None = None
     enable_prefix_caching: bool = True
     log_path: str | None = None  # where the core process's stdout/stderr go (None: inherited)
+    speculative: SpeculativeConfig | None = None  # speculative decoding (None: off)
 
 
 def kv_budget_bytes(kv_cache_memory: int | float | None) -> int:
@@ -118,7 +121,8 @@ class EngineCore:
             enable_prefix_caching=spec.enable_prefix_caching,
             max_model_len=self.n_ctx,
         )
-        self.engine = LLMEngine(self.runner, eog_ids, self.n_ctx, sched)
+        speculator = build_speculator(spec.speculative, self, log)
+        self.engine = LLMEngine(self.runner, eog_ids, self.n_ctx, sched, speculator)
         load_time = time.perf_counter() - t0
         if log:
             log(

@@ -20,6 +20,8 @@ from edgellm.engine.outputs import (
 )
 from edgellm.engine.scheduler import Scheduler, SchedulerConfig, SchedulerPlan
 from edgellm.engine.sequence import Sequence, SequenceStatus
+from edgellm.engine.spec.speculator import Speculator
+from edgellm.engine.spec.verify import Row, sample_row, verify_drafts
 from edgellm.sampling import Sampler, SamplingParams, TopCandidates, device_candidates, top_logprobs
 
 __all__ = ["EngineStats", "LLMEngine", "PromptTooLongError"]
@@ -40,6 +42,20 @@ class EngineStats:
     cached_tokens_total: int
     generated_tokens_total: int
     requests_finished_total: int
+    spec_draft_tokens_total: int = 0  # speculative decoding: drafts verified
+    spec_accepted_tokens_total: int = 0  # of those, accepted
+    spec_verify_steps_total: int = 0  # (sequence, step) pairs that verified drafts
+
+    @property
+    def spec_acceptance_rate(self) -> float:
+        n = self.spec_draft_tokens_total
+        return self.spec_accepted_tokens_total / n if n else 0.0
+
+    @property
+    def spec_mean_accepted_length(self) -> float:
+        """Tokens per verify step of a sequence: accepted drafts + the target's own (0 without any)."""
+        n = self.spec_verify_steps_total
+        return (self.spec_accepted_tokens_total + n) / n if n else 0.0
 
 
 @dataclass
@@ -61,9 +77,15 @@ class LLMEngine:
     """Token ids in, token ids out: the core's engine knows no text (the front-end detokenizes)."""
 
     def __init__(
-        self, runner: ModelRunner, eog_ids: frozenset[int], n_ctx: int, sched: SchedulerConfig
+        self,
+        runner: ModelRunner,
+        eog_ids: frozenset[int],
+        n_ctx: int,
+        sched: SchedulerConfig,
+        speculator: Speculator | None = None,
     ) -> None:
         self.runner, self.eog_ids, self.n_ctx = runner, frozenset(eog_ids), n_ctx
+        self.speculator = speculator
         self.scheduler = Scheduler(sched)
         self.requests: dict[str, _Request] = {}
         self._seq_owner: dict[int, tuple[_Request, int]] = {}  # seq_id -> (request, completion index)
@@ -127,33 +149,48 @@ class LLMEngine:
 
     # ---- one step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running)
         plan = self.scheduler.schedule()
-        logits = self._run(plan)
-        return self._postprocess(plan, logits)
+        rows = self._run(plan)
+        return self._postprocess(plan, rows)
 
-    def _run(self, plan: SchedulerPlan) -> dict[int, np.ndarray | TopCandidates]:
-        """Each sampled sequence's logits row, or only its best entries when the backend samples where the
-        logits live (see _device_k)."""
+    def _run(self, plan: SchedulerPlan) -> dict[int, list[Row]]:
+        """Each sampled sequence's logits rows (one, or 1 + its drafts when verifying), or only their best
+        entries when the backend samples where the logits live (see _device_k)."""
         if plan.is_empty:
             return {}
         self.runner.copy_blocks(plan.block_copies)
         items, ids = [], []
         sample = set(plan.sample_seq_ids)
         for seq, n in plan.scheduled:
-            c = seq.num_computed_tokens
             items.append(
-                RunItem(seq.block_table, seq.token_ids[c : c + n], c, need_logits=seq.seq_id in sample)
+                RunItem(
+                    seq.block_table,
+                    seq.tokens_to_compute(n),
+                    seq.num_computed_tokens,
+                    need_logits=seq.seq_id in sample,
+                    num_logits=1 + len(seq.spec_token_ids),
+                )
             )
             ids.append(seq.seq_id)
         k = self._device_k(plan)
         if k is None:
-            rows = self.runner.run(items)
-            return {sid: r[-1] for sid, r in zip(ids, rows, strict=True) if len(r)}
+            out = self.runner.run(items)
+            return {sid: list(r) for sid, r in zip(ids, out, strict=True) if len(r)}
         if k == 0:
             tops = self.runner.run_argmax(items)
-            return {sid: TopCandidates(t[-1:]) for sid, t in zip(ids, tops, strict=True) if len(t)}
+            return {
+                sid: [TopCandidates(t[j : j + 1]) for j in range(len(t))]
+                for sid, t in zip(ids, tops, strict=True)
+                if len(t)
+            }
         pairs = self.runner.run_top_k(items, k)
-        return {sid: TopCandidates(i[-1], v[-1]) for sid, (v, i) in zip(ids, pairs, strict=True) if len(i)}
+        return {
+            sid: [TopCandidates(i[j], v[j]) for j in range(len(i))]
+            for sid, (v, i) in zip(ids, pairs, strict=True)
+            if len(i)
+        }
 
     def _device_k(self, plan: SchedulerPlan) -> int | None:
         """0 when every sequence sampled this step is greedy, k when all sample from at most their k best
@@ -175,33 +212,38 @@ class LLMEngine:
         k = max(ks)
         return k if k <= self.runner.cfg.n_vocab else None
 
-    def _postprocess(
-        self, plan: SchedulerPlan, logits: dict[int, np.ndarray | TopCandidates]
-    ) -> list[RequestOutput]:
+    def _postprocess(self, plan: SchedulerPlan, rows: dict[int, list[Row]]) -> list[RequestOutput]:
         t = now()
-        sampled: dict[int, int] = {}
-        chosen_logprobs: dict[int, TokenLogprob] = {}
+        sampled: dict[int, list[int]] = {}
+        chosen_logprobs: dict[int, list[TokenLogprob]] = {}
         forks: list[tuple[_Request, int]] = []
-        for sid, row in logits.items():
+        for sid, seq_rows in rows.items():
             req, idx = self._seq_owner[sid]
             seq = self.scheduler.get(sid)
-            if isinstance(row, TopCandidates):
-                tok = req.samplers[idx].sample_top(row)
+            sampler = req.samplers[idx]
+            prompt, output = seq.prompt_token_ids, seq.output_token_ids
+            drafts = seq.spec_token_ids
+            if drafts:
+                toks = verify_drafts(sampler, seq_rows, drafts, prompt, output)
+                self.speculator.record(sid, len(drafts), len(toks) - 1)
             else:
-                tok = req.samplers[idx].sample(row, seq.prompt_token_ids, seq.output_token_ids)
-            sampled[sid] = tok
+                toks = [sample_row(sampler, seq_rows[-1], prompt, output)]
+            toks = self._cut_at_stop(req, idx, toks)
+            sampled[sid] = toks
             if req.params.logprobs is not None:
-                lp, top = top_logprobs(row, tok, req.params.logprobs)
-                chosen_logprobs[sid] = TokenLogprob(tok, lp, top)
+                chosen_logprobs[sid] = [
+                    TokenLogprob(tok, *top_logprobs(row, tok, req.params.logprobs))
+                    for row, tok in zip(seq_rows, toks, strict=False)
+                ]
             if req.params.n > 1 and not req.forked:
                 forks.append((req, sid))
-        fork_logits = {sid: logits[sid] for _, sid in forks}
-        self.scheduler.postprocess(plan, sampled)  # type: ignore[arg-type]
+        fork_rows = {sid: rows[sid][-1] for _, sid in forks}
+        self.scheduler.postprocess(plan, sampled)
         for req, parent in forks:
-            self._fork(req, parent, fork_logits[parent], sampled, chosen_logprobs)
+            self._fork(req, parent, fork_rows[parent], sampled, chosen_logprobs)
 
         deltas: dict[str, list[CompletionDelta]] = {}
-        for sid, tok in sampled.items():
+        for sid, toks in sampled.items():
             req, idx = self._seq_owner[sid]
             if idx in req.finished:
                 continue
@@ -212,13 +254,14 @@ class LLMEngine:
                 m.num_cached_tokens = seq.num_cached_tokens if seq is not None else 0
                 self._totals["cached"] += m.num_cached_tokens
             if idx == 0:
-                m.token_times.append(t)
-            m.num_generated_tokens += 1
-            self._totals["generated"] += 1
-            req.num_generated[idx] += 1
-            reason = check_stop(tok, req.num_generated[idx], req.max_tokens, req.stop_ids)
-            lps = [chosen_logprobs[sid]] if sid in chosen_logprobs else None
-            deltas.setdefault(req.request_id, []).append(CompletionDelta(idx, [tok], "", reason, lps))
+                m.token_times.extend([t] * len(toks))
+            m.num_generated_tokens += len(toks)
+            self._totals["generated"] += len(toks)
+            req.num_generated[idx] += len(toks)
+            reason = check_stop(toks[-1], req.num_generated[idx], req.max_tokens, req.stop_ids)
+            deltas.setdefault(req.request_id, []).append(
+                CompletionDelta(idx, toks, "", reason, chosen_logprobs.get(sid))
+            )
             if reason is not None:
                 req.finished.add(idx)
                 if self.scheduler.get(sid) is not None:
@@ -238,13 +281,21 @@ class LLMEngine:
                 results.append(RequestOutput(rid, ds, False, req.metrics))
         return results
 
+    def _cut_at_stop(self, req: _Request, idx: int, toks: list[int]) -> list[int]:
+        """Tokens up to and including the first that ends the completion (a stop id, or max_tokens)."""
+        done = req.num_generated[idx]
+        for i, tok in enumerate(toks):
+            if check_stop(tok, done + i + 1, req.max_tokens, req.stop_ids) is not None:
+                return toks[: i + 1]
+        return toks
+
     def _fork(self, req: _Request, parent: int, row: np.ndarray, sampled: dict, chosen: dict) -> None:
         """n > 1: the other completions share the parent's prompt blocks (copy-on-write) and sample their
         own first token from the same logits."""
         req.forked = True
         pseq = self.scheduler.get(parent)
         for i, cid in enumerate(req.seq_ids[1:], start=1):
-            tok = req.samplers[i].sample(row, req.prompt_ids, [])
+            tok = sample_row(req.samplers[i], row, req.prompt_ids, [])
             self._seq_owner[cid] = (req, i)
             if pseq is None or not self.scheduler.can_fork():
                 # the parent already finished on its first token, or the running set is full: the child
@@ -260,10 +311,9 @@ class LLMEngine:
             else:
                 child = self.scheduler.fork(parent, cid)
                 child.token_ids[-1] = tok
-            sampled[cid] = tok
+            sampled[cid] = [tok]
             if req.params.logprobs is not None:
-                lp, top = top_logprobs(row, tok, req.params.logprobs)
-                chosen[cid] = TokenLogprob(tok, lp, top)
+                chosen[cid] = [TokenLogprob(tok, *top_logprobs(row, tok, req.params.logprobs))]
 
     def _finish_request(self, req: _Request, deltas: list[CompletionDelta]) -> RequestOutput:
         req.metrics.finished_time = now()
@@ -292,4 +342,15 @@ class LLMEngine:
             cached_tokens_total=self._totals["cached"],
             generated_tokens_total=self._totals["generated"],
             requests_finished_total=self._totals["finished"],
+            **self._spec_totals(),
         )
+
+    def _spec_totals(self) -> dict[str, int]:
+        if self.speculator is None:
+            return {}
+        c = self.speculator.counters
+        return {
+            "spec_draft_tokens_total": c.draft_tokens,
+            "spec_accepted_tokens_total": c.accepted_tokens,
+            "spec_verify_steps_total": c.verify_steps,
+        }

@@ -21,6 +21,7 @@ class RunItem:
     start_pos: int  # position of token_ids[0] (= tokens already in the KV cache)
     all_logits: bool = False  # logits at every token (teacher-forced scoring) rather than the last only
     need_logits: bool = True  # False for a prefill chunk that does not reach the end of the prompt
+    num_logits: int = 1  # with need_logits: rows for this many last tokens (1 + drafts when verifying)
 
 
 class ModelRunner:
@@ -58,7 +59,9 @@ class ModelRunner:
             if it.all_logits:
                 logit_rows.extend(range(t0, t0 + n))
             elif it.need_logits:
-                logit_rows.append(t0 + n - 1)
+                if not 0 < it.num_logits <= n:
+                    raise ValueError(f"num_logits={it.num_logits} for {n} tokens")
+                logit_rows.extend(range(t0 + n - it.num_logits, t0 + n))
             out_slices.append(slice(first, len(logit_rows)))
             t0 += n
         batch = ForwardBatch(
