@@ -193,11 +193,13 @@ class Scheduler:
             del seq.spec_token_ids[max(0, num_new - remaining) :]  # drafts past the budget are dropped
             if num_new <= 0:
                 continue
+            # Speculation never costs anyone their blocks: drafts only take blocks that the decodes still
+            # to come (at most one new block each) leave free.
+            need = bm.num_blocks_needed(seq, num_new) if seq.spec_token_ids else 0
+            if seq.spec_token_ids and need + pending_decodes > bm.num_free_blocks:
+                num_new -= len(seq.spec_token_ids)
+                seq.spec_token_ids = []
             while not bm.can_allocate(seq, num_new):
-                if seq.spec_token_ids:  # speculation never costs anyone their blocks
-                    num_new -= len(seq.spec_token_ids)
-                    seq.spec_token_ids = []
-                    continue
                 if end > i:  # preempt the least important sequence not yet scheduled
                     end -= 1
                     victim = order[end]
