@@ -95,6 +95,7 @@ class EngineCore:
         self.threads = set_threads(spec.threads)
         t0 = time.perf_counter()
         gguf = load_gguf(spec.path)
+        self.path = spec.path
         self.config = cfg = config_from_gguf(gguf)
         eog_ids = frozenset(Tokenizer.from_metadata(gguf.metadata).eog_ids)
         self.backend = get_backend(spec.backend)

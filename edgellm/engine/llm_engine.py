@@ -323,6 +323,8 @@ class LLMEngine:
         del self.requests[req.request_id]
         for sid in req.seq_ids:
             self._seq_owner.pop(sid, None)
+            if self.speculator is not None:
+                self.speculator.forget(sid)  # the draft model's KV of it, the n-gram index
         self._totals["finished"] += 1
         return RequestOutput(req.request_id, deltas, True, req.metrics)
 
