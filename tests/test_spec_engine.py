@@ -94,7 +94,7 @@ CODE = '''def compute_total(items, tax_rate):
     return subtotal * (1 + tax_rate)
 '''
 REAL_PROMPTS = [
-    "Repeat this function exactly, with `subtotal` renamed to `base`:\n\n" + CODE + "\nThe renamed function:\n",
+    "Repeat this function exactly, with `subtotal` renamed to `base`:\n\n" + CODE + "\nRenamed:\n",
     'Change "age" to 31 and print the JSON again: {"name": "Ann", "age": 30, "city": "Oslo"}\n',
     "The capital of France is",
 ]
