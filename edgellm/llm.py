@@ -102,6 +102,7 @@ class LLM:
         )
         kv_budget_bytes(kv_cache_memory)  # a bad value fails here, before a process starts
         spec_config = parse_speculative(speculative, num_speculative_tokens)
+        self.speculative: SpeculativeConfig | None = spec_config
         self.path: Path = resolve_model(model)
         gguf = load_gguf(self.path)  # mmapped: the header and metadata only are read here
         self.config: ModelConfig = config_from_gguf(gguf)

@@ -241,3 +241,33 @@ def test_speculative_config_parsing_and_errors() -> None:
             parse_speculative(bad)
     with pytest.raises(ValueError, match="needs --speculative"):
         parse_speculative(None, num_tokens=3)
+
+
+def test_surfaces_report_speculation(capsys: pytest.CaptureFixture[str]) -> None:
+    """/metrics carries the acceptance figures; a bad --speculative is an error before any model loads."""
+    from edgellm.cli import main
+    from edgellm.engine.llm_engine import EngineStats
+    from edgellm.server.metrics import ServerMetrics
+
+    stats = EngineStats(0, 0, 10, 0, 0.0, 0.0, 0, 5, 0, 9, 1, 8, 6, 2)
+    assert (stats.spec_acceptance_rate, stats.spec_mean_accepted_length) == (0.75, 4.0)
+    text = ServerMetrics("m").render(stats)
+    assert 'edgellm_spec_acceptance_rate{model_name="m"} 0.75' in text
+    assert 'edgellm_spec_mean_accepted_length{model_name="m"} 4.0' in text
+    assert main(["bench", "/nonexistent.gguf", "--speculative", "medusa"]) == 1
+    assert "speculative method must be one of" in capsys.readouterr().err
+    assert main(["bench", "/nonexistent.gguf", "--num-speculative-tokens", "3"]) == 1
+    assert "needs --speculative" in capsys.readouterr().err
+
+
+@pytest.mark.asyncio
+async def test_tui_status_bar_shows_speculation(tmp_path) -> None:
+    from tests.test_tui import SIZE, make_app, ready, send, status_text
+
+    app, backends = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert "spec" not in status_text(app)  # a backend without speculation shows nothing of it
+        backends[0].speculation = lambda: (0.75, 3.0)
+        await send(pilot, "hello")
+        assert "spec 75% accepted, 3.0 tok/step" in status_text(app)

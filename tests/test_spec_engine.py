@@ -104,12 +104,11 @@ REAL_PROMPTS = [
 def test_greedy_ngram_is_token_identical_on_real_models(model: str) -> None:
     """The batch-invariant kernels score a verified draft bit-identically to a decode of that token, so
     greedy speculation changes no token; the copy-heavy prompts get drafts accepted."""
-    greedy = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    greedy = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     with LLM(model, n_ctx=512) as plain:
         want = [o.token_ids for o in plain.generate(REAL_PROMPTS, greedy)]
     with LLM(model, n_ctx=512, speculative="ngram") as spec:
-        alone = [spec.generate([p], greedy)[0].token_ids for p in REAL_PROMPTS]
-        batched = [o.token_ids for o in spec.generate(REAL_PROMPTS, greedy)]
+        got = [o.token_ids for o in spec.generate(REAL_PROMPTS, greedy)]
         stats = spec.stats()
-    assert alone == want and batched == want
+    assert got == want
     assert stats.spec_accepted_tokens_total > 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable
 from contextlib import aclosing
@@ -122,7 +123,9 @@ class ChatApp(ConversationActions, App[None]):
         used, approx = self.context_used()
         n_ctx = self.info.n_ctx if self.info else None
         status = self.query_one(StatusBar)
-        status.show(self.model, used, n_ctx, self.last_ttft, self.last_tps, self.state, approx)
+        speculation = getattr(self.backend, "speculation", None)
+        spec = speculation() if speculation is not None else None
+        status.show(self.model, used, n_ctx, self.last_ttft, self.last_tps, self.state, approx, spec)
 
     async def refresh_sidebar(self) -> None:
         await self.query_one(ConversationList).show(self.store.list(), self.conversation.id)
@@ -320,7 +323,13 @@ def loading_title(model: str) -> str:
     return f"Loading {model or 'the server model'}..."
 
 
-def run_chat(model: str | None = None, url: str | None = None, api_key: str | None = None) -> None:
+def run_chat(
+    model: str | None = None,
+    url: str | None = None,
+    api_key: str | None = None,
+    speculative: str | None = None,
+    num_speculative_tokens: int | None = None,
+) -> None:
     """`edgellm chat [MODEL] [--url URL]`: chat with an in-process model, or with a server at `url`."""
     if url:
         from tui.remote_backend import RemoteBackend
@@ -333,7 +342,8 @@ def run_chat(model: str | None = None, url: str | None = None, api_key: str | No
         from edgellm.catalog import DEFAULT_MODEL
         from tui.local_backend import LocalBackend
 
-        app = ChatApp(LocalBackend, model or DEFAULT_MODEL)
+        spec = {"speculative": speculative, "num_speculative_tokens": num_speculative_tokens}
+        app = ChatApp(functools.partial(LocalBackend, **spec), model or DEFAULT_MODEL)
     app.run()
 
 

@@ -51,6 +51,8 @@ def run_server(
     metrics_public: bool = False,
     allow_special_in_content: bool = False,
     chat_template_file: str | None = None,
+    speculative: str | dict | None = None,
+    num_speculative_tokens: int | None = None,
 ) -> None:
     """Serve `model` until interrupted. The socket opens at once (/health answers 503 while the model
     loads); the URL is printed to stdout once the model is ready."""
@@ -74,6 +76,8 @@ def run_server(
         metrics_public=metrics_public,
         allow_special_in_content=allow_special_in_content,
         chat_template_file=chat_template_file,
+        speculative=speculative,
+        num_speculative_tokens=num_speculative_tokens,
     )
     state = ServerState(config)
     server: uvicorn.Server

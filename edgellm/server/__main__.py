@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from edgellm.cli import add_kv_memory_arg, add_server_security_args
+from edgellm.cli import add_kv_memory_arg, add_server_security_args, add_speculative_args, speculative_options
 from edgellm.server import run_server
 
 
@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-body-bytes", type=int, default=None)
     add_kv_memory_arg(p)
     add_server_security_args(p)
+    add_speculative_args(p)
     a = p.parse_args(argv)
     extra = {} if a.max_body_bytes is None else {"max_body_bytes": a.max_body_bytes}
     run_server(
@@ -38,6 +39,7 @@ def main(argv: list[str] | None = None) -> None:
         metrics_public=a.metrics_public,
         allow_special_in_content=a.allow_special_in_content,
         chat_template_file=a.chat_template_file,
+        **speculative_options(a),
         **extra,
     )
 

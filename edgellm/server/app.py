@@ -52,6 +52,8 @@ class ServerConfig:
     metrics_public: bool = False  # /metrics without the API key
     allow_special_in_content: bool = False  # parse control-token text typed in user/tool content
     chat_template_file: str | None = None  # instead of the GGUF's template
+    speculative: str | dict | None = None  # LLM's speculative ("ngram", "draft:PATH")
+    num_speculative_tokens: int | None = None
 
 
 def served_model_name(model: str) -> str:
@@ -87,6 +89,8 @@ class ServerState:
                 max_num_seqs=c.max_num_seqs,
                 kv_cache_memory=c.kv_cache_memory,
                 progress=progress,
+                speculative=c.speculative,
+                num_speculative_tokens=c.num_speculative_tokens,
             )
             self.template, self.template_error = load_template(c, llm)
             self.aliases.add(llm.path.name)
