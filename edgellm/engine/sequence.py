@@ -26,16 +26,6 @@ class SequenceStatus(Enum):
     FINISHED_ABORTED = auto()  # cancelled by the caller
 
     @property
-    def num_tokens_with_spec(self) -> int:
-        return len(self.token_ids) + len(self.spec_token_ids)
-
-    def tokens_to_compute(self, n: int) -> list[int]:
-        """The n tokens after the computed ones: token_ids first, then draft tokens."""
-        c = self.num_computed_tokens
-        tail = self.token_ids[c : c + n]
-        return tail + self.spec_token_ids[: n - len(tail)] if len(tail) < n else tail
-
-    @property
     def is_finished(self) -> bool:
         return self in _FINISHED
 
