@@ -249,7 +249,9 @@ def test_surfaces_report_speculation(capsys: pytest.CaptureFixture[str]) -> None
     from edgellm.engine.llm_engine import EngineStats
     from edgellm.server.metrics import ServerMetrics
 
-    stats = EngineStats(0, 0, 10, 0, 0.0, 0.0, 0, 5, 0, 9, 1, 8, 6, 2)
+    zero = {f: 0 for f in EngineStats.__dataclass_fields__}
+    stats = EngineStats(**{**zero, "spec_draft_tokens_total": 8, "spec_accepted_tokens_total": 6})
+    stats.spec_verify_steps_total = 2
     assert (stats.spec_acceptance_rate, stats.spec_mean_accepted_length) == (0.75, 4.0)
     text = ServerMetrics("m").render(stats)
     assert 'edgellm_spec_acceptance_rate{model_name="m"} 0.75' in text
