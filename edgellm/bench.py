@@ -159,6 +159,8 @@ def run_bench(args: argparse.Namespace) -> dict:
         kv_cache_memory=args.kv_cache_memory,
         kv_cache_dtype=args.kv_cache_dtype,
         enable_prefix_caching=args.concurrency > 1 or args.shared_prefix > 0,
+        speculative=args.speculative,
+        num_speculative_tokens=args.num_speculative_tokens,
     )
     result: dict = {
         "model": llm.path.name,
@@ -189,4 +191,18 @@ def run_bench(args: argparse.Namespace) -> dict:
         result["mem_bandwidth_gb_s"] = bw
         result["decode_ceiling_tok_s"] = bw * 1e9 / wb
         result["decode_vs_ceiling"] = result["decode_tok_s"] / result["decode_ceiling_tok_s"]
+    if llm.speculative is not None:
+        result.update(speculation_figures(llm))
     return result
+
+
+def speculation_figures(llm) -> dict:
+    """Speculative decoding over the whole run: drafts accepted, and tokens gained per verify step."""
+    s = llm.stats()
+    return {
+        "speculative": llm.speculative.method,
+        "spec_num_tokens": llm.speculative.num_tokens,
+        "spec_acceptance_rate": s.spec_acceptance_rate,
+        "spec_mean_accepted_length": s.spec_mean_accepted_length,
+        "spec_draft_tokens": s.spec_draft_tokens_total,
+    }

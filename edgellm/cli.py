@@ -62,6 +62,26 @@ def add_kv_dtype_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_speculative_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--speculative",
+        default=None,
+        metavar="ngram|draft:PATH",
+        help="speculative decoding: 'ngram' (prompt lookup), or 'draft:PATH' (a GGUF with the same vocab)",
+    )
+    p.add_argument(
+        "--num-speculative-tokens", type=int, default=None, help="draft tokens per step at most (default 4)"
+    )
+
+
+def speculative_options(args: argparse.Namespace) -> dict:
+    """LLM's speculative keywords from the flags, checked now (a bad value is an error before loading)."""
+    from edgellm.engine.spec.config import parse_speculative
+
+    parse_speculative(args.speculative, args.num_speculative_tokens)
+    return {"speculative": args.speculative, "num_speculative_tokens": args.num_speculative_tokens}
+
+
 def _sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.8)
@@ -119,6 +139,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         kv_cache_dtype=args.kv_cache_dtype,
         verbose=args.verbose,
         progress=None if args.verbose else _quiet_progress(),
+        **speculative_options(args),
     )
     load_s = time.perf_counter() - t0
     params = SamplingParams(
@@ -227,6 +248,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         chat_template_file=args.chat_template_file,
         served_model_names=args.served_model_name,
         cors_origins=args.cors_origin,
+        **speculative_options(args),
     )
     return 0
 
@@ -241,13 +263,23 @@ def cmd_chat(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.url and (args.speculative or args.num_speculative_tokens):
+        print(
+            "edgellm: error: --speculative applies to an in-process model; with --url the server decides "
+            "(edgellm serve --speculative ...)",
+            file=sys.stderr,
+        )
+        return 2
     import tui.prompt
 
     tui.prompt.allow_special_in_content = args.allow_special_in_content
-    if args.url and (args.kv_cache_dtype is not None or args.kv_cache_memory is not None):
+    if args.url and any(
+        v is not None
+        for v in (args.kv_cache_dtype, args.kv_cache_memory, args.speculative, args.num_speculative_tokens)
+    ):
         print(
-            "edgellm: error: --kv-cache-dtype and --kv-cache-memory apply to an in-process model; with --url "
-            "the server decides (edgellm serve --kv-cache-dtype ...)",
+            "edgellm: error: --kv-cache-dtype, --kv-cache-memory and --speculative apply to an in-process "
+            "model; with --url the server decides (edgellm serve --kv-cache-dtype ... --speculative ...)",
             file=sys.stderr,
         )
         return 2
@@ -256,6 +288,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         for k, v in (("kv_cache_dtype", args.kv_cache_dtype), ("kv_cache_memory", args.kv_cache_memory))
         if v is not None
     }
+    llm_kwargs.update({k: v for k, v in speculative_options(args).items() if v is not None})
     run_chat(model=None if args.url else args.model, url=args.url, api_key=args.api_key, **llm_kwargs)
     return 0
 
@@ -269,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("prompt")
     _sampling_args(p)
     _add_runtime_args(p)
+    add_speculative_args(p)
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_run)
 
@@ -279,6 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-special-in-content", action="store_true", help=ALLOW_SPECIAL_HELP)
     add_kv_memory_arg(p)
     add_kv_dtype_arg(p)
+    add_speculative_args(p)
     p.set_defaults(func=cmd_chat, kv_cache_dtype=None)  # None: the model's default unless given
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
@@ -289,6 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=int, default=64)
     _add_runtime_args(p)
     add_server_security_args(p)
+    add_speculative_args(p)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("bench", help="measure prefill/decode speed (batch 1, or N requests in flight)")
@@ -304,6 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", default=None, help="load-test a running server (loopback only) instead")
     p.add_argument("--clients", type=int, nargs="+", default=[1, 8, 16, 64], help="with --url: client counts")
     _add_runtime_args(p)
+    add_speculative_args(p)
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("models", help="list the model catalog")

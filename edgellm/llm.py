@@ -28,6 +28,7 @@ from edgellm.engine.core_client import CoreClient, EngineDeadError
 from edgellm.engine.frontend import RequestStream
 from edgellm.engine.llm_engine import EngineStats
 from edgellm.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from edgellm.engine.spec.config import SpeculativeConfig, check_draft_model, parse_speculative
 from edgellm.gguf.config import ModelConfig, config_from_gguf
 from edgellm.gguf.reader import load_gguf
 from edgellm.gguf.validation import tokenizer_from_gguf, validate_model
@@ -95,11 +96,15 @@ class LLM:
         verbose: bool = False,
         progress: Callable[[str], None] | None = None,
         core_log: str | Path | None = None,  # file for the core process's stdout/stderr (default: ours)
+        speculative: str | dict | SpeculativeConfig | None = None,  # "ngram", "draft:PATH", or a dict
+        num_speculative_tokens: int | None = None,  # k: overrides the speculative config's num_tokens
     ) -> None:
         self._log = progress or (
             (lambda msg: print(f"edgellm: {msg}", file=sys.stderr, flush=True)) if verbose else None
         )
         kv_budget_bytes(kv_cache_memory)  # a bad value fails here, before a process starts
+        spec_config = parse_speculative(speculative, num_speculative_tokens)
+        self.speculative: SpeculativeConfig | None = spec_config
         self.path: Path = resolve_model(model)
         gguf = load_gguf(self.path)  # mmapped: the header and metadata only are read here
         self.config: ModelConfig = config_from_gguf(gguf)
@@ -108,6 +113,8 @@ class LLM:
         get_kv_cache_type(kv_cache_dtype).check_head_dims(self.config.head_dim, self.config.head_dim_v)
         self.metadata = gguf.metadata
         self.tokenizer = tokenizer_from_gguf(gguf)
+        if spec_config is not None and spec_config.method == "draft":
+            spec_config.model = str(check_draft_model(spec_config.model, gguf, self.config))
         self.spec = CoreSpec(
             str(self.path),
             backend=backend,
@@ -120,6 +127,7 @@ class LLM:
             kv_cache_dtype=kv_cache_dtype,
             enable_prefix_caching=enable_prefix_caching,
             log_path=None if core_log is None else str(core_log),
+            speculative=spec_config,
         )
         self._rids = itertools.count()
         self.on_core_death: Callable[[str], None] | None = None

@@ -167,6 +167,13 @@ class Sampler:
     def _draw(self, xs: np.ndarray, order: np.ndarray, total: float | None = None) -> int:
         """xs: the candidates' scaled logits in order (best first); total: sum of exp(x - xs[0]) over the
         whole row when the candidates are only its best-first prefix (None: they are all there is)."""
+        ids, probs = self._truncate(xs, order, total)
+        return int(ids[self.rng.choice(len(ids), p=probs)])
+
+    def _truncate(
+        self, xs: np.ndarray, order: np.ndarray, total: float | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The top-p / min-p cut of best-first candidates (see _draw): (kept ids, their probabilities)."""
         p = self.params
         probs = np.exp(xs - xs[0])
         probs /= probs.sum() if total is None else total
@@ -176,9 +183,41 @@ class Sampler:
             keep = min(keep, int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1)
         if p.min_p > 0.0:
             keep = min(keep, max(1, int(np.count_nonzero(probs >= p.min_p * probs[0]))))
-        probs = probs[:keep] / probs[:keep].sum()
-        return int(order[self.rng.choice(keep, p=probs)])
+        return order[:keep], probs[:keep] / probs[:keep].sum()
 
+    def distribution(
+        self, row: np.ndarray | TopCandidates, prompt: list[int], output: list[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The distribution sample() / sample_top() draw the next token from, as (ids [m], probs [m]) over
+        the tokens it can pick (m = n_vocab for plain temperature sampling). Speculative decoding's
+        rejection sampling reads it; a one-hot (the argmax) for greedy."""
+        p = self.params
+        if isinstance(row, TopCandidates):
+            if p.greedy:
+                return row.ids[:1].astype(np.int64), np.ones(1)
+            k = p.top_k
+            return self._truncate(row.values[:k].astype(np.float64) / p.temperature, row.ids[:k])
+        x = self.adjust(row, prompt, output)
+        if p.greedy:
+            return np.array([int(np.argmax(x))]), np.ones(1)
+        if 0 < p.top_k < len(x):
+            x = x.astype(np.float64) / p.temperature
+            order = top_k_stable(x, p.top_k)
+            return self._truncate(x[order], order)
+        from edgellm import nucleus
+
+        z, e = nucleus.scaled_row(x, p.temperature)
+        if p.top_p >= 1.0 and p.min_p <= 0.0:
+            ids = np.arange(len(x))
+        else:
+            ids = nucleus.kept_tokens(z, e, p.top_p, p.min_p)
+        w = e[ids].astype(np.float64)
+        return ids, w / w.sum()
+
+    def draw(self, ids: np.ndarray, probs: np.ndarray) -> int:
+        """One token from a distribution (ids, probs), with this request's generator."""
+        cdf = np.cumsum(probs)
+        return int(ids[min(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"), len(ids) - 1)])
 
 def top_k_stable(x: np.ndarray, k: int) -> np.ndarray:
     """np.argsort(-x, kind="stable")[:k] (larger first, equal values by lower id, NaN last) without

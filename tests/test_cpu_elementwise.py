@@ -48,8 +48,23 @@ def test_backend_swiglu_path_follows_host() -> None:
     out = np.empty((3, 32), np.float32)
     CpuBackend().gated_act(gate_up, out, "silu")
     expect = np.empty_like(out)
-    (silu_avx512.swiglu_avx512_cpu if vnni.VNNI_ACTIVE else ops.swiglu_cpu)(gate_up, expect)
+    (silu_avx512.swiglu_avx512_cpu if vnni.VNNI_ACTIVE else ops.swiglu_par_cpu)(gate_up, expect)
     np.testing.assert_array_equal(out, expect)
+
+
+@pytest.mark.parametrize("kind", ["silu", "gelu"])
+def test_gated_act_is_batch_invariant(kind: str) -> None:
+    """A row's activation has the same bits in a batch of 9 (the parallel kernel) as alone (a decode):
+    Gemma's GeGLU did not, which made a verified draft's logits differ from its decode's."""
+    rng = np.random.default_rng(2)
+    gate_up = (rng.standard_normal((9, 4096)) * 3).astype(np.float32)
+    be = CpuBackend()
+    batched = np.empty((9, 2048), np.float32)
+    be.gated_act(gate_up, batched, kind)
+    for t in range(9):
+        one = np.empty((1, 2048), np.float32)
+        be.gated_act(np.ascontiguousarray(gate_up[t : t + 1]), one, kind)
+        np.testing.assert_array_equal(one[0], batched[t], err_msg=f"row {t}")
 
 
 @pytest.mark.parametrize("neox", [False, True])

@@ -126,6 +126,36 @@ def test_engine_greedy_on_device_moves_only_ids(llms: dict[str, EngineCore]) -> 
     assert moved == [(1, 8)] * 3
 
 
+def test_engine_speculative_greedy_verifies_on_device(llms: dict[str, EngineCore], tiny: Path) -> None:
+    """Drafts verified with the device argmax of every scored row: plain decoding's tokens, ids only to
+    the host. The drafts are the plain tokens with one wrong, so one verify step accepts and one rejects."""
+    from edgellm.engine.spec.config import SpeculativeConfig
+
+    prompts = [[5, 6, 7, 5, 6]]
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    [want], _, _ = run_steps(llms["cpu"], prompts, params)
+    guesses = want[:2] + [(want[2] + 1) % 64] + want[3:]
+
+    class Replay:
+        def propose(self, requests):
+            return [guesses[s.num_output_tokens : s.num_output_tokens + k] for s, k in requests]
+
+        def drop(self, seq_id: int) -> None:
+            pass
+
+    spec = SpeculativeConfig("ngram", num_tokens=2, adaptive=False)
+    core = EngineCore(
+        CoreSpec(str(tiny), backend="cuda", n_ctx=64, kv_cache_memory=1 << 20, speculative=spec)
+    )
+    core.engine.speculator.proposer = Replay()
+    [got], _, moved = run_steps(core, prompts, params)
+    stats = core.engine.stats()
+    assert got == want
+    # prefill -> t0; drafts [t1, wrong] -> t1 t2; one draft left within max_tokens: [t3] -> t3 t4
+    assert (stats.spec_draft_tokens_total, stats.spec_accepted_tokens_total) == (3, 2)
+    assert moved == [(1, 4), (1, 12), (1, 8)]  # one id per scored row
+
+
 def test_engine_logprobs_take_the_host_path(llms: dict[str, EngineCore]) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, logprobs=2)
     cpu_tokens, cpu_lps, _ = run_steps(llms["cpu"], [[9, 8, 7]], params)

@@ -34,15 +34,15 @@ class FakeRunner:
         for seq, n in plan.scheduled:
             start = seq.num_computed_tokens
             for slot, tok in zip(
-                bm.slot_mapping(seq, start, n), seq.token_ids[start : start + n], strict=True
+                bm.slot_mapping(seq, start, n), seq.tokens_to_compute(n), strict=True
             ):
                 self.kv[slot] = tok
-        sampled: dict[int, int | None] = {}
+        sampled: dict[int, list[int]] = {}
         for seq, _ in plan.scheduled:
             if seq.seq_id in plan.sample_seq_ids:
                 cached = [self.kv[s] for s in bm.slot_mapping(seq, 0, seq.num_tokens)]
                 assert cached == seq.token_ids, f"KV of sequence {seq.seq_id} is corrupt"
-                sampled[seq.seq_id] = next_token(cached)
+                sampled[seq.seq_id] = [next_token(cached)]
         return plan, self.sched.postprocess(plan, sampled)
 
     def run(self, max_steps: int = 1000) -> list[Sequence]:
@@ -224,7 +224,7 @@ def test_abort_running_and_waiting_returns_the_pool(prefix_caching: bool) -> Non
     plan = sched.schedule()
     assert ids(plan) == [(1, 4)] and sched.block_manager.num_free_blocks == 6
     sched.abort(1)  # aborted between schedule() and postprocess(): the step's result is dropped
-    assert sched.postprocess(plan, {1: 5}) == []
+    assert sched.postprocess(plan, {1: [5]}) == []
     assert sched.block_manager.num_free_blocks == 8
     assert sched.block_manager.refcounts == [0] * 8
     assert sched.abort(1) is None and not sched.has_unfinished()

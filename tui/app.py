@@ -124,7 +124,9 @@ class ChatApp(ConversationActions, App[None]):
         used, approx = self.context_used()
         n_ctx = self.info.n_ctx if self.info else None
         status = self.query_one(StatusBar)
-        status.show(self.model, used, n_ctx, self.last_ttft, self.last_tps, self.state, approx)
+        speculation = getattr(self.backend, "speculation", None)
+        spec = speculation() if speculation is not None else None
+        status.show(self.model, used, n_ctx, self.last_ttft, self.last_tps, self.state, approx, spec)
 
     async def refresh_sidebar(self) -> None:
         await self.query_one(ConversationList).show(self.store.list(), self.conversation.id)

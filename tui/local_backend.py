@@ -88,6 +88,13 @@ class LocalBackend:
         progress(f"ready: {self.model}, context {self.llm.n_ctx} tokens")
         return BackendInfo(self.model, self.llm.n_ctx, f"{self.llm.config.arch}, {self.llm.path.name}")
 
+    def speculation(self) -> tuple[float, float] | None:
+        """(acceptance rate, mean tokens per verify step) of speculative decoding; None when it is off."""
+        if self.llm is None or self.llm.speculative is None:
+            return None
+        s = self.llm.stats()
+        return s.spec_acceptance_rate, s.spec_mean_accepted_length
+
     def _prompt_ids(self, messages: Sequence[ChatMessage]) -> list[int]:
         return render_prompt_ids(self.llm, messages)
 

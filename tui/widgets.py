@@ -196,7 +196,7 @@ class LoadingPanel(Vertical):
 
 
 class StatusBar(Static):
-    """model · context used/size · last reply's time to first token and speed · state."""
+    """model · context used/size · last reply's time to first token and speed · [speculation] · state."""
 
     def show(
         self,
@@ -207,10 +207,14 @@ class StatusBar(Static):
         tps: float | None,
         state: str,
         approx: bool = False,
+        spec: tuple[float, float] | None = None,
     ) -> None:
+        """spec: speculative decoding's (acceptance rate, mean tokens per verify step), when it is on."""
         used = "?" if ctx_used is None else f"{'~' if approx else ''}{ctx_used}"
         parts = [model or "no model", f"ctx {used}/{n_ctx or '?'}"]
         parts.append(f"TTFT {ttft:.2f} s" if ttft is not None else "TTFT -")
         parts.append(f"{tps:.1f} tok/s" if tps is not None else "- tok/s")
+        if spec is not None:
+            parts.append(f"spec {spec[0]:.0%} accepted, {spec[1]:.1f} tok/step")
         parts.append(state)
         self.update(" │ ".join(parts))

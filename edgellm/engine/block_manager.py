@@ -168,6 +168,16 @@ class BlockManager:
         seq.block_table = []
         self._num_registered.pop(seq.seq_id, None)
 
+    def trim(self, seq: Sequence) -> int:
+        """Release the blocks past seq's computed tokens (KV of rejected draft tokens): the table keeps
+        cdiv(num_computed_tokens, block_size) blocks. Returns how many were released."""
+        keep = cdiv(seq.num_computed_tokens, self.block_size)
+        extra = seq.block_table[keep:]
+        for block_id in reversed(extra):
+            self._decref(block_id)
+        del seq.block_table[keep:]
+        return len(extra)
+
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Child shares all of parent's blocks (refcount+1 each); writes later trigger copy-on-write."""
         if child.block_table:

@@ -32,6 +32,8 @@ from edgellm.engine.model_runner import ModelRunner, RunItem
 from edgellm.engine.outputs import RequestOutput
 from edgellm.engine.scheduler import SchedulerConfig
 from edgellm.engine.sequence import Sequence as EngineSequence
+from edgellm.engine.spec.build import build_speculator
+from edgellm.engine.spec.config import SpeculativeConfig
 
 DEFAULT_CTX = 4096
 DEFAULT_KV_MEMORY = 512 * 2**20  # bytes of KV cache when not given (at least one full context is kept)
@@ -53,6 +55,7 @@ class CoreSpec:
     kv_cache_dtype: str = "f16"  # a row of quants/kv_cache.py's table: "f16" or "q8_0"
     enable_prefix_caching: bool = True
     log_path: str | None = None  # where the core process's stdout/stderr go (None: inherited)
+    speculative: SpeculativeConfig | None = None  # speculative decoding (None: off)
 
 
 def kv_budget_bytes(kv_cache_memory: int | float | None) -> int:
@@ -95,6 +98,7 @@ class EngineCore:
         self.threads = set_threads(spec.threads)
         t0 = time.perf_counter()
         gguf = load_gguf(spec.path)
+        self.path = spec.path
         self.config = cfg = config_from_gguf(gguf)
         tokenizer = Tokenizer.from_metadata(gguf.metadata)
         eog_ids = frozenset(tokenizer.eog_ids)
@@ -122,8 +126,14 @@ class EngineCore:
             enable_prefix_caching=spec.enable_prefix_caching,
             max_model_len=self.n_ctx,
         )
+        speculator = build_speculator(spec.speculative, self, log)
         self.engine = LLMEngine(
-            self.runner, eog_ids, self.n_ctx, sched, guidance=GuidedDecoding(tokenizer, cfg.n_vocab)
+            self.runner,
+            eog_ids,
+            self.n_ctx,
+            sched,
+            speculator,
+            guidance=GuidedDecoding(tokenizer, cfg.n_vocab),
         )
         load_time = time.perf_counter() - t0
         if log:

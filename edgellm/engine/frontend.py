@@ -51,8 +51,8 @@ class RequestStream:
                 if m.first_token_time is None:
                     m.first_token_time = t
                     m.num_cached_tokens = cached
-                if index == 0:
-                    m.token_times.append(t)
+                if index == 0:  # a verify step may bring several tokens at once
+                    m.token_times.extend([t] * len(token_ids))
                 m.num_generated_tokens += len(token_ids)
                 text = "".join(ts.push(tok_id, reason) for tok_id in token_ids)
                 if reason is None and ts.finish_reason is not None:  # a stop string matched

@@ -5,8 +5,6 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from edgellm.engine.checks import PromptTooLongError, check_embedding_input, check_prompt
 from edgellm.engine.guidance import GuidedDecoding
 from edgellm.engine.model_runner import ModelRunner, RunItem
@@ -22,6 +20,8 @@ from edgellm.engine.outputs import (
 from edgellm.engine.pooling import PooledRequests
 from edgellm.engine.scheduler import Scheduler, SchedulerConfig, SchedulerPlan
 from edgellm.engine.sequence import Sequence, SequenceStatus
+from edgellm.engine.spec.speculator import Speculator
+from edgellm.engine.spec.verify import Row, sample_row, verify_drafts
 from edgellm.sampling import Sampler, SamplingParams, TopCandidates, device_candidates, top_logprobs
 
 __all__ = ["EngineStats", "LLMEngine", "PromptTooLongError"]
@@ -42,6 +42,20 @@ class EngineStats:
     cached_tokens_total: int
     generated_tokens_total: int
     requests_finished_total: int
+    spec_draft_tokens_total: int = 0  # speculative decoding: drafts verified
+    spec_accepted_tokens_total: int = 0  # of those, accepted
+    spec_verify_steps_total: int = 0  # (sequence, step) pairs that verified drafts
+
+    @property
+    def spec_acceptance_rate(self) -> float:
+        n = self.spec_draft_tokens_total
+        return self.spec_accepted_tokens_total / n if n else 0.0
+
+    @property
+    def spec_mean_accepted_length(self) -> float:
+        """Tokens per verify step of a sequence: accepted drafts + the target's own (0 without any)."""
+        n = self.spec_verify_steps_total
+        return (self.spec_accepted_tokens_total + n) / n if n else 0.0
 
 
 @dataclass
@@ -68,9 +82,11 @@ class LLMEngine:
         eog_ids: frozenset[int],
         n_ctx: int,
         sched: SchedulerConfig,
+        speculator: Speculator | None = None,  # speculative decoding (None: off)
         guidance: GuidedDecoding | None = None,  # constrained decoding (None: grammars are refused)
     ) -> None:
         self.runner, self.eog_ids, self.n_ctx = runner, frozenset(eog_ids), n_ctx
+        self.speculator = speculator
         self.guidance = guidance
         self.scheduler = Scheduler(sched)
         self.requests: dict[str, _Request] = {}
@@ -162,20 +178,28 @@ class LLMEngine:
 
     # ---- one step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        if self.speculator is not None:
+            self.speculator.propose(self._speculable())
         plan = self.scheduler.schedule()
         if self.guidance is not None:  # grammar masks are computed while the forward pass runs
             self.guidance.start(plan.sample_seq_ids)
-        logits = self._run(plan)
+        rows = self._run(plan)
         if not plan.is_empty:
             self.pooled.collect(plan, self.runner.last_hidden)
-        outs = self._postprocess(plan, logits)
+        outs = self._postprocess(plan, rows)
         finished = self.pooled.finish(plan)
         self._totals["finished"] += len(finished)
         return outs + finished
 
-    def _run(self, plan: SchedulerPlan) -> dict[int, np.ndarray | TopCandidates]:
-        """Each sampled sequence's logits row, or only its best entries when the backend samples where the
-        logits live (see _device_k)."""
+    def _speculable(self) -> list[Sequence]:
+        """Running sequences drafts may be proposed for: not embeddings (nothing is sampled) and not
+        constrained ones (a draft token would have to pass the grammar at each position)."""
+        constrained = self.guidance.matchers if self.guidance is not None else {}
+        return [s for s in self.scheduler.running if not s.pooled and s.seq_id not in constrained]
+
+    def _run(self, plan: SchedulerPlan) -> dict[int, list[Row]]:
+        """Each sampled sequence's logits rows (one, or 1 + its drafts when verifying), or only their best
+        entries when the backend samples where the logits live (see _device_k)."""
         if plan.is_empty:
             return {}
         self.runner.copy_blocks(plan.block_copies)
@@ -183,21 +207,34 @@ class LLMEngine:
         sample = set(plan.sample_seq_ids)
         for seq, n in plan.scheduled:
             c = seq.num_computed_tokens
-            rows = self.pooled.rows_for(seq, c, n)
-            need = seq.seq_id in sample
             items.append(
-                RunItem(seq.block_table, seq.token_ids[c : c + n], c, need_logits=need, hidden_rows=rows)
+                RunItem(
+                    seq.block_table,
+                    seq.tokens_to_compute(n),
+                    c,
+                    need_logits=seq.seq_id in sample,
+                    num_logits=1 + len(seq.spec_token_ids),
+                    hidden_rows=self.pooled.rows_for(seq, c, n),
+                )
             )
             ids.append(seq.seq_id)
         k = self._device_k(plan)
         if k is None:
-            rows = self.runner.run(items)
-            return {sid: r[-1] for sid, r in zip(ids, rows, strict=True) if len(r)}
+            out = self.runner.run(items)
+            return {sid: list(r) for sid, r in zip(ids, out, strict=True) if len(r)}
         if k == 0:
             tops = self.runner.run_argmax(items)
-            return {sid: TopCandidates(t[-1:]) for sid, t in zip(ids, tops, strict=True) if len(t)}
+            return {
+                sid: [TopCandidates(t[j : j + 1]) for j in range(len(t))]
+                for sid, t in zip(ids, tops, strict=True)
+                if len(t)
+            }
         pairs = self.runner.run_top_k(items, k)
-        return {sid: TopCandidates(i[-1], v[-1]) for sid, (v, i) in zip(ids, pairs, strict=True) if len(i)}
+        return {
+            sid: [TopCandidates(i[j], v[j]) for j in range(len(i))]
+            for sid, (v, i) in zip(ids, pairs, strict=True)
+            if len(i)
+        }
 
     def _device_k(self, plan: SchedulerPlan) -> int | None:
         """0 when every sequence sampled this step is greedy, k when all sample from at most their k best
@@ -219,42 +256,49 @@ class LLMEngine:
         k = max(ks)
         return k if k <= self.runner.cfg.n_vocab else None
 
-    def _postprocess(
-        self, plan: SchedulerPlan, logits: dict[int, np.ndarray | TopCandidates]
-    ) -> list[RequestOutput]:
+    def _postprocess(self, plan: SchedulerPlan, rows: dict[int, list[Row]]) -> list[RequestOutput]:
         t = now()
-        sampled: dict[int, int] = {}
-        chosen_logprobs: dict[int, TokenLogprob] = {}
+        sampled: dict[int, list[int]] = {}
+        chosen_logprobs: dict[int, list[TokenLogprob]] = {}
         forks: list[tuple[_Request, int]] = []
-        fork_rows: dict[int, np.ndarray] = {}  # parent seq id -> the row its forks sample from (masked)
+        fork_rows: dict[int, Row] = {}  # parent seq id -> the row its forks sample from (masked)
         guide = self.guidance
-        for sid, row in logits.items():
+        for sid, seq_rows in rows.items():
             req, idx = self._seq_owner[sid]
             seq = self.scheduler.get(sid)
-            if isinstance(row, TopCandidates):
-                tok = req.samplers[idx].sample_top(row)
+            sampler = req.samplers[idx]
+            prompt, output = seq.prompt_token_ids, seq.output_token_ids
+            drafts = seq.spec_token_ids
+            if drafts:
+                toks = verify_drafts(sampler, seq_rows, drafts, prompt, output)
+                self.speculator.record(sid, len(drafts), len(toks) - 1)
             else:
+                row = seq_rows[-1]
                 allowed = guide.mask(sid, row) if guide is not None else row
-                tok = req.samplers[idx].sample(allowed, seq.prompt_token_ids, seq.output_token_ids)
+                toks = [sample_row(sampler, allowed, prompt, output)]
                 fork_rows[sid] = allowed
-            sampled[sid] = tok
+            toks = self._cut_at_stop(req, idx, toks)
+            sampled[sid] = toks
             if req.params.logprobs is not None:  # the model's own distribution, as OpenAI reports it
-                lp, top = top_logprobs(row, tok, req.params.logprobs)
-                chosen_logprobs[sid] = TokenLogprob(tok, lp, top)
+                chosen_logprobs[sid] = [
+                    TokenLogprob(tok, *top_logprobs(row, tok, req.params.logprobs))
+                    for row, tok in zip(seq_rows, toks, strict=False)
+                ]
             if req.params.n > 1 and not req.forked:
                 forks.append((req, sid))
                 if guide is not None:
                     for cid in req.seq_ids[1:]:
                         guide.fork(sid, cid)  # from the state before the parent's token
             if guide is not None:
-                guide.consume(sid, tok)
-        fork_logits = {sid: (fork_rows[sid], logits[sid]) for _, sid in forks}
-        self.scheduler.postprocess(plan, sampled)  # type: ignore[arg-type]
+                for tok in toks:
+                    guide.consume(sid, tok)
+        fork_logits = {sid: (fork_rows[sid], rows[sid][-1]) for _, sid in forks}
+        self.scheduler.postprocess(plan, sampled)
         for req, parent in forks:
             self._fork(req, parent, *fork_logits[parent], sampled, chosen_logprobs)
 
         deltas: dict[str, list[CompletionDelta]] = {}
-        for sid, tok in sampled.items():
+        for sid, toks in sampled.items():
             req, idx = self._seq_owner[sid]
             if idx in req.finished:
                 continue
@@ -265,13 +309,14 @@ class LLMEngine:
                 m.num_cached_tokens = seq.num_cached_tokens if seq is not None else 0
                 self._totals["cached"] += m.num_cached_tokens
             if idx == 0:
-                m.token_times.append(t)
-            m.num_generated_tokens += 1
-            self._totals["generated"] += 1
-            req.num_generated[idx] += 1
-            reason = check_stop(tok, req.num_generated[idx], req.max_tokens, req.stop_ids)
-            lps = [chosen_logprobs[sid]] if sid in chosen_logprobs else None
-            deltas.setdefault(req.request_id, []).append(CompletionDelta(idx, [tok], "", reason, lps))
+                m.token_times.extend([t] * len(toks))
+            m.num_generated_tokens += len(toks)
+            self._totals["generated"] += len(toks)
+            req.num_generated[idx] += len(toks)
+            reason = check_stop(toks[-1], req.num_generated[idx], req.max_tokens, req.stop_ids)
+            deltas.setdefault(req.request_id, []).append(
+                CompletionDelta(idx, toks, "", reason, chosen_logprobs.get(sid))
+            )
             if reason is not None:
                 req.finished.add(idx)
                 if self.scheduler.get(sid) is not None:
@@ -291,15 +336,21 @@ class LLMEngine:
                 results.append(RequestOutput(rid, ds, False, req.metrics))
         return results
 
-    def _fork(
-        self, req: _Request, parent: int, row: np.ndarray, raw: np.ndarray, sampled: dict, chosen: dict
-    ) -> None:
+    def _cut_at_stop(self, req: _Request, idx: int, toks: list[int]) -> list[int]:
+        """Tokens up to and including the first that ends the completion (a stop id, or max_tokens)."""
+        done = req.num_generated[idx]
+        for i, tok in enumerate(toks):
+            if check_stop(tok, done + i + 1, req.max_tokens, req.stop_ids) is not None:
+                return toks[: i + 1]
+        return toks
+
+    def _fork(self, req: _Request, parent: int, row: Row, raw: Row, sampled: dict, chosen: dict) -> None:
         """n > 1: the other completions share the parent's prompt blocks (copy-on-write) and sample their
         own first token from the same logits (`row`: after the grammar's mask; `raw`: for logprobs)."""
         req.forked = True
         pseq = self.scheduler.get(parent)
         for i, cid in enumerate(req.seq_ids[1:], start=1):
-            tok = req.samplers[i].sample(row, req.prompt_ids, [])
+            tok = sample_row(req.samplers[i], row, req.prompt_ids, [])
             if self.guidance is not None:
                 self.guidance.consume(cid, tok)
             self._seq_owner[cid] = (req, i)
@@ -317,10 +368,9 @@ class LLMEngine:
             else:
                 child = self.scheduler.fork(parent, cid)
                 child.token_ids[-1] = tok
-            sampled[cid] = tok
+            sampled[cid] = [tok]
             if req.params.logprobs is not None:
-                lp, top = top_logprobs(raw, tok, req.params.logprobs)
-                chosen[cid] = TokenLogprob(tok, lp, top)
+                chosen[cid] = [TokenLogprob(tok, *top_logprobs(raw, tok, req.params.logprobs))]
 
     def _finish_request(self, req: _Request, deltas: list[CompletionDelta]) -> RequestOutput:
         req.metrics.finished_time = now()
@@ -332,6 +382,8 @@ class LLMEngine:
             self._seq_owner.pop(sid, None)
             if self.guidance is not None:
                 self.guidance.free(sid)
+            if self.speculator is not None:
+                self.speculator.forget(sid)  # the draft model's KV of it, the n-gram index
         self._totals["finished"] += 1
         return RequestOutput(req.request_id, deltas, True, req.metrics)
 
@@ -351,4 +403,15 @@ class LLMEngine:
             cached_tokens_total=self._totals["cached"],
             generated_tokens_total=self._totals["generated"],
             requests_finished_total=self._totals["finished"],
+            **self._spec_totals(),
         )
+
+    def _spec_totals(self) -> dict[str, int]:
+        if self.speculator is None:
+            return {}
+        c = self.speculator.counters
+        return {
+            "spec_draft_tokens_total": c.draft_tokens,
+            "spec_accepted_tokens_total": c.accepted_tokens,
+            "spec_verify_steps_total": c.verify_steps,
+        }

@@ -23,6 +23,7 @@ class RunItem:
     all_logits: bool = False  # logits at every token (teacher-forced scoring) rather than the last only
     need_logits: bool = True  # False for a prefill chunk that does not reach the end of the prompt
     hidden_rows: np.ndarray | None = None  # [H] offsets into token_ids whose final hidden states to return
+    num_logits: int = 1  # with need_logits: rows for this many last tokens (1 + drafts when verifying)
 
 
 class ModelRunner:
@@ -72,7 +73,9 @@ class ModelRunner:
             if it.all_logits:
                 logit_rows.extend(range(t0, t0 + n))
             elif it.need_logits:
-                logit_rows.append(t0 + n - 1)
+                if not 0 < it.num_logits <= n:
+                    raise ValueError(f"num_logits={it.num_logits} for {n} tokens")
+                logit_rows.extend(range(t0 + n - it.num_logits, t0 + n))
             out_slices.append(slice(first, len(logit_rows)))
             if it.hidden_rows is not None and len(it.hidden_rows):
                 if it.hidden_rows.min() < 0 or it.hidden_rows.max() >= n:

@@ -5,9 +5,15 @@ ones in priority-then-FCFS order; prompts are chunked to whatever budget is left
 stalls the decodes. When the KV pool runs dry for a running sequence, the least important running sequence
 (highest priority value, newest arrival) is preempted: its blocks are freed and it recomputes later.
 
+Speculative decoding: a decoding sequence may carry draft tokens (seq.spec_token_ids). They are more
+query tokens after its one uncomputed token, cut to the budget left (and dropped before anyone is preempted
+for their blocks); the sampler then returns the accepted drafts plus one token, and postprocess advances
+num_computed_tokens over the accepted ones only and releases the blocks that held nothing else.
+
 Step protocol: plan = schedule(); the runner applies plan.block_copies, computes the K/V of each
-(seq, n) in plan.scheduled (tokens seq.token_ids[c:c+n] at positions c.. where c = seq.num_computed_tokens),
-samples a token for every id in plan.sample_seq_ids, then calls postprocess(plan, sampled).
+(seq, n) in plan.scheduled (seq.tokens_to_compute(n) at positions c.. where c = seq.num_computed_tokens),
+samples tokens for every id in plan.sample_seq_ids (one, or accepted drafts + one), then calls
+postprocess(plan, sampled).
 """
 
 from __future__ import annotations
@@ -181,9 +187,18 @@ class Scheduler:
             remaining = seq.num_uncomputed_tokens
             if remaining == 1:
                 pending_decodes -= 1
-            num_new = self._chunk(remaining, budget - pending_decodes)
+            else:
+                seq.spec_token_ids = []  # drafts ride on a decode only
+            num_new = self._chunk(remaining + len(seq.spec_token_ids), budget - pending_decodes)
+            del seq.spec_token_ids[max(0, num_new - remaining) :]  # drafts past the budget are dropped
             if num_new <= 0:
                 continue
+            # Speculation never costs anyone their blocks: drafts only take blocks that the decodes still
+            # to come (at most one new block each) leave free.
+            need = bm.num_blocks_needed(seq, num_new) if seq.spec_token_ids else 0
+            if seq.spec_token_ids and need + pending_decodes > bm.num_free_blocks:
+                num_new -= len(seq.spec_token_ids)
+                seq.spec_token_ids = []
             while not bm.can_allocate(seq, num_new):
                 if end > i:  # preempt the least important sequence not yet scheduled
                     end -= 1
@@ -233,7 +248,7 @@ class Scheduler:
         plan.block_copies.extend(self.block_manager.allocate(seq, num_new))
         plan.scheduled.append((seq, num_new))
         plan.num_batched_tokens += num_new
-        if seq.num_computed_tokens + num_new == seq.num_tokens and not seq.pooled:
+        if seq.num_computed_tokens + num_new == seq.num_tokens_with_spec and not seq.pooled:
             plan.sample_seq_ids.append(seq.seq_id)
 
     def _preempt(self, seq: Sequence, plan: SchedulerPlan) -> None:
@@ -241,6 +256,7 @@ class Scheduler:
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0  # recompute prompt + generated tokens later (prefix cache may help)
         seq.num_cached_tokens = 0
+        seq.spec_token_ids = []
         seq.num_preemptions += 1
         seq.status = SequenceStatus.PREEMPTED
         self.num_preemptions += 1
@@ -254,29 +270,37 @@ class Scheduler:
             pos -= 1
         self.waiting.insert(pos, seq)
 
-    def postprocess(self, plan: SchedulerPlan, sampled: dict[int, int | None]) -> list[Sequence]:
+    def postprocess(self, plan: SchedulerPlan, sampled: dict[int, list[int]]) -> list[Sequence]:
         """Advance the plan's sequences, append sampled tokens, cache full blocks, apply stop rules.
 
-        sampled maps seq_id -> token for the ids in plan.sample_seq_ids (others are ignored). Returns the
-        sequences that finished this step (including plan.finished).
+        sampled maps seq_id -> new tokens for the ids in plan.sample_seq_ids (others are ignored): one
+        token, or with drafts the accepted ones followed by one more. Only positions whose token was
+        accepted count as computed; blocks past them are released. Returns the sequences that finished
+        this step (including plan.finished).
         """
         finished = list(plan.finished)
+        bm = self.block_manager
         for seq, num_new in plan.scheduled:
             if seq.status != SequenceStatus.RUNNING:
                 continue  # aborted between schedule() and postprocess()
-            seq.num_computed_tokens += num_new
-            self.block_manager.cache_full_blocks(seq)
-            if seq.num_computed_tokens < seq.num_tokens:
-                continue  # partial prefill chunk: nothing sampled
-            token = sampled.get(seq.seq_id)
-            if token is None:
-                continue
-            seq.append_token(token)
+            computed = seq.num_computed_tokens + num_new
+            seq.spec_token_ids = []
+            tokens = sampled.get(seq.seq_id) if computed >= seq.num_tokens else None
             status = None
-            if seq.max_tokens is not None and seq.num_output_tokens >= seq.max_tokens:
-                status = SequenceStatus.FINISHED_LENGTH
-            if self.stop_check is not None:
-                status = self.stop_check(seq) or status  # an explicit stop wins over the length cap
+            for token in tokens or ():
+                seq.append_token(token)
+                if seq.max_tokens is not None and seq.num_output_tokens >= seq.max_tokens:
+                    status = SequenceStatus.FINISHED_LENGTH
+                if self.stop_check is not None:
+                    status = self.stop_check(seq) or status  # an explicit stop wins over the length cap
+                if status is not None:
+                    break  # tokens after a stop are dropped
+            # The last appended token is never computed yet; before it, every position the step scored
+            # holds the token now in token_ids (a rejected draft's position is past it).
+            seq.num_computed_tokens = min(computed, seq.num_tokens - 1 if tokens else seq.num_tokens)
+            if computed > seq.num_computed_tokens:
+                bm.trim(seq)
+            bm.cache_full_blocks(seq)
             if status is not None:
                 finished.append(self.finish(seq.seq_id, status))
         return finished

@@ -4,6 +4,10 @@ There is no prefill/decode phase (vLLM v1 model): a sequence simply has `num_com
 `token_ids` in the KV cache and the scheduler decides how many of the rest to compute each step. A full
 prefill, a prefill chunk, a prefix-cache hit, a decode step and a recompute after preemption are all the
 same arithmetic on that one counter.
+
+Speculative decoding adds nothing but `spec_token_ids`: draft tokens a proposer guessed to follow
+`token_ids`. The scheduler budgets them as more tokens to compute after the one uncomputed token, the
+runner scores them in the same forward, and postprocess keeps `num_computed_tokens` at the accepted ones.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)  # KV block ids, logical block i -> physical id
     num_preemptions: int = 0
     pooled: bool = False  # an embedding: computed like a prompt, pooled instead of sampled (pooling.py)
+    spec_token_ids: list[int] = field(default_factory=list)  # draft tokens to verify in the next step
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.token_ids)  # own the list: callers often reuse theirs
@@ -77,6 +82,16 @@ class Sequence:
     @property
     def num_uncomputed_tokens(self) -> int:
         return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        return len(self.token_ids) + len(self.spec_token_ids)
+
+    def tokens_to_compute(self, n: int) -> list[int]:
+        """The n tokens after the computed ones: token_ids first, then draft tokens."""
+        c = self.num_computed_tokens
+        tail = self.token_ids[c : c + n]
+        return tail + self.spec_token_ids[: n - len(tail)] if len(tail) < n else tail
 
     @property
     def is_finished(self) -> bool:

@@ -55,6 +55,8 @@ def run_server(
     chat_template_file: str | None = None,
     served_model_names: Sequence[str] = (),
     cors_origins: Sequence[str] = (),
+    speculative: str | dict | None = None,
+    num_speculative_tokens: int | None = None,
 ) -> None:
     """Serve `model` until interrupted. The socket opens at once (/health answers 503 while the model
     loads); the URL is printed to stdout once the model is ready."""
@@ -81,6 +83,8 @@ def run_server(
         chat_template_file=chat_template_file,
         served_model_names=tuple(served_model_names),
         cors_origins=tuple(cors_origins),
+        speculative=speculative,
+        num_speculative_tokens=num_speculative_tokens,
     )
     state = ServerState(config)  # a bad --served-model-name or --cors-origin is a ValueError from here on
     server: uvicorn.Server

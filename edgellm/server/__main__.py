@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from edgellm.cli import add_kv_dtype_arg, add_kv_memory_arg, add_server_security_args
+from edgellm.cli import (
+    add_kv_dtype_arg,
+    add_kv_memory_arg,
+    add_server_security_args,
+    add_speculative_args,
+    speculative_options,
+)
 from edgellm.server import run_server
 
 
@@ -23,6 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     add_kv_memory_arg(p)
     add_kv_dtype_arg(p)
     add_server_security_args(p)
+    add_speculative_args(p)
     a = p.parse_args(argv)
     extra = {} if a.max_body_bytes is None else {"max_body_bytes": a.max_body_bytes}
     run_server(
@@ -42,6 +49,7 @@ def main(argv: list[str] | None = None) -> None:
         chat_template_file=a.chat_template_file,
         served_model_names=a.served_model_name,
         cors_origins=a.cors_origin,
+        **speculative_options(a),
         **extra,
     )
 

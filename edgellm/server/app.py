@@ -56,6 +56,8 @@ class ServerConfig:
     chat_template_file: str | None = None  # instead of the GGUF's template
     served_model_names: tuple[str, ...] = ()  # names answered to (the first is reported); none: any name
     cors_origins: tuple[str, ...] = ()  # origins browsers may call from ("*": any); none: CORS off
+    speculative: str | dict | None = None  # LLM's speculative ("ngram", "draft:PATH")
+    num_speculative_tokens: int | None = None
 
 
 class ServerState:
@@ -88,6 +90,8 @@ class ServerState:
                 kv_cache_memory=c.kv_cache_memory,
                 kv_cache_dtype=c.kv_cache_dtype,
                 progress=progress,
+                speculative=c.speculative,
+                num_speculative_tokens=c.num_speculative_tokens,
             )
             self.template, self.template_error = load_template(c, llm)
             llm.on_core_death = self._core_died

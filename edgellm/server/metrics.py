@@ -98,6 +98,30 @@ class ServerMetrics:
         metric(
             "edgellm_num_preemptions_total", "counter", "Requests preempted for KV space.", s.num_preemptions
         )
+        metric(
+            "edgellm_spec_draft_tokens_total",
+            "counter",
+            "Speculative draft tokens verified.",
+            s.spec_draft_tokens_total,
+        )
+        metric(
+            "edgellm_spec_accepted_tokens_total",
+            "counter",
+            "Speculative draft tokens accepted.",
+            s.spec_accepted_tokens_total,
+        )
+        metric(
+            "edgellm_spec_acceptance_rate",
+            "gauge",
+            "Share of speculative draft tokens accepted.",
+            s.spec_acceptance_rate,
+        )
+        metric(
+            "edgellm_spec_mean_accepted_length",
+            "gauge",
+            "Tokens a sequence gains per verify step (accepted drafts + 1).",
+            s.spec_mean_accepted_length,
+        )
         name = "edgellm_request_success_total"
         lines += [f"# HELP {name} Finished requests by finish reason.", f"# TYPE {name} counter"]
         lines += [f'{name}{{{lb},finished_reason="{r}"}} {c}' for r, c in sorted(self.finished.items())]

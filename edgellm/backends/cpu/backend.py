@@ -125,10 +125,11 @@ class CpuBackend(Backend):
         if kind != "gelu" and vnni.VNNI_ACTIVE and gate_up.strides[1] == 4 and out.strides[1] == 4:
             # ggml's vectorised silu, bit for bit (VNNI hosts have AVX-512F)
             (silu_avx512.swiglu_avx512_par_cpu if parallel else silu_avx512.swiglu_avx512_cpu)(gate_up, out)
-        elif parallel:
-            (ops.geglu_par_cpu if kind == "gelu" else ops.swiglu_par_cpu)(gate_up, out)
         else:
-            (ops.geglu_cpu if kind == "gelu" else ops.swiglu_cpu)(gate_up, out)
+            # Always the row-parallel kernel: LLVM vectorises exp/tanh differently in the serial one, so a
+            # row's bits would depend on the batch's size (speculative decoding's verify must score a token
+            # exactly as its decode would). The region costs ~2 us per call at one row.
+            (ops.geglu_par_cpu if kind == "gelu" else ops.swiglu_par_cpu)(gate_up, out)
 
     def add(self, x: np.ndarray, y: np.ndarray) -> None:
         ops.add_cpu(x, y)

@@ -1,0 +1,150 @@
+"""Speculative decoding against plain decoding on one model: batch-1 greedy decode tok/s on copy-heavy and
+free-form chat prompts (with a token-identity check), 16 requests in flight on a mixed set, and a draft model.
+Every figure alternates the two engines (spec first on odd rounds) and reports medians and their ratio.
+
+    python scripts/bench_speculative.py smollm2-135m --rounds 3 [--draft /tmp/drafts/smol-l8.gguf]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from edgellm import LLM, SamplingParams  # noqa: E402
+from tui.messages import ChatMessage  # noqa: E402
+from tui.prompt import render_prompt_ids  # noqa: E402
+
+CODE = """def compute_total(items, tax_rate, discount=None):
+    subtotal = 0
+    for item in items:
+        if item.quantity <= 0:
+            raise ValueError(f"bad quantity for {item.name}")
+        subtotal += item.price * item.quantity
+    if discount is not None:
+        subtotal -= subtotal * discount
+    tax = subtotal * tax_rate
+    return round(subtotal + tax, 2)
+"""
+PARAGRAPH = (
+    "The comittee met on Tuesday to discuss the budget for the coming year. After a long debate, the members "
+    "agreed to increase funding for the public library and to postpone the renovation of the town hall until "
+    "the spring. The chair thanked everyone for their patience and closed the meeting at nine o'clock."
+)
+JSON_DOC = (
+    '{"id": 4127, "name": "Ada Lovelace", "email": "ada@example.org", "role": "engineer", '
+    '"team": "analytics", "active": true, "projects": ["engine", "notes", "tables"], "manager": 88}'
+)
+COPY = [
+    f"Repeat this function with the variable `subtotal` renamed to `amount`. Print only the code.\n\n{CODE}",
+    f"Fix the typo in this paragraph and print the whole paragraph again:\n\n{PARAGRAPH}",
+    f"Print this JSON again with the role changed to \"manager\":\n\n{JSON_DOC}",
+]
+FREE = [
+    "Write a short poem about the sea at night.",
+    "What are three good habits for staying healthy? Explain each briefly.",
+    "Tell me a short story about a robot who learns to paint.",
+]
+
+
+def chat_ids(llm: LLM, text: str) -> list[int]:
+    return render_prompt_ids(llm, [ChatMessage("user", text)])
+
+
+def decode_rate(out) -> float:
+    t = out.metrics.token_times
+    return (len(t) - 1) / (t[-1] - t[0]) if len(t) > 1 and t[-1] > t[0] else float("nan")
+
+
+def batch1(base: LLM, spec: LLM, prompts: list[str], rounds: int, max_tokens: int) -> dict:
+    greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    rates: dict[str, list[float]] = {"base": [], "spec": []}
+    identical = True
+    n_tokens = []
+    for r in range(rounds):
+        for text in prompts:
+            ids = chat_ids(base, text)
+            order = [("spec", spec), ("base", base)] if r % 2 else [("base", base), ("spec", spec)]
+            toks = {}
+            for name, llm in order:
+                [out] = llm.generate([ids], greedy)
+                rates[name].append(decode_rate(out))
+                toks[name] = out.token_ids
+            identical &= toks["base"] == toks["spec"]
+            n_tokens.append(len(toks["base"]))
+    b, s = statistics.median(rates["base"]), statistics.median(rates["spec"])
+    return {"base_tok_s": b, "spec_tok_s": s, "ratio": s / b, "identical": identical, "tokens": n_tokens}
+
+
+def in_flight(base: LLM, spec: LLM, rounds: int, max_tokens: int, n: int = 16) -> dict:
+    greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    prompts = [chat_ids(base, (COPY + FREE)[i % 6]) for i in range(n)]
+    rates: dict[str, list[float]] = {"base": [], "spec": []}
+    for r in range(rounds):
+        order = [("spec", spec), ("base", base)] if r % 2 else [("base", base), ("spec", spec)]
+        for name, llm in order:
+            t = time.perf_counter()
+            outs = llm.generate(prompts, greedy)
+            rates[name].append(sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t))
+    b, s = statistics.median(rates["base"]), statistics.median(rates["spec"])
+    return {"base_tok_s": b, "spec_tok_s": s, "ratio": s / b}
+
+
+def spec_stats(llm: LLM, before) -> dict:
+    after = llm.stats()
+    drafts = after.spec_draft_tokens_total - before.spec_draft_tokens_total
+    acc = after.spec_accepted_tokens_total - before.spec_accepted_tokens_total
+    steps = after.spec_verify_steps_total - before.spec_verify_steps_total
+    return {
+        "acceptance": acc / drafts if drafts else 0.0,
+        "tokens_per_verify": (acc + steps) / steps if steps else 0.0,
+        "drafts": drafts,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--k", type=int, default=None, help="--num-speculative-tokens")
+    ap.add_argument("--draft", default=None, help="also benchmark this draft model (same vocabulary)")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: copy,free,flight")
+    a = ap.parse_args()
+    skip = set(filter(None, a.skip.split(",")))
+    kw = {"n_ctx": 2048, "kv_cache_memory": 128 << 20}
+    base = LLM(a.model, **kw)
+    spec = LLM(a.model, speculative="ngram", num_speculative_tokens=a.k, **kw)
+    report = {"model": base.path.name, "threads": base.threads, "k": spec.speculative.num_tokens}
+    for part, prompts in (("copy", COPY), ("free", FREE)):
+        if part in skip:
+            continue
+        before = spec.stats()
+        report[part] = batch1(base, spec, prompts, a.rounds, a.max_tokens)
+        report[part].update(spec_stats(spec, before))
+        print(part, json.dumps(report[part]), flush=True)
+    if "flight" not in skip:
+        before = spec.stats()
+        report["in_flight_16"] = in_flight(base, spec, a.rounds, a.max_tokens)
+        report["in_flight_16"].update(spec_stats(spec, before))
+        print("in_flight_16", json.dumps(report["in_flight_16"]), flush=True)
+    spec.shutdown()
+    if a.draft:
+        draft = LLM(a.model, speculative={"method": "draft", "model": a.draft, "num_tokens": a.k or 4}, **kw)
+        for part, prompts in (("draft_copy", COPY), ("draft_free", FREE)):
+            before = draft.stats()
+            report[part] = batch1(base, draft, prompts, a.rounds, a.max_tokens)
+            report[part].update(spec_stats(draft, before))
+            print(part, json.dumps(report[part]), flush=True)
+        draft.shutdown()
+    base.shutdown()
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
