@@ -1,0 +1,105 @@
+"""Prefix-aware replica choice for `edgellm serve --replicas N` (no Ray here: ray_router.py adapts it).
+
+A prompt is a chain of full KV blocks, hashed exactly as the engine's prefix cache keys them
+(engine/prefix_cache.block_keys), so "shares a block" means here what it means to the cache. The router
+remembers, per block hash, the replica that was last sent a prompt containing that block; a request goes
+to the replica holding its longest remembered prefix unless that replica is much busier than the
+least-loaded one (then, and when nothing matches, power of two choices on load). This is the policy of
+SGLang's cache-aware router, on blocks instead of characters.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from edgellm.engine.prefix_cache import block_keys
+
+# Replica choices made by the request router in this process, by Choice.reason (and "no_prompt"): the
+# ingress, in whose process the router runs, exports them on /metrics.
+DECISIONS: Counter[str] = Counter()
+
+
+def prefix_block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
+    """One hash per full block of token_ids; hash i identifies the whole prefix up to block i's end."""
+    return [hash(key) for key in block_keys(token_ids, block_size)]
+
+
+@dataclass(frozen=True)
+class BusyRule:
+    """A replica is much busier than the least-loaded one when its load exceeds the least by at least
+    `margin` requests and is at least `ratio` times it: both, so that 1 vs 0 is no imbalance and 40 vs
+    30 on a big batch is none either."""
+
+    margin: int = 8  # half of the default --max-num-seqs: a full batch against an idle replica
+    ratio: float = 2.0
+
+    def much_busier(self, load: int, least: int) -> bool:
+        return load - least >= self.margin and load >= self.ratio * least
+
+
+def power_of_two(loads: Mapping[str, int], rng: random.Random) -> str:
+    """The less loaded of two distinct replicas drawn at random (the only one when there is one)."""
+    if not loads:
+        raise ValueError("no replica to choose from")
+    ids = list(loads)
+    if len(ids) == 1:
+        return ids[0]
+    a, b = rng.sample(ids, 2)
+    return b if loads[b] < loads[a] else a
+
+
+@dataclass
+class Choice:
+    replica: str
+    matched_blocks: int  # leading blocks of the prompt last sent to `replica` (0: no affinity used)
+    reason: str  # "prefix", "busy" (prefix owner much busier), "balance" (no prefix owner alive)
+
+
+class PrefixAffinity:
+    """Block hash -> the replica last sent a prompt containing that block, LRU-bounded."""
+
+    def __init__(
+        self, busy: BusyRule | None = None, max_blocks: int = 1 << 20, rng: random.Random | None = None
+    ) -> None:
+        if max_blocks < 1:
+            raise ValueError("max_blocks must be >= 1")
+        self.busy = busy or BusyRule()
+        self.max_blocks = max_blocks
+        self.rng = rng or random.Random()
+        self._owner: OrderedDict[int, str] = OrderedDict()
+
+    def longest_match(self, hashes: Sequence[int], alive: Mapping[str, int]) -> tuple[str | None, int]:
+        """(replica, blocks) of the longest prefix of `hashes` last sent to a replica still in `alive`."""
+        for i in range(len(hashes) - 1, -1, -1):  # chained hashes: the deepest hit is the longest prefix
+            owner = self._owner.get(hashes[i])
+            if owner is not None and owner in alive:
+                return owner, i + 1
+        return None, 0
+
+    def choose(self, hashes: Sequence[int], loads: Mapping[str, int]) -> Choice:
+        """The replica for a prompt with these block hashes, given each live replica's requests in flight."""
+        owner, matched = self.longest_match(hashes, loads)
+        if owner is None:
+            return Choice(power_of_two(loads, self.rng), 0, "balance")
+        if self.busy.much_busier(loads[owner], min(loads.values())):
+            return Choice(power_of_two(loads, self.rng), 0, "busy")
+        return Choice(owner, matched, "prefix")
+
+    def record(self, hashes: Sequence[int], replica: str) -> None:
+        """`replica` was sent this prompt: it now holds (or is computing) all of its blocks."""
+        for h in hashes:
+            self._owner[h] = replica
+            self._owner.move_to_end(h)
+        while len(self._owner) > self.max_blocks:
+            self._owner.popitem(last=False)
+
+    def forget(self, replica: str) -> None:
+        """A replica is gone: its cache went with it."""
+        for h in [h for h, r in self._owner.items() if r == replica]:
+            del self._owner[h]
+
+    def __len__(self) -> int:
+        return len(self._owner)
