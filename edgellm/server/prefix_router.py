@@ -59,7 +59,8 @@ class Choice:
 
 
 class PrefixAffinity:
-    """Block hash -> the replica last sent a prompt containing that block, LRU-bounded."""
+    """Block hash -> the replicas that were sent a prompt containing that block, most recent last;
+    LRU-bounded in blocks."""
 
     def __init__(
         self, busy: BusyRule | None = None, max_blocks: int = 1 << 20, rng: random.Random | None = None
@@ -69,37 +70,44 @@ class PrefixAffinity:
         self.busy = busy or BusyRule()
         self.max_blocks = max_blocks
         self.rng = rng or random.Random()
-        self._owner: OrderedDict[int, str] = OrderedDict()
+        self._holders: OrderedDict[int, dict[str, None]] = OrderedDict()
 
-    def longest_match(self, hashes: Sequence[int], alive: Mapping[str, int]) -> tuple[str | None, int]:
-        """(replica, blocks) of the longest prefix of `hashes` last sent to a replica still in `alive`."""
+    def longest_match(self, hashes: Sequence[int], alive: Mapping[str, int]) -> tuple[list[str], int]:
+        """The replicas in `alive` that were sent the longest prefix of `hashes` any live replica was
+        sent, most recent first, and that prefix's length in blocks."""
         for i in range(len(hashes) - 1, -1, -1):  # chained hashes: the deepest hit is the longest prefix
-            owner = self._owner.get(hashes[i])
-            if owner is not None and owner in alive:
-                return owner, i + 1
-        return None, 0
+            holders = [r for r in reversed(self._holders.get(hashes[i], ())) if r in alive]
+            if holders:
+                return holders, i + 1
+        return [], 0
 
     def choose(self, hashes: Sequence[int], loads: Mapping[str, int]) -> Choice:
         """The replica for a prompt with these block hashes, given each live replica's requests in flight."""
-        owner, matched = self.longest_match(hashes, loads)
-        if owner is None:
+        holders, matched = self.longest_match(hashes, loads)
+        if not holders:
             return Choice(power_of_two(loads, self.rng), 0, "balance")
-        if self.busy.much_busier(loads[owner], min(loads.values())):
-            return Choice(power_of_two(loads, self.rng), 0, "busy")
-        return Choice(owner, matched, "prefix")
+        least = min(loads.values())
+        for replica in holders:
+            if not self.busy.much_busier(loads[replica], least):
+                return Choice(replica, matched, "prefix")
+        return Choice(power_of_two(loads, self.rng), 0, "busy")
 
     def record(self, hashes: Sequence[int], replica: str) -> None:
         """`replica` was sent this prompt: it now holds (or is computing) all of its blocks."""
-        for h in hashes:
-            self._owner[h] = replica
-            self._owner.move_to_end(h)
-        while len(self._owner) > self.max_blocks:
-            self._owner.popitem(last=False)
+        for h in reversed(hashes):  # the shared leading blocks end most recent: tails are evicted first
+            holders = self._holders.setdefault(h, {})
+            holders.pop(replica, None)
+            holders[replica] = None
+            self._holders.move_to_end(h)
+        while len(self._holders) > self.max_blocks:
+            self._holders.popitem(last=False)
 
     def forget(self, replica: str) -> None:
         """A replica is gone: its cache went with it."""
-        for h in [h for h, r in self._owner.items() if r == replica]:
-            del self._owner[h]
+        for h in list(self._holders):
+            holders = self._holders[h]
+            if holders.pop(replica, False) is None and not holders:
+                del self._holders[h]
 
     def __len__(self) -> int:
-        return len(self._owner)
+        return len(self._holders)
