@@ -46,10 +46,22 @@ def test_hashes_are_the_engine_prefix_caches_block_keys() -> None:
 
 
 @pytest.mark.parametrize(
-    ("load", "least", "busier"), [(1, 0, False), (7, 0, False), (8, 0, True), (12, 5, False), (20, 10, True)]
+    ("load", "least", "matched", "busier"),
+    [
+        (1, 0, 1, True),  # a template header's block is worth no imbalance
+        (1, 1, 1, False),  # ... but breaks ties
+        (4, 0, 62, False),  # a 1,000-token prefix is worth 4 requests more (the cap)
+        (5, 0, 62, True),
+        (2, 0, 16, False),  # 256 tokens: 2 more
+        (3, 0, 16, True),
+        (40, 30, 62, False),  # 10 more is not 1.5x as busy on a big batch
+        (46, 30, 62, True),
+    ],
 )
-def test_much_busier_needs_both_the_margin_and_the_ratio(load: int, least: int, busier: bool) -> None:
-    assert BusyRule(margin=8, ratio=2.0).much_busier(load, least) is busier
+def test_much_busier_weighs_the_load_gap_against_the_prefix(
+    load: int, least: int, matched: int, busier: bool
+) -> None:
+    assert BusyRule(blocks_per_request=8, max_margin=4, ratio=1.5).much_busier(load, least, matched) is busier
 
 
 def test_power_of_two_never_picks_the_most_loaded_of_three() -> None:
@@ -64,19 +76,20 @@ def test_power_of_two_never_picks_the_most_loaded_of_three() -> None:
 
 def test_a_prefix_goes_back_to_the_replica_that_last_served_it() -> None:
     aff = PrefixAffinity(rng=random.Random(1))
-    h = prefix_block_hashes(prompt(1, 4, tail=0), BS)
+    h = prefix_block_hashes(prompt(1, 62, tail=0), BS)  # a ~1,000-token prefix
     first = aff.choose(h, {"r0": 0, "r1": 0})
     assert first.reason == "balance" and first.matched_blocks == 0
     aff.record(h, first.replica)
     other = "r1" if first.replica == "r0" else "r0"
-    again = aff.choose(prefix_block_hashes(prompt(1, 4, tail=9), BS), {first.replica: 3, other: 0})
-    assert (again.replica, again.matched_blocks, again.reason) == (first.replica, 4, "prefix")
+    again = aff.choose(prefix_block_hashes(prompt(1, 62, tail=9), BS), {first.replica: 3, other: 0})
+    assert (again.replica, again.matched_blocks, again.reason) == (first.replica, 62, "prefix")
 
 
 def test_a_much_busier_owner_loses_the_request_to_the_least_loaded() -> None:
-    aff = PrefixAffinity(BusyRule(margin=4, ratio=2.0), rng=random.Random(2))
+    aff = PrefixAffinity(BusyRule(blocks_per_request=1, max_margin=4), rng=random.Random(2))
     h = prefix_block_hashes(prompt(1, 4, tail=0), BS)
     aff.record(h, "r0")
+    assert aff.choose(h, {"r0": 5, "r1": 1}).replica == "r0"
     choice = aff.choose(h, {"r0": 6, "r1": 1})
     assert (choice.replica, choice.reason) == ("r1", "busy")
 
@@ -100,7 +113,7 @@ def test_the_longest_remembered_prefix_wins_and_dead_replicas_are_skipped() -> N
 
 
 def test_a_busy_last_holder_passes_to_an_earlier_holder_before_falling_back() -> None:
-    aff = PrefixAffinity(BusyRule(margin=4, ratio=2.0), rng=random.Random(4))
+    aff = PrefixAffinity(BusyRule(blocks_per_request=1, max_margin=4), rng=random.Random(4))
     h = prefix_block_hashes(prompt(1, 4, tail=0), BS)
     aff.record(h, "r0")
     aff.record(h, "r1")
@@ -125,7 +138,7 @@ def test_interleaved_prefixes_each_stay_on_one_replica() -> None:
     """The issue's scenario in miniature: 8 + 8 requests on two long prefixes, interleaved and all in
     flight at once; after its first request each prefix stays on one replica, and the two differ."""
     for seed in range(20):
-        aff = PrefixAffinity(BusyRule(margin=8), rng=random.Random(seed))
+        aff = PrefixAffinity(rng=random.Random(seed))
         loads = {"r0": 0, "r1": 0}
         served: dict[int, list[str]] = {0: [], 1: []}
         for i in range(16):
@@ -137,3 +150,17 @@ def test_interleaved_prefixes_each_stay_on_one_replica() -> None:
             served[family].append(choice.replica)
         assert len(set(served[0])) == 1 and len(set(served[1])) == 1, (seed, served)
         assert served[0][0] != served[1][0]
+
+
+def test_chats_sharing_only_a_template_header_spread_over_the_replicas() -> None:
+    """Every chat starts with the template's fixed header (a block or so): that must not pin them all
+    to one replica, which is what the first version of this rule did with 16 concurrent chats."""
+    header = list(range(20))
+    aff = PrefixAffinity(rng=random.Random(0))
+    loads = {"r0": 0, "r1": 0}
+    for i in range(16):
+        h = prefix_block_hashes(header + [1000 + i] * 20, BS)
+        choice = aff.choose(h, loads)
+        aff.record(h, choice.replica)
+        loads[choice.replica] += 1
+    assert loads == {"r0": 8, "r1": 8}

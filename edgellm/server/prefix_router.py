@@ -29,15 +29,19 @@ def prefix_block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
 
 @dataclass(frozen=True)
 class BusyRule:
-    """A replica is much busier than the least-loaded one when its load exceeds the least by at least
-    `margin` requests and is at least `ratio` times it: both, so that 1 vs 0 is no imbalance and 40 vs
-    30 on a big batch is none either."""
+    """The replica holding a prefix is much busier than the least-loaded one when it has more requests in
+    flight than the prefix is worth: one more per `blocks_per_request` blocks matched (the prefill a hit
+    saves pays for that much waiting), at most `max_margin` more; and at least `ratio` times as many, so
+    that 40 vs 30 on a big batch is no imbalance. A match of a block or two (a chat template's fixed
+    header, shared by every chat) is worth nothing: it breaks ties only."""
 
-    margin: int = 8  # half of the default --max-num-seqs: a full batch against an idle replica
-    ratio: float = 2.0
+    blocks_per_request: int = 8  # 128 tokens at the engine's 16-token blocks
+    max_margin: int = 4
+    ratio: float = 1.5
 
-    def much_busier(self, load: int, least: int) -> bool:
-        return load - least >= self.margin and load >= self.ratio * least
+    def much_busier(self, load: int, least: int, matched_blocks: int) -> bool:
+        margin = min(self.max_margin, matched_blocks // self.blocks_per_request)
+        return load - least > margin and load >= self.ratio * least
 
 
 def power_of_two(loads: Mapping[str, int], rng: random.Random) -> str:
@@ -88,7 +92,7 @@ class PrefixAffinity:
             return Choice(power_of_two(loads, self.rng), 0, "balance")
         least = min(loads.values())
         for replica in holders:
-            if not self.busy.much_busier(loads[replica], least):
+            if not self.busy.much_busier(loads[replica], least, matched):
                 return Choice(replica, matched, "prefix")
         return Choice(power_of_two(loads, self.rng), 0, "busy")
 

@@ -293,7 +293,7 @@ def build_ray_app(
         max_queued_requests=config.max_queue,  # ...up to --max-queue of them, then 429
         request_router_config=RequestRouterConfig(
             request_router_class="edgellm.server.ray_router.PrefixAwareRequestRouter",
-            request_router_kwargs={"busy_margin": max(2, config.max_num_seqs // 2)},
+            request_router_kwargs={"max_margin": max(1, config.max_num_seqs // 4)},
         ),
         health_check_period_s=5,
         logging_config=QUIET_LOGS,

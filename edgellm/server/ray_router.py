@@ -25,16 +25,27 @@ def _hashes(pending: PendingRequest | None) -> list[int]:
 
 
 class PrefixAwareRequestRouter(RequestRouter):
-    def initialize_state(self, busy_margin: int = 8, busy_ratio: float = 2.0, max_blocks: int = 1 << 20):
-        self.affinity = PrefixAffinity(BusyRule(busy_margin, busy_ratio), max_blocks)
+    def initialize_state(self, max_margin: int = 4, max_blocks: int = 1 << 20):
+        self.affinity = PrefixAffinity(BusyRule(max_margin=max_margin), max_blocks)
         self._sent: Counter[str] = Counter()  # replica -> requests this router has in flight there
-        self._where: dict[str, str] = {}  # internal request id -> replica
+        self._where: dict[str, str] = {}  # internal request id -> replica, once routed
+        # Chosen but not routed yet (a burst is chosen before any of it is sent): internal request id ->
+        # (replica, request); dropped once routed, or once its future is done (cancelled).
+        self._chosen: dict[str, tuple[str, PendingRequest]] = {}
 
-    def _load(self, r: RunningReplica) -> int:
-        """Requests in flight on r: the replica's own count as last seen by Ray (all routers' requests),
-        or this router's count if that is higher (it is exact for ours and never stale)."""
-        seen = self.replica_queue_len_cache.get(r.replica_id)
-        return max(seen or 0, self._sent[r.replica_id.unique_id])
+    def _loads(self, replicas: list[RunningReplica]) -> dict[str, int]:
+        """Requests in flight on each replica: its own count as last seen by Ray (all routers' requests)
+        or this router's if higher (exact for ours, never stale), plus those chosen for it meanwhile."""
+        for req_id, (_, pending) in list(self._chosen.items()):
+            if pending.future.done():
+                del self._chosen[req_id]
+        chosen = Counter(replica for replica, _ in self._chosen.values())
+        loads = {}
+        for r in replicas:
+            rid = r.replica_id.unique_id
+            seen = self.replica_queue_len_cache.get(r.replica_id) or 0
+            loads[rid] = max(seen, self._sent[rid]) + chosen[rid]
+        return loads
 
     async def choose_replicas(
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
@@ -44,19 +55,24 @@ class PrefixAwareRequestRouter(RequestRouter):
         if not candidate_replicas:
             return []
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
-        loads = {rid: self._load(r) for rid, r in by_id.items()}
+        loads = self._loads(candidate_replicas)
         hashes = _hashes(pending_request)
         choice = self.affinity.choose(hashes, loads)
         prefix_router.DECISIONS[choice.reason if hashes else "no_prompt"] += 1
         # Recorded now as well as when routed: a burst sharing a new prefix follows the first request
-        # instead of racing it.
+        # instead of racing it, and counts toward its replica's load.
         self.affinity.record(hashes, choice.replica)
+        if pending_request is not None:
+            self._chosen[pending_request.metadata.internal_request_id] = (choice.replica, pending_request)
         first = by_id[choice.replica]
-        rest = sorted((r for r in candidate_replicas if r is not first), key=self._load)
+        rest = sorted(
+            (r for r in candidate_replicas if r is not first), key=lambda r: loads[r.replica_id.unique_id]
+        )
         return [[first], rest] if rest else [[first]]  # the rest only if `first` refuses (its queue is full)
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
         rid = replica_id.unique_id
+        self._chosen.pop(pending_request.metadata.internal_request_id, None)
         self.affinity.record(_hashes(pending_request), rid)
         self._sent[rid] += 1
         self._where[pending_request.metadata.internal_request_id] = rid
