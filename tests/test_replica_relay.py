@@ -256,3 +256,21 @@ def test_replicas_flag_parses_counts_and_auto() -> None:
 def test_ray_flags_out_of_place_are_clear_errors(argv: list[str], error: str, capsys) -> None:
     assert main(["serve", "smollm2-135m", *argv]) == 2
     assert error in capsys.readouterr().err
+
+
+def test_a_call_refused_at_once_is_answered_too() -> None:
+    sent: list[dict] = []
+
+    async def send(msg: dict) -> None:
+        sent.append(msg)
+
+    def open_stream():
+        raise Gone("no replica")
+
+    async def receive() -> dict:
+        return {"type": "http.disconnect"}
+
+    reason = asyncio.run(
+        Relay(lambda e: isinstance(e, Gone), max_attempts=2)(SCOPE, receive, send, open_stream)
+    )
+    assert "no replica" in reason and sent[0]["status"] == 503

@@ -131,8 +131,9 @@ class Relay:
         """Returns None on success, else why the response failed (for the caller's metrics/logs)."""
         started = streaming = False
         for attempt in range(1, self.max_attempts + 1):
-            stream, cancel = open_stream()
+            cancel: Callable[[], None] = lambda: None
             try:
+                stream, cancel = open_stream()
                 async for msg in stream:
                     if msg["type"] == "http.response.start":
                         started, streaming = True, _is_sse(msg)
