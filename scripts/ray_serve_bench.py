@@ -6,7 +6,8 @@ alternating rounds with all servers up at once (so background load hits both ali
   Ray (2 replicas x 1 thread) vs one server with 1 thread;
 * overhead: sequential 1-token requests, median latency, Ray vs one server of the same size (1 thread);
 * throughput: aggregate output tok/s with 16 clients (edgellm.server.loadgen), Ray 2 x 1 thread vs one
-  server x 2 threads. On a 2-core machine that measures the overhead of the Ray path, not scaling.
+  server x 2 threads (and x 1 thread). On a 2-core machine that measures the overhead of the Ray path,
+  not scaling.
 
     python scripts/ray_serve_bench.py [--rounds 3] [--model smollm2-135m]
 """
@@ -81,7 +82,7 @@ def main() -> int:
     urls = {name: url for name, (_, url) in servers.items()}
     prefix: dict[str, list[dict]] = {"ray 2x1": [], "single x1": []}
     overhead: dict[str, list[float]] = {"ray 2x1": [], "single x1": []}
-    tput: dict[str, list[float]] = {"ray 2x1": [], "single x2": []}
+    tput: dict[str, list[float]] = {"ray 2x1": [], "single x2": [], "single x1": []}
     try:
         for rnd in range(a.rounds):
 
@@ -125,7 +126,10 @@ def main() -> int:
             f"{name:>10}: 16 clients, output tok/s per round {per_round}, median {statistics.median(v):.1f}"
         )
     t = {n: statistics.median(v) for n, v in tput.items()}
-    print(f"tok/s ratio ray 2x1 / single x2: {t['ray 2x1'] / t['single x2']:.2f}")
+    print(
+        f"tok/s ratio ray 2x1 / single x2: {t['ray 2x1'] / t['single x2']:.2f}, / single x1: "
+        f"{t['ray 2x1'] / t['single x1']:.2f}"
+    )
     return 0
 
 

@@ -191,12 +191,27 @@ def test_a_failure_that_is_not_a_lost_replica_is_not_retried() -> None:
     assert json.loads(body_of(sent))["error"]["code"] == "queue_full"
 
 
-def test_a_stream_cut_after_its_head_ends_with_an_in_band_error_not_a_retry() -> None:
-    chunk = {"type": "http.response.body", "body": b"data: {}\n\n", "more_body": True}
-    sent, reason, opened = relay([([SSE_HEAD, chunk], Gone("actor died")), (OK_JSON, None)])
+ROLE = {"type": "http.response.body", "more_body": True}
+ROLE["body"] = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+TOKEN = {"type": "http.response.body", "more_body": True}
+TOKEN["body"] = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}\n\n'
+
+
+def test_a_stream_lost_before_its_first_token_is_retried_unseen() -> None:
+    """The head and the role chunk are held back: the client sees only the retry's stream."""
+    done = {"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False}
+    sent, reason, opened = relay(
+        [([SSE_HEAD, ROLE], Gone("actor died")), ([SSE_HEAD, ROLE, TOKEN, done], None)]
+    )
+    assert reason is None and len(opened) == 2
+    assert sent == [SSE_HEAD, ROLE, TOKEN, done]
+
+
+def test_a_stream_cut_after_a_token_ends_with_an_in_band_error_not_a_retry() -> None:
+    sent, reason, opened = relay([([SSE_HEAD, ROLE, TOKEN], Gone("actor died")), (OK_JSON, None)])
     assert len(opened) == 1 and reason is not None
-    assert sent[:2] == [SSE_HEAD, chunk] and sent[-1]["more_body"] is False
-    last = body_of(sent[2:]).decode()
+    assert sent[:3] == [SSE_HEAD, ROLE, TOKEN] and sent[-1]["more_body"] is False
+    last = body_of(sent[3:]).decode()
     assert last.startswith("data: ") and json.loads(last[6:])["error"]["code"] == "replica_failed"
     # A plain (non-SSE) body cut after its head just ends: the client sees a short body.
     head = {**OK_JSON[0]}

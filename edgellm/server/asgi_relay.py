@@ -7,6 +7,7 @@ auth check and SSE stream is the one server's, not a copy. No Ray here: the stre
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -105,11 +106,30 @@ def _is_sse(start: Message) -> bool:
     return any(k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
 
 
+def _carries_output(body: bytes) -> bool:
+    """Whether an SSE body chunk gives the client something generated: a token, a finish, usage, an
+    error or the end. A chat stream's opening chunk (the role, no content) does not."""
+    for line in body.split(b"\n"):
+        if not line.startswith(b"data: "):
+            continue
+        try:
+            event = json.loads(line[6:])
+        except ValueError:
+            return True  # "[DONE]", or not ours to judge
+        if not isinstance(event, dict) or "error" in event or event.get("usage"):
+            return True
+        for c in event.get("choices") or []:
+            if c.get("text") or (c.get("delta") or {}).get("content") or c.get("finish_reason"):
+                return True
+    return False
+
+
 class Relay:
     """Relays one request's response from a replica stream to the client, opening a new stream (another
-    replica) when the replica is gone before anything reached the client. After the head went out, a lost
-    replica ends the response as the one server ends it when its engine dies: an in-band error event on
-    an SSE stream, else a cut body."""
+    replica) when the replica is gone before any output reached the client: an SSE stream's head and
+    opening chunk are held back until its first token (they would name a request the retry replaces).
+    After that, a lost replica ends the response as the one server ends it when its engine dies: an
+    in-band error event on an SSE stream, else a cut body."""
 
     def __init__(
         self,
@@ -129,28 +149,36 @@ class Relay:
         open_stream: Callable[[], tuple[AsyncIterator[Message], Callable[[], None]]],
     ) -> str | None:
         """Returns None on success, else why the response failed (for the caller's metrics/logs)."""
-        started = streaming = False
         for attempt in range(1, self.max_attempts + 1):
             cancel: Callable[[], None] = lambda: None
+            held: list[Message] = []  # not sent yet: a retry may still replace them
+            released = streaming = False
             try:
                 stream, cancel = open_stream()
                 async for msg in stream:
+                    if released:
+                        await send(msg)
+                        continue
+                    held.append(msg)
                     if msg["type"] == "http.response.start":
-                        started, streaming = True, _is_sse(msg)
-                    await send(msg)
+                        streaming = _is_sse(msg)
+                    elif not streaming or not msg.get("more_body") or _carries_output(msg.get("body", b"")):
+                        for m in held:
+                            await send(m)
+                        released = True
                 return None
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - every failure is answered; the reason is logged
                 reason = f"the engine replica failed: {e.__class__.__name__}: {_first_line(e)}"
-                if not started and self.retryable(e) and attempt < self.max_attempts:
+                if not released and self.retryable(e) and attempt < self.max_attempts:
                     log.warning("%s; retrying on another replica (attempt %d)", reason, attempt + 1)
                     continue
                 err = self.error_for(e)
                 if err is None:
                     log.error("%s", reason)
                     err = ApiError(503, reason, type="server_error", code="replica_failed")
-                if not started:
+                if not released:
                     await error_response(err)(scope, receive, send)
                 elif streaming:
                     body = sse(err.body()).encode()
