@@ -140,6 +140,7 @@ class Relay:
         """retryable(e): the replica is gone (another may serve the request); error_for(e): the answer
         for a failure that is not the replica's (a full queue, say), else None for a 503."""
         self.retryable, self.error_for, self.max_attempts = retryable, error_for, max_attempts
+        self.retries = 0  # requests sent again because their replica was lost before any output
 
     async def __call__(
         self,
@@ -173,6 +174,7 @@ class Relay:
                 reason = f"the engine replica failed: {e.__class__.__name__}: {_first_line(e)}"
                 if not released and self.retryable(e) and attempt < self.max_attempts:
                     log.warning("%s; retrying on another replica (attempt %d)", reason, attempt + 1)
+                    self.retries += 1
                     continue
                 err = self.error_for(e)
                 if err is None:

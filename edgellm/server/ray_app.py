@@ -247,6 +247,9 @@ class IngressApp:
         name = "edgellm_replica_failed_responses_total"
         text += f"# HELP {name} Responses ended by the ingress because their replica failed.\n"
         text += f"# TYPE {name} counter\n{name}{{{lb}}} {self.failed}\n"
+        name = "edgellm_replica_retried_requests_total"
+        text += f"# HELP {name} Requests sent to another replica because theirs was lost before any output.\n"
+        text += f"# TYPE {name} counter\n{name}{{{lb}}} {self.relay.retries}\n"
         name = "edgellm_routing_decisions_total"
         text += f"# HELP {name} Replica choices by reason.\n# TYPE {name} counter\n"
         text += "".join(f'{name}{{{lb},reason="{r}"}} {c}\n' for r, c in sorted(DECISIONS.items()))

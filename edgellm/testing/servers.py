@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,9 +71,11 @@ async def stream_chat(
     messages: list[dict[str, Any]],
     max_tokens: int = 16,
     headers: dict[str, str] | None = None,
+    on_first_token: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """A streamed greedy chat request: status, replica (x-edgellm-replica), text, ttft (s), cached
-    prompt tokens, and error (an error body, or an in-band error event) or None."""
+    prompt tokens, and error (an error body, or an in-band error event) or None. `on_first_token(out)`
+    is called when the first token arrives."""
     body = {"messages": messages, "max_tokens": max_tokens, "stream": True, "temperature": 0}
     body["stream_options"] = {"include_usage": True}
     out: dict[str, Any] = {"text": "", "ttft": None, "error": None, "cached": None}
@@ -91,7 +94,10 @@ async def stream_chat(
             elif chunk.get("usage"):
                 out["cached"] = chunk["usage"]["prompt_tokens_details"]["cached_tokens"]
             elif chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                out["ttft"] = out["ttft"] or time.perf_counter() - t0
+                if out["ttft"] is None:
+                    out["ttft"] = time.perf_counter() - t0
+                    if on_first_token is not None:
+                        on_first_token(out)
                 out["text"] += chunk["choices"][0]["delta"]["content"]
     out["seconds"] = time.perf_counter() - t0
     return out
