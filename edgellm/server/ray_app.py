@@ -162,6 +162,9 @@ class IngressApp:
                 await send({"type": "lifespan.startup.complete"})
             await send({"type": "lifespan.shutdown.complete"})
             return
+        if scope["type"] != "http":  # a websocket: the server has none
+            await send({"type": "websocket.close", "code": 1003})
+            return
         own = {"/health": self.health, "/metrics": self.metrics}.get(scope["path"])
         if own is not None and scope["method"] in ("GET", "HEAD"):
             try:

@@ -65,9 +65,12 @@ def run_ray_server(
     runtime_env = _local_runtime_env() if local else None
     if local:
         need = (replicas if isinstance(replicas, int) else 1) * threads
-        cpus = num_cpus or max(os.cpu_count() or 1, need)
+        cores = os.cpu_count() or 1
+        cpus = num_cpus or max(cores, need)
         if need > cpus:
             raise ValueError(f"{replicas} replicas x {threads} threads need {need} CPUs; Ray has {cpus}")
+        if need > cores:
+            _say(f"WARNING: {need} engine threads on {cores} cores: they will slow each other down")
         ray.init(
             num_cpus=cpus,
             include_dashboard=False,
