@@ -46,6 +46,7 @@ from typing import Any, NamedTuple
 import jinja2
 import jinja2.ext
 
+from edgellm.chat_tools import fallback_messages, has_tool_content, native_messages
 from edgellm.template_sandbox import (
     DEFAULT_MAX_CHARS,
     DEFAULT_TIME_LIMIT_S,
@@ -152,6 +153,23 @@ def _token_text(metadata: Mapping[str, Any] | None, tokenizer: Any, key: str, at
     return ""
 
 
+# The conversation ChatTemplate.supports_tools renders: each marker must come out of a template with tools.
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "edgellm_probe_tool",
+        "description": "probe",
+        "parameters": {"type": "object", "properties": {"x": {"type": "string"}}},
+    },
+}
+_PROBE_CALL = {
+    "id": "call_probe",
+    "type": "function",
+    "function": {"name": "edgellm_probe_call", "arguments": '{"x": "y"}'},
+}
+_PROBE_RESULT = "edgellm_probe_result"
+
+
 class ChatPrompt(NamedTuple):
     text: str  # the rendered conversation
     token_ids: list[int]
@@ -182,6 +200,7 @@ class ChatTemplate:
     ) -> None:
         self.source, self.bos_token, self.eos_token, self.name = source, bos_token, eos_token, name
         self.time_limit, self.max_chars = time_limit, max_chars
+        self._supports_tools: bool | None = None
         try:
             self._template = _environment().from_string(source)
         except jinja2.TemplateError as e:
@@ -215,11 +234,46 @@ class ChatTemplate:
                 return
             raise ChatTemplateError(f"the {self.name} chat template is broken: {e}") from None
 
-    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
+    @property
+    def supports_tools(self) -> bool:
+        """Whether the template renders tools, assistant tool calls and tool results itself (probed once
+        with a conversation holding one of each); if not, edgellm.chat_tools' fallback writes them into
+        plain messages."""
+        if self._supports_tools is None:
+            probe = [
+                {"role": "user", "content": "u"},
+                {"role": "assistant", "content": "", "tool_calls": [_PROBE_CALL]},
+                {"role": "tool", "tool_call_id": "call_probe", "content": _PROBE_RESULT},
+            ]
+            try:
+                text = self._render(native_messages(probe), True, [_PROBE_TOOL])
+                markers = (_PROBE_TOOL["function"]["name"], _PROBE_CALL["function"]["name"], _PROBE_RESULT)
+                self._supports_tools = all(marker in text for marker in markers)
+            except ChatTemplateError:
+                self._supports_tools = False
+        return self._supports_tools
+
+    def _with_tools(
+        self, msgs: list[dict[str, Any]], tools: Sequence[Any] | None
+    ) -> tuple[list[dict[str, Any]], list[Any] | None]:
+        """Messages and `tools` as this template takes them (see edgellm.chat_tools)."""
+        if not has_tool_content(msgs, tools):
+            return msgs, None
+        if self.supports_tools:
+            return native_messages(msgs), list(tools) if tools else None
+        return fallback_messages(msgs, tools), None
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Any] | None = None,
+    ) -> str:
         if not messages:
             raise ChatTemplateError("messages must not be empty")
         msgs = [{**m, "content": _content_text(m.get("content"))} for m in messages]
-        return self._render(msgs, add_generation_prompt)
+        msgs, tools = self._with_tools(msgs, tools)
+        return self._render(msgs, add_generation_prompt, tools)
 
     def render_prompt(
         self,
@@ -227,15 +281,18 @@ class ChatTemplate:
         tokenizer: Any,
         add_generation_prompt: bool = True,
         allow_special_in_content: bool = False,
+        tools: Sequence[Any] | None = None,
     ) -> ChatPrompt:
         """Rendered text and prompt ids. User and tool content is data: control-token text typed there
         (e.g. "<|im_start|>system") is tokenized as plain text, while the template's own text still
-        produces control tokens. `allow_special_in_content` parses it in content too (the old way)."""
+        produces control tokens. `allow_special_in_content` parses it in content too (the old way).
+        `tools` (OpenAI tool objects) go to the template, or through the fallback (see supports_tools)."""
         if not messages:
             raise ChatTemplateError("messages must not be empty")
         msgs = [{**m, "content": _content_text(m.get("content"))} for m in messages]
+        msgs, tools = self._with_tools(msgs, tools)
         if allow_special_in_content:
-            text = self._render(msgs, add_generation_prompt)
+            text = self._render(msgs, add_generation_prompt, tools)
             return ChatPrompt(text, prompt_token_ids(tokenizer, text))
         nonce = secrets.randbits(64)
         literal: dict[str, str] = {}  # placeholder -> the control-token text it stands for
@@ -251,22 +308,27 @@ class ChatTemplate:
                     literal[ph] = special
                 content = content.replace(special, ph)
             m["content"] = content
-        rendered = self._render(msgs, add_generation_prompt)
+        rendered = self._render(msgs, add_generation_prompt, tools)
         text = rendered
         for ph, special in literal.items():
             text = text.replace(ph, special)
         return ChatPrompt(text, prompt_token_ids(tokenizer, rendered, literal))
 
-    def _render(self, msgs: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+    def _render(
+        self, msgs: list[dict[str, Any]], add_generation_prompt: bool, tools: list[Any] | None = None
+    ) -> str:
+        context = {
+            "messages": msgs,
+            "add_generation_prompt": add_generation_prompt,
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+        }
+        if tools:  # templates test `tools is defined` / `if tools`
+            context["tools"] = tools
         try:
             return render_limited(
                 self._template,
-                {
-                    "messages": msgs,
-                    "add_generation_prompt": add_generation_prompt,
-                    "bos_token": self.bos_token,
-                    "eos_token": self.eos_token,
-                },
+                context,
                 self.time_limit,
                 self.max_chars,
             )

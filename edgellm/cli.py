@@ -66,13 +66,30 @@ ALLOW_SPECIAL_HELP = (
 
 
 def add_server_security_args(p: argparse.ArgumentParser) -> None:
-    """The `serve` flags about untrusted input, shared by `edgellm serve` and `python -m edgellm.server`."""
+    """The `serve` flags about untrusted input, model names and CORS, shared by `edgellm serve` and
+    `python -m edgellm.server`."""
     p.add_argument(
         "--metrics-public", action="store_true", help="serve /metrics without the --api-key (for scrapers)"
     )
     p.add_argument("--allow-special-in-content", action="store_true", help=ALLOW_SPECIAL_HELP)
     p.add_argument(
         "--chat-template-file", default=None, help="a Jinja chat template to use instead of the model's"
+    )
+    p.add_argument(
+        "--served-model-name",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a model name clients may use (repeatable; the first is reported); with it other names are "
+        "404, without it any name is accepted",
+    )
+    p.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let browser pages from ORIGIN (e.g. http://localhost:3000, or '*' for any) call the server "
+        "(repeatable; default: no CORS)",
     )
 
 
@@ -198,6 +215,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         metrics_public=args.metrics_public,
         allow_special_in_content=args.allow_special_in_content,
         chat_template_file=args.chat_template_file,
+        served_model_names=args.served_model_name,
+        cors_origins=args.cors_origin,
     )
     return 0
 
@@ -223,6 +242,8 @@ def _serve_on_ray(args: argparse.Namespace) -> int:
         metrics_public=args.metrics_public,
         allow_special_in_content=args.allow_special_in_content,
         chat_template_file=args.chat_template_file,
+        served_model_names=tuple(args.served_model_name),
+        cors_origins=tuple(args.cors_origin),
     )
     return 0
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from edgellm.catalog import DEFAULT_MODEL, resolve_model
-from edgellm.engine.checks import PromptTooLongError, check_prompt
+from edgellm.engine.checks import PromptTooLongError, check_embedding_input, check_prompt
 from edgellm.engine.core import CoreSpec, kv_budget_bytes
 from edgellm.engine.core_client import CoreClient, EngineDeadError
 from edgellm.engine.frontend import RequestStream
@@ -303,6 +303,71 @@ class LLM:
                 len(ids), self.n_ctx, f"{len(ids)} tokens exceed the context window of {self.n_ctx}"
             )
         return self.core.call("score", ids)
+
+    # ---- embeddings ----------------------------------------------------------------------------
+    def embedding_ids(self, text: str | Sequence[int]) -> list[int]:
+        """An input to embed as checked token ids (text gets BOS when the model's metadata says so); unlike
+        a prompt it may fill the whole context window. Longer inputs raise PromptTooLongError."""
+        ids = self.tokenizer.encode(text, add_special=True) if isinstance(text, str) else list(text)
+        check_embedding_input(ids, self.n_ctx, self.tokenizer.vocab_size)
+        return ids
+
+    def submit_embedding(self, ids: list[int], deliver: Callable[[Any], None], priority: int = 0) -> str:
+        """Start one embedding request through the engine (batched with whatever else runs); `deliver`
+        gets its [n_embd] float32 vector, or an exception, on the core client's thread."""
+        rid = f"emb-{next(self._rids)}"
+        self.core.add_embedding(rid, ids, lambda item: deliver(_embedding(item)), priority)
+        return rid
+
+    def embed(self, inputs: str | Sequence[int] | Sequence[str | Sequence[int]]) -> np.ndarray:
+        """Embeddings: float32 [len(inputs), n_embd], each row the input's final hidden states (after the
+        output norm) pooled as the model's GGUF says (mean unless its pooling_type says cls or last) and
+        L2-normalized. An input is text or token ids; a single one gives one row."""
+        import queue
+
+        ids = [self.embedding_ids(x) for x in _as_list(inputs)]
+        out = np.empty((len(ids), self.config.n_embd), np.float32)
+        q: queue.Queue = queue.Queue()
+        rids = []
+        try:
+            for i, x in enumerate(ids):
+                rids.append(self.submit_embedding(x, lambda v, i=i: q.put((i, v))))
+            for _ in ids:
+                i, v = q.get()
+                if isinstance(v, BaseException):
+                    raise v
+                out[i] = v
+        except BaseException:
+            for rid in rids:
+                self.core.abort(rid)  # a no-op for those that finished
+            raise
+        return out
+
+    async def aembed(self, ids: list[list[int]]) -> np.ndarray:
+        """`embed` of checked token ids (embedding_ids) for an asyncio app; cancelling it aborts them."""
+        loop = asyncio.get_running_loop()
+        futs = [loop.create_future() for _ in ids]
+
+        def settle(fut: asyncio.Future, v: Any) -> None:
+            if not fut.done():  # (cancelled: nobody waits any more)
+                fut.set_exception(v) if isinstance(v, BaseException) else fut.set_result(v)
+
+        rids, done = [], False
+        try:
+            for x, f in zip(ids, futs, strict=True):
+                rids.append(self.submit_embedding(x, lambda v, f=f: loop.call_soon_threadsafe(settle, f, v)))
+            vecs = await asyncio.gather(*futs)
+            done = True
+        finally:
+            if not done:
+                for rid in rids:
+                    self.core.abort(rid)
+        return np.stack(vecs) if vecs else np.empty((0, self.config.n_embd), np.float32)
+
+
+def _embedding(item: Any) -> Any:
+    """A core client sink item for an embedding request -> its vector, or the exception as it came."""
+    return item if isinstance(item, BaseException) else item[0][5]
 
 
 def _as_list(prompts: Any) -> list:

@@ -3,8 +3,8 @@ layer, outside the layers, by kernel), host transfers per token, decode wall tim
 times. Greedy decoding with the argmax on the device, as the engine runs it.
 
     python scripts/cuda_profile.py MODEL.gguf [--steps 16] [--prompt 32] [--json out.json]
-    python scripts/cuda_profile.py --synthetic smollm2   # SmolLM2's layer shapes, random weights
-    NUMBA_ENABLE_CUDASIM=1 python scripts/cuda_profile.py --synthetic tiny-llama --steps 1 --prompt 4
+    python scripts/cuda_profile.py --synthetic smollm2   # SmolLM2's shapes and vocabulary, random weights
+    NUMBA_ENABLE_CUDASIM=1 python scripts/cuda_profile.py --synthetic tiny-smollm2 --steps 1 --prompt 4
 
 Per-kernel times (real GPU only; the simulator has no clock for them): "sync us" is the wall time with a
 device synchronize before and after each launch (the launch's host cost + GPU time + sync latency), "gpu us"
@@ -33,44 +33,15 @@ from edgellm.gguf.config import config_from_gguf  # noqa: E402
 from edgellm.gguf.reader import load_gguf  # noqa: E402
 
 BLOCK = 16
-
-
-# Synthetic models (random weights, the synthetic tokenizer's 288-token vocabulary): the real models' layer
-# shapes and matrix types, so the same kernels launch as many times per token; the output projection is
-# far smaller than the real 49,152 / 262,144 rows. For machines the real files cannot be carried to.
-Q4_1 = {"*": "Q4_1", "token_embd": "Q8_0"}
-GEMMA_Q4_K_M = {
-    "*": "Q5_0",
-    "attn_v": "Q8_0",
-    "attn_output": "Q4_K",
-    "ffn_down": "Q6_K",
-    "token_embd": "Q8_0",
-}
-SYNTHETIC = {  # name: (arch, matrix types, layers, n_embd, heads, kv heads, head_dim, n_ff)
-    "smollm2": ("llama", Q4_1, 30, 576, 9, 3, 64, 1536),
-    "gemma3": ("gemma3", GEMMA_Q4_K_M, 18, 640, 4, 1, 256, 2048),
-    "tiny-llama": ("llama", Q4_1, 2, 64, 2, 1, 64, 128),
-    "tiny-gemma3": ("gemma3", Q4_1, 2, 64, 2, 1, 32, 128),
-}
+SYNTHETIC = ("smollm2", "gemma3", "tiny-smollm2", "tiny-gemma3")
 
 
 def synthetic_model(name: str) -> Path:
-    from edgellm.testing.synthetic import write_tiny_model
+    """A real-shape synthetic model (edgellm/testing/real_shapes.py); "tiny-NAME": its simulator size."""
+    from edgellm.testing.real_shapes import write_real_shape_model
 
-    arch, qtypes, layers, embd, heads, kv_heads, head_dim, ff = SYNTHETIC[name]
-    path = Path(tempfile.mkdtemp()) / f"{name}.gguf"
-    return write_tiny_model(
-        path,
-        arch,
-        qtypes,
-        n_layers=layers,
-        n_embd=embd,
-        n_heads=heads,
-        n_kv_heads=kv_heads,
-        head_dim=head_dim,
-        n_ff=ff,
-        tied=True,
-    )
+    base = name.removeprefix("tiny-")
+    return write_real_shape_model(base, Path(tempfile.mkdtemp()) / f"{name}.gguf", sim=base != name)
 
 
 class Decoder:
@@ -99,13 +70,13 @@ class Decoder:
         t0 = time.perf_counter()
         for _ in range(n):
             self.step([self.tok])
-        return (time.perf_counter() - t0) / n
+        return (time.perf_counter() - t0) / max(n, 1)
 
 
-def profile(dec: Decoder, fuse: bool, steps: int) -> dict:
+def profile(dec: Decoder, fuse: bool, steps: int, warmup: int = 2) -> dict:
     dec.be.fuse = fuse
     dec.restart()
-    dec.decode(2)  # warm-up: compiles every kernel on first use
+    dec.decode(warmup)  # compiles every kernel on first use
     STATS.timing = None
     STATS.reset()
     wall = dec.decode(steps)
@@ -166,7 +137,7 @@ def report(name: str, dec: Decoder, res: dict[str, dict]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", nargs="?", help="a .gguf file")
-    ap.add_argument("--synthetic", choices=list(SYNTHETIC), help="a synthetic model instead (see SYNTHETIC)")
+    ap.add_argument("--synthetic", choices=SYNTHETIC, help="a synthetic model instead (real_shapes.py)")
     ap.add_argument("--steps", type=int, default=16, help="decode steps measured per mode")
     ap.add_argument("--prompt", type=int, default=32, help="prompt tokens before decoding")
     ap.add_argument("--json", help="also write the figures here")

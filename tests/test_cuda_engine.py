@@ -51,6 +51,21 @@ def test_top_k_and_argmax_match_numpy(k: int) -> None:
         BE.top_k(view, 38)
 
 
+def test_argmax_across_many_blocks() -> None:
+    """Rows long enough for many blocks of the one-launch argmax: ties and NaNs in different blocks resolve
+    as np.argmax does (first maximum, first NaN), and the completion counters reset between launches."""
+    x = np.zeros((3, 203), np.float32)
+    x[0, [7, 150, 202]] = 5.0  # a three-way tie at the top, in the first, a middle and the last block
+    x[1, [190, 40]] = np.nan  # the first NaN wins wherever the larger values are
+    x[1, 3] = 1e30
+    x[2] = -np.arange(203, dtype=np.float32)
+    x[2, 100] = np.float32(np.inf)
+    _, view = guarded(x)
+    for _ in range(2):  # the second launch reuses the counters the first one's last blocks reset
+        np.testing.assert_array_equal(BE.argmax(view), np.argmax(x, axis=1))
+    np.testing.assert_array_equal(BE.argmax(view[1:2]), [40])
+
+
 def test_take_rows_and_softcap() -> None:
     rng = np.random.default_rng(1)
     x = (rng.standard_normal((5, 12)) * 40).astype(np.float32)
@@ -124,8 +139,9 @@ def test_engine_logprobs_take_the_host_path(llms: dict[str, EngineCore]) -> None
 
 
 # ---- fused kernels: the same bits as the plain ones, fewer launches ------------------------------------
-def forward_twice(path: Path, fuse: bool) -> tuple[list[np.ndarray], list[np.ndarray], dict[str, int]]:
-    """Prefill 3 tokens then decode 1 on a fresh CUDA model: (host logits, KV caches, decode launches)."""
+def forward_twice(path: Path, fuse: bool) -> tuple[list[np.ndarray], list[np.ndarray], dict[str, int], tuple]:
+    """Prefill 3 tokens then decode 1 on a fresh CUDA model: (host logits, KV caches, decode launches,
+    decode copies (to the device, to the host))."""
     from edgellm.arch import ARCHITECTURES
     from edgellm.backends.cuda import get_cuda_backend
     from edgellm.engine.model_runner import ModelRunner, RunItem
@@ -141,7 +157,8 @@ def forward_twice(path: Path, fuse: bool) -> tuple[list[np.ndarray], list[np.nda
     be.stats.reset()
     logits += runner.run([RunItem([2, 3], [5], 3)])
     launches = dict(be.stats.launches)
-    return logits, [be.to_host(c) for pair in runner.kv for c in pair], launches
+    copies = (be.stats.from_host_copies, be.stats.to_host_copies)
+    return logits, [be.to_host(c) for pair in runner.kv for c in pair], launches, copies
 
 
 FUSION_CASES = {  # name: (arch, matrix type, head_dim, launches unfused, launches fused)
@@ -189,14 +206,16 @@ def test_fused_kernels_give_the_unfused_bits(case: str, tmp_path: Path) -> None:
     path = write_tiny_model(
         tmp_path / f"{case}.gguf", arch, qtypes, n_layers=1, n_embd=32, n_ff=64, head_dim=head_dim
     )
-    plain_logits, plain_kv, plain = forward_twice(path, fuse=False)
-    fused_logits, fused_kv, fused = forward_twice(path, fuse=True)
+    plain_logits, plain_kv, plain, _ = forward_twice(path, fuse=False)
+    fused_logits, fused_kv, fused, copies = forward_twice(path, fuse=True)
     for a, b in zip(fused_logits, plain_logits, strict=True):
         np.testing.assert_array_equal(a, b)
     for a, b in zip(fused_kv, plain_kv, strict=True):
         np.testing.assert_array_equal(a, b)
     # a 1-layer decode step, logits to the host: the kernels launched, and how many without fusion
     assert fused == fused_launches and sum(plain.values()) == plain_total
+    # the step's index arrays go up in one copy (step_inputs.py), the logits row comes back in one
+    assert copies == (1, 1)
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])  # q8_K activations (256-wide), groups of 32 and 16
@@ -260,3 +279,18 @@ def test_fused_chains_with_k_quant_weights(qtype: str) -> None:
     for a, b in zip(fused, plain, strict=True):
         np.testing.assert_array_equal(a, b)
     assert (n_plain, n_fused) == (19, 10)  # 3 of them the contiguous copies of Q, K, V
+
+
+def test_engine_embeddings_match_the_cpu(llms: dict[str, EngineCore]) -> None:
+    """The final hidden states come back from the device (forward_hidden) and pool as on the CPU."""
+    vectors = {}
+    for be, core in llms.items():
+        eng = core.engine
+        eng.add_embedding_request([3, 1, 4, 1, 5])
+        while eng.has_unfinished():
+            for out in eng.step():
+                if out.embedding is not None:
+                    vectors[be] = out.embedding
+    assert vectors["cuda"].shape == (32,) and abs(np.linalg.norm(vectors["cuda"]) - 1) < 1e-5
+    # 3e-8 apart in the simulator; 1e-4 as the logprobs above, for a GPU's other summation order
+    np.testing.assert_allclose(vectors["cuda"], vectors["cpu"], atol=1e-4)

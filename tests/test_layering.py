@@ -2,6 +2,8 @@
 backend imports another's modules, so a backend can be removed or replaced without touching the others."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,3 +40,17 @@ def test_package_does_not_import(package: str, forbidden: str) -> None:
         if m == forbidden or m.startswith(forbidden + ".")
     }
     assert not offenders, sorted(offenders)
+
+
+def test_front_ends_load_no_numba() -> None:
+    """The model and its kernels live in the engine-core process; LLM, the server and the TUI only talk to
+    it. Importing Numba in a front-end would cost its process ~60 MB and half a second for nothing."""
+    code = (
+        "import sys, edgellm, edgellm.cli, edgellm.server.app, tui.app\n"
+        "print(sorted(m for m in ('numba', 'llvmlite') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=PKG.parent, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

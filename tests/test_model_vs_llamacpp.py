@@ -93,3 +93,30 @@ def test_teacher_forced_logits_match_llamacpp(model) -> None:
         ref = np.array([v for _, v in top[:5]])
         ours = logits[int(pos), [i for i, _ in top[:5]]]
         assert np.max(np.abs(ours - ref)) < 1.0, f"{name} position {pos}: {ours} vs {ref}"
+
+
+EMBED_TEXTS = ["Hello world", "The quick brown fox jumps over the lazy dog.", "What is an LLM?"]
+# Measured cosines with llama.cpp's mean-pooled, normalized embeddings: >= 0.9997 (SmolLM2) and >= 0.9979
+# (Gemma 3): the same rounding noise as the logits above, in the hidden states before the projection.
+EMBED_MIN_COSINE = 0.995
+
+
+def test_embeddings_match_llamacpp_mean_pooling(model) -> None:
+    llama_cpp = pytest.importorskip("llama_cpp")  # the oracle, installed where the fixtures are made
+    from edgellm.catalog import resolve_model
+
+    name, llm = model
+    ref_model = llama_cpp.Llama(
+        str(resolve_model(name)),
+        n_ctx=256,
+        embedding=True,
+        pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN,
+        verbose=False,
+    )
+    ref = np.asarray(ref_model.embed(EMBED_TEXTS, normalize=True))
+    ours = llm.embed(EMBED_TEXTS)
+    assert ours.shape == ref.shape == (3, llm.config.n_embd) and ours.dtype == np.float32
+    cosines = (ours * ref).sum(axis=1)
+    assert cosines.min() >= EMBED_MIN_COSINE, f"{name}: cosines with llama.cpp {cosines}"
+    # and unrelated texts are told apart as llama.cpp tells them apart
+    assert np.abs(ours @ ours.T - ref @ ref.T).max() < 0.02

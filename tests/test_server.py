@@ -106,6 +106,13 @@ def _metrics(url: str, key: str | None = None) -> dict[str, float]:
 def test_models_health_tokenize(server: str, client: openai.OpenAI) -> None:
     models = client.models.list()
     assert [m.id for m in models.data] == [MODEL]
+    # one model and no --served-model-name: any name is answered, under the served one
+    r = client.completions.create(model="gpt-4", prompt="Hi", max_tokens=1)
+    assert r.model == MODEL and client.models.retrieve("placeholder").id == MODEL
+    # no --cors-origin: no CORS headers, no preflight answers
+    pre = {"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST"}
+    r = httpx.options(f"{server}/v1/completions", headers=pre)
+    assert r.status_code == 405 and "access-control-allow-origin" not in r.headers
     assert httpx.get(f"{server}/health").json()["status"] == "ok"
     ids = httpx.post(f"{server}/tokenize", json={"content": "Hello world"}).json()["tokens"]
     assert httpx.post(f"{server}/detokenize", json={"tokens": ids}).json()["content"] == "Hello world"
@@ -297,7 +304,7 @@ ERROR_CASES = [
     ("POST", "/v1/chat/completions", {"messages": MSGS, "temperature": True}, 400, "'temperature'"),
     ("POST", "/v1/chat/completions", {"messages": "hi"}, 400, "'messages'"),
     ("POST", "/v1/completions", {"prompt": "hello " * (CTX + 10)}, 400, f"maximum context length is {CTX}"),
-    ("POST", "/v1/completions", {"prompt": "x", "model": "gpt-4"}, 404, "gpt-4"),
+    ("POST", "/v1/embeddings", {"input": "hello " * (CTX + 10)}, 400, f"maximum context length is {CTX}"),
     ("GET", "/v1/nothing-here", None, 404, "Not Found"),
     ("POST", "/v1/completions", b'{"prompt": "' + b"a" * BODY_LIMIT + b'"}', 413, "exceeds"),
 ]

@@ -3,7 +3,7 @@ the attention / feed-forward blocks that differ between architectures only by fl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -23,6 +23,8 @@ class ForwardBatch:
     block_tables: np.ndarray  # [S, max_blocks] int32: KV block ids of each sequence, in order
     slots: np.ndarray  # [T] int64: KV slot of each token = block_id * block_size + position % block_size
     logits_index: np.ndarray  # [L] int32: which of the T tokens need logits (vocabulary projection)
+    # [H] int32: which of the T tokens' final hidden states are wanted (embeddings; forward_hidden)
+    hidden_index: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
 
     @property
     def n_tokens(self) -> int:

@@ -5,6 +5,7 @@ for each layer:
     x += Wo @ attention(rope(Wq h), rope(Wk h), Wv h)    with h = rmsnorm(x) * attn_norm
     x += W_down @ (silu(W_gate h) * (W_up h))            with h = rmsnorm(x) * ffn_norm
 logits = W_out @ (rmsnorm(x) * output_norm)        # only at the tokens that need logits
+hidden = rmsnorm(x) * output_norm                  # only at the tokens an embedding pools
 """
 
 from __future__ import annotations
@@ -48,24 +49,41 @@ class LlamaModel:
     def forward(self, batch: ForwardBatch, kv: Any) -> Any:
         """Logits [L, n_vocab] at batch.logits_index, after writing the batch's K/V. A backend array: the
         runner copies it to the host or has the backend sample from it where it is."""
+        x, inp = self._layers(batch, kv)
+        return output_logits(self.be, self.cfg, x, batch, inp.logits_index, self.output_norm, self.output)
+
+    def forward_hidden(self, batch: ForwardBatch, kv: Any) -> tuple[Any, Any]:
+        """forward()'s logits, and the final hidden states after the output norm [H, n_embd] at
+        batch.hidden_index (what embeddings pool), from the same pass."""
+        x, inp = self._layers(batch, kv)
+        hidden = self.be.take_rows(x, batch.hidden_index)  # a copy: output_logits may overwrite x
+        self.be.rmsnorm(hidden, self.output_norm, self.cfg.rms_eps, hidden)
+        logits = output_logits(self.be, self.cfg, x, batch, inp.logits_index, self.output_norm, self.output)
+        return logits, hidden
+
+    def _layers(self, batch: ForwardBatch, kv: Any) -> tuple[Any, Any]:
+        """The residual stream [T, n_embd] after the last layer, having written the batch's K/V, and the
+        step's inputs as the backend holds them (be.step_inputs)."""
         be, cfg = self.be, self.cfg
-        positions = be.from_host(batch.positions)
-        seq_index = be.from_host(batch.seq_index)
-        block_tables = be.from_host(batch.block_tables)
-        slots = be.from_host(batch.slots)
-        x = be.embed(self.tok_embd, batch.token_ids, cfg.embd_scale)  # [T, n_embd]
+        inp = be.step_inputs(batch)
+        x = be.embed(self.tok_embd, inp.token_ids, cfg.embd_scale)  # [T, n_embd]
         for il, (attn_w, ffn_w) in enumerate(self.layers):
-            attention_block(be, cfg, attn_w, x, batch, kv, il, positions, seq_index, block_tables, slots)
+            attention_block(
+                be, cfg, attn_w, x, batch, kv, il, inp.positions, inp.seq_index, inp.block_tables, inp.slots
+            )
             feed_forward_block(be, cfg, ffn_w, x, batch.n_tokens)
-        return output_logits(be, cfg, x, batch, self.output_norm, self.output)
+        return x, inp
 
 
-def output_logits(be: Backend, cfg: ModelConfig, x: Any, batch: ForwardBatch, norm: Any, w_out: Any) -> Any:
-    """Final norm and vocabulary projection, only for the rows in batch.logits_index (a backend array)."""
+def output_logits(
+    be: Backend, cfg: ModelConfig, x: Any, batch: ForwardBatch, logits_index: Any, norm: Any, w_out: Any
+) -> Any:
+    """Final norm and vocabulary projection, only for the rows in batch.logits_index (a backend array;
+    logits_index: the same rows as step_inputs gave them)."""
     if len(batch.logits_index) == 0:
         return np.empty((0, cfg.n_vocab), np.float32)
     # x itself when every row needs logits (its last use: the norm may overwrite it)
-    h = be.take_rows(x, batch.logits_index) if len(batch.logits_index) != batch.n_tokens else x
+    h = be.take_rows(x, logits_index) if len(batch.logits_index) != batch.n_tokens else x
     be.rmsnorm(h, norm, cfg.rms_eps, h)
     logits = be.empty((h.shape[0], cfg.n_vocab))  # [L, n_vocab]
     be.matmul(h, w_out, logits)

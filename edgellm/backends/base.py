@@ -8,6 +8,7 @@ to the models, the engine, the server or the TUI.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,18 @@ import numpy as np
 from edgellm.gguf.reader import TensorInfo
 
 Array = Any  # numpy array on the CPU backend, device array on CUDA
+
+
+@dataclass
+class StepInputs:
+    """A forward batch's index arrays where the backend's kernels read them (step_inputs)."""
+
+    token_ids: Any  # [T] for embed
+    positions: Any  # [T]
+    seq_index: Any  # [T]
+    block_tables: Any  # [S, max_blocks]
+    slots: Any  # [T]
+    logits_index: Any  # [L] for take_rows
 
 
 class Backend(ABC):
@@ -43,6 +56,18 @@ class Backend(ABC):
 
     @abstractmethod
     def from_host(self, x: np.ndarray) -> Array: ...
+
+    def step_inputs(self, batch: Any) -> StepInputs:
+        """The ForwardBatch's index arrays for this step's kernels: one from_host each by default (the
+        identity on the CPU); a device backend sends them together."""
+        return StepInputs(
+            batch.token_ids,
+            self.from_host(batch.positions),
+            self.from_host(batch.seq_index),
+            self.from_host(batch.block_tables),
+            self.from_host(batch.slots),
+            batch.logits_index,
+        )
 
     # --- kernels -------------------------------------------------------------------------------------
     @abstractmethod

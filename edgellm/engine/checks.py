@@ -22,10 +22,23 @@ class PromptTooLongError(ValueError):
 def check_prompt(ids: Sequence[int], n_ctx: int, vocab_size: int) -> None:
     """A prompt the engine can run: at least one token, every id in the vocabulary (the kernels do no
     bounds checks), and room for at least one generated token in the context window."""
-    if not ids:
-        raise ValueError("empty prompt: at least one token is needed")
-    for t in ids:
-        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
-            raise ValueError(f"prompt token id {t!r} is outside the vocabulary (0..{vocab_size - 1})")
+    _check_ids(ids, vocab_size, "prompt")
     if len(ids) >= n_ctx:
         raise PromptTooLongError(len(ids), n_ctx)
+
+
+def check_embedding_input(ids: Sequence[int], n_ctx: int, vocab_size: int) -> None:
+    """An input to embed: as a prompt, but it may fill the whole context window (nothing is generated)."""
+    _check_ids(ids, vocab_size, "input")
+    if len(ids) > n_ctx:
+        raise PromptTooLongError(
+            len(ids), n_ctx, f"input has {len(ids)} tokens but the context window is {n_ctx} tokens"
+        )
+
+
+def _check_ids(ids: Sequence[int], vocab_size: int, what: str) -> None:
+    if not ids:
+        raise ValueError(f"empty {what}: at least one token is needed")
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
+            raise ValueError(f"{what} token id {t!r} is outside the vocabulary (0..{vocab_size - 1})")

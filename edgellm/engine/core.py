@@ -5,10 +5,11 @@
 kernels ran ~3x slower when launched from another thread or from several threads, and a crash in a
 kernel takes down this process only. Tests may build an `EngineCore` in-process to drive its engine.
 
-Messages in (tuples): ("add", rid, prompt_ids, params, priority), ("abort", rid, index|None),
-("call", call_id, name, args), ("shutdown",). Out: ("progress", line), ("ready", info), ("load_error",
-exc), per step ("step", time, stats, outputs) with outputs as (rid, finished, deltas, cached,
-preemptions), ("add_error", rid, exc), ("reply", call_id, ok, value). Only ids, numbers, strings, the
+Messages in (tuples): ("add", rid, prompt_ids, params, priority), ("embed", rid, input_ids, priority),
+("abort", rid, index|None), ("call", call_id, name, args), ("shutdown",). Out: ("progress", line),
+("ready", info), ("load_error", exc), per step ("step", time, stats, outputs) with outputs as (rid,
+finished, deltas, cached, preemptions, embedding|None), ("add_error", rid, exc), ("reply", call_id, ok,
+value). Only ids, numbers, strings, the
 SamplingParams dataclass and exceptions cross: no tokenizer state.
 """
 
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from edgellm.engine.checks import PromptTooLongError
+from edgellm.engine.guidance import GuidedDecoding
 from edgellm.engine.llm_engine import LLMEngine
 from edgellm.engine.model_runner import ModelRunner, RunItem
 from edgellm.engine.outputs import RequestOutput
@@ -93,7 +95,8 @@ class EngineCore:
         t0 = time.perf_counter()
         gguf = load_gguf(spec.path)
         self.config = cfg = config_from_gguf(gguf)
-        eog_ids = frozenset(Tokenizer.from_metadata(gguf.metadata).eog_ids)
+        tokenizer = Tokenizer.from_metadata(gguf.metadata)
+        eog_ids = frozenset(tokenizer.eog_ids)
         self.backend = get_backend(spec.backend)
         layer_progress = None
         if log:
@@ -118,7 +121,9 @@ class EngineCore:
             enable_prefix_caching=spec.enable_prefix_caching,
             max_model_len=self.n_ctx,
         )
-        self.engine = LLMEngine(self.runner, eog_ids, self.n_ctx, sched)
+        self.engine = LLMEngine(
+            self.runner, eog_ids, self.n_ctx, sched, guidance=GuidedDecoding(tokenizer, cfg.n_vocab)
+        )
         load_time = time.perf_counter() - t0
         if log:
             log(
@@ -180,6 +185,12 @@ class EngineCore:
                 self.engine.add_request(ids, params, rid, priority)
             except Exception as e:  # a bad request: its sender gets the error, the core goes on
                 send(("add_error", rid, portable(e)))
+        elif kind == "embed":
+            _, rid, ids, priority = msg
+            try:
+                self.engine.add_embedding_request(ids, rid, priority)
+            except Exception as e:
+                send(("add_error", rid, portable(e)))
         elif kind == "abort":
             self.engine.abort(msg[1], msg[2])
         elif kind == "call":
@@ -217,7 +228,7 @@ class EngineCore:
 def _wire(out: RequestOutput) -> tuple:
     m = out.metrics
     deltas = [(d.index, d.token_ids, d.finish_reason, d.logprobs) for d in out.deltas]
-    return (out.request_id, out.finished, deltas, m.num_cached_tokens, m.num_preemptions)
+    return (out.request_id, out.finished, deltas, m.num_cached_tokens, m.num_preemptions, out.embedding)
 
 
 def portable(e: BaseException) -> BaseException:

@@ -114,13 +114,21 @@ class CoreClient:
 
     # ---- any thread ----------------------------------------------------------------------------
     def add(self, rid: str, ids: list[int], params: SamplingParams, sink: Sink, priority: int = 0) -> None:
+        self._register(rid, sink)
+        self._outbox.put(("add", rid, ids, params, priority))
+
+    def add_embedding(self, rid: str, ids: list[int], sink: Sink, priority: int = 0) -> None:
+        """An input to embed; its sink gets one wire output whose last field is the vector."""
+        self._register(rid, sink)
+        self._outbox.put(("embed", rid, ids, priority))
+
+    def _register(self, rid: str, sink: Sink) -> None:
         with self._lock:
             if self.error is not None:
                 raise EngineDeadError(self.error)
             if rid in self._sinks:
                 raise ValueError(f"request id {rid!r} is already in flight")
             self._sinks[rid] = sink
-        self._outbox.put(("add", rid, ids, params, priority))
 
     def abort(self, rid: str, index: int | None = None) -> None:
         """Stop a request (or one completion of it); a no-op for one that already finished. Aborting the

@@ -40,7 +40,7 @@ class RequestStream:
             return
         if self.done:
             return
-        (rid, core_finished, wire_deltas, cached, preemptions), t = item
+        (rid, core_finished, wire_deltas, cached, preemptions, _), t = item
         m = self.metrics
         deltas = []
         for index, token_ids, reason, logprobs in wire_deltas:

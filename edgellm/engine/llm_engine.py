@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgellm.engine.checks import PromptTooLongError, check_prompt
+from edgellm.engine.checks import PromptTooLongError, check_embedding_input, check_prompt
+from edgellm.engine.guidance import GuidedDecoding
 from edgellm.engine.model_runner import ModelRunner, RunItem
 from edgellm.engine.outputs import (
     CompletionDelta,
@@ -18,6 +19,7 @@ from edgellm.engine.outputs import (
     now,
     stop_token_ids,
 )
+from edgellm.engine.pooling import PooledRequests
 from edgellm.engine.scheduler import Scheduler, SchedulerConfig, SchedulerPlan
 from edgellm.engine.sequence import Sequence, SequenceStatus
 from edgellm.sampling import Sampler, SamplingParams, TopCandidates, device_candidates, top_logprobs
@@ -61,11 +63,18 @@ class LLMEngine:
     """Token ids in, token ids out: the core's engine knows no text (the front-end detokenizes)."""
 
     def __init__(
-        self, runner: ModelRunner, eog_ids: frozenset[int], n_ctx: int, sched: SchedulerConfig
+        self,
+        runner: ModelRunner,
+        eog_ids: frozenset[int],
+        n_ctx: int,
+        sched: SchedulerConfig,
+        guidance: GuidedDecoding | None = None,  # constrained decoding (None: grammars are refused)
     ) -> None:
         self.runner, self.eog_ids, self.n_ctx = runner, frozenset(eog_ids), n_ctx
+        self.guidance = guidance
         self.scheduler = Scheduler(sched)
         self.requests: dict[str, _Request] = {}
+        self.pooled = PooledRequests(self.scheduler, runner.cfg.pooling)  # embedding requests
         self._seq_owner: dict[int, tuple[_Request, int]] = {}  # seq_id -> (request, completion index)
         self._seq_ids = itertools.count()
         self._req_ids = itertools.count()
@@ -81,9 +90,7 @@ class LLMEngine:
     ) -> str:
         ids = list(prompt)
         check_prompt(ids, self.n_ctx, self.runner.cfg.n_vocab)  # front-ends check first; this guards kernels
-        rid = request_id if request_id is not None else f"req-{next(self._req_ids)}"
-        if rid in self.requests:
-            raise ValueError(f"request id {rid!r} is already in flight")
+        rid = self._new_id(request_id)
         max_tokens = min(params.max_tokens, self.n_ctx - len(ids))  # capped by the context window
         seq_ids = [next(self._seq_ids) for _ in range(params.n)]
         req = _Request(
@@ -98,10 +105,35 @@ class LLMEngine:
             max_tokens=max_tokens,
         )
         seq = Sequence(seq_ids[0], ids, sampling_params=params, priority=priority, max_tokens=max_tokens)
-        self.scheduler.add(seq)  # raises before anything is registered if it can never fit
+        if params.compiled_grammar is not None:
+            if self.guidance is None:
+                raise ValueError("this engine has no tokenizer for constrained decoding")
+            self.guidance.add(seq_ids[0], params.compiled_grammar)
+        try:
+            self.scheduler.add(seq)  # raises before anything is registered if it can never fit
+        except BaseException:
+            if self.guidance is not None:
+                self.guidance.free(seq_ids[0])
+            raise
         self.requests[rid] = req
         self._seq_owner[seq_ids[0]] = (req, 0)
         self._totals["prompt"] += len(ids)
+        return rid
+
+    def add_embedding_request(self, ids: list[int], request_id: str | None = None, priority: int = 0) -> str:
+        """An input to embed: computed like a prompt, its hidden states pooled (pooling.py); its
+        RequestOutput carries the vector."""
+        ids = list(ids)
+        check_embedding_input(ids, self.n_ctx, self.runner.cfg.n_vocab)
+        rid = self._new_id(request_id)
+        self.pooled.add(rid, ids, next(self._seq_ids), priority)
+        self._totals["prompt"] += len(ids)
+        return rid
+
+    def _new_id(self, request_id: str | None) -> str:
+        rid = request_id if request_id is not None else f"req-{next(self._req_ids)}"
+        if rid in self.requests or rid in self.pooled:
+            raise ValueError(f"request id {rid!r} is already in flight")
         return rid
 
     def abort(self, request_id: str, index: int | None = None) -> RequestOutput | None:
@@ -109,6 +141,7 @@ class LLMEngine:
         blocks are freed at once. Returns the request's final output once nothing of it runs any more."""
         req = self.requests.get(request_id)
         if req is None:
+            self.pooled.abort(request_id)
             return None
         deltas = []
         for i, sid in enumerate(req.seq_ids):
@@ -118,18 +151,27 @@ class LLMEngine:
                 self.scheduler.abort(sid)
             deltas.append(CompletionDelta(i, [], "", "abort"))
             req.finished.add(i)
+            if self.guidance is not None:
+                self.guidance.free(sid)
         if len(req.finished) < req.params.n:
             return None
         return self._finish_request(req, deltas)
 
     def has_unfinished(self) -> bool:
-        return bool(self.requests)
+        return bool(self.requests) or bool(self.pooled)
 
     # ---- one step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         plan = self.scheduler.schedule()
+        if self.guidance is not None:  # grammar masks are computed while the forward pass runs
+            self.guidance.start(plan.sample_seq_ids)
         logits = self._run(plan)
-        return self._postprocess(plan, logits)
+        if not plan.is_empty:
+            self.pooled.collect(plan, self.runner.last_hidden)
+        outs = self._postprocess(plan, logits)
+        finished = self.pooled.finish(plan)
+        self._totals["finished"] += len(finished)
+        return outs + finished
 
     def _run(self, plan: SchedulerPlan) -> dict[int, np.ndarray | TopCandidates]:
         """Each sampled sequence's logits row, or only its best entries when the backend samples where the
@@ -141,8 +183,10 @@ class LLMEngine:
         sample = set(plan.sample_seq_ids)
         for seq, n in plan.scheduled:
             c = seq.num_computed_tokens
+            rows = self.pooled.rows_for(seq, c, n)
+            need = seq.seq_id in sample
             items.append(
-                RunItem(seq.block_table, seq.token_ids[c : c + n], c, need_logits=seq.seq_id in sample)
+                RunItem(seq.block_table, seq.token_ids[c : c + n], c, need_logits=need, hidden_rows=rows)
             )
             ids.append(seq.seq_id)
         k = self._device_k(plan)
@@ -182,23 +226,32 @@ class LLMEngine:
         sampled: dict[int, int] = {}
         chosen_logprobs: dict[int, TokenLogprob] = {}
         forks: list[tuple[_Request, int]] = []
+        fork_rows: dict[int, np.ndarray] = {}  # parent seq id -> the row its forks sample from (masked)
+        guide = self.guidance
         for sid, row in logits.items():
             req, idx = self._seq_owner[sid]
             seq = self.scheduler.get(sid)
             if isinstance(row, TopCandidates):
                 tok = req.samplers[idx].sample_top(row)
             else:
-                tok = req.samplers[idx].sample(row, seq.prompt_token_ids, seq.output_token_ids)
+                allowed = guide.mask(sid, row) if guide is not None else row
+                tok = req.samplers[idx].sample(allowed, seq.prompt_token_ids, seq.output_token_ids)
+                fork_rows[sid] = allowed
             sampled[sid] = tok
-            if req.params.logprobs is not None:
+            if req.params.logprobs is not None:  # the model's own distribution, as OpenAI reports it
                 lp, top = top_logprobs(row, tok, req.params.logprobs)
                 chosen_logprobs[sid] = TokenLogprob(tok, lp, top)
             if req.params.n > 1 and not req.forked:
                 forks.append((req, sid))
-        fork_logits = {sid: logits[sid] for _, sid in forks}
+                if guide is not None:
+                    for cid in req.seq_ids[1:]:
+                        guide.fork(sid, cid)  # from the state before the parent's token
+            if guide is not None:
+                guide.consume(sid, tok)
+        fork_logits = {sid: (fork_rows[sid], logits[sid]) for _, sid in forks}
         self.scheduler.postprocess(plan, sampled)  # type: ignore[arg-type]
         for req, parent in forks:
-            self._fork(req, parent, fork_logits[parent], sampled, chosen_logprobs)
+            self._fork(req, parent, *fork_logits[parent], sampled, chosen_logprobs)
 
         deltas: dict[str, list[CompletionDelta]] = {}
         for sid, tok in sampled.items():
@@ -238,13 +291,17 @@ class LLMEngine:
                 results.append(RequestOutput(rid, ds, False, req.metrics))
         return results
 
-    def _fork(self, req: _Request, parent: int, row: np.ndarray, sampled: dict, chosen: dict) -> None:
+    def _fork(
+        self, req: _Request, parent: int, row: np.ndarray, raw: np.ndarray, sampled: dict, chosen: dict
+    ) -> None:
         """n > 1: the other completions share the parent's prompt blocks (copy-on-write) and sample their
-        own first token from the same logits."""
+        own first token from the same logits (`row`: after the grammar's mask; `raw`: for logprobs)."""
         req.forked = True
         pseq = self.scheduler.get(parent)
         for i, cid in enumerate(req.seq_ids[1:], start=1):
             tok = req.samplers[i].sample(row, req.prompt_ids, [])
+            if self.guidance is not None:
+                self.guidance.consume(cid, tok)
             self._seq_owner[cid] = (req, i)
             if pseq is None or not self.scheduler.can_fork():
                 # the parent already finished on its first token, or the running set is full: the child
@@ -262,7 +319,7 @@ class LLMEngine:
                 child.token_ids[-1] = tok
             sampled[cid] = tok
             if req.params.logprobs is not None:
-                lp, top = top_logprobs(row, tok, req.params.logprobs)
+                lp, top = top_logprobs(raw, tok, req.params.logprobs)
                 chosen[cid] = TokenLogprob(tok, lp, top)
 
     def _finish_request(self, req: _Request, deltas: list[CompletionDelta]) -> RequestOutput:
@@ -273,6 +330,8 @@ class LLMEngine:
         del self.requests[req.request_id]
         for sid in req.seq_ids:
             self._seq_owner.pop(sid, None)
+            if self.guidance is not None:
+                self.guidance.free(sid)
         self._totals["finished"] += 1
         return RequestOutput(req.request_id, deltas, True, req.metrics)
 

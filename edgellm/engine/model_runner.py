@@ -21,6 +21,7 @@ class RunItem:
     start_pos: int  # position of token_ids[0] (= tokens already in the KV cache)
     all_logits: bool = False  # logits at every token (teacher-forced scoring) rather than the last only
     need_logits: bool = True  # False for a prefill chunk that does not reach the end of the prompt
+    hidden_rows: np.ndarray | None = None  # [H] offsets into token_ids whose final hidden states to return
 
 
 class ModelRunner:
@@ -30,6 +31,9 @@ class ModelRunner:
         self.kv = be.alloc_kv(
             cfg.n_layers, num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v
         )
+        # Each item's requested hidden states from the latest forward pass ([H, n_embd] float32, host), in
+        # item order: the run methods return logits, embeddings read these.
+        self.last_hidden: list[np.ndarray] = []
 
     @staticmethod
     def kv_bytes_per_block(cfg: ModelConfig, block_size: int) -> int:
@@ -40,7 +44,7 @@ class ModelRunner:
         bs = self.block_size
         max_blocks = max(len(it.block_table) for it in items)
         tables = np.zeros((len(items), max_blocks), dtype=np.int32)
-        tok, pos, seq, slots, logit_rows, out_slices = [], [], [], [], [], []
+        tok, pos, seq, slots, logit_rows, out_slices, hidden = [], [], [], [], [], [], []
         t0 = 0
         for s, it in enumerate(items):
             n = len(it.token_ids)
@@ -60,6 +64,10 @@ class ModelRunner:
             elif it.need_logits:
                 logit_rows.append(t0 + n - 1)
             out_slices.append(slice(first, len(logit_rows)))
+            if it.hidden_rows is not None and len(it.hidden_rows):
+                if it.hidden_rows.min() < 0 or it.hidden_rows.max() >= n:
+                    raise ValueError(f"hidden rows {it.hidden_rows} outside a chunk of {n} tokens")
+                hidden.append(t0 + it.hidden_rows.astype(np.int32))
             t0 += n
         batch = ForwardBatch(
             token_ids=np.asarray(tok, dtype=np.int32),
@@ -68,27 +76,40 @@ class ModelRunner:
             block_tables=tables,
             slots=np.concatenate(slots),
             logits_index=np.asarray(logit_rows, dtype=np.int32),
+            hidden_index=np.concatenate(hidden) if hidden else np.empty(0, np.int32),
         )
         return batch, out_slices
+
+    def _forward(self, items: list[RunItem], batch: ForwardBatch):  # noqa: ANN202 - a backend array
+        """model.forward's logits; with the hidden states items asked for, split per item into
+        last_hidden."""
+        if not len(batch.hidden_index):
+            self.last_hidden = [np.empty((0, self.cfg.n_embd), np.float32)] * len(items)
+            return self.model.forward(batch, self.kv)
+        logits, hidden = self.model.forward_hidden(batch, self.kv)
+        rows = self.be.to_host(hidden)  # [H, n_embd]
+        counts = [0 if it.hidden_rows is None else len(it.hidden_rows) for it in items]
+        self.last_hidden = np.split(rows, np.cumsum(counts)[:-1])
+        return logits
 
     def run(self, items: list[RunItem]) -> list[np.ndarray]:
         """One forward pass over every item; returns each item's logits rows ([0|1|n, n_vocab])."""
         batch, out_slices = self.build_batch(items)
-        logits = self.be.to_host(self.model.forward(batch, self.kv))  # [L, n_vocab]; L may be 0
+        logits = self.be.to_host(self._forward(items, batch))  # [L, n_vocab]; L may be 0
         return [logits[sl] for sl in out_slices]
 
     def run_argmax(self, items: list[RunItem]) -> list[np.ndarray]:
         """As run(), but each logits row comes back as its argmax only, computed by the backend (on the
         device for CUDA: the logits never cross the bus)."""
         batch, out_slices = self.build_batch(items)
-        logits = self.model.forward(batch, self.kv)
+        logits = self._forward(items, batch)
         ids = self.be.argmax(logits) if len(batch.logits_index) else np.empty(0, np.int32)
         return [ids[sl] for sl in out_slices]
 
     def run_top_k(self, items: list[RunItem], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """As run(), but each logits row comes back as its k best (values, ids), best first (see top_k)."""
         batch, out_slices = self.build_batch(items)
-        logits = self.model.forward(batch, self.kv)
+        logits = self._forward(items, batch)
         if len(batch.logits_index):
             vals, ids = self.be.top_k(logits, k)
         else:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from edgellm.sampling import SamplingParams
 from edgellm.tokenizer import StreamDecoder, Tokenizer
 
@@ -57,6 +59,7 @@ class RequestOutput:
     deltas: list[CompletionDelta]
     finished: bool
     metrics: RequestMetrics
+    embedding: np.ndarray | None = None  # [n_embd] float32: an embedding request's pooled vector
 
 
 @dataclass

@@ -233,7 +233,7 @@ class Scheduler:
         plan.block_copies.extend(self.block_manager.allocate(seq, num_new))
         plan.scheduled.append((seq, num_new))
         plan.num_batched_tokens += num_new
-        if seq.num_computed_tokens + num_new == seq.num_tokens:
+        if seq.num_computed_tokens + num_new == seq.num_tokens and not seq.pooled:
             plan.sample_seq_ids.append(seq.seq_id)
 
     def _preempt(self, seq: Sequence, plan: SchedulerPlan) -> None:

@@ -49,6 +49,7 @@ class Sequence:
     num_cached_tokens: int = 0  # of those, how many came from prefix-cache hits (last admission)
     block_table: list[int] = field(default_factory=list)  # KV block ids, logical block i -> physical id
     num_preemptions: int = 0
+    pooled: bool = False  # an embedding: computed like a prompt, pooled instead of sampled (pooling.py)
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.token_ids)  # own the list: callers often reuse theirs

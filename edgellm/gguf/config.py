@@ -50,6 +50,7 @@ class ModelConfig:
     post_norms: bool = False  # Gemma's extra norms after attention and after the FFN
     activation: str = "silu"  # gated FFN: silu (SwiGLU) or gelu (GeGLU, tanh form)
     final_logit_softcap: float = 0.0
+    pooling: str = "mean"  # how an embedding pools the final hidden states (engine/pooling.py POOLABLE)
 
     @property
     def kv_dim(self) -> int:
@@ -59,6 +60,10 @@ class ModelConfig:
 # The CUDA attention kernel holds a query head in shared memory of this size (cuda/config.py MAX_HEAD_DIM;
 # the CPU kernels have no limit): one limit for both keeps a file loadable on either backend.
 MAX_HEAD_DIM = 512
+# {arch}.pooling_type, llama.cpp's enum llama_pooling_type. NONE (per-token vectors) is what a plain
+# language model's file says, or nothing: its one-vector embedding is the mean here. Generation ignores the
+# key, so a value this table lacks loads and only embeddings refuse it.
+POOLING_TYPES = {0: "mean", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
 # A context of one position leaves no room to generate after a single prompt token.
 MIN_CONTEXT_LENGTH = 2
 
@@ -146,6 +151,7 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
         rope_type=ROPE_NORM if arch == "llama" else ROPE_NEOX,
         attn_scale=1.0 / math.sqrt(head_dim),
         swa_layers=[False] * n_layers,
+        pooling=POOLING_TYPES.get(pooling_type := get_int(g, p + "pooling_type", 0), f"type {pooling_type}"),
     )
     if arch == "qwen2":
         cfg.qkv_bias = True

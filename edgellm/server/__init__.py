@@ -10,6 +10,7 @@ import ipaddress
 import socket
 import sys
 import threading
+from collections.abc import Sequence
 
 import uvicorn
 
@@ -51,6 +52,8 @@ def run_server(
     metrics_public: bool = False,
     allow_special_in_content: bool = False,
     chat_template_file: str | None = None,
+    served_model_names: Sequence[str] = (),
+    cors_origins: Sequence[str] = (),
 ) -> None:
     """Serve `model` until interrupted. The socket opens at once (/health answers 503 while the model
     loads); the URL is printed to stdout once the model is ready."""
@@ -74,8 +77,10 @@ def run_server(
         metrics_public=metrics_public,
         allow_special_in_content=allow_special_in_content,
         chat_template_file=chat_template_file,
+        served_model_names=tuple(served_model_names),
+        cors_origins=tuple(cors_origins),
     )
-    state = ServerState(config)
+    state = ServerState(config)  # a bad --served-model-name or --cors-origin is a ValueError from here on
     server: uvicorn.Server
 
     def load() -> None:
@@ -94,7 +99,7 @@ def run_server(
     def start_loading() -> None:
         threading.Thread(target=load, name="edgellm-load", daemon=True).start()
 
-    app = build_app(state, on_startup=start_loading)
+    app = build_app(state, on_startup=start_loading)  # before the socket opens: checks --cors-origin
     server = uvicorn.Server(
         uvicorn.Config(
             app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=3, lifespan="on"

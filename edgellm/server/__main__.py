@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> None:
         metrics_public=a.metrics_public,
         allow_special_in_content=a.allow_special_in_content,
         chat_template_file=a.chat_template_file,
+        served_model_names=a.served_model_name,
+        cors_origins=a.cors_origin,
         **extra,
     )
 

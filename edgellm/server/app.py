@@ -27,9 +27,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from edgellm.catalog import CATALOG
 from edgellm.chat_template import ChatPrompt, ChatTemplate, ChatTemplateError
 from edgellm.llm import LLM
+from edgellm.server.compat import ModelNames, cors_middleware, with_unprefixed
+from edgellm.server.embeddings import embeddings
 from edgellm.server.generate import generate
 from edgellm.server.metrics import ServerMetrics
 from edgellm.server.protocol import ApiError, check_unicode, parse_chat, parse_completion
@@ -52,17 +53,15 @@ class ServerConfig:
     metrics_public: bool = False  # /metrics without the API key
     allow_special_in_content: bool = False  # parse control-token text typed in user/tool content
     chat_template_file: str | None = None  # instead of the GGUF's template
-
-
-def served_model_name(model: str) -> str:
-    return model if model in CATALOG else Path(model).stem
+    served_model_names: tuple[str, ...] = ()  # names answered to (the first is reported); none: any name
+    cors_origins: tuple[str, ...] = ()  # origins browsers may call from ("*": any); none: CORS off
 
 
 class ServerState:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        self.model_name = served_model_name(config.model)
-        self.aliases = {self.model_name, config.model, Path(config.model).name}
+        self.names = ModelNames(config.model, config.served_model_names)
+        self.model_name = self.names.primary
         self.metrics = ServerMetrics(self.model_name)
         self.llm: LLM = None  # type: ignore[assignment]  # set once loaded
         self.core_error: str | None = None  # why the engine core died, while a new one starts
@@ -89,8 +88,6 @@ class ServerState:
                 progress=progress,
             )
             self.template, self.template_error = load_template(c, llm)
-            self.aliases.add(llm.path.name)
-            self.aliases.add(llm.path.stem)
             llm.on_core_death = self._core_died
             self.llm = llm
             self.ready.set()
@@ -193,7 +190,10 @@ def check_api_key(request: Request, api_key: str) -> None:
 
 
 async def render_chat_prompt(
-    state: ServerState, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    state: ServerState,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool = True,
+    tools: list[dict[str, Any]] | None = None,
 ) -> ChatPrompt:
     if state.template is None:
         raise ApiError(400, f"chat is unavailable: {state.template_error}", param="messages")
@@ -206,6 +206,7 @@ async def render_chat_prompt(
                 state.llm.tokenizer,
                 add_generation_prompt,
                 allow_special_in_content=state.config.allow_special_in_content,
+                tools=tools,
             ),
         )
     except ChatTemplateError as e:
@@ -267,15 +268,7 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
 def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) -> Starlette:
     limit = state.config.max_body_bytes
 
-    def check_model(name: str | None) -> None:
-        if name is not None and name not in state.aliases:
-            raise ApiError(
-                404,
-                f"The model '{name}' does not exist; this server serves '{state.model_name}'",
-                type="invalid_request_error",
-                param="model",
-                code="model_not_found",
-            )
+    check_model = state.names.check
 
     @endpoint(state)
     async def chat_completions(request: Request) -> Response:
@@ -283,7 +276,7 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
         req = parse_chat(body, state.llm.tokenizer.vocab_size, state.llm.n_ctx)
         check_model(req.model)
         assert req.messages is not None
-        prompt = await render_chat_prompt(state, req.messages)
+        prompt = await render_chat_prompt(state, req.messages, tools=req.tools and req.tools.tools)
         return await generate(state, request, req, [prompt.token_ids], chat=True)
 
     @endpoint(state)
@@ -297,9 +290,13 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
             raise ApiError(400, "empty prompt: at least one token is needed", param="prompt")
         return await generate(state, request, req, prompts, chat=False)
 
-    def model_card() -> dict[str, Any]:
+    @endpoint(state)
+    async def create_embeddings(request: Request) -> Response:
+        return await embeddings(state, request, await read_json(request, limit))
+
+    def model_card(name: str) -> dict[str, Any]:
         return {
-            "id": state.model_name,
+            "id": name,
             "object": "model",
             "created": state.created,
             "owned_by": "edgellm",
@@ -308,12 +305,13 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
 
     @endpoint(state)
     async def list_models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [model_card()]})
+        return JSONResponse({"object": "list", "data": [model_card(n) for n in state.names.listed]})
 
     @endpoint(state)
     async def get_model(request: Request) -> Response:
-        check_model(request.path_params["model"])
-        return JSONResponse(model_card())
+        name = request.path_params["model"]
+        check_model(name)
+        return JSONResponse(model_card(name if name in state.names.listed else state.model_name))
 
     async def health(request: Request) -> Response:
         if state.load_error is not None:
@@ -387,6 +385,7 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/embeddings", create_embeddings, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", get_model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
@@ -395,7 +394,8 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
         Route("/detokenize", detokenize, methods=["POST"]),
     ]
     return Starlette(
-        routes=routes,
+        routes=with_unprefixed(routes),
+        middleware=cors_middleware(state.config.cors_origins),
         exception_handlers={HTTPException: http_error, Exception: server_error},
         lifespan=lifespan,
     )

@@ -17,6 +17,7 @@ from edgellm.engine.outputs import RequestOutput
 from edgellm.server.openai_format import Choice, ResponseHead, completion_logprobs, new_id, sse, usage
 from edgellm.server.openai_format import chat_logprobs as chat_lp
 from edgellm.server.protocol import ApiError, GenerationRequest
+from edgellm.server.tools import ToolOutput
 
 if TYPE_CHECKING:
     from edgellm.server.app import ServerState
@@ -165,6 +166,11 @@ async def _collect(
             n_prompt += out.metrics.num_prompt_tokens
             n_cached += out.metrics.num_cached_tokens
             state.metrics.observe_request(out.metrics, choices[pi * req.params.n].finish_reason or "stop")
+    if req.tools is not None:  # the text becomes content and tool calls
+        for c in choices:
+            out = ToolOutput(req.tools)
+            out.text = c.text
+            c.message, c.finish_reason = out.message(c.finish_reason)
     u = usage(n_prompt, sum(c.num_tokens for c in choices), n_cached)
     return JSONResponse(head.full(state.llm.tokenizer, choices, req.logprobs, u))
 
@@ -181,6 +187,12 @@ async def _stream(
     n = req.params.n
     with_usage = req.include_usage
     offsets = [0] * num_choices  # text offsets for legacy completion logprobs
+    tool_outs = [ToolOutput(req.tools) for _ in range(num_choices)] if req.tools is not None else None
+
+    def tool_chunk(idx: int, delta: dict[str, Any]) -> str:
+        choice = {"index": idx, "delta": delta, "logprobs": None, "finish_reason": None}
+        return sse(head.chunk([choice], with_usage))
+
     n_tokens = n_prompt = n_cached = 0
     try:
         if head.chat:  # OpenAI sends the role first, once per choice
@@ -200,13 +212,21 @@ async def _stream(
             for d in out.deltas:
                 idx = pi * n + d.index
                 n_tokens += len(d.token_ids)
-                if d.text or d.logprobs:
+                reason = d.finish_reason
+                if tool_outs is not None:  # content and tool-call deltas instead of the raw text
+                    for delta in tool_outs[idx].feed(d.text):
+                        yield tool_chunk(idx, delta)
+                    if reason is not None:
+                        deltas, reason = tool_outs[idx].finish(reason)
+                        for delta in deltas:
+                            yield tool_chunk(idx, delta)
+                elif d.text or d.logprobs:
                     yield sse(
                         head.chunk([_delta_choice(head, tok, idx, d, offsets, req.logprobs)], with_usage)
                     )
                     offsets[idx] += len(d.text)
-                if d.finish_reason is not None:
-                    fin: dict[str, Any] = {"index": idx, "logprobs": None, "finish_reason": d.finish_reason}
+                if reason is not None:
+                    fin: dict[str, Any] = {"index": idx, "logprobs": None, "finish_reason": reason}
                     fin.update({"delta": {}} if head.chat else {"text": ""})
                     yield sse(head.chunk([fin], with_usage))
             if out.finished:

@@ -57,7 +57,11 @@ def completion_logprobs(tok: Tokenizer, lps: list[TokenLogprob], offset: int) ->
         text, _ = _token(tok, lp.token_id)
         tokens.append(text)
         token_lps.append(lp.logprob)
-        tops.append({_token(tok, tid)[0]: v for tid, v in lp.top})
+        # the sampled token first, then the k most likely: OpenAI's "up to logprobs + 1" entries, as vLLM
+        top = {text: lp.logprob}
+        for tid, v in lp.top:
+            top.setdefault(_token(tok, tid)[0], v)
+        tops.append(top)
         offsets.append(offset)
         offset += len(text)
     return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
@@ -71,6 +75,7 @@ class Choice:
     num_tokens: int = 0
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    message: dict[str, Any] | None = None  # chat message fields replacing the text (tool calls)
 
 
 @dataclass
@@ -101,10 +106,11 @@ class ResponseHead:
         for i, c in enumerate(choices):
             if self.chat:
                 lp = {"content": chat_logprobs(tok, c.logprobs), "refusal": None} if want_logprobs else None
+                message = {"role": "assistant", "content": c.text, "refusal": None, **(c.message or {})}
                 out.append(
                     {
                         "index": i,
-                        "message": {"role": "assistant", "content": c.text, "refusal": None},
+                        "message": message,
                         "logprobs": lp,
                         "finish_reason": c.finish_reason,
                     }

@@ -12,7 +12,9 @@ import reprlib
 from dataclasses import dataclass
 from typing import Any
 
+from edgellm.grammar import GrammarError
 from edgellm.sampling import PARAM_BOUNDS, SamplingParams
+from edgellm.server.tools import ToolRequest, parse_response_format, parse_tools
 
 MAX_N = 16  # completions per request
 MAX_TOP_LOGPROBS = 20
@@ -133,9 +135,17 @@ class GenerationRequest:
     user: str | None
     messages: list[dict[str, Any]] | None = None  # chat
     prompts: list[str | list[int]] | None = None  # completions: one engine request per prompt
+    tools: ToolRequest | None = None  # chat with tools that may be called
 
 
-def _common(body: dict, vocab_size: int, max_tokens_default: int, top_logprobs: int | None) -> tuple:
+def _common(
+    body: dict,
+    vocab_size: int,
+    max_tokens_default: int,
+    top_logprobs: int | None,
+    json_schema: dict | bool | None = None,  # what decoding is constrained to (response_format, tools)
+    schema_param: str = "response_format",
+) -> tuple:
     model = _str(body, "model")
     max_tokens = _int(body, "max_completion_tokens", lo=1)
     if max_tokens is None:
@@ -181,13 +191,17 @@ def _common(body: dict, vocab_size: int, max_tokens_default: int, top_logprobs: 
         "n": _int(body, "n", lo=1, hi=MAX_N),
         "top_k": None if top_k is None else max(top_k, 0),  # -1 means off, as in vLLM
     }
-    params = SamplingParams(
-        max_tokens=max_tokens or max_tokens_default,
-        stop=stop,
-        logit_bias=logit_bias,
-        logprobs=top_logprobs,
-        **{k: v for k, v in opt.items() if v is not None},
-    )
+    try:
+        params = SamplingParams(
+            max_tokens=max_tokens or max_tokens_default,
+            stop=stop,
+            logit_bias=logit_bias,
+            logprobs=top_logprobs,
+            json_schema=json_schema,
+            **{k: v for k, v in opt.items() if v is not None},
+        )
+    except GrammarError as e:
+        raise _bad(schema_param, str(e)) from None
     user = _str(body, "user")
     return model, params, stream, include_usage, user
 
@@ -217,7 +231,35 @@ def _messages(body: dict) -> list[dict[str, Any]]:
                     raise _bad(f"{where}.content", "only text content parts are supported")
         elif not isinstance(content, str):
             raise _bad(f"{where}.content", "expected a string or a list of content parts")
-        out.append({"role": "system" if role == "developer" else role, "content": content})
+        msg = {"role": "system" if role == "developer" else role, "content": content}
+        if role == "assistant" and m.get("tool_calls") is not None:
+            msg["tool_calls"] = _history_tool_calls(m["tool_calls"], f"{where}.tool_calls")
+        if role == "tool":
+            for key in ("tool_call_id", "name"):
+                if m.get(key) is not None:
+                    if not isinstance(m[key], str):
+                        raise _bad(f"{where}.{key}", "expected a string")
+                    msg[key] = m[key]
+        out.append(msg)
+    return out
+
+
+def _history_tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    """An assistant message's earlier tool calls, as OpenAI sends them back."""
+    if not isinstance(calls, list):
+        raise _bad(where, "expected a list of tool calls")
+    out = []
+    for i, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise _bad(f"{where}[{i}]", "expected {'id', 'type', 'function': {'name', 'arguments'}}")
+        args = fn.get("arguments", "{}")
+        if not isinstance(args, str):
+            raise _bad(f"{where}[{i}].function.arguments", "expected a JSON string")
+        call_id = c.get("id")
+        if call_id is not None and not isinstance(call_id, str):
+            raise _bad(f"{where}[{i}].id", "expected a string")
+        out.append({"id": call_id, "type": "function", "function": {"name": fn["name"], "arguments": args}})
     return out
 
 
@@ -233,10 +275,21 @@ def parse_chat(body: dict, vocab_size: int, n_ctx: int) -> GenerationRequest:
     top = _int(body, "top_logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
     if top is not None and not logprobs:
         raise _bad("top_logprobs", "requires 'logprobs' to be true")
+    tools = parse_tools(body)
+    schema = parse_response_format(body)
+    if tools is not None and schema is not None:
+        raise _bad("response_format", "cannot be combined with tools (unless tool_choice is 'none')")
     model, params, stream, include_usage, user = _common(
-        body, vocab_size, n_ctx, (top or 0) if logprobs else None
+        body,
+        vocab_size,
+        n_ctx,
+        (top or 0) if logprobs else None,
+        tools.json_schema() if tools is not None else schema,
+        "tools" if tools is not None else "response_format",
     )
-    return GenerationRequest(model, params, stream, include_usage, logprobs, user, messages=_messages(body))
+    return GenerationRequest(
+        model, params, stream, include_usage, logprobs, user, messages=_messages(body), tools=tools
+    )
 
 
 def parse_completion(body: dict, vocab_size: int) -> GenerationRequest:
@@ -246,7 +299,10 @@ def parse_completion(body: dict, vocab_size: int) -> GenerationRequest:
         raise _bad("echo", "echo is not supported")
     if _str(body, "suffix"):
         raise _bad("suffix", "suffix is not supported")
-    model, params, stream, include_usage, user = _common(body, vocab_size, 16, k)  # OpenAI's default: 16
+    if body.get("tools") is not None or body.get("tool_choice") is not None:
+        raise _bad("tools", "tools are only supported on /v1/chat/completions")
+    schema = parse_response_format(body)
+    model, params, stream, include_usage, user = _common(body, vocab_size, 16, k, schema)  # OpenAI: 16
     prompt = body.get("prompt")
     prompts: list[str | list[int]]
     if isinstance(prompt, str):

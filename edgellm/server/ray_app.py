@@ -40,11 +40,11 @@ from edgellm.server.app import (
     check_api_key,
     error_response,
     load_template,
-    served_model_name,
 )
 from edgellm.server.asgi_relay import Relay, app_messages, portable_scope, read_body
+from edgellm.server.compat import ModelNames
 from edgellm.server.prefix_router import DECISIONS, prefix_block_hashes
-from edgellm.server.protocol import ApiError
+from edgellm.server.protocol import ApiError, parse_chat, parse_completion
 from edgellm.server.replica_metrics import label_replicas
 
 log = logging.getLogger("edgellm.server.ray")
@@ -109,7 +109,8 @@ class EngineReplica:
                 status, health = await _get(self.app, "/health", [])
                 _, page = await _get(self.app, "/metrics", self.auth)
                 entry = {"status": status, "health": json.loads(health), "metrics": page.decode()}
-                entry |= {"pid": os.getpid(), "block_size": self.state.llm.block_size}
+                llm = self.state.llm
+                entry |= {"pid": os.getpid(), "block_size": llm.block_size, "n_ctx": llm.n_ctx}
                 await self.board.post.remote(self.id, entry)
             except Exception as e:  # noqa: BLE001 - the board is best effort; requests go on
                 log.warning("could not post to the replica board: %r", e)
@@ -146,11 +147,11 @@ class IngressApp:
 
     def __init__(self, config: ServerConfig, engine: Any, board: Any) -> None:
         self.config, self.board = config, board
-        self.model_name = served_model_name(config.model)
+        self.model_name = ModelNames(config.model, config.served_model_names).primary
         self.engine = engine.options(method_name="http", stream=True)
         self.relay = Relay(_replica_gone, error_for=_relay_error)
         self.failed = 0  # responses the ingress ended because their replica failed
-        self.block_size: int | None = None  # the replicas' KV block size, once one has posted
+        self.geometry: dict[str, int] | None = None  # the replicas' block_size and n_ctx, once posted
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgellm-route")
         gguf = load_gguf(resolve_model(config.model))  # header and tokenizer only: no weights are read
         self.prompts = SimpleNamespace(metadata=gguf.metadata, tokenizer=tokenizer_from_gguf(gguf))
@@ -195,10 +196,10 @@ class IngressApp:
             return []
         if len(body) > self.config.max_body_bytes or not await self._authorized(scope):
             return []
-        if self.block_size is None:
+        if self.geometry is None:
             entries = await self.board.snapshot.remote()
-            self.block_size = next((e["block_size"] for e in entries.values()), None)
-            if self.block_size is None:
+            self.geometry = next(({k: e[k] for k in ("block_size", "n_ctx")} for e in entries.values()), None)
+            if self.geometry is None:
                 return []
         chat = path.endswith("chat/completions")
         loop = asyncio.get_running_loop()
@@ -206,19 +207,21 @@ class IngressApp:
             ids = await loop.run_in_executor(self.pool, self._prompt_ids, body, chat)
         except Exception:  # noqa: BLE001 - malformed requests are the replica's to answer
             return []
-        return prefix_block_hashes(ids, self.block_size)
+        return prefix_block_hashes(ids, self.geometry["block_size"])
 
     def _prompt_ids(self, body: bytes, chat: bool) -> list[int]:
-        req = json.loads(body)
+        """The prompt as the replica will see it: parsed and rendered by the server's own functions."""
         tok = self.prompts.tokenizer
+        data = json.loads(body)
         if chat:
             if self.template is None:
                 return []
-            allow = self.config.allow_special_in_content
-            return self.template.render_prompt(req["messages"], tok, allow_special_in_content=allow).token_ids
-        prompt = req["prompt"]
-        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-            prompt = prompt[0]  # a batch: its first prompt stands for it
+            assert self.geometry is not None
+            req = parse_chat(data, tok.vocab_size, self.geometry["n_ctx"])
+            assert req.messages is not None
+            allow, tools = self.config.allow_special_in_content, req.tools and req.tools.tools
+            return self.template.render_prompt(req.messages, tok, True, allow, tools).token_ids
+        prompt = parse_completion(data, tok.vocab_size).prompts[0]  # a batch: its first prompt stands for it
         return tok.encode(prompt, add_special=True) if isinstance(prompt, str) else list(prompt)
 
     async def _authorized(self, scope: Scope) -> bool:

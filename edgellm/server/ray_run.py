@@ -13,7 +13,8 @@ from typing import Any
 from edgellm.catalog import resolve_model
 from edgellm.cli import replicas_arg
 from edgellm.server import _is_loopback, _say
-from edgellm.server.app import ServerConfig, served_model_name
+from edgellm.server.app import ServerConfig
+from edgellm.server.compat import ModelNames
 
 APP_NAME = "edgellm"
 OBJECT_STORE_BYTES = 128 * 2**20  # requests and token streams are small; Ray's default is 30% of RAM
@@ -59,6 +60,7 @@ def run_ray_server(
         raise ValueError("--threads-per-replica must be >= 1")
     resolve_model(model)  # a missing model fails here, not in every replica
     cfg = ServerConfig(model=model, threads=threads, **config)
+    name = ModelNames(model, cfg.served_model_names).primary  # a bad --served-model-name fails here
     if not _is_loopback(host) and not cfg.api_key:
         _say(f"WARNING: listening on {host} without an API key; anyone who can reach it can use the model")
     local = ray_address is None
@@ -93,7 +95,7 @@ def run_ray_server(
         serve.run(app, name=APP_NAME, route_prefix="/")
         shown = f"[{host}]" if ":" in host else host
         print(
-            f"edgellm: serving {served_model_name(model)} at http://{shown}:{port}/v1 "
+            f"edgellm: serving {name} at http://{shown}:{port}/v1 "
             f"({replicas} replica(s) x {threads} thread(s), Ray Serve)",
             flush=True,
         )

@@ -6,10 +6,11 @@ that architecture: the same metadata keys and value types (`llama.*`, `qwen2.*`,
 vocabulary for llama/qwen, a SentencePiece 'llama' vocabulary for Gemma 3). A 2-layer, 64-wide model is
 a few hundred KiB, loads in milliseconds and runs through every code path of the real models.
 
-Weights are random (seeded). Types gguf-py can quantize (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) go
-through `gguf.quants.quantize`; the k-quants, which it cannot produce, and any other type are written as
-random raw blocks whose f16 scale fields are rescaled so the weights have the intended spread. Read the
-weights back with `gguf.quants.dequantize` (or `gguf.GGUFReader`) to build a reference.
+Weights are random (seeded), encoded by encode.py: through `gguf.quants.quantize` where gguf-py can
+quantize the type; Q4_K / Q6_K by our reference quantizers when asked (`quantize_kquants`); any other type
+as random raw blocks scaled to the intended spread. Read the weights back with `gguf.quants.dequantize`
+(or `gguf.GGUFReader`) to build a reference. `n_vocab` pads the vocabulary with control tokens to a real
+model's size (the LM head and the argmax then have real shapes: see real_shapes.py).
 
 Hooks for error-path tests: `metadata_overrides` (a value of None deletes the key), `skip_tensors`,
 `shape_overrides` (writes a tensor with another shape) and per-tensor `qtypes`.
@@ -28,15 +29,12 @@ from typing import Any
 
 import gguf
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+from gguf import GGMLQuantizationType, GGUFValueType
 
-from edgellm.quants.layouts import BLOCK_DTYPES
+from edgellm.testing.encode import encode_tensor
 
 T = GGMLQuantizationType
 ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
-
-# Types gguf.quants.quantize can produce (checked against gguf 0.19); the rest are written as raw blocks.
-GGUF_QUANTIZABLE = frozenset({T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0})
 
 # A mix of the block-32 types (n_embd=64 rows cannot hold the 256-wide k-quant blocks). Keys are tensor
 # roles (the name without "blk.N." and ".weight"), full tensor names, or "*" for every other matrix.
@@ -184,44 +182,13 @@ def pick_qtype(
     return T.F32
 
 
-# Mean quant level of the k-quants with a min (q uniform in 0..2^bits-1): dmin = d * this centres them.
-_MEAN_QUANT_LEVEL = {T.Q2_K: 1.5, T.Q4_K: 7.5, T.Q5_K: 15.5}
-
-
-def random_raw_blocks(
-    qtype: GGMLQuantizationType, rows: int, cols: int, std: float, rng: np.random.Generator
-) -> np.ndarray:
-    """Random but valid raw rows (rows, row_bytes) of a block type gguf cannot quantize: random quant bits,
-    f16 scales rescaled so the dequantized weights have standard deviation ~`std` (every f16 field of a
-    block (d, dmin) multiplies the weights, so scaling them all scales the weights)."""
-    block, type_size = GGML_QUANT_SIZES[qtype]
-    if cols % block:
-        raise ValueError(f"{qtype.name} needs rows of a multiple of {block} values, got {cols}")
-    raw = rng.integers(0, 256, (rows, cols // block * type_size), dtype=np.uint8)
-    dtype = BLOCK_DTYPES.get(qtype)
-    if dtype is None:  # a type we do not run: any bytes of the right size will do (error-path tests)
-        return raw
-    blocks = raw.view(dtype)
-    f16_fields = [f for f in dtype.names if dtype[f].base == np.dtype("<f2")]
-    for f in f16_fields:
-        blocks[f] = rng.uniform(0.5, 1.0, blocks[f].shape).astype(np.float16)
-    if qtype in _MEAN_QUANT_LEVEL:  # w = d*sc*q - dmin*m: centre the weights (sc and m share a range)
-        blocks["dmin"] = (blocks["d"].astype(np.float32) * _MEAN_QUANT_LEVEL[qtype]).astype(np.float16)
-    got = float(gguf.quants.dequantize(raw, qtype).std()) or 1.0
-    for f in f16_fields:
-        blocks[f] = (blocks[f].astype(np.float32) * (std / got)).astype(np.float16)
-    return raw
-
-
-def encode_tensor(
-    qtype: GGMLQuantizationType, shape: tuple[int, ...], std: float, mean: float, rng: np.random.Generator
-) -> np.ndarray:
-    """Random weights of `shape` in `qtype`'s GGUF encoding (uint8 rows for block types)."""
-    if qtype in GGUF_QUANTIZABLE:
-        w = (mean + std * rng.standard_normal(shape)).astype(np.float32)
-        return w if qtype == T.F32 else gguf.quants.quantize(w, qtype)
-    rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
-    return random_raw_blocks(qtype, rows, shape[-1], std, rng).reshape(*shape[:-1], -1)
+def _vocab_padding(n_base: int, n_vocab: int | None) -> list[str]:
+    """Control tokens that bring a base vocabulary of n_base tokens up to n_vocab."""
+    if n_vocab is None:
+        return []
+    if n_vocab < n_base:
+        raise ValueError(f"n_vocab must be at least the base vocabulary's {n_base} tokens, got {n_vocab}")
+    return [f"<extra_{i}>" for i in range(n_vocab - n_base)]
 
 
 def _metadata(
@@ -236,6 +203,7 @@ def _metadata(
     rope_base: float,
     rms_eps: float,
     sliding_window: int,
+    n_vocab: int | None = None,
 ) -> dict[str, tuple[Any, GGUFValueType, GGUFValueType | None]]:
     """Key -> (value, type, array element type) as llama.cpp's convert_hf_to_gguf.py writes them."""
     U32, F32, STR, BOOL, ARR = (
@@ -268,6 +236,8 @@ def _metadata(
     if arch == "gemma3":
         md[p + "attention.sliding_window"] = (sliding_window, U32, None)
         tokens, types, scores = spm_vocab()
+        extra = _vocab_padding(len(tokens), n_vocab)
+        tokens, types, scores = tokens + extra, types + [CONTROL] * len(extra), scores + [0.0] * len(extra)
         md.update(
             {
                 "tokenizer.ggml.model": ("llama", STR, None),
@@ -287,6 +257,8 @@ def _metadata(
     else:
         specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
         tokens, types, merges = bpe_vocab(specials)
+        extra = _vocab_padding(len(tokens), n_vocab)
+        tokens, types = tokens + extra, types + [CONTROL] * len(extra)
         if arch == "llama":
             md[p + "vocab_size"] = (len(tokens), U32, None)
         md.update(
@@ -322,6 +294,8 @@ def write_tiny_model(
     rope_base: float | None = None,
     rms_eps: float = 1e-5,
     sliding_window: int = 4,
+    n_vocab: int | None = None,
+    quantize_kquants: bool = False,
     metadata_overrides: Mapping[str, Any] | None = None,
     skip_tensors: Iterable[str] = (),
     shape_overrides: Mapping[str, tuple[int, ...]] | None = None,
@@ -335,6 +309,9 @@ def write_tiny_model(
         decoding just repeats the last token; an own output matrix gives varied continuations.
     rope_base: default 10000 (llama, qwen) or 1e6 (gemma3, whose sliding-window layers use 10000).
     sliding_window: Gemma 3 only; layers il % 6 < 5 use it (llama.cpp's pattern).
+    n_vocab: pad the vocabulary with control tokens to this size (default: the tiny vocabulary, ~300).
+    quantize_kquants: Q4_K / Q6_K matrices quantized from normal weights (encode.KQUANT_REF) rather than
+        random blocks.
     metadata_overrides: key -> value replacing or adding metadata (None deletes the key); the value type is
         the replaced key's, else inferred. "general.architecture" can be overridden too.
     skip_tensors / shape_overrides: leave tensors out / write them with another (numpy-order) shape.
@@ -357,6 +334,7 @@ def write_tiny_model(
         rope_base,
         rms_eps,
         sliding_window,
+        n_vocab,
     )
     n_vocab = len(md["tokenizer.ggml.tokens"][0])
     md = {"general.architecture": (arch, GGUFValueType.STRING, None), **md}
@@ -391,7 +369,8 @@ def write_tiny_model(
             mean, std = 0.0, 1.0
         else:
             mean, std = 0.0, 1.0 / math.sqrt(shape[-1])
-        data = encode_tensor(qtype, shape, std, mean, rng)  # drawn even when skipped: same weights
+        # drawn even when skipped: same weights
+        data = encode_tensor(qtype, shape, std, mean, rng, quantize_kquants)
         if name in skip:
             continue
         writer.add_tensor(name, data, raw_dtype=None if qtype == T.F32 else qtype)

@@ -162,6 +162,11 @@ class Tokenizer:
             output.append(self.eos_id)
         return output
 
+    def encode_fragment(self, text: str) -> list[int]:
+        """Ids for plain text: no BOS, no space prefix, special-token text not parsed (decode gives the text
+        back; what a grammar engine needs to tokenize text it forces)."""
+        return self._model.encode_fragment(text)
+
     def control_texts_in(self, text: str) -> list[str]:
         """Texts of the special tokens that occur in `text` and are parsed only with parse_special
         (control and unknown tokens), longest first."""
@@ -207,6 +212,10 @@ class Tokenizer:
     def is_control(self, tid: int) -> bool:
         self._check_id(tid)
         return self._types[tid] == TYPE_CONTROL
+
+    def is_user_defined(self, tid: int) -> bool:
+        self._check_id(tid)
+        return self._types[tid] == TYPE_USER_DEFINED
 
     def is_eog(self, tid: int) -> bool:
         return tid in self.eog_ids

@@ -20,7 +20,7 @@ from edgellm.backends.cuda.config import ACC_PER_THREAD, MAX_HEAD_DIM, ROW_THREA
 from edgellm.backends.cuda.matmul import quantize_block
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def write_kv_cuda(k, k_off, k_st, k_sh, v, v_off, v_st, v_sh, k_cache, v_cache, slots, n_kv, d, dv):  # noqa: ANN001
     """One thread per (token, kv head, element): store K/V at the token's slot, rounded to f16."""
     width = d + dv
@@ -37,7 +37,7 @@ def write_kv_cuda(k, k_off, k_st, k_sh, v, v_off, v_st, v_sh, k_cache, v_cache, 
             v_cache[blk, o, h, i - d] = v[v_off + t * v_st + h * v_sh + i - d]
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def copy_blocks_cuda(cache, src, dst, per_block):  # noqa: ANN001
     """Copy whole blocks src[p] -> dst[p] of one cache array viewed as [n_blocks, per_block]."""
     for idx in range(cuda.grid(1), src.shape[0] * per_block, cuda.gridsize(1)):  # grid-stride
@@ -74,7 +74,7 @@ def _block_reduce(red, v, is_max):  # noqa: ANN001, ANN201
     return r
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def attention_paged_cuda(  # noqa: ANN001
     q,
     q_off,

@@ -23,14 +23,25 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
-from edgellm.backends.base import Backend
+from edgellm.backends.base import Backend, StepInputs
 from edgellm.backends.cuda import attention as attn
 from edgellm.backends.cuda import ops
 from edgellm.backends.cuda import sampling as samp
-from edgellm.backends.cuda.config import MAX_TOP_K, ROW_THREADS, STATS, elem_grid, launch
+from edgellm.backends.cuda.config import (
+    ARGMAX_MAX_BLOCKS,
+    ARGMAX_PER_THREAD,
+    MAX_TOP_K,
+    ROW_THREADS,
+    STATS,
+    cdiv,
+    elem_grid,
+    launch,
+    stream,
+)
 from edgellm.backends.cuda.deferred import ActOp, AttnOp, HeadsOp, ResidualOp, same_view
 from edgellm.backends.cuda.devarray import BufferPool, DeviceTensor
 from edgellm.backends.cuda.matmul import DeviceWeight, Scratch, gather_rows_cuda, matmul_cuda, upload_weight
+from edgellm.backends.cuda.step_inputs import StepIndex, StepUploader
 from edgellm.gguf.reader import TensorInfo
 from edgellm.quants.packing import dequantize_packed, pack_weight, stack_packed, stackable
 from edgellm.quants.traits import get_traits
@@ -57,6 +68,8 @@ class CudaBackend(Backend):
         self.stats = STATS
         self.fuse = os.environ.get("EDGELLM_CUDA_FUSE", "1") != "0"
         self._pending: ResidualOp | ActOp | AttnOp | HeadsOp | None = None
+        self._steps = StepUploader()
+        self._argmax_zeroed: dict[int, bool] = {}  # rows -> its completion counters were zeroed
 
     def _flush(self) -> None:
         """Launch the deferred op on its own: the next op does not consume it."""
@@ -69,9 +82,15 @@ class CudaBackend(Backend):
         return cuda.to_device(x)
 
     def _download(self, d: Any) -> np.ndarray:
-        out = d.copy_to_host()
+        out = d.copy_to_host(stream=stream())
+        stream().synchronize()
         self.stats.count_to_host(out.nbytes)
         return out
+
+    def step_inputs(self, batch: Any) -> StepInputs:
+        """The step's index arrays in one copy (step_inputs.py)."""
+        self._flush()
+        return self._steps.upload(batch)
 
     # --- weights -------------------------------------------------------------------------------------
     def load_matrix(self, tensors: list[TensorInfo]) -> DeviceWeight | DeviceStacked:
@@ -132,9 +151,10 @@ class CudaBackend(Backend):
         return self._upload(x)  # int arrays: positions, block tables, slots
 
     # --- kernels -------------------------------------------------------------------------------------
-    def embed(self, w: Any, ids: np.ndarray, scale_f: float) -> DeviceTensor:
+    def embed(self, w: Any, ids: np.ndarray | StepIndex, scale_f: float) -> DeviceTensor:
         self._flush()
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        dev_ids = ids.dev if isinstance(ids, StepIndex) else None
+        ids = ids.host if isinstance(ids, StepIndex) else np.ascontiguousarray(ids, dtype=np.int32)
         if ids.size and (ids.min() < 0 or ids.max() >= w.rows):
             raise IndexError(f"row ids out of range [0, {w.rows})")
         out = self.empty((len(ids), w.cols))
@@ -158,7 +178,7 @@ class CudaBackend(Backend):
                 max(w.group, 1),
                 dense,
                 is_dense,
-                self._upload(ids),
+                dev_ids if dev_ids is not None else self._upload(ids),
                 np.float32(scale_f),
                 flat,
             )
@@ -317,14 +337,17 @@ class CudaBackend(Backend):
             op.launch(self.scratch)
 
     # --- logits and device sampling ----------------------------------------------------------------------
-    def take_rows(self, x: DeviceTensor, index: np.ndarray) -> DeviceTensor:
+    def take_rows(self, x: DeviceTensor, index: np.ndarray | StepIndex) -> DeviceTensor:
         self._flush()
-        rows = np.ascontiguousarray(index, dtype=np.int32)
+        rows = index.host if isinstance(index, StepIndex) else np.ascontiguousarray(index, dtype=np.int32)
+        if rows.size and (rows.min() < 0 or rows.max() >= x.shape[0]):
+            raise IndexError(f"logit rows out of range [0, {x.shape[0]})")
         n = x.shape[1]
         out = self.empty((len(rows), n))
         if out.size:
+            dev = index.dev if isinstance(index, StepIndex) else self._upload(rows)
             grid, threads = elem_grid(out.size)
-            launch(ops.take_rows_cuda, grid, threads, *x.rows2d(), self._upload(rows), n, out.buf)
+            launch(ops.take_rows_cuda, grid, threads, *x.rows2d(), dev, n, out.buf)
         return out
 
     def softcap(self, x: DeviceTensor, cap: float) -> DeviceTensor:
@@ -347,9 +370,26 @@ class CudaBackend(Backend):
         return vals, ids
 
     def argmax(self, logits: DeviceTensor) -> np.ndarray:
-        """np.argmax of each row, computed on the device: only the int32 ids come back."""
-        _, ids = self._top_k(logits, 1, True)
-        return self._download(ids)[: logits.shape[0], 0]
+        """np.argmax of each row, computed on the device by many blocks per row in one launch: only the int32
+        ids come back."""
+        self._flush()
+        rows, n = logits.shape
+        if rows == 0 or n == 0:
+            raise ValueError(f"argmax needs a non-empty [rows, n_vocab] array, got {logits.shape}")
+        per_block = ROW_THREADS * ARGMAX_PER_THREAD
+        nb = min(cdiv(n, per_block), ARGMAX_MAX_BLOCKS)
+        chunk = cdiv(n, nb)
+        nb = cdiv(n, chunk)  # every block gets a non-empty chunk
+        part_v = self.scratch.get("argmax_v", (rows, nb), np.float32)
+        part_i = self.scratch.get("argmax_i", (rows, nb), np.int32)
+        done = self.scratch.get("argmax_done", (rows,), np.int32)
+        if not self._argmax_zeroed.get(rows):
+            done.copy_to_device(np.zeros(rows, np.int32))  # once: each launch's last blocks reset it
+            self._argmax_zeroed[rows] = True
+        ids = self.scratch.get("argmax_ids", (rows,), np.int32)
+        launch(samp.argmax_blocks_cuda, (nb, rows), ROW_THREADS, *logits.rows2d(), n, chunk, part_v, part_i,
+               done, ids)  # fmt: skip
+        return self._download(ids)
 
     def top_k(self, logits: DeviceTensor, k: int) -> tuple[np.ndarray, np.ndarray]:
         vals, ids = self._top_k(logits, k, False)

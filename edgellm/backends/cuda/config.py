@@ -19,13 +19,17 @@ SIMULATOR = bool(config.ENABLE_CUDASIM)
 # Threads that cooperate on one output row of a matmul (reduction over weight groups).
 MATMUL_LANES = 2 if SIMULATOR else 32
 # Output rows per matmul block (one lane team each).
-MATMUL_ROWS = 2 if SIMULATOR else 4
+MATMUL_ROWS = 8 if SIMULATOR else 4
 # Activation rows each thread of the tiled GEMM reuses a weight group for (register tile in M).
 GEMM_TILE_M = 4 if SIMULATOR else 8
 # Threads per block for row-wise ops (norms, attention, argmax): one block per row / (token, head).
 ROW_THREADS = 4 if SIMULATOR else 128
 # Threads per block of the elementwise kernels.
 ELEM_THREADS = 4 if SIMULATOR else 256
+# Multi-block argmax: logits each thread scans before the row takes another block, and at most this many
+# blocks per row (49k logits: 24 blocks, 262k: 128; the simulator: a few blocks of 4 threads).
+ARGMAX_PER_THREAD = 4 if SIMULATOR else 16
+ARGMAX_MAX_BLOCKS = 256
 # Largest k of the device top-k (per-thread sorted lists of this length live in local memory).
 MAX_TOP_K = 64
 # Largest head dim the attention kernel's per-thread V accumulators cover.
@@ -115,23 +119,33 @@ class KernelStats:
 
 
 STATS = KernelStats()
+_STREAM: list[Any] = []
+
+
+def stream() -> Any:
+    """The backend's one non-default stream: every launch and per-step copy is queued on it, in order. (A
+    blocking stream: allocations and weight uploads on the legacy default stream still order with it.)"""
+    if not _STREAM:
+        _STREAM.append(cuda.stream())
+    return _STREAM[0]
 
 
 def launch(kernel: Any, grid: Any, block: Any, *args: Any) -> None:
-    """kernel[grid, block](*args), counted (and timed in a profiling mode: see KernelStats)."""
+    """kernel[grid, block, stream()](*args), counted (and timed in a profiling mode: see KernelStats)."""
     name = kernel.py_func.__name__
     STATS.launches[name] += 1
+    s = stream()
     if STATS.timing is None:
-        kernel[grid, block](*args)
+        kernel[grid, block, s](*args)
     elif STATS.timing == "events":
         e0, e1 = cuda.event(), cuda.event()
-        e0.record()
-        kernel[grid, block](*args)
-        e1.record()
+        e0.record(s)
+        kernel[grid, block, s](*args)
+        e1.record(s)
         STATS.events.append((name, e0, e1))
     else:
-        cuda.synchronize()
+        s.synchronize()
         t0 = time.perf_counter()
-        kernel[grid, block](*args)
-        cuda.synchronize()
+        kernel[grid, block, s](*args)
+        s.synchronize()
         STATS.seconds[name] += time.perf_counter() - t0

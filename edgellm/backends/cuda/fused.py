@@ -31,7 +31,7 @@ def _quantize_row(out, base, n, group, mode, xq, xs, xsum, r):  # noqa: ANN001
         quantize_block(out, base, b * block, block, group, mode, xq, xs, xsum, r)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def add_rmsnorm_quant_cuda(  # noqa: ANN001
     x,
     x_off,
@@ -70,7 +70,7 @@ def add_rmsnorm_quant_cuda(  # noqa: ANN001
         _quantize_row(out, o_off + r * o_ld, n, group, mode, xq, xs, xsum, r)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def gated_act_quant_cuda(g, g_off, g_ld, out, o_off, o_ld, ff, gelu, quant, group, mode, xq, xs, xsum):  # noqa: ANN001
     r = cuda.blockIdx.x
     gb = g_off + r * g_ld
@@ -81,7 +81,7 @@ def gated_act_quant_cuda(g, g_off, g_ld, out, o_off, o_ld, ff, gelu, quant, grou
         _quantize_row(out, ob, ff, group, mode, xq, xs, xsum, r)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def heads_rope_kv_cuda(  # noqa: ANN001
     q, q_off, q_st, q_sh, n_q, qw, k, k_off, k_st, k_sh, kw, has_norm, eps, v, v_off, v_st, v_sh,
     k_cache, v_cache, slots, pos, n_kv, d, dv, n_rot, base, neox,

@@ -142,7 +142,7 @@ def act_block(mode: int) -> int:
     return 256 if mode == 2 else 32
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def quantize_act_cuda(x, x_off, x_ld, m_rows, k_cols, group, mode, xq, xs, xsum):  # noqa: ANN001
     """One thread per (row, activation block): xq int32 words [M, K/4], xs / xsum f32 [M, K/G]."""
     i = cuda.grid(1)
@@ -179,7 +179,7 @@ def _reduce_team_and_store(red, acc, ty, lane, n, n_rows, m0, m_rows, out, out_o
 def _grouped_kernel(tile_m: int):  # noqa: ANN202
     lanes, rows = MATMUL_LANES, MATMUL_ROWS
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def matmul_grouped_cuda(xq, xs, xsum, q, scale, minv, has_min, m_rows, out, out_off, out_ld):  # noqa: ANN001
         lane = cuda.threadIdx.x
         ty = cuda.threadIdx.y
@@ -227,7 +227,7 @@ def _grouped_kernel(tile_m: int):  # noqa: ANN202
 def _dense_kernel(tile_m: int):  # noqa: ANN202
     lanes, rows = MATMUL_LANES, MATMUL_ROWS
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def matmul_dense_cuda(x, x_off, x_ld, w, act_round, m_rows, out, out_off, out_ld):  # noqa: ANN001
         lane = cuda.threadIdx.x
         ty = cuda.threadIdx.y
@@ -313,7 +313,7 @@ def matmul_cuda(x: Any, w: DeviceWeight, out: Any, scratch: Scratch, xquant: tup
     launch(GROUPED[tile], grid, block, xq, xs, xsum, w.q, w.scale, minv, has_min, m_rows, o_buf, o_off, o_ld)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def gather_rows_cuda(q, scale, minv, has_min, group, dense, is_dense, ids, emb_scale, out):  # noqa: ANN001
     """Embedding lookup: out[i, k] = W[ids[i], k] (same float ops as gguf's dequantize), times emb_scale."""
     k_cols = out.shape[1]

@@ -52,7 +52,7 @@ def scale_row(x, x_base, scale, w, n, out, o_base):  # noqa: ANN001
         out[o_base + i] = mul_rn(mul_rn(x[x_base + i], scale), w[i])
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def rmsnorm_cuda(x, x_off, x_ld, w, eps, n, out, o_off, o_ld):  # noqa: ANN001
     """One block per row: out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w. May alias."""
     r = cuda.blockIdx.x
@@ -61,7 +61,7 @@ def rmsnorm_cuda(x, x_off, x_ld, w, eps, n, out, o_off, o_ld):  # noqa: ANN001
     scale_row(x, x_off + r * x_ld, scale, w, n, out, o_off + r * o_ld)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def rmsnorm_heads_cuda(x, off, st, sh, n_heads, w, eps, d):  # noqa: ANN001
     """One block per (token, head), in place over [T, H, d] with a [d] weight (Q/K norm)."""
     base = off + (cuda.blockIdx.x // n_heads) * st + (cuda.blockIdx.x % n_heads) * sh
@@ -90,7 +90,7 @@ def rope_pair(x, p, i, pos, n_rot, base, neox):  # noqa: ANN001, ANN201
     return a, b
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def rope_cuda(x, off, st, sh, n_tokens, n_heads, pos, n_rot, base, neox):  # noqa: ANN001
     """In place over [T, H, d]; one thread per (token, head, rotated pair)."""
     half = n_rot // 2
@@ -112,7 +112,7 @@ def gated(gv, up, gelu):  # noqa: ANN001, ANN201
     return mul_rn(act, up)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def gated_act_cuda(g, g_off, g_ld, out, o_off, o_ld, n_tokens, ff, gelu):  # noqa: ANN001
     """out = act(gate) * up over gate_up = [gate | up]."""
     for idx in range(cuda.grid(1), n_tokens * ff, cuda.gridsize(1)):  # grid-stride
@@ -121,7 +121,7 @@ def gated_act_cuda(g, g_off, g_ld, out, o_off, o_ld, n_tokens, ff, gelu):  # noq
         out[o_off + t * o_ld + i] = gated(g[g_off + t * g_ld + i], g[g_off + t * g_ld + ff + i], gelu)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def add_cuda(x, x_off, x_ld, y, y_off, y_ld, n_rows, n, y_is_bias):  # noqa: ANN001
     """x[t] += y[t] (residual), or x[t] += y (bias) when y_is_bias."""
     for idx in range(cuda.grid(1), n_rows * n, cuda.gridsize(1)):  # grid-stride
@@ -131,7 +131,7 @@ def add_cuda(x, x_off, x_ld, y, y_off, y_ld, n_rows, n, y_is_bias):  # noqa: ANN
         x[x_off + t * x_ld + i] += yv
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def copy_strided_cuda(x, off, st, sh, n_tokens, n_heads, d, out):  # noqa: ANN001
     """out (contiguous [T, H, d]) = a strided [T, H, d] view with unit inner stride."""
     for idx in range(cuda.grid(1), n_tokens * n_heads * d, cuda.gridsize(1)):  # grid-stride
@@ -141,7 +141,7 @@ def copy_strided_cuda(x, off, st, sh, n_tokens, n_heads, d, out):  # noqa: ANN00
         out[idx] = x[off + t * st + h * sh + i]
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def take_rows_cuda(x, x_off, x_ld, rows, n, out):  # noqa: ANN001
     """out (contiguous [L, n]) = x[rows]: the rows that need logits, gathered without a trip to the host."""
     for idx in range(cuda.grid(1), rows.shape[0] * n, cuda.gridsize(1)):  # grid-stride

@@ -28,7 +28,7 @@ def _before(v, i, bv, bi, nan_first):  # noqa: ANN001, ANN201
     return v > bv or (v == bv and i < bi)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def top_k_rows_cuda(x, x_off, x_ld, n, k, nan_first, out_v, out_i):  # noqa: ANN001
     """One block per row r: out_v[r, :k], out_i[r, :k] = the row's k best entries, best first (k <= n).
 
@@ -84,7 +84,66 @@ def top_k_rows_cuda(x, x_off, x_ld, n, k, nan_first, out_v, out_i):  # noqa: ANN
         cuda.syncthreads()  # everyone has read round `slot`'s winner before the next round overwrites it
 
 
-@cuda.jit
+@cuda.jit(device=True, inline=True)
+def _block_best(sv, si, tid, nan_first):  # noqa: ANN001
+    """Tree-reduce the block's (sv[t], si[t]) pairs (si < 0: empty) into sv[0], si[0]."""
+    cuda.syncthreads()
+    s = ROW_THREADS // 2
+    while s > 0:
+        if tid < s:
+            oi = si[tid + s]
+            if oi >= 0 and (si[tid] < 0 or _before(sv[tid + s], oi, sv[tid], si[tid], nan_first)):
+                sv[tid] = sv[tid + s]
+                si[tid] = oi
+        cuda.syncthreads()
+        s //= 2
+
+
+@cuda.jit(cache=True)
+def argmax_blocks_cuda(x, x_off, x_ld, n, chunk, part_v, part_i, done, out_i):  # noqa: ANN001
+    """np.argmax of each row in one launch over many blocks: block (b, r) finds the best entry of chunk b of
+    row r and writes it to part_*[r, b]; the row's last block to finish (an atomic count in done[r]) reduces
+    the row's partial results and resets done[r] for the next launch. The order (value, then lower id, NaN
+    first) is total, so the result does not depend on which block finishes last."""
+    b = cuda.blockIdx.x
+    r = cuda.blockIdx.y
+    tid = cuda.threadIdx.x
+    nb = cuda.gridDim.x
+    sv = cuda.shared.array(ROW_THREADS, np.float32)
+    si = cuda.shared.array(ROW_THREADS, np.int32)
+    last = cuda.shared.array(1, np.int32)
+    bv = np.float32(0.0)
+    bi = -1
+    for j in range(b * chunk + tid, min(n, (b + 1) * chunk), ROW_THREADS):
+        v = x[x_off + r * x_ld + j]
+        if bi < 0 or _before(v, j, bv, bi, True):
+            bv = v
+            bi = j
+    sv[tid] = bv
+    si[tid] = bi
+    _block_best(sv, si, tid, True)
+    if tid == 0:
+        part_v[r, b] = sv[0]
+        part_i[r, b] = si[0]
+        cuda.threadfence()  # the partial result is visible before the count says so
+        last[0] = cuda.atomic.add(done, r, 1) == nb - 1
+    cuda.syncthreads()
+    if last[0]:
+        bv = np.float32(0.0)
+        bi = -1
+        for k in range(tid, nb, ROW_THREADS):
+            if part_i[r, k] >= 0 and (bi < 0 or _before(part_v[r, k], part_i[r, k], bv, bi, True)):
+                bv = part_v[r, k]
+                bi = part_i[r, k]
+        sv[tid] = bv
+        si[tid] = bi
+        _block_best(sv, si, tid, True)
+        if tid == 0:
+            out_i[r] = si[0]
+            done[r] = 0
+
+
+@cuda.jit(cache=True)
 def softcap_cuda(x, x_off, x_ld, n_rows, n, cap):  # noqa: ANN001
     """In place: x = tanh(x / cap) * cap (final logit soft-capping), before sampling or the copy to host."""
     for idx in range(cuda.grid(1), n_rows * n, cuda.gridsize(1)):  # grid-stride

@@ -1,0 +1,117 @@
+"""/v1/embeddings: OpenAI's request body -> token ids -> the engine's embedding requests -> OpenAI's
+response (vectors as JSON floats, or base64 of little-endian float32 as the openai client asks by default).
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from edgellm.engine.checks import PromptTooLongError
+from edgellm.engine.core_client import EngineDeadError
+from edgellm.server.generate import _until_disconnect
+from edgellm.server.protocol import ApiError
+
+if TYPE_CHECKING:
+    from edgellm.server.app import ServerState
+
+MAX_INPUTS = 2048  # OpenAI's limit of inputs per request
+ENCODINGS = ("float", "base64")
+
+
+@dataclass
+class EmbeddingRequest:
+    model: str | None
+    inputs: list[str | list[int]]
+    encoding_format: str
+    dimensions: int | None
+
+
+def _bad(param: str, message: str) -> ApiError:
+    return ApiError(400, f"'{param}': {message}", param=param, code="invalid_value")
+
+
+def _is_ids(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
+
+
+def parse_embedding(body: dict[str, Any]) -> EmbeddingRequest:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _bad("model", f"expected a string, got {type(model).__name__}")
+    x = body.get("input")
+    if isinstance(x, str):
+        inputs: list = [x]
+    elif _is_ids(x) and x:
+        inputs = [x]  # one input given as token ids
+    elif isinstance(x, list) and x and all(isinstance(s, str) for s in x):
+        inputs = list(x)
+    elif isinstance(x, list) and x and all(_is_ids(s) for s in x):
+        inputs = list(x)
+    else:
+        raise _bad("input", "expected a string, a list of strings, token ids or lists of token ids")
+    if len(inputs) > MAX_INPUTS:
+        raise _bad("input", f"{len(inputs)} inputs; at most {MAX_INPUTS} per request")
+    for i, s in enumerate(inputs):
+        if not s:
+            raise _bad("input", f"input {i} is empty")
+    fmt = body.get("encoding_format")
+    fmt = "float" if fmt is None else fmt
+    if fmt not in ENCODINGS:
+        raise _bad("encoding_format", f"expected one of {', '.join(ENCODINGS)}, got {fmt!r}")
+    dims = body.get("dimensions")
+    if dims is not None and (not isinstance(dims, int) or isinstance(dims, bool)):
+        raise _bad("dimensions", f"expected an integer, got {type(dims).__name__}")
+    return EmbeddingRequest(model, inputs, fmt, dims)
+
+
+def _encode(v: np.ndarray, fmt: str) -> list[float] | str:
+    if fmt == "base64":
+        return base64.b64encode(v.astype("<f4").tobytes()).decode("ascii")
+    return v.tolist()
+
+
+async def embeddings(state: ServerState, request: Request, body: dict[str, Any]) -> Response:
+    req = parse_embedding(body)
+    state.names.check(req.model)
+    llm = state.llm
+    n_embd = llm.config.n_embd
+    if req.dimensions is not None and req.dimensions != n_embd:
+        raise _bad(
+            "dimensions",
+            f"{req.dimensions} is not supported: this model's embeddings have {n_embd} dimensions (no "
+            "shortening); leave it out or send that",
+        )
+    ids = []
+    for i, x in enumerate(req.inputs):
+        try:
+            ids.append(llm.embedding_ids(x))
+        except PromptTooLongError as e:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {llm.n_ctx} tokens. However, input {i} resulted in "
+                f"{e.num_tokens} tokens (inputs are not truncated).",
+                param="input",
+                code="context_length_exceeded",
+            ) from None
+        except ValueError as e:
+            raise ApiError(400, f"input {i}: {e}", param="input") from None
+    release = state.admit(1)
+    try:
+        vectors = await _until_disconnect(request, llm.aembed(ids))
+    except EngineDeadError as e:
+        raise ApiError(503, str(e), type="server_error", code="engine_dead") from e
+    finally:
+        release()
+    n_tokens = sum(len(x) for x in ids)
+    data = [
+        {"object": "embedding", "index": i, "embedding": _encode(v, req.encoding_format)}
+        for i, v in enumerate(vectors)
+    ]
+    usage = {"prompt_tokens": n_tokens, "total_tokens": n_tokens}
+    return JSONResponse({"object": "list", "data": data, "model": state.model_name, "usage": usage})

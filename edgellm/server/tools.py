@@ -1,0 +1,257 @@
+"""OpenAI `response_format`, `tools`, `tool_choice` and `parallel_tool_calls`: request fields -> a grammar
+for the engine and the tools for the chat template; the model's text -> OpenAI `tool_calls`, whole or
+streamed as `delta.tool_calls` chunks.
+
+How each `tool_choice` decodes:
+- "none" (the default without tools): no tools reach the template; the reply is text.
+- "auto" (the default with tools): free text; calls the model writes in a known format (edgellm.chat_tools)
+  are parsed out of it. While streaming, text that may be the start of a call is held back until it is.
+- "required": decoding is constrained to a JSON list of calls, `[{"name": ..., "arguments": {...}}]` (one
+  call when `parallel_tool_calls` is false), each call's arguments valid against its function's schema.
+- a named function: decoding is constrained to that function's arguments (its parameters schema); the
+  whole output is the call's `arguments`, streamed as it comes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from edgellm.chat_tools import HERMES_OPEN, ToolCall, could_start_call, parse_tool_calls
+from edgellm.grammar import GrammarError, compile_grammar
+
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_ANY_OBJECT = {"type": "object"}
+
+
+def _bad(param: str, message: str) -> Exception:
+    from edgellm.server.protocol import _bad as bad  # protocol imports this module
+
+    return bad(param, message)
+
+
+def parse_response_format(body: dict) -> dict[str, Any] | bool | None:
+    """The JSON schema `response_format` asks for (True: any JSON object), or None for text."""
+    rf = body.get("response_format")
+    if rf is None:
+        return None
+    if not isinstance(rf, dict) or not isinstance(rf.get("type"), str):
+        raise _bad("response_format", "expected an object with a 'type'")
+    kind = rf["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return True
+    if kind != "json_schema":
+        raise _bad("response_format", f"type {kind!r} is not supported (text, json_object, json_schema)")
+    spec = rf.get("json_schema")
+    if not isinstance(spec, dict):
+        raise _bad("response_format.json_schema", "expected an object with 'name' and 'schema'")
+    name = spec.get("name")
+    if name is not None and (not isinstance(name, str) or not _NAME.match(name)):
+        raise _bad("response_format.json_schema.name", "expected 1-64 letters, digits, '_' or '-'")
+    if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
+        raise _bad("response_format.json_schema.strict", "expected a boolean")
+    schema = spec.get("schema", _ANY_OBJECT)
+    if not isinstance(schema, dict):
+        raise _bad("response_format.json_schema.schema", "expected a JSON Schema object")
+    return schema
+
+
+@dataclass
+class ToolRequest:
+    tools: list[dict[str, Any]]  # OpenAI tool objects, as the template gets them
+    choice: str  # "auto" | "required" | the name of the function that must be called
+    parallel: bool
+
+    @property
+    def names(self) -> list[str]:
+        return [t["function"]["name"] for t in self.tools]
+
+    def schema(self, name: str) -> dict[str, Any]:
+        """The function's arguments schema. Arguments are what the function declares: an object schema
+        that does not say otherwise gets additionalProperties false (as OpenAI's strict mode requires),
+        or a small model pads its call with made-up keys."""
+        fn = next(t["function"] for t in self.tools if t["function"]["name"] == name)
+        schema = fn.get("parameters") or {"type": "object", "properties": {}}
+        if schema.get("type") == "object" and "additionalProperties" not in schema:
+            schema = {**schema, "additionalProperties": False}
+        return schema
+
+    def json_schema(self) -> dict[str, Any] | None:
+        """What decoding is constrained to: None for "auto"."""
+        if self.choice == "auto":
+            return None
+        if self.choice != "required":
+            return self.schema(self.choice)
+        calls = [
+            {
+                "type": "object",
+                "properties": {"name": {"const": name}, "arguments": self.schema(name)},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+            for name in self.names
+        ]
+        array: dict[str, Any] = {"type": "array", "items": {"anyOf": calls}, "minItems": 1}
+        if not self.parallel:
+            array["maxItems"] = 1
+        return array
+
+
+def parse_tools(body: dict) -> ToolRequest | None:
+    """`tools`/`tool_choice`/`parallel_tool_calls`; None when no tool may be called."""
+    if body.get("functions") is not None or body.get("function_call") is not None:
+        raise _bad("functions", "the deprecated 'functions'/'function_call' are not supported; use 'tools'")
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise _bad("parallel_tool_calls", "expected a boolean")
+    if tools is None:
+        if choice not in (None, "none"):
+            raise _bad("tool_choice", "only allowed when 'tools' are given")
+        return None
+    if not isinstance(tools, list) or not tools:
+        raise _bad("tools", "expected a non-empty list of tools")
+    checked, seen = [], set()
+    for i, t in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("function"), dict):
+            raise _bad(where, "expected {'type': 'function', 'function': {...}} (only function tools)")
+        fn = t["function"]
+        name = fn.get("name")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise _bad(f"{where}.function.name", "expected 1-64 letters, digits, '_' or '-'")
+        if name in seen:
+            raise _bad(f"{where}.function.name", f"duplicate function name {name!r}")
+        seen.add(name)
+        if fn.get("description") is not None and not isinstance(fn["description"], str):
+            raise _bad(f"{where}.function.description", "expected a string")
+        params = fn.get("parameters")
+        if params is not None and not isinstance(params, dict):
+            raise _bad(f"{where}.function.parameters", "expected a JSON Schema object")
+        checked.append({"type": "function", "function": fn})
+    if choice is None or choice in ("auto", "required", "none"):
+        choice = choice or "auto"
+    elif isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+        choice = choice["function"].get("name")
+        if choice not in seen:
+            raise _bad("tool_choice", f"function {choice!r} is not among the tools")
+    else:
+        raise _bad("tool_choice", "expected 'none', 'auto', 'required' or a {'function': {'name': ...}}")
+    if choice == "none":
+        return None
+    request = ToolRequest(checked, choice, True if parallel is None else parallel)
+    if choice != "auto":
+        try:
+            compile_grammar(json_schema=request.json_schema())
+        except GrammarError as e:
+            raise _bad("tools", f"a function's parameters cannot constrain decoding: {e}") from None
+    return request
+
+
+# ---- output ----------------------------------------------------------------------------------
+def _call_id() -> str:
+    return f"call_{secrets.token_hex(12)}"
+
+
+def _call_json(call: ToolCall, index: int) -> dict[str, Any]:
+    return {
+        "index": index,
+        "id": _call_id(),
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
+
+
+class ToolOutput:
+    """One choice's text -> content and tool calls, for a request with tools. `feed` takes each text
+    delta and returns the chat `delta` objects to stream now; `finish` the rest and the finish reason."""
+
+    def __init__(self, req: ToolRequest) -> None:
+        self.req = req
+        self.text = ""  # everything the model wrote
+        self.sent = 0  # chars of text already streamed as content (auto) or arguments (named)
+        self.held = False  # auto: the rest of the text is held back (a call may have begun)
+        self.call_id: str | None = None  # named: the call's id once its header went out
+
+    def feed(self, text: str) -> list[dict[str, Any]]:
+        self.text += text
+        choice = self.req.choice
+        if choice == "required" or not text:
+            return []
+        if choice != "auto":  # named: the text is the arguments
+            out = self._named_header() if self.call_id is None else []
+            out.append({"tool_calls": [{"index": 0, "function": {"arguments": self.text[self.sent :]}}]})
+            self.sent = len(self.text)
+            return out
+        if self.held:
+            return []
+        if self.sent == 0 and could_start_call(self.text, self.req.names):
+            return []  # a bare call would start here: wait
+        at = self.text.find(HERMES_OPEN, self.sent)
+        if at >= 0:
+            self.held = True
+            end = at
+        else:
+            end = len(self.text) - _partial_suffix(self.text, HERMES_OPEN)
+        if end <= self.sent:
+            return []
+        out = [{"content": self.text[self.sent : end]}]
+        self.sent = end
+        return out
+
+    def finish(self, reason: str | None) -> tuple[list[dict[str, Any]], str | None]:
+        choice = self.req.choice
+        if choice not in ("auto", "required"):  # named: the arguments are all out already
+            out = [] if self.call_id is not None else self._named_header()
+            return out, "length" if reason == "length" else "tool_calls"
+        _, calls = self.result()
+        rest = self.text[self.sent :]
+        if calls:  # what is left of the text besides the calls (the text before a <tool_call> went out)
+            rest = parse_tool_calls(rest, self.req.names)[0] if choice == "auto" else ""
+        out = [{"content": rest}] if rest.strip() or (rest and not calls) else []
+        out += [{"tool_calls": [_call_json(c, i)]} for i, c in enumerate(calls)]
+        return out, "tool_calls" if calls and reason != "length" else reason
+
+    def _named_header(self) -> list[dict[str, Any]]:
+        self.call_id = _call_id()
+        header = {"index": 0, "id": self.call_id, "type": "function"}
+        return [{"tool_calls": [{**header, "function": {"name": self.req.choice, "arguments": ""}}]}]
+
+    def result(self) -> tuple[str | None, list[ToolCall]]:
+        """(content, calls) of the whole reply."""
+        choice = self.req.choice
+        if choice == "auto":
+            content, calls = parse_tool_calls(self.text, self.req.names)
+            return (content or None) if calls else self.text, calls
+        if choice == "required":
+            try:
+                items = json.loads(self.text)
+                calls = [ToolCall(c["name"], json.dumps(c["arguments"], ensure_ascii=False)) for c in items]
+            except (ValueError, TypeError, KeyError):  # cut short by max_tokens
+                return self.text, []
+            return None, calls
+        return None, [ToolCall(choice, self.text)]
+
+    def message(self, reason: str | None) -> tuple[dict[str, Any], str | None]:
+        """The non-streaming message fields (content, tool_calls) and the finish reason."""
+        content, calls = self.result()
+        if not calls:
+            return {"content": content}, reason
+        tool_calls = [_call_json(c, i) for i, c in enumerate(calls)]
+        for c in tool_calls:
+            del c["index"]  # only stream chunks carry it
+        final = "length" if reason == "length" else "tool_calls"
+        return {"content": content, "tool_calls": tool_calls}, final
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    """Length of the longest end of `text` that begins `marker` (held back: the marker may be coming)."""
+    for k in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-k:]):
+            return k
+    return 0

@@ -1,0 +1,116 @@
+"""The chat's streaming speed in a real terminal against `edgellm bench` at the same lengths, alternating.
+
+Each round: `python -m edgellm chat MODEL` runs in tmux (WIDTHxHEIGHT), a prompt is typed, and when the
+status bar leaves "generating" its tok/s and context use are read off the screen, with the CPU seconds the
+UI process and the engine-core process used meanwhile; then `edgellm bench` runs batch-1 with the chat's
+prompt and reply lengths. Prints one JSON line per round and the medians with their ratio.
+
+    python scripts/chat_speed.py smollm2-135m --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+PROMPT = "Write a long detailed story about a dragon who learns to cook."
+STATUS = re.compile(r"ctx (\d+)/\d+ │ TTFT [^│]+│ ([\d.]+) tok/s │ (\w+)")
+SESSION = "edgellm-chat-speed"
+
+
+def sh(*args: str) -> str:
+    return subprocess.run(args, capture_output=True, text=True).stdout
+
+
+def screen() -> str:
+    return sh("tmux", "capture-pane", "-p", "-t", SESSION)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_for(pred, timeout: float) -> str:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        s = screen()
+        if pred(s):
+            return s
+        time.sleep(0.1)
+    raise TimeoutError(screen())
+
+
+def chat_round(model: str, width: int, height: int) -> dict:
+    subprocess.run(["tmux", "kill-session", "-t", SESSION], stderr=subprocess.DEVNULL)
+    cmd = f"{sys.executable} -m edgellm chat {model}"
+    subprocess.run(["tmux", "new-session", "-d", "-s", SESSION, "-x", str(width), "-y", str(height), cmd])
+    try:
+        wait_for(lambda s: "│ ready" in s, 300)
+        ui = int(sh("tmux", "display", "-p", "-t", SESSION, "#{pane_pid}").strip())
+        core = int(sh("pgrep", "-P", str(ui)).split()[0])
+        before = {ui: cpu_seconds(ui), core: cpu_seconds(core)}
+        subprocess.run(["tmux", "send-keys", "-t", SESSION, PROMPT, "Enter"])
+        wait_for(lambda s: "generating" in s, 60)
+        s = wait_for(lambda s: "generating" not in s and STATUS.search(s) is not None, 600)
+        ctx, tps, state = STATUS.search(s).groups()
+        return {
+            "chat_tok_s": float(tps),
+            "ctx_used": int(ctx),
+            "state": state,
+            "ui_cpu_s": round(cpu_seconds(ui) - before[ui], 2),
+            "core_cpu_s": round(cpu_seconds(core) - before[core], 2),
+        }
+    finally:
+        subprocess.run(["tmux", "send-keys", "-t", SESSION, "C-q"])
+        time.sleep(1)
+        subprocess.run(["tmux", "kill-session", "-t", SESSION], stderr=subprocess.DEVNULL)
+
+
+def prompt_tokens(model: str) -> int:
+    """Tokens of the chat's prompt for PROMPT (its template, as the TUI renders it)."""
+    from edgellm import LLM
+    from tui.messages import ChatMessage
+    from tui.prompt import render_prompt_ids
+
+    with LLM(model) as llm:
+        return len(render_prompt_ids(llm, [ChatMessage("user", PROMPT)]))
+
+
+def bench_round(model: str, n_prompt: int, n_gen: int) -> float:
+    out = sh(
+        sys.executable, "-m", "edgellm", "bench", model, "--prompt-tokens", str(n_prompt),
+        "--gen-tokens", str(n_gen), "--json",
+    )  # fmt: skip
+    return float(json.loads(out.strip().splitlines()[-1])["decode_tok_s"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", nargs="?", default="smollm2-135m")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--width", type=int, default=160)
+    ap.add_argument("--height", type=int, default=45)
+    args = ap.parse_args()
+    n_prompt = prompt_tokens(args.model)
+    chats, benches = [], []
+    for r in range(args.rounds):
+        c = chat_round(args.model, args.width, args.height)
+        n_gen = max(1, c["ctx_used"] - n_prompt)
+        b = bench_round(args.model, n_prompt, n_gen)
+        chats.append(c["chat_tok_s"])
+        benches.append(b)
+        print(json.dumps({"round": r, **c, "prompt_tokens": n_prompt, "gen_tokens": n_gen, "bench_tok_s": b}))
+    chat, bench = statistics.median(chats), statistics.median(benches)
+    summary = {"chat_tok_s_median": chat, "bench_tok_s_median": bench, "ratio": round(chat / bench, 3)}
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

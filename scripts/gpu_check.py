@@ -1,0 +1,314 @@
+"""The steps of scripts/gpu_check.sh, one process each (the shell gives each its own timeout); every step
+writes WORK/part_STEP.json and `merge` joins them into one JSON of figures.
+
+    python scripts/gpu_check.py versions|models|compare|bench|profile|tests|merge --work DIR [--sim]
+
+--sim: the tiny shapes of real_shapes.SIM_SHAPES and the fewest tokens that still run every step, for the
+Numba CUDA simulator (NUMBA_ENABLE_CUDASIM=1, set by the shell script).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+BLOCK = 16
+HBM_BYTES_PER_S = 4.3e12  # H200 device-to-device copy rate measured here (KINDS.md): the bandwidth bound
+MODELS = ("smollm2", "gemma3")
+# Per step and mode: how much each measures. Real: the figures; sim: every code path once, in seconds.
+SIZES = {
+    False: dict(cmp_prompt=32, cmp_steps=16, prefill=128, decode=64, in_flight=(16, 64), flight_prompt=32,
+                flight_steps=16, profile_steps=16, bench_models=MODELS, profile_models=MODELS, warm=True),
+    True: dict(cmp_prompt=2, cmp_steps=1, prefill=3, decode=1, in_flight=(2,), flight_prompt=1,
+               flight_steps=1, profile_steps=1, bench_models=("smollm2",), profile_models=("smollm2",),
+               warm=False),
+}  # fmt: skip
+NEAR_TIE = 1e-3  # a top-2 logit margin below this fraction of the top logit is a tie: comparison ends
+
+
+def model_path(work: Path, name: str) -> Path:
+    return work / f"{name}.gguf"
+
+
+def write_part(work: Path, name: str, data: dict) -> None:
+    """WORK/part_NAME.json; NAME is the step, or STEP-MODEL for a step run per model in parallel."""
+    (work / f"part_{name}.json").write_text(json.dumps(data, indent=1, default=float))
+
+
+# --- steps -----------------------------------------------------------------------------------------------
+def step_versions(args: argparse.Namespace) -> dict:
+    import gguf
+    import numba
+    from numba import cuda
+
+    from edgellm.backends.cuda.config import SIMULATOR
+
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "numba": numba.__version__,
+        "gguf": getattr(gguf, "__version__", None) or _dist_version("gguf"),
+        "gguf_from": str(Path(gguf.__file__).parent),
+        "numba_cuda": _dist_version("numba-cuda"),
+        "cuda_core": _dist_version("cuda-core"),
+        "simulator": SIMULATOR,
+    }
+    if SIMULATOR:
+        info["device"] = "the Numba CUDA simulator"
+    else:
+        dev = cuda.get_current_device()
+        info["device"] = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
+        info["compute_capability"] = list(dev.compute_capability)
+        info["driver_cuda_version"] = list(cuda.cudadrv.driver.driver.get_version())
+        info["runtime_cuda_version"] = list(cuda.runtime.get_version())
+    return info
+
+
+def _dist_version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def step_models(args: argparse.Namespace) -> dict:
+    from edgellm.testing.real_shapes import write_real_shape_model
+
+    out = {}
+    for name in args.models or MODELS:
+        t0 = time.perf_counter()
+        path = write_real_shape_model(name, model_path(args.work, name), sim=args.sim)
+        out[name] = {"bytes": path.stat().st_size, "seconds": time.perf_counter() - t0}
+    return out
+
+
+class Loaded:
+    """A model on one backend, with a runner over n_blocks KV blocks."""
+
+    def __init__(self, path: Path, backend: str, n_blocks: int) -> None:
+        from edgellm.arch import ARCHITECTURES
+        from edgellm.backends.base import get_backend
+        from edgellm.engine.model_runner import ModelRunner
+        from edgellm.gguf.config import config_from_gguf
+        from edgellm.gguf.reader import load_gguf
+
+        t0 = time.perf_counter()
+        g = load_gguf(path)
+        self.cfg = config_from_gguf(g)
+        self.be = get_backend(backend)
+        self.model = ARCHITECTURES[self.cfg.arch](self.cfg, g, self.be)
+        self.runner = ModelRunner(self.model, self.cfg, self.be, n_blocks, BLOCK)
+        self.load_s = time.perf_counter() - t0
+
+    def forward(self, items: list) -> Any:
+        batch, _ = self.runner.build_batch(items)
+        return self.model.forward(batch, self.runner.kv)
+
+
+def _compare_one(path: Path, sz: dict) -> dict:
+    from edgellm.engine.model_runner import RunItem
+
+    n_blocks = -(-(sz["cmp_prompt"] + sz["cmp_steps"] + 1) // BLOCK)
+    table = list(range(n_blocks))
+    cpu, gpu = Loaded(path, "cpu", n_blocks), Loaded(path, "cuda", n_blocks)
+    rng = np.random.default_rng(1)
+    tokens = [int(t) for t in rng.integers(0, cpu.cfg.n_vocab, sz["cmp_prompt"])]
+    pos, nmses, cpu_ids, gpu_ids, device_ids, tie_at = 0, [], [], [], [], None
+    for step in range(sz["cmp_steps"] + 1):
+        item = RunItem(table, tokens, pos)
+        lc = cpu.be.to_host(cpu.forward([item]))[-1].astype(np.float64)
+        logits = gpu.forward([item])
+        lg = gpu.be.to_host(logits)[-1].astype(np.float64)
+        device_ids.append(int(gpu.be.argmax(logits)[-1]))  # the on-device argmax of the same logits
+        nmses.append(float(np.sum((lg - lc) ** 2) / max(np.sum(lc**2), 1e-30)))
+        top2 = np.sort(lc)[-2:]
+        if tie_at is None and top2[1] - top2[0] < NEAR_TIE * max(abs(top2[1]), 1e-6):
+            tie_at = step
+        cpu_ids.append(int(np.argmax(lc)))
+        gpu_ids.append(int(np.argmax(lg)))
+        pos += len(tokens)
+        tokens = [cpu_ids[-1]]  # both backends continue from the CPU's greedy token
+    upto = len(cpu_ids) if tie_at is None else tie_at
+    same = [a == b for a, b in zip(cpu_ids[:upto], gpu_ids[:upto], strict=True)]
+    return {
+        "n_vocab": cpu.cfg.n_vocab,
+        "load_s": {"cpu": cpu.load_s, "cuda": gpu.load_s},
+        "logits_nmse_max": max(nmses),
+        "logits_nmse_median": float(np.median(nmses)),
+        "tokens_compared": upto,
+        "near_tie_at": tie_at,
+        "greedy_equal": all(same),
+        "first_difference": None if all(same) else same.index(False),
+        "device_argmax_equal_host_argmax": device_ids == gpu_ids,
+        "cpu_tokens": cpu_ids,
+        "cuda_tokens": gpu_ids,
+    }
+
+
+def step_compare(args: argparse.Namespace) -> dict:
+    sz = SIZES[args.sim]
+    return {name: _compare_one(model_path(args.work, name), sz) for name in args.models or MODELS}
+
+
+def _timed(fn: Any, n: int = 1) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n
+
+
+def _bench_one(path: Path, sz: dict) -> dict:
+    from edgellm.backends.cuda.config import STATS
+    from edgellm.engine.model_runner import RunItem
+
+    flights = sz["in_flight"]
+    per_seq = -(-(max(sz["prefill"], sz["flight_prompt"]) + sz["decode"] + sz["flight_steps"] + 2) // BLOCK)
+    m = Loaded(path, "cuda", per_seq * max(flights))
+    run = m.runner.run_argmax
+    tables = [list(range(s * per_seq, (s + 1) * per_seq)) for s in range(max(flights))]
+    prompt = [int(t) for t in np.random.default_rng(2).integers(0, m.cfg.n_vocab, sz["prefill"])]
+    res: dict[str, Any] = {"n_vocab": m.cfg.n_vocab, "load_s": m.load_s, "weight_bytes": m.be.weight_bytes}
+    if sz["warm"]:
+        run([RunItem(tables[0], prompt, 0)])  # compiles the prefill shapes
+    res["prefill_tokens"] = len(prompt)
+    res["prefill_tok_s"] = len(prompt) / _timed(lambda: run([RunItem(tables[0], prompt, 0)]))
+    state = {"pos": len(prompt), "tok": 1}
+
+    def decode_one() -> None:
+        [ids] = run([RunItem(tables[0], [state["tok"]], state["pos"])])
+        state["pos"] += 1
+        state["tok"] = int(ids[-1])
+
+    if sz["warm"]:
+        decode_one()  # compiles the decode shapes
+    STATS.reset()
+    dt = _timed(decode_one, sz["decode"])
+    n = sz["decode"]
+    res["decode_b1"] = {
+        "tok_s": 1 / dt,
+        "ms_per_token": dt * 1e3,
+        "launches_per_token": STATS.total_launches / n,
+        "host_to_device_copies_per_token": STATS.from_host_copies / n,
+        "device_to_host_copies_per_token": STATS.to_host_copies / n,
+        "bytes_moved_per_token": (STATS.from_host_bytes + STATS.to_host_bytes) / n,
+    }
+    ctx = state["pos"]
+    kv_bytes = m.cfg.n_layers * ctx * m.cfg.n_kv_heads * (m.cfg.head_dim + m.cfg.head_dim_v) * 2
+    res["bytes_per_token_b1"] = m.be.weight_bytes + kv_bytes  # every weight read once per step at batch 1
+    res["bandwidth_bound_tok_s_b1"] = HBM_BYTES_PER_S / res["bytes_per_token_b1"]
+    for b in flights:
+        fp = sz["flight_prompt"]
+        first = run([RunItem(tables[s], prompt[:fp], 0) for s in range(b)])  # untimed prefill of b sequences
+        toks = [int(ids[-1]) for ids in first]
+        pos = fp
+
+        def step(b: int = b) -> None:
+            nonlocal toks, pos
+            out = run([RunItem(tables[s], [toks[s]], pos) for s in range(b)])
+            toks, pos = [int(ids[-1]) for ids in out], pos + 1
+
+        if sz["warm"]:
+            step()  # compiles this batch size's shapes
+        dt = _timed(step, sz["flight_steps"])
+        res[f"in_flight_{b}"] = {"aggregate_tok_s": b / dt, "ms_per_step": dt * 1e3}
+    return res
+
+
+def step_bench(args: argparse.Namespace) -> dict:
+    sz = SIZES[args.sim]
+    return {name: _bench_one(model_path(args.work, name), sz) for name in args.models or sz["bench_models"]}
+
+
+def step_profile(args: argparse.Namespace) -> dict:
+    """Per-kernel launches and times at batch-1 decode, fused (scripts/cuda_profile.py's measurement)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from cuda_profile import Decoder, profile
+
+    sz = SIZES[args.sim]
+    out = {}
+    for name in args.models or sz["profile_models"]:
+        dec = Decoder(model_path(args.work, name), prompt=4, steps=sz["profile_steps"])
+        out[name] = profile(dec, fuse=True, steps=sz["profile_steps"], warmup=int(sz["warm"]))
+    return out
+
+
+def step_tests(args: argparse.Namespace) -> dict:
+    """The CUDA test files on the device (EDGELLM_CUDA_TESTS=gpu); in the simulator one quick case, to run
+    the step itself (the full simulator run is part of the default test suite)."""
+    files = ["tests/test_cuda_backend.py", "tests/test_cuda_engine.py", "tests/test_cuda_sampling.py"]
+    if args.sim:
+        files = ["tests/test_cuda_engine.py", "-k", "test_top_k_and_argmax_match_numpy and 1"]
+    env = dict(os.environ, EDGELLM_CUDA_TESTS="gpu")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.timeout)
+    out = (proc.stdout + proc.stderr).strip().splitlines()
+    print("\n".join(out[-40:]))
+    return {
+        "returncode": proc.returncode,
+        "summary": out[-1] if out else "",
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def step_merge(args: argparse.Namespace) -> dict:
+    """One JSON: each step's figures and how the step ended (rc 124: its timeout)."""
+    report: dict[str, Any] = {"sim": args.sim, "steps": {}}
+    steps_file = args.work / "steps.tsv"
+    for line in steps_file.read_text().splitlines() if steps_file.exists() else []:
+        name, rc, limit, secs = line.split()
+        report["steps"][name] = {"rc": int(rc), "timeout_s": int(limit), "seconds": float(secs)}
+    for part in sorted(args.work.glob("part_*.json")):
+        report.setdefault(part.stem[5:].split("-")[0], {}).update(json.loads(part.read_text()))
+    args.out.write_text(json.dumps(report, indent=1))
+    print(f"wrote {args.out}")
+    return report
+
+
+STEPS = {
+    "versions": step_versions,
+    "models": step_models,
+    "compare": step_compare,
+    "bench": step_bench,
+    "profile": step_profile,
+    "tests": step_tests,
+    "merge": step_merge,
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("step", choices=list(STEPS))
+    ap.add_argument("--work", type=Path, required=True, help="scratch folder shared by the steps")
+    ap.add_argument("--sim", action="store_true", help="tiny shapes for the CUDA simulator")
+    ap.add_argument(
+        "--models", type=lambda s: [m for m in s.split(",") if m], help="subset of " + ",".join(MODELS)
+    )
+    ap.add_argument("--out", type=Path, help="merge: the JSON to write")
+    ap.add_argument("--timeout", type=float, default=None, help="tests: seconds for the pytest run")
+    args = ap.parse_args()
+    if args.step == "merge" and args.out is None:
+        ap.error("merge needs --out")
+    data = STEPS[args.step](args)
+    if args.step != "merge":
+        per_model = args.step == "models" and args.models
+        write_part(args.work, args.step + ("-" + "-".join(args.models) if per_model else ""), data)
+        print(json.dumps(data, indent=1, default=float)[:4000])
+
+
+if __name__ == "__main__":
+    main()

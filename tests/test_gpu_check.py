@@ -1,0 +1,42 @@
+"""scripts/gpu_check.sh end to end in the CUDA simulator (--sim: tiny shapes), offline: the wheel folder it
+installs from holds a gguf wheel rebuilt from this machine's copy, which the steps must then import."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from gpu_wheels import repack  # noqa: E402
+
+
+def test_gpu_check_flow_runs_in_the_simulator(tmp_path: Path) -> None:
+    wheels, out = tmp_path / "wheels", tmp_path / "out"
+    wheels.mkdir()
+    repack("gguf", wheels)
+    env = dict(os.environ, WHEELS=str(wheels), OUT=str(out), PYTHON=sys.executable, TMPDIR=str(tmp_path))
+    env.pop("NUMBA_ENABLE_CUDASIM", None)  # the script sets it for --sim
+    cmd = ["bash", "scripts/gpu_check.sh", "--sim"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    log = (proc.stdout + proc.stderr)[-5000:]
+    assert proc.returncode == 0, log
+    r = json.loads((out / "gpu_check.json").read_text())
+    assert set(r["steps"]) == {"versions", "models", "compare", "bench", "profile", "tests"}, log
+    assert all(s["rc"] == 0 for s in r["steps"].values()), r["steps"]
+    assert r["versions"]["simulator"] is True
+    assert r["versions"]["gguf_from"].startswith(str(tmp_path)), "gguf must come from the carried wheel"
+    for name in ("smollm2", "gemma3"):
+        assert r["models"][name]["bytes"] > 0
+        c = r["compare"][name]
+        assert c["greedy_equal"] and c["device_argmax_equal_host_argmax"], c
+        assert c["tokens_compared"] >= 1 and c["logits_nmse_max"] < 1e-4, c
+    b = r["bench"]["smollm2"]["decode_b1"]
+    assert b["host_to_device_copies_per_token"] <= 1 and b["device_to_host_copies_per_token"] <= 1, b
+    assert b["launches_per_token"] > 0 and r["bench"]["smollm2"]["in_flight_2"]["aggregate_tok_s"] > 0
+    assert r["profile"]["smollm2"]["by_kernel"], r["profile"]
+    assert r["tests"]["returncode"] == 0 and " passed" in r["tests"]["summary"], r["tests"]
