@@ -81,6 +81,9 @@ def test_metrics_and_health_cover_every_replica_behind_the_key(ray_server: str) 
     r = httpx.post(f"{ray_server}/v1/chat/completions", json={"messages": question(0)}, timeout=30)
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     assert r.headers["x-edgellm-replica"]  # the replica's own auth check answered
+    body = {"messages": question(0), "max_tokens": 2}
+    r = httpx.post(f"{ray_server}/chat/completions", json=body, headers=AUTH, timeout=120)  # no /v1: compat
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"], r.text
     text = httpx.get(f"{ray_server}/metrics", headers=AUTH, timeout=30).text
     health = httpx.get(f"{ray_server}/health", timeout=30).json()
     assert health["status"] == "ok" and health["replicas_ready"] == 2
