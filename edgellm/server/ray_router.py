@@ -5,6 +5,7 @@ the `prefix_hashes` keyword argument."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from typing import Any
 
@@ -12,6 +13,8 @@ from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, R
 
 from edgellm.server import prefix_router
 from edgellm.server.prefix_router import BusyRule, PrefixAffinity
+
+CHOSEN_TTL_S = 60.0  # a choice never routed (its caller gone) stops counting toward load after this
 
 # Ray ships this class to the ingress pickled by value, globals and all: state the ingress reads lives in
 # prefix_router (imported by reference) and is reached through the module.
@@ -30,14 +33,19 @@ class PrefixAwareRequestRouter(RequestRouter):
         self._sent: Counter[str] = Counter()  # replica -> requests this router has in flight there
         self._where: dict[str, str] = {}  # internal request id -> replica, once routed
         # Chosen but not routed yet (a burst is chosen before any of it is sent): internal request id ->
-        # (replica, request); dropped once routed, or once its future is done (cancelled).
+        # (replica, request); dropped by on_request_routed, or once cancelled, failed or stale.
         self._chosen: dict[str, tuple[str, PendingRequest]] = {}
 
     def _loads(self, replicas: list[RunningReplica]) -> dict[str, int]:
         """Requests in flight on each replica: its own count as last seen by Ray (all routers' requests)
         or this router's if higher (exact for ours, never stale), plus those chosen for it meanwhile."""
+        now = time.time()
         for req_id, (_, pending) in list(self._chosen.items()):
-            if pending.future.done():
+            fut = pending.future
+            # A future with a replica stays counted until on_request_routed moves it to _sent: between
+            # the two, a request counted nowhere let a burst's second prefix land on the first's replica.
+            gone = fut.done() and (fut.cancelled() or fut.exception() is not None)
+            if gone or now - pending.created_at > CHOSEN_TTL_S:
                 del self._chosen[req_id]
         chosen = Counter(replica for replica, _ in self._chosen.values())
         loads = {}
