@@ -230,6 +230,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    if args.replicas is not None:
+        return _serve_on_ray(args)
+    if args.ray_address is not None or args.threads_per_replica is not None:
+        print("edgellm: error: --ray-address and --threads-per-replica go with --replicas", file=sys.stderr)
+        return 2
     from edgellm.server import run_server
 
     run_server(
@@ -251,6 +256,48 @@ def cmd_serve(args: argparse.Namespace) -> int:
         **speculative_options(args),
     )
     return 0
+
+
+def _serve_on_ray(args: argparse.Namespace) -> int:
+    if args.threads is not None:
+        print("edgellm: error: with --replicas, say --threads-per-replica", file=sys.stderr)
+        return 2
+    from edgellm.server.ray_run import run_ray_server
+
+    run_ray_server(
+        args.model,
+        host=args.host,
+        port=args.port,
+        replicas=args.replicas,
+        threads_per_replica=args.threads_per_replica,
+        ray_address=args.ray_address,
+        api_key=args.api_key,
+        max_queue=args.max_queue,
+        ctx=args.ctx,
+        backend=args.backend,
+        kv_cache_memory=args.kv_cache_memory,
+        kv_cache_dtype=args.kv_cache_dtype,
+        metrics_public=args.metrics_public,
+        allow_special_in_content=args.allow_special_in_content,
+        chat_template_file=args.chat_template_file,
+        served_model_names=tuple(args.served_model_name),
+        cors_origins=tuple(args.cors_origin),
+        **speculative_options(args),
+    )
+    return 0
+
+
+def replicas_arg(text: str) -> int | str:
+    """`--replicas`: a count >= 1, or "auto" (Ray Serve autoscaling on queue length)."""
+    if text == "auto":
+        return text
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a replica count >= 1 nor 'auto'")
+    return n
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -325,6 +372,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_runtime_args(p)
     add_server_security_args(p)
     add_speculative_args(p)
+    p.add_argument(
+        "--replicas",
+        type=replicas_arg,
+        default=None,
+        help="N engine replicas (or 'auto') behind one endpoint, on Ray Serve (pip install 'edgellm[ray]')",
+    )
+    p.add_argument("--ray-address", default=None, help="with --replicas: join this Ray cluster")
+    p.add_argument(
+        "--threads-per-replica", type=int, default=None, help="with --replicas: CPU threads per engine"
+    )
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("bench", help="measure prefill/decode speed (batch 1, or N requests in flight)")

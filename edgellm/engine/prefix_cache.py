@@ -17,6 +17,16 @@ BlockKey = tuple[int, tuple[int, ...]]
 _ROOT_HASH = 0  # parent hash of a prompt's first block
 
 
+def block_keys(token_ids: Sequence[int], block_size: int) -> Iterator[BlockKey]:
+    """The chained keys of the full blocks of token_ids, in order. The request router (server/) hashes
+    prompts with these too, so that "shares a block" means the same there as in the cache."""
+    parent = _ROOT_HASH
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        key = (parent, tuple(token_ids[start : start + block_size]))
+        yield key
+        parent = hash(key)  # int/tuple hashing is not salted by PYTHONHASHSEED: stable across runs
+
+
 class PrefixCache(ABC):
     """Longest-prefix lookup over full blocks, plus LRU eviction among unused cached blocks."""
 
@@ -81,12 +91,7 @@ class HashPrefixCache(PrefixCache):
         self._evictable: OrderedDict[int, None] = OrderedDict()
 
     def _keys(self, token_ids: Sequence[int]) -> Iterator[BlockKey]:
-        parent = _ROOT_HASH
-        bs = self.block_size
-        for start in range(0, len(token_ids) - bs + 1, bs):
-            key = (parent, tuple(token_ids[start : start + bs]))
-            yield key
-            parent = hash(key)  # int/tuple hashing is not salted by PYTHONHASHSEED: stable across runs
+        return block_keys(token_ids, self.block_size)
 
     def lookup(self, token_ids: Sequence[int]) -> list[int]:
         blocks: list[int] = []
