@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import tempfile
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -25,6 +26,26 @@ from tui.messages import (
 from tui.prompt import render_prompt_ids
 
 
+def _launcher() -> Callable[[Callable[[], None]], None]:
+    """Starts load threads from one thread that keeps the priority the process started with. A thread (and a
+    process it spawns, such as the engine core) inherits its creator's niceness, and the UI's main thread
+    lowers its own once a model is ready (yield_cpu_to_engine): cores started later must not inherit that."""
+    jobs: queue.SimpleQueue = queue.SimpleQueue()
+
+    def run() -> None:
+        while True:
+            threading.Thread(target=jobs.get(), name="edgellm-load", daemon=True).start()
+
+    launcher = threading.Thread(target=run, name="edgellm-load-launcher", daemon=True)
+    launcher.start()
+    _keep_priority.add(launcher.native_id)
+    return jobs.put
+
+
+_keep_priority: set[int | None] = set()  # thread ids yield_cpu_to_engine leaves alone
+_start_load_thread = _launcher()
+
+
 def _run_in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future:
     """Like asyncio.to_thread, but a daemon thread: quitting during a long load must not wait for it."""
     loop = asyncio.get_running_loop()
@@ -39,8 +60,33 @@ def _run_in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future:
         else:
             loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(result))
 
-    threading.Thread(target=target, name="edgellm-load", daemon=True).start()
+    _start_load_thread(target)
     return fut
+
+
+UI_NICENESS = 19  # see yield_cpu_to_engine
+
+
+def yield_cpu_to_engine() -> None:
+    """Lower the UI process's CPU priority below the engine core's. The core's kernels use every core and
+    the UI spends ~2 ms of CPU per streamed token (drawing, the core's messages), so on a busy 2-core machine
+    the two fought: the chat streamed at 0.63-0.66x `edgellm bench`'s decode (scripts/chat_speed.py); with
+    the UI's threads at niceness 19 it ran at ~0.9x. The load launcher keeps its priority, so an engine core
+    started later does not inherit the UI's. Only where the OS has per-thread priorities (Linux); never an
+    error (a UI at normal priority still works)."""
+    if not hasattr(os, "setpriority"):
+        return
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return
+    for tid in tids:
+        if tid in _keep_priority:
+            continue
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, max(os.getpriority(os.PRIO_PROCESS, tid), UI_NICENESS))
+        except OSError:
+            pass
 
 
 def readable_load_error(model: str, e: BaseException) -> str:
@@ -85,6 +131,7 @@ class LocalBackend:
             self.llm = await _run_in_daemon_thread(load_blocking)  # waits for the core process
         except Exception as e:
             raise BackendError(readable_load_error(self.model, e)) from e
+        yield_cpu_to_engine()
         progress(f"ready: {self.model}, context {self.llm.n_ctx} tokens")
         return BackendInfo(self.model, self.llm.n_ctx, f"{self.llm.config.arch}, {self.llm.path.name}")
 
