@@ -229,6 +229,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def server_options(args: argparse.Namespace) -> dict:
+    """The server's settings from its flags, as run_server and run_ray_server (ServerConfig) take them: one
+    list, so `serve`, `serve --replicas` and `python -m edgellm.server` cannot drift apart."""
+    return dict(
+        api_key=args.api_key,
+        max_queue=args.max_queue,
+        ctx=args.ctx,
+        backend=args.backend,
+        kv_cache_memory=args.kv_cache_memory,
+        kv_cache_dtype=args.kv_cache_dtype,
+        metrics_public=args.metrics_public,
+        allow_special_in_content=args.allow_special_in_content,
+        chat_template_file=args.chat_template_file,
+        served_model_names=tuple(args.served_model_name),
+        cors_origins=tuple(args.cors_origin),
+        **speculative_options(args),
+    )
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     if args.replicas is not None:
         return _serve_on_ray(args)
@@ -237,24 +256,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     from edgellm.server import run_server
 
-    run_server(
-        args.model,
-        host=args.host,
-        port=args.port,
-        api_key=args.api_key,
-        max_queue=args.max_queue,
-        ctx=args.ctx,
-        backend=args.backend,
-        threads=args.threads,
-        kv_cache_memory=args.kv_cache_memory,
-        kv_cache_dtype=args.kv_cache_dtype,
-        metrics_public=args.metrics_public,
-        allow_special_in_content=args.allow_special_in_content,
-        chat_template_file=args.chat_template_file,
-        served_model_names=args.served_model_name,
-        cors_origins=args.cors_origin,
-        **speculative_options(args),
-    )
+    run_server(args.model, host=args.host, port=args.port, threads=args.threads, **server_options(args))
     return 0
 
 
@@ -271,18 +273,7 @@ def _serve_on_ray(args: argparse.Namespace) -> int:
         replicas=args.replicas,
         threads_per_replica=args.threads_per_replica,
         ray_address=args.ray_address,
-        api_key=args.api_key,
-        max_queue=args.max_queue,
-        ctx=args.ctx,
-        backend=args.backend,
-        kv_cache_memory=args.kv_cache_memory,
-        kv_cache_dtype=args.kv_cache_dtype,
-        metrics_public=args.metrics_public,
-        allow_special_in_content=args.allow_special_in_content,
-        chat_template_file=args.chat_template_file,
-        served_model_names=tuple(args.served_model_name),
-        cors_origins=tuple(args.cors_origin),
-        **speculative_options(args),
+        **server_options(args),
     )
     return 0
 

@@ -9,7 +9,7 @@ from edgellm.cli import (
     add_kv_memory_arg,
     add_server_security_args,
     add_speculative_args,
-    speculative_options,
+    server_options,
 )
 from edgellm.server import run_server
 
@@ -36,23 +36,11 @@ def main(argv: list[str] | None = None) -> None:
         a.model,
         a.host,
         a.port,
-        a.api_key,
-        a.max_queue,
-        a.ctx,
-        a.backend,
-        a.threads,
+        threads=a.threads,
         max_num_seqs=a.max_num_seqs,
-        kv_cache_memory=a.kv_cache_memory,
-        kv_cache_dtype=a.kv_cache_dtype,
-        metrics_public=a.metrics_public,
-        allow_special_in_content=a.allow_special_in_content,
-        chat_template_file=a.chat_template_file,
-        served_model_names=a.served_model_name,
-        cors_origins=a.cors_origin,
-        **speculative_options(a),
+        **server_options(a),
         **extra,
     )
-
 
 if __name__ == "__main__":
     main()
