@@ -34,14 +34,14 @@ def kept_tokens(z: np.ndarray, e: np.ndarray, top_p: float, min_p: float) -> np.
     e: float32 [V] exp(z), 0 for tokens that cannot be drawn."""
     n = z.shape[0]
     total = 0.0
-    for i in range(n):
-        if e[i] > 0.0:
-            total += e[i]
-    need = top_p * total if top_p < 1.0 else np.inf
+    bucket = np.full(n, N_BUCKETS, np.int32)  # N_BUCKETS: a token that cannot be drawn
     mass = np.zeros(N_BUCKETS, np.float64)
     for i in range(n):
         if e[i] > 0.0:
-            mass[_bucket(z[i])] += e[i]
+            total += e[i]
+            bucket[i] = _bucket(z[i])
+            mass[bucket[i]] += e[i]
+    need = top_p * total if top_p < 1.0 else np.inf
     acc = 0.0
     edge = N_BUCKETS  # buckets below `edge` are kept whole
     for b in range(N_BUCKETS):
@@ -54,16 +54,7 @@ def kept_tokens(z: np.ndarray, e: np.ndarray, top_p: float, min_p: float) -> np.
     cut = -1.0  # members with e > cut, or == cut and id <= cut_id, are kept
     cut_id = n
     if edge < N_BUCKETS:
-        count = 0
-        for i in range(n):
-            if e[i] > 0.0 and _bucket(z[i]) == edge:
-                count += 1
-        members = np.empty(count, np.int64)
-        count = 0
-        for i in range(n):
-            if e[i] > 0.0 and _bucket(z[i]) == edge:
-                members[count] = i
-                count += 1
+        members = np.flatnonzero(bucket == edge)
         order = members[np.argsort(-e[members], kind="mergesort")]
         for j in range(order.shape[0]):
             acc += e[order[j]]
@@ -74,10 +65,10 @@ def kept_tokens(z: np.ndarray, e: np.ndarray, top_p: float, min_p: float) -> np.
     kept = np.empty(n, np.int64)
     k = 0
     for i in range(n):
-        if not e[i] > 0.0 or e[i] < floor:
+        b = bucket[i]
+        if not e[i] > 0.0 or b > edge or e[i] < floor:
             continue
-        b = _bucket(z[i])
-        if b < edge or (b == edge and (e[i] > cut or (e[i] == cut and i <= cut_id))):
+        if b < edge or (e[i] > cut or (e[i] == cut and i <= cut_id)):
             kept[k] = i
             k += 1
     if k == 0:  # min_p above everything but the best (rounding): the best token alone

@@ -12,8 +12,9 @@ from edgellm.nucleus import kept_tokens, scaled_row
 from edgellm.sampling import PARAM_BOUNDS, Sampler, SamplingParams, top_k_stable
 
 
-def full_sort_sample(params: SamplingParams, rng: np.random.Generator, logits: np.ndarray) -> int:
-    """The previous algorithm: stable argsort of the whole row, probabilities over the whole row."""
+def full_sort_cut(params: SamplingParams, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The previous algorithm's kept tokens, best first, and their probabilities over the whole row (or the
+    top-k): a stable argsort of the whole row, then the top-p / min-p cut."""
     x = logits.astype(np.float64) / params.temperature
     order = np.argsort(-x, kind="stable")
     if params.top_k > 0:
@@ -25,8 +26,13 @@ def full_sort_sample(params: SamplingParams, rng: np.random.Generator, logits: n
         keep = min(keep, int(np.searchsorted(np.cumsum(probs), params.top_p)) + 1)
     if params.min_p > 0.0:
         keep = min(keep, max(1, int(np.count_nonzero(probs >= params.min_p * probs[0]))))
-    probs = probs[:keep] / probs[:keep].sum()
-    return int(order[rng.choice(keep, p=probs)])
+    return order[:keep], probs[:keep]
+
+
+def full_sort_sample(params: SamplingParams, rng: np.random.Generator, logits: np.ndarray) -> int:
+    """The previous algorithm's draw: best first over the kept tokens."""
+    order, probs = full_sort_cut(params, logits)
+    return int(order[rng.choice(len(order), p=probs / probs.sum())])
 
 
 def test_top_k_stable_is_argsort_prefix() -> None:
@@ -41,16 +47,7 @@ def test_top_k_stable_is_argsort_prefix() -> None:
 
 def full_sort_kept(params: SamplingParams, logits: np.ndarray) -> set[int]:
     """The tokens top-p / min-p keep, by a stable sort of the whole row."""
-    x = logits.astype(np.float64) / params.temperature
-    order = np.argsort(-x, kind="stable")
-    probs = np.exp(x[order] - x[order[0]])
-    probs /= probs.sum()
-    keep = len(order)
-    if params.top_p < 1.0:
-        keep = min(keep, int(np.searchsorted(np.cumsum(probs), params.top_p)) + 1)
-    if params.min_p > 0.0:
-        keep = min(keep, max(1, int(np.count_nonzero(probs >= params.min_p * probs[0]))))
-    return set(order[:keep].tolist())
+    return set(full_sort_cut(params, logits)[0].tolist())
 
 
 @pytest.mark.parametrize(
@@ -113,6 +110,7 @@ def test_masked_and_nan_logits_are_never_drawn() -> None:
     for params in (
         SamplingParams(temperature=1.0, seed=1),
         SamplingParams(temperature=1.0, top_p=0.99, seed=2),
+        SamplingParams(temperature=1.0, min_p=0.01, seed=3),
     ):
         sampler = Sampler(params)
         assert {sampler.sample(logits, [], []) for _ in range(300)} == {1, 3}
