@@ -5,6 +5,14 @@ import os as _os
 # Numba's workqueue threading layer costs ~80 us per parallel call versus ~2 us for OpenMP (see
 # shared notes): prefer OpenMP, fall back where it is missing. Must be set before numba is imported.
 _os.environ.setdefault("NUMBA_THREADING_LAYER_PRIORITY", "omp tbb workqueue")
+# GNU OpenMP's threads spin 300,000 times (milliseconds here) waiting for the next parallel region before
+# they sleep. When another process is busy, that spinning holds a core the engine's other thread needs, and
+# every region waits out a scheduler time slice: batch-1 decode on 2 cores with one busy process fell from
+# ~260 to 1-2 tok/s (llama.cpp falls the same way). 1,000 spins (~20 us) still bridge the gaps between a
+# step's regions on an idle machine (the same speed there); a user's own OpenMP setting wins. Read by
+# libgomp when it loads, so it is set here, before any kernel runs (and inherited by engine processes).
+if "OMP_WAIT_POLICY" not in _os.environ:
+    _os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
 __version__ = "0.1.0"
 
