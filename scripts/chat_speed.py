@@ -37,6 +37,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def engine_core_pid(ui: int) -> int:
+    """The UI's engine-core child (multiprocessing also starts a resource tracker, which is not it)."""
+    for pid in sh("pgrep", "-P", str(ui)).split():
+        if b"spawn_main" in open(f"/proc/{pid}/cmdline", "rb").read():
+            return int(pid)
+    raise RuntimeError(f"no engine core process under the chat's pid {ui}")
+
+
 def wait_for(pred, timeout: float) -> str:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -54,7 +62,7 @@ def chat_round(model: str, width: int, height: int) -> dict:
     try:
         wait_for(lambda s: "│ ready" in s, 300)
         ui = int(sh("tmux", "display", "-p", "-t", SESSION, "#{pane_pid}").strip())
-        core = int(sh("pgrep", "-P", str(ui)).split()[0])
+        core = engine_core_pid(ui)
         before = {ui: cpu_seconds(ui), core: cpu_seconds(core)}
         subprocess.run(["tmux", "send-keys", "-t", SESSION, PROMPT, "Enter"])
         wait_for(lambda s: "generating" in s, 60)
