@@ -4,8 +4,10 @@ Each round: `python -m edgellm chat MODEL` runs in tmux (WIDTHxHEIGHT), a prompt
 status bar leaves "generating" its tok/s and context use are read off the screen, with the CPU seconds the
 UI process and the engine-core process used meanwhile; then `edgellm bench` runs batch-1 with the chat's
 prompt and reply lengths. Prints one JSON line per round and the medians with their ratio.
+`--echo` also types a few keys while the reply streams and times each until the terminal shows it (what a
+user typing the next message meanwhile waits for); that typing costs the UI some CPU of its own.
 
-    python scripts/chat_speed.py smollm2-135m --rounds 3
+    python scripts/chat_speed.py smollm2-135m --rounds 3 [--echo]
 """
 
 from __future__ import annotations
@@ -55,7 +57,20 @@ def wait_for(pred, timeout: float) -> str:
     raise TimeoutError(screen())
 
 
-def chat_round(model: str, width: int, height: int) -> dict:
+def echo_latencies_ms(n: int = 4) -> list[int]:
+    """Type n short words into the chat's input, one at a time: ms until each shows on the screen."""
+    out = []
+    for i in range(n):
+        word = f"zq{i}xw"
+        t0 = time.monotonic()
+        subprocess.run(["tmux", "send-keys", "-t", SESSION, word])
+        wait_for(lambda s, w=word: w in s, 60)
+        out.append(round((time.monotonic() - t0) * 1000))
+        time.sleep(0.2)
+    return out
+
+
+def chat_round(model: str, width: int, height: int, echo: bool = False) -> dict:
     subprocess.run(["tmux", "kill-session", "-t", SESSION], stderr=subprocess.DEVNULL)
     cmd = f"{sys.executable} -m edgellm chat {model}"
     subprocess.run(["tmux", "new-session", "-d", "-s", SESSION, "-x", str(width), "-y", str(height), cmd])
@@ -66,6 +81,7 @@ def chat_round(model: str, width: int, height: int) -> dict:
         before = {ui: cpu_seconds(ui), core: cpu_seconds(core)}
         subprocess.run(["tmux", "send-keys", "-t", SESSION, PROMPT, "Enter"])
         wait_for(lambda s: "generating" in s, 60)
+        echo_ms = echo_latencies_ms() if echo else None
         s = wait_for(lambda s: "generating" not in s and STATUS.search(s) is not None, 600)
         ctx, tps, state = STATUS.search(s).groups()
         return {
@@ -74,6 +90,7 @@ def chat_round(model: str, width: int, height: int) -> dict:
             "state": state,
             "ui_cpu_s": round(cpu_seconds(ui) - before[ui], 2),
             "core_cpu_s": round(cpu_seconds(core) - before[core], 2),
+            **({"echo_ms": echo_ms} if echo else {}),
         }
     finally:
         subprocess.run(["tmux", "send-keys", "-t", SESSION, "C-q"])
@@ -105,11 +122,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--width", type=int, default=160)
     ap.add_argument("--height", type=int, default=45)
+    ap.add_argument("--echo", action="store_true", help="time key echo while the reply streams")
     args = ap.parse_args()
     n_prompt = prompt_tokens(args.model)
     chats, benches = [], []
     for r in range(args.rounds):
-        c = chat_round(args.model, args.width, args.height)
+        c = chat_round(args.model, args.width, args.height, args.echo)
         n_gen = max(1, c["ctx_used"] - n_prompt)
         b = bench_round(args.model, n_prompt, n_gen)
         chats.append(c["chat_tok_s"])

@@ -64,7 +64,7 @@ def _run_in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future:
     return fut
 
 
-UI_NICENESS = 19  # see yield_cpu_to_engine
+UI_NICENESS = int(os.environ.get("EDGELLM_UI_NICENESS", 19))  # see yield_cpu_to_engine
 
 
 def yield_cpu_to_engine() -> None:
