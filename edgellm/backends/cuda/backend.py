@@ -30,6 +30,7 @@ from edgellm.backends.cuda import sampling as samp
 from edgellm.backends.cuda.config import (
     ARGMAX_MAX_BLOCKS,
     ARGMAX_PER_THREAD,
+    ATTN_SPLIT_KEYS,
     MAX_TOP_K,
     ROW_THREADS,
     STATS,
@@ -69,6 +70,7 @@ class CudaBackend(Backend):
         self.weight_bytes = 0
         self.stats = STATS
         self.fuse = os.environ.get("EDGELLM_CUDA_FUSE", "1") != "0"
+        self.split_keys = ATTN_SPLIT_KEYS  # split-K attention above this many keys per token; 0: never
         self._pending: ResidualOp | ActOp | AttnOp | HeadsOp | None = None
         self._steps = StepUploader()
         self._argmax_zeroed: dict[int, bool] = {}  # rows -> its completion counters were zeroed
@@ -331,7 +333,8 @@ class CudaBackend(Backend):
         out: DeviceTensor,
     ) -> None:
         self._flush()
-        op = AttnOp(q, kv.layers[layer], kv.kind.q8, block_tables, seq_index, positions, window, scale, out)
+        lay, split = kv.layers[layer], self.split_keys
+        op = AttnOp(q, lay, kv.kind.q8, block_tables, seq_index, positions, window, scale, out, split)
         if self.fuse:
             self._pending = op  # the output projection's quantization joins it
         else:

@@ -30,6 +30,11 @@ ELEM_THREADS = 4 if SIMULATOR else 256
 # blocks per row (49k logits: 24 blocks, 262k: 128; the simulator: a few blocks of 4 threads).
 ARGMAX_PER_THREAD = 4 if SIMULATOR else 16
 ARGMAX_MAX_BLOCKS = 256
+# Split-K attention: a token with more keys than this spreads them over several blocks (batch-1 decode at
+# long contexts would otherwise run one block per head), at most MAX_ATTN_SPLITS; the simulator splits
+# early so that tests over a few hundred keys take that path.
+ATTN_SPLIT_KEYS = 32 if SIMULATOR else 256
+MAX_ATTN_SPLITS = 32
 # Largest k of the device top-k (per-thread sorted lists of this length live in local memory).
 MAX_TOP_K = 64
 # Largest head dim the attention kernel's per-thread V accumulators cover.

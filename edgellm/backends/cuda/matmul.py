@@ -22,16 +22,16 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
+from edgellm.backends.cuda.act_quant import QUANT_TEAMS, act_block, quantize_act_cuda
 from edgellm.backends.cuda.config import (
     GEMM_TILE_M,
     MATMUL_LANES,
     MATMUL_ROWS,
-    SIMULATOR,
+    ROW_THREADS,
     cdiv,
     f16_round,
     launch,
     mul_rn,
-    rint_f32,
 )
 from edgellm.quants.packing import PackedWeight
 from edgellm.quants.traits import get_traits
@@ -92,66 +92,6 @@ def bf16_round(x):  # noqa: ANN001, ANN201
     """x rounded to bfloat16's 8 significand bits (Veltkamp split; ties may round either way)."""
     t = mul_rn(x, BF16_SPLIT)
     return t - (t - x)
-
-
-@cuda.jit(device=True)
-def quantize_block(x, row, base, block, group, mode, xq, xs, xsum, m):  # noqa: ANN001
-    """Quantize x[row + base : row + base + block] (one activation block of row m) into xq / xs / xsum,
-    by quantize_act_ref's rule: mode 0 q8_0, 1 q8_1, 2 q8_K. Shared by quantize_act_cuda and the kernels
-    that quantize their own output for the next matmul (fused.py), so both give the same bits."""
-    amax = np.float32(0.0)
-    vmax = np.float32(0.0)
-    for k in range(block):
-        v = x[row + base + k]
-        if abs(v) > amax:
-            amax = abs(v)
-            vmax = v
-    if mode == 2:
-        iscale = np.float32(-127.0) / vmax if amax > 0 else np.float32(0.0)
-        d = np.float32(1.0) / iscale if amax > 0 else np.float32(0.0)
-        d_stored = d
-    else:
-        iscale = np.float32(127.0) / amax if amax > 0 else np.float32(0.0)
-        d = amax / np.float32(127.0)
-        d_stored = f16_round(d)
-    gsum = 0
-    word = 0
-    for k in range(block):
-        qv = min(rint_f32(mul_rn(x[row + base + k], iscale)), np.float32(127.0))
-        qi = np.int32(qv)
-        gsum += qi
-        lane = k % 4
-        if lane == 3:
-            word = word | (qi << 24)
-            xq[m, (base + k) // 4] = word
-            word = 0
-        else:
-            word = word | ((qi & 255) << (8 * lane))
-        if (k + 1) % group == 0:
-            g = (base + k) // group
-            xs[m, g] = d_stored
-            if mode == 1:
-                xsum[m, g] = f16_round(d * np.float32(gsum))
-            else:
-                xsum[m, g] = d_stored * np.float32(gsum)
-            gsum = 0
-
-
-def act_block(mode: int) -> int:
-    """Elements per activation quantization block: 256 for q8_K, 32 for q8_0 / q8_1."""
-    return 256 if mode == 2 else 32
-
-
-@cuda.jit(cache=True)
-def quantize_act_cuda(x, x_off, x_ld, m_rows, k_cols, group, mode, xq, xs, xsum):  # noqa: ANN001
-    """One thread per (row, activation block): xq int32 words [M, K/4], xs / xsum f32 [M, K/G]."""
-    i = cuda.grid(1)
-    block = 256 if mode == 2 else 32
-    n_blocks = k_cols // block
-    if i >= m_rows * n_blocks:
-        return
-    m = i // n_blocks
-    quantize_block(x, x_off + m * x_ld, (i % n_blocks) * block, block, group, mode, xq, xs, xsum, m)
 
 
 @cuda.jit(device=True)
@@ -262,6 +202,17 @@ class Scratch:
 
     def __init__(self) -> None:
         self.arrays: dict[tuple, Any] = {}
+        self.flat: dict[str, Any] = {}
+
+    def at_least(self, name: str, n: int, dtype: Any, zeroed: bool = False) -> Any:
+        """A flat array of at least n elements that only grows (doubling), so a step's shape changes do
+        not pile up arrays; zeroed: filled with zeros whenever it is (re)allocated."""
+        a = self.flat.get(name)
+        if a is None or a.shape[0] < n:
+            size = max(n, 2 * (a.shape[0] if a is not None else 0), 1)
+            a = cuda.to_device(np.zeros(size, dtype)) if zeroed else cuda.device_array(size, dtype)
+            self.flat[name] = a
+        return a
 
     def get(self, name: str, shape: tuple[int, ...], dtype: Any) -> Any:
         key = (name, shape, np.dtype(dtype).str)
@@ -285,9 +236,8 @@ def quantize_act(x: Any, w: DeviceWeight, scratch: Scratch) -> tuple[Any, Any, A
     buf, off, ld = x.rows2d()
     m_rows, k_cols = x.shape
     xq, xs, xsum = act_scratch(scratch, m_rows, k_cols, w.group)
-    threads = 32 if not SIMULATOR else 4
-    grid = max(1, cdiv(m_rows * (k_cols // act_block(w.act_mode)), threads))  # a thread per activation block
-    launch(quantize_act_cuda, grid, threads, buf, off, ld, m_rows, k_cols, w.group, w.act_mode, xq, xs, xsum)
+    grid = (m_rows, max(1, cdiv(k_cols // act_block(w.act_mode), QUANT_TEAMS)))  # a team per activation block
+    launch(quantize_act_cuda, grid, ROW_THREADS, buf, off, ld, k_cols, w.group, w.act_mode, xq, xs, xsum)
     return xq, xs, xsum
 
 
