@@ -8,7 +8,7 @@ Phase 1 (a subprocess, NUMBA_ENABLE_CUDASIM=1): runs CUDA test cases with launch
 kernel's argument types. Phase 2 (a subprocess without the simulator): compiles each (kernel, types) with
 numba.cuda.compile_ptx. Needs NVVM/NVRTC that numba-cuda can find (e.g. `pip install --target DIR
 nvidia-cuda-nvcc nvidia-cuda-nvrtc`, then LD_LIBRARY_PATH=DIR/nvidia/cu13/lib PYTHONPATH=DIR); no driver.
-Exit status 0 when every recorded signature compiled.
+Exit status 0 when every recorded signature compiled (and the grouped matmuls use 16-byte loads).
 """
 
 from __future__ import annotations
@@ -116,7 +116,12 @@ def compile_all(sigs: Path, cc: tuple[int, int], ptx_dir: Path | None) -> int:
                 continue
             if ptx_dir:
                 (ptx_dir / f"{name}_{i}_{j}.ptx").write_text(ptx)
-            print(f"ok   {name} ({len(ptx.splitlines())} PTX lines)")
+            v4 = ptx.count("ld.global.v4.")
+            if name.startswith("matmul_grouped") and not v4:
+                failed += 1
+                print(f"FAIL {name}: no 16-byte loads (ld.global.v4) in its PTX")
+                continue
+            print(f"ok   {name} ({len(ptx.splitlines())} PTX lines, {v4} 16-byte loads)")
     return 1 if failed else 0
 
 

@@ -28,11 +28,13 @@ from edgellm.backends.cuda.config import (
     MATMUL_LANES,
     MATMUL_ROWS,
     ROW_THREADS,
+    SIMULATOR,
     cdiv,
     f16_round,
     launch,
     mul_rn,
 )
+from edgellm.backends.cuda.vecload import load4
 from edgellm.quants.packing import PackedWeight
 from edgellm.quants.traits import get_traits
 
@@ -65,6 +67,11 @@ def upload_weight(p: PackedWeight) -> DeviceWeight:
             p.rows, p.cols, p.qtype, dense=d, act_round=ACT_ROUND[traits.vec_dot], nbytes=dense.nbytes
         )
     words = np.ascontiguousarray(p.q).view(np.int32)
+    if words.shape[1] % 4 or p.group % 16:
+        raise ValueError(
+            f"{p.qtype.name} weight {p.rows}x{p.cols}: the CUDA matmul loads 16 bytes at a time and needs "
+            f"groups of a multiple of 16 weights, got group {p.group}"
+        )
     w = DeviceWeight(
         p.rows,
         p.cols,
@@ -130,6 +137,7 @@ def _grouped_kernel(tile_m: int):  # noqa: ANN202
         acc = cuda.local.array(tile_m, np.float32)
         macc = cuda.local.array(tile_m, np.float32)
         isum = cuda.local.array(tile_m, np.int32)
+        wb = cuda.local.array(16, np.int32)  # the 16 signed weights of one load
         for i in range(tile_m):
             acc[i] = 0.0
             macc[i] = 0.0
@@ -137,18 +145,25 @@ def _grouped_kernel(tile_m: int):  # noqa: ANN202
             for g in range(lane, n_groups, lanes):
                 for i in range(tile_m):
                     isum[i] = 0
-                for j in range(g * gw, (g + 1) * gw):
-                    wv = q[n, j]
-                    w0, w1, w2, w3 = byte_of(wv, 0), byte_of(wv, 1), byte_of(wv, 2), byte_of(wv, 3)
+                for j in range(g * gw, (g + 1) * gw, 4):  # 16 weights per 16-byte load (check_vec4)
+                    w4 = load4(q, n, j)
+                    for c in range(4):
+                        wv = w4[c]
+                        wb[4 * c] = byte_of(wv, 0)
+                        wb[4 * c + 1] = byte_of(wv, 1)
+                        wb[4 * c + 2] = byte_of(wv, 2)
+                        wb[4 * c + 3] = byte_of(wv, 3)
                     for i in range(tile_m):
                         if m0 + i < m_rows:
-                            xv = xq[m0 + i, j]
-                            isum[i] += (
-                                w0 * byte_of(xv, 0)
-                                + w1 * byte_of(xv, 1)
-                                + w2 * byte_of(xv, 2)
-                                + w3 * byte_of(xv, 3)
-                            )
+                            x4 = load4(xq, m0 + i, j)
+                            for c in range(4):
+                                xv = x4[c]
+                                isum[i] += (
+                                    wb[4 * c] * byte_of(xv, 0)
+                                    + wb[4 * c + 1] * byte_of(xv, 1)
+                                    + wb[4 * c + 2] * byte_of(xv, 2)
+                                    + wb[4 * c + 3] * byte_of(xv, 3)
+                                )
                 sc = scale[n, g]
                 for i in range(tile_m):
                     m = m0 + i
@@ -241,6 +256,15 @@ def quantize_act(x: Any, w: DeviceWeight, scratch: Scratch) -> tuple[Any, Any, A
     return xq, xs, xsum
 
 
+def check_vec4(a: Any, what: str) -> None:
+    """load4's preconditions (vecload.py) for a [rows, words] int32 device array."""
+    if a.dtype != np.int32 or a.ndim != 2 or a.shape[1] % 4 or a.strides != (4 * a.shape[1], 4):
+        raise ValueError(f"{what}: 16-byte loads need a C-contiguous int32 [rows, 4k] array, got {a.dtype} "
+                         f"{a.shape} strides {a.strides}")  # fmt: skip
+    if not SIMULATOR and a.device_ctypes_pointer.value % 16:  # pragma: no cover - a GPU's address
+        raise ValueError(f"{what}: the device address is not 16-byte aligned")
+
+
 def matmul_cuda(x: Any, w: DeviceWeight, out: Any, scratch: Scratch, xquant: tuple | None = None) -> None:
     """out[M, N] = x[M, K] @ W.T on the device; out may be a column-slice view of a wider buffer.
     xquant: x already quantized for w's (group, act_mode) by the kernel that produced it (fused.py)."""
@@ -258,6 +282,10 @@ def matmul_cuda(x: Any, w: DeviceWeight, out: Any, scratch: Scratch, xquant: tup
         launch(DENSE[tile], grid, block, x_buf, x_off, x_ld, w.dense, w.act_round, m_rows, o_buf, o_off, o_ld)
         return
     xq, xs, xsum = xquant if xquant is not None else quantize_act(x, w, scratch)
+    check_vec4(w.q, "weights")
+    if tuple(xq.shape) != (m_rows, w.q.shape[1]):
+        raise ValueError(f"quantized activations {xq.shape}: expected {m_rows} rows of {w.q.shape[1]} words")
+    check_vec4(xq, "quantized activations")
     has_min = w.minv is not None
     minv = w.minv if has_min else w.scale
     launch(GROUPED[tile], grid, block, xq, xs, xsum, w.q, w.scale, minv, has_min, m_rows, o_buf, o_off, o_ld)
