@@ -250,7 +250,7 @@ def step_tests(args: argparse.Namespace) -> dict:
     """The CUDA test files on the device (EDGELLM_CUDA_TESTS=gpu); in the simulator one quick case, to run
     the step itself (the full simulator run is part of the default test suite)."""
     files = ["tests/test_cuda_backend.py", "tests/test_cuda_engine.py", "tests/test_cuda_attention.py",
-             "tests/test_cuda_sampling.py"]  # fmt: skip
+             "tests/test_cuda_real_shapes.py", "tests/test_cuda_sampling.py"]  # fmt: skip
     if args.sim:
         files = ["tests/test_cuda_engine.py", "-k", "test_top_k_and_argmax_match_numpy and 1"]
     env = dict(os.environ, EDGELLM_CUDA_TESTS="gpu")

@@ -42,7 +42,11 @@ class Cache:
     """One layer of KV cache filled with random values (f16, or q8_0 values and scales) for the sequences
     of `lengths`, each over blocks in a shuffled order; the float64 values it holds."""
 
-    def __init__(self, dtype: str, lengths: list[int], rng: np.random.Generator) -> None:
+    def __init__(
+        self, dtype: str, lengths: list[int], rng: np.random.Generator, n_kv: int = N_KV, group: int = GROUP,
+        d: int = D,
+    ) -> None:  # fmt: skip
+        self.n_kv, self.group, self.d, self.h = n_kv, group, d, n_kv * group
         widths = [-(-n // BS) for n in lengths]
         n_blocks = sum(widths) + 1
         perm = rng.permutation(n_blocks - 1) + 1  # block 0 stays unused
@@ -50,18 +54,18 @@ class Cache:
         for w in widths:
             self.tables.append(perm[at : at + w].tolist())
             at += w
-        self.kv = BE.alloc_kv(1, n_blocks, BS, N_KV, D, D, dtype)
+        self.kv = BE.alloc_kv(1, n_blocks, BS, n_kv, d, d, dtype)
         lay = self.kv.layers[0]
         self.held = []
         for values, scales in ((lay.k, lay.k_scale), (lay.v, lay.v_scale)):
-            shape = (n_blocks, BS, N_KV, D)
+            shape = (n_blocks, BS, n_kv, d)
             if dtype == "f16":
                 v = rng.standard_normal(shape).astype(np.float16)
                 values.copy_to_device(v)
                 self.held.append(v.astype(np.float64))
             else:
                 q = rng.integers(-127, 128, shape).astype(np.int8)
-                s = (rng.random((*shape[:3], D // 32)) * 0.02 + 0.001).astype(np.float16)
+                s = (rng.random((*shape[:3], d // 32)) * 0.02 + 0.001).astype(np.float16)
                 values.copy_to_device(q)
                 scales.copy_to_device(s)
                 self.held.append(q.astype(np.float64) * np.repeat(s.astype(np.float64), 32, axis=-1))
@@ -74,31 +78,31 @@ class Cache:
 
     def reference(self, q: np.ndarray, seq: int, pos: int, scale: float) -> np.ndarray:
         k, v = (np.concatenate([x[b] for b in self.tables[seq]])[: pos + 1] for x in self.held)
-        out = np.zeros((H, D))
-        for h in range(H):
-            s = k[:, h // GROUP] @ q[h].astype(np.float16).astype(np.float64) * scale
+        out = np.zeros((self.h, self.d))
+        for h in range(self.h):
+            s = k[:, h // self.group] @ q[h].astype(np.float16).astype(np.float64) * scale
             w = np.exp(s - s.max())
-            out[h] = (w / w.sum()) @ v[:, h // GROUP]
+            out[h] = (w / w.sum()) @ v[:, h // self.group]
         return out
 
 
 def attend(
     c: Cache, q: np.ndarray, seqs: list[int], pos: list[int], cols: int, split_keys: int
 ) -> np.ndarray:
-    """Attention of q [T, H, D] (token t of sequence seqs[t] at position pos[t]) into a guarded output."""
-    T = len(seqs)
-    whole, out = guarded(np.full((T, H * D), np.nan, np.float32))
+    """Attention of q [T, H, d] (token t of sequence seqs[t] at position pos[t]) into a guarded output."""
+    T, H, d = len(seqs), c.h, c.d
+    whole, out = guarded(np.full((T, H * d), np.nan, np.float32))
     BE.split_keys = split_keys
     try:
         BE.attention(
             BE.from_host(q), c.kv, 0, BE.from_host(c.table(list(range(len(c.tables))), cols)),
-            BE.from_host(np.array(seqs, np.int32)), BE.from_host(np.array(pos, np.int32)), 0, D**-0.5,
-            out.reshape(T, H, D),
+            BE.from_host(np.array(seqs, np.int32)), BE.from_host(np.array(pos, np.int32)), 0, d**-0.5,
+            out.reshape(T, H, d),
         )  # fmt: skip
-        got = BE.to_host(out).reshape(T, H, D)
+        got = BE.to_host(out).reshape(T, H, d)
     finally:
         BE.split_keys = ATTN_SPLIT_KEYS
-    assert guards_intact(whole, (T, H * D)), "attention wrote outside its output"
+    assert guards_intact(whole, (T, H * d)), "attention wrote outside its output"
     return got
 
 
@@ -157,3 +161,15 @@ def test_split_attention_feeds_the_fused_quantization() -> None:
     assert "quantize_act_cuda" in plain_n and "quantize_act_cuda" not in fused_n
     np.testing.assert_array_equal(fused_o, plain_o)
     np.testing.assert_array_equal(fused_r, plain_r)
+
+
+@pytest.mark.skipif(not FULL, reason="slow in the simulator")
+def test_split_attention_at_smollm2_heads() -> None:
+    """SmolLM2's head dim 64 and 3 query heads per KV head, one decode token over LONG keys."""
+    rng = np.random.default_rng(2)
+    c = Cache("f16", [LONG], rng, n_kv=1, group=3, d=64)
+    q = rng.standard_normal((1, 3, 64)).astype(np.float32)
+    split = attend(c, q, [0], [LONG - 1], len(c.tables[0]), ATTN_SPLIT_KEYS)
+    unsplit = attend(c, q, [0], [LONG - 1], len(c.tables[0]), 0)
+    ref = c.reference(q[0], 0, LONG - 1, 64**-0.5)
+    assert nmse(split[0], ref) < 1e-6 and nmse(unsplit[0], ref) < 1e-6
