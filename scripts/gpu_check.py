@@ -1,7 +1,7 @@
 """The steps of scripts/gpu_check.sh, one process each (the shell gives each its own timeout); every step
 writes WORK/part_STEP.json and `merge` joins them into one JSON of figures.
 
-    python scripts/gpu_check.py versions|models|compare|bench|profile|tests|merge --work DIR [--sim]
+    python scripts/gpu_check.py versions|models|compare|bench|splitk|profile|tests|merge --work DIR [--sim]
 
 --sim: the tiny shapes of real_shapes.SIM_SHAPES and the fewest tokens that still run every step, for the
 Numba CUDA simulator (NUMBA_ENABLE_CUDASIM=1, set by the shell script).
@@ -28,12 +28,16 @@ BLOCK = 16
 HBM_BYTES_PER_S = 4.3e12  # H200 device-to-device copy rate measured here (KINDS.md): the bandwidth bound
 MODELS = ("smollm2", "gemma3")
 # Per step and mode: how much each measures. Real: the figures; sim: every code path once, in seconds.
+# cmp_prompt on a GPU: past the split-K threshold (ATTN_SPLIT_KEYS = 256), so the comparison covers it;
+# long_ctx: the context of the split-K step (split into 16 on a GPU; in the simulator 6 keys split in two
+# by a split_keys of 4, every forward there costing seconds).
 SIZES = {
-    False: dict(cmp_prompt=32, cmp_steps=16, prefill=128, decode=64, in_flight=(16, 64), flight_prompt=32,
-                flight_steps=16, profile_steps=16, bench_models=MODELS, profile_models=MODELS, warm=True),
+    False: dict(cmp_prompt=300, cmp_steps=16, prefill=128, decode=64, in_flight=(16, 64), flight_prompt=32,
+                flight_steps=16, profile_steps=16, bench_models=MODELS, profile_models=MODELS, warm=True,
+                long_ctx=4096, long_steps=32, long_rounds=3, split_keys=None),
     True: dict(cmp_prompt=2, cmp_steps=1, prefill=3, decode=1, in_flight=(2,), flight_prompt=1,
                flight_steps=1, profile_steps=1, bench_models=("smollm2",), profile_models=("smollm2",),
-               warm=False),
+               warm=False, long_ctx=6, long_steps=1, long_rounds=1, split_keys=4),
 }  # fmt: skip
 NEAR_TIE = 1e-3  # a top-2 logit margin below this fraction of the top logit is a tie: comparison ends
 
@@ -233,6 +237,68 @@ def step_bench(args: argparse.Namespace) -> dict:
     return {name: _bench_one(model_path(args.work, name), sz) for name in args.models or sz["bench_models"]}
 
 
+def _splitk_one(path: Path, sz: dict) -> dict:
+    """Batch-1 greedy decode from a long prompt with split-K attention on and off (rounds alternate; each
+    decodes the same positions from the same first token): tok/s, the attention kernel's GPU time per
+    token (CUDA events; none in the simulator), the first step's logits NMSE between the modes, and whether
+    both gave the same tokens."""
+    from edgellm.backends.cuda.config import STATS
+    from edgellm.engine.model_runner import RunItem
+
+    ctx, steps = sz["long_ctx"], sz["long_steps"]
+    m = Loaded(path, "cuda", -(-(ctx + steps + 1) // BLOCK))
+    table = list(range(-(-(ctx + steps + 1) // BLOCK)))
+    prompt = [int(t) for t in np.random.default_rng(4).integers(0, m.cfg.n_vocab, ctx)]
+    [first] = m.runner.run_argmax([RunItem(table, prompt, 0)])
+    original = m.be.split_keys
+    default = sz["split_keys"] or original
+
+    def decode(split_keys: int) -> tuple[list[int], float]:
+        m.be.split_keys = split_keys
+        toks = [int(first[-1])]
+        t0 = time.perf_counter()
+        for i in range(steps):
+            [ids] = m.runner.run_argmax([RunItem(table, [toks[-1]], ctx + i)])
+            toks.append(int(ids[-1]))
+        return toks, time.perf_counter() - t0
+
+    if sz["warm"]:
+        decode(default), decode(0)  # compiles both grids' shapes
+    res: dict[str, Any] = {"context": ctx, "split_keys": default, "tok_s": {"split": [], "unsplit": []}}
+    tokens = {}
+    for _ in range(sz["long_rounds"]):
+        for mode, keys in (("split", default), ("unsplit", 0)):
+            tokens[mode], dt = decode(keys)
+            res["tok_s"][mode].append(steps / dt)
+    for mode, keys in (("split", default), ("unsplit", 0)):
+        res[f"attention_gpu_us_per_token_{mode}"] = 0.0
+        if sz["warm"]:  # the simulator has no GPU clock
+            STATS.reset()
+            STATS.timing = "events"
+            decode(keys)
+            STATS.collect_events()
+            STATS.timing = None
+            gpu_s = STATS.gpu_seconds["attention_paged_cuda"]
+            res[f"attention_gpu_us_per_token_{mode}"] = gpu_s / steps * 1e6
+    logits = {}
+    for mode, keys in (("split", default), ("unsplit", 0)):  # the first decode step's logits
+        m.be.split_keys = keys
+        logits[mode] = m.be.to_host(m.forward([RunItem(table, [int(first[-1])], ctx)]))[-1].astype(np.float64)
+    m.be.split_keys = original
+    diff = logits["split"] - logits["unsplit"]
+    res["logits_nmse"] = float(np.sum(diff**2) / max(np.sum(logits["unsplit"] ** 2), 1e-30))
+    res["same_tokens"] = tokens["split"] == tokens["unsplit"]  # a figure: a near-tie may flip a token
+    res["tokens"] = tokens
+    med = {k: float(np.median(v)) for k, v in res["tok_s"].items()}
+    res["speedup"] = med["split"] / med["unsplit"]
+    return res
+
+
+def step_splitk(args: argparse.Namespace) -> dict:
+    sz = SIZES[args.sim]
+    return {name: _splitk_one(model_path(args.work, name), sz) for name in args.models or sz["bench_models"]}
+
+
 def step_profile(args: argparse.Namespace) -> dict:
     """Per-kernel launches and times at batch-1 decode, fused (scripts/cuda_profile.py's measurement)."""
     sys.path.insert(0, str(ROOT / "scripts"))
@@ -285,6 +351,7 @@ STEPS = {
     "models": step_models,
     "compare": step_compare,
     "bench": step_bench,
+    "splitk": step_splitk,
     "profile": step_profile,
     "tests": step_tests,
     "merge": step_merge,
