@@ -1,7 +1,9 @@
 """The steps of scripts/gpu_check.sh, one process each (the shell gives each its own timeout); every step
 writes WORK/part_STEP.json and `merge` joins them into one JSON of figures.
 
-    python scripts/gpu_check.py versions|models|compare|bench|splitk|profile|tests|merge --work DIR [--sim]
+    python scripts/gpu_check.py STEP --work DIR [--sim]
+
+STEP: versions, models, compare, bench, splitk, graphs, profile, tests or merge.
 
 --sim: the tiny shapes of real_shapes.SIM_SHAPES and the fewest tokens that still run every step, for the
 Numba CUDA simulator (NUMBA_ENABLE_CUDASIM=1, set by the shell script).
@@ -34,10 +36,12 @@ MODELS = ("smollm2", "gemma3")
 SIZES = {
     False: dict(cmp_prompt=300, cmp_steps=16, prefill=128, decode=64, in_flight=(16, 64), flight_prompt=32,
                 flight_steps=16, profile_steps=16, bench_models=MODELS, profile_models=MODELS, warm=True,
-                long_ctx=4096, long_steps=32, long_rounds=3, split_keys=None),
+                long_ctx=4096, long_steps=32, long_rounds=3, split_keys=None, graph_batches=(1, 16),
+                graph_steps=32, graph_rounds=3),
     True: dict(cmp_prompt=2, cmp_steps=1, prefill=3, decode=1, in_flight=(2,), flight_prompt=1,
                flight_steps=1, profile_steps=1, bench_models=("smollm2",), profile_models=("smollm2",),
-               warm=False, long_ctx=6, long_steps=1, long_rounds=1, split_keys=4),
+               warm=False, long_ctx=6, long_steps=1, long_rounds=1, split_keys=4, graph_batches=(1,),
+               graph_steps=1, graph_rounds=1),
 }  # fmt: skip
 NEAR_TIE = 1e-3  # a top-2 logit margin below this fraction of the top logit is a tie: comparison ends
 
@@ -299,6 +303,75 @@ def step_splitk(args: argparse.Namespace) -> dict:
     return {name: _splitk_one(model_path(args.work, name), sz) for name in args.models or sz["bench_models"]}
 
 
+def _graphs_one(path: Path, sz: dict) -> dict:
+    """Greedy decode replayed from CUDA graphs (CudaBackend.argmax_graph, one capture per batch size)
+    against plain launches, at each batch size of graph_batches: rounds alternate, each decoding the same
+    positions from the same first tokens; tok/s, launches per step, and whether the tokens are the same
+    (they must be: the same kernels on the same inputs)."""
+    from edgellm.backends.cuda.config import STATS
+    from edgellm.engine.model_runner import RunItem
+
+    steps, prompt_len = sz["graph_steps"], sz["flight_prompt"]
+    per_seq = -(-(prompt_len + steps + 1) // BLOCK)
+    m = Loaded(path, "cuda", per_seq * max(sz["graph_batches"]))
+    fwd = lambda batch: m.model.forward(batch, m.runner.kv)  # noqa: E731
+    prompt = [int(t) for t in np.random.default_rng(5).integers(0, m.cfg.n_vocab, prompt_len)]
+    res: dict[str, Any] = {}
+    for b in sz["graph_batches"]:
+        tables = [list(range(s * per_seq, (s + 1) * per_seq)) for s in range(b)]
+        first = [int(ids[-1]) for ids in m.runner.run_argmax([RunItem(t, prompt, 0) for t in tables])]
+
+        def decode(
+            graph: bool, b: int = b, tables: list = tables, first: list = first
+        ) -> tuple[list, float, float]:
+            toks = [[t] for t in first]
+            STATS.reset()
+            t0 = time.perf_counter()
+            for i in range(steps):
+                items = [RunItem(tables[s], [toks[s][-1]], prompt_len + i) for s in range(b)]
+                if graph:
+                    batch, slices = m.runner.build_batch(items)
+                    ids = m.be.argmax_graph(batch, fwd)
+                    out = [ids[sl] for sl in slices]
+                else:
+                    out = m.runner.run_argmax(items)
+                for s in range(b):
+                    toks[s].append(int(out[s][-1]))
+            return toks, time.perf_counter() - t0, STATS.total_launches / steps
+
+        try:
+            decode(True)  # captures this batch size's graph (after one plain step of its shape)
+        except Exception as e:  # noqa: BLE001 - the report says what failed; the shell marks it failed
+            res[f"batch_{b}"] = {"error": f"{type(e).__name__}: {e}", "same_tokens": False, "speedup": 0.0,
+                                 "launches_per_step": {"plain": 0.0}}  # fmt: skip
+            continue
+        if sz["warm"]:
+            decode(False)
+        r: dict[str, Any] = {"tok_s": {"plain": [], "graph": []}, "launches_per_step": {}}
+        tokens = {}
+        for _ in range(sz["graph_rounds"]):
+            for mode in ("plain", "graph"):
+                tokens[mode], dt, launches = decode(mode == "graph")
+                r["tok_s"][mode].append(b * steps / dt)
+                r["launches_per_step"][mode] = launches
+        r["same_tokens"] = tokens["plain"] == tokens["graph"]
+        r["speedup"] = float(np.median(r["tok_s"]["graph"]) / np.median(r["tok_s"]["plain"]))
+        res[f"batch_{b}"] = r
+    res["graphs_captured"] = len(m.be._graphs)
+    return res
+
+
+def step_graphs(args: argparse.Namespace) -> dict:
+    from edgellm.backends.cuda.config import SIMULATOR
+
+    sz = SIZES[args.sim]
+    if SIMULATOR:  # nothing to run: say so in the report
+        return {
+            name: {"skipped": "the Numba CUDA simulator has no CUDA graphs"} for name in sz["bench_models"]
+        }
+    return {name: _graphs_one(model_path(args.work, name), sz) for name in args.models or sz["bench_models"]}
+
+
 def step_profile(args: argparse.Namespace) -> dict:
     """Per-kernel launches and times at batch-1 decode, fused (scripts/cuda_profile.py's measurement)."""
     sys.path.insert(0, str(ROOT / "scripts"))
@@ -352,6 +425,7 @@ STEPS = {
     "compare": step_compare,
     "bench": step_bench,
     "splitk": step_splitk,
+    "graphs": step_graphs,
     "profile": step_profile,
     "tests": step_tests,
     "merge": step_merge,

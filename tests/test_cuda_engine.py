@@ -66,6 +66,12 @@ def test_argmax_across_many_blocks() -> None:
     np.testing.assert_array_equal(BE.argmax(view[1:2]), [40])
 
 
+@pytest.mark.skipif(os.environ.get("EDGELLM_CUDA_TESTS") == "gpu", reason="a GPU has graphs: gpu_check.py")
+def test_cuda_graphs_are_refused_by_the_simulator() -> None:
+    with pytest.raises(RuntimeError, match="the Numba CUDA simulator has none"):
+        BE.argmax_graph(None, None)
+
+
 def test_take_rows_and_softcap() -> None:
     rng = np.random.default_rng(1)
     x = (rng.standard_normal((5, 12)) * 40).astype(np.float32)

@@ -125,6 +125,7 @@ class KernelStats:
 
 STATS = KernelStats()
 _STREAM: list[Any] = []
+CAPTURE_REFS: list[list] = []  # while a CUDA graph is captured: the arguments of its launches (graphs.py)
 
 
 def stream() -> Any:
@@ -139,6 +140,8 @@ def launch(kernel: Any, grid: Any, block: Any, *args: Any) -> None:
     """kernel[grid, block, stream()](*args), counted (and timed in a profiling mode: see KernelStats)."""
     name = kernel.py_func.__name__
     STATS.launches[name] += 1
+    if CAPTURE_REFS:
+        CAPTURE_REFS[-1].append(args)  # the graph replays with these arrays: they must outlive it
     s = stream()
     if STATS.timing is None:
         kernel[grid, block, s](*args)
