@@ -54,6 +54,17 @@ def test_matmul_at_real_widths(qtype: T, k: int) -> None:
     assert nmse(got, cpu.astype(np.float64)) < 1e-11
 
 
+def test_weights_the_16_byte_loads_cannot_read_are_refused() -> None:
+    """Groups of 8 weights (no such GGUF type) would split a 16-byte load across two groups' scales."""
+    import dataclasses
+
+    rng = np.random.default_rng(0)
+    p = pack_weight(T.Q8_0, random_raw(T.Q8_0, 2, 64, rng), 2, 64)
+    bad = dataclasses.replace(p, group=8, scale=np.repeat(p.scale, 4, axis=1), minv=None)
+    with pytest.raises(ValueError, match="groups of a multiple of 16 weights, got group 8"):
+        upload_weight(bad)
+
+
 @pytest.mark.parametrize("vec_dot,k", [("q8_0", 576), ("q8_1", 640), ("q8_K", 2048)])
 def test_activation_quantization_at_real_widths(vec_dot: str, k: int) -> None:
     """The team quantization gives quantize_act_ref's bits over whole real rows, with a largest magnitude

@@ -82,6 +82,7 @@ def upload_weight(p: PackedWeight) -> DeviceWeight:
         act_mode=p.act_mode,
         nbytes=words.nbytes + p.scale.nbytes,
     )
+    check_vec4(w.q, f"{p.qtype.name} weight {p.rows}x{p.cols}")
     if p.minv is not None:
         w.minv = cuda.to_device(p.minv)
         w.nbytes += p.minv.nbytes
@@ -261,7 +262,7 @@ def check_vec4(a: Any, what: str) -> None:
     if a.dtype != np.int32 or a.ndim != 2 or a.shape[1] % 4 or a.strides != (4 * a.shape[1], 4):
         raise ValueError(f"{what}: 16-byte loads need a C-contiguous int32 [rows, 4k] array, got {a.dtype} "
                          f"{a.shape} strides {a.strides}")  # fmt: skip
-    if not SIMULATOR and a.device_ctypes_pointer.value % 16:  # pragma: no cover - a GPU's address
+    if not SIMULATOR and (a.device_ctypes_pointer.value or 0) % 16:  # pragma: no cover - a GPU's address
         raise ValueError(f"{what}: the device address is not 16-byte aligned")
 
 
@@ -282,10 +283,8 @@ def matmul_cuda(x: Any, w: DeviceWeight, out: Any, scratch: Scratch, xquant: tup
         launch(DENSE[tile], grid, block, x_buf, x_off, x_ld, w.dense, w.act_round, m_rows, o_buf, o_off, o_ld)
         return
     xq, xs, xsum = xquant if xquant is not None else quantize_act(x, w, scratch)
-    check_vec4(w.q, "weights")
-    if tuple(xq.shape) != (m_rows, w.q.shape[1]):
+    if tuple(xq.shape) != (m_rows, w.q.shape[1]):  # whole fresh scratch arrays (act_scratch): aligned
         raise ValueError(f"quantized activations {xq.shape}: expected {m_rows} rows of {w.q.shape[1]} words")
-    check_vec4(xq, "quantized activations")
     has_min = w.minv is not None
     minv = w.minv if has_min else w.scale
     launch(GROUPED[tile], grid, block, xq, xs, xsum, w.q, w.scale, minv, has_min, m_rows, o_buf, o_off, o_ld)
