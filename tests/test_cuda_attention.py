@@ -76,8 +76,9 @@ class Cache:
             t[r, : len(self.tables[s])] = self.tables[s]
         return t
 
-    def reference(self, q: np.ndarray, seq: int, pos: int, scale: float) -> np.ndarray:
-        k, v = (np.concatenate([x[b] for b in self.tables[seq]])[: pos + 1] for x in self.held)
+    def reference(self, q: np.ndarray, seq: int, pos: int, scale: float, window: int = 0) -> np.ndarray:
+        first = max(0, pos - window + 1) if window else 0  # a sliding window keeps the last `window` keys
+        k, v = (np.concatenate([x[b] for b in self.tables[seq]])[first : pos + 1] for x in self.held)
         out = np.zeros((self.h, self.d))
         for h in range(self.h):
             s = k[:, h // self.group] @ q[h].astype(np.float16).astype(np.float64) * scale
@@ -87,7 +88,7 @@ class Cache:
 
 
 def attend(
-    c: Cache, q: np.ndarray, seqs: list[int], pos: list[int], cols: int, split_keys: int
+    c: Cache, q: np.ndarray, seqs: list[int], pos: list[int], cols: int, split_keys: int, window: int = 0
 ) -> np.ndarray:
     """Attention of q [T, H, d] (token t of sequence seqs[t] at position pos[t]) into a guarded output."""
     T, H, d = len(seqs), c.h, c.d
@@ -96,7 +97,7 @@ def attend(
     try:
         BE.attention(
             BE.from_host(q), c.kv, 0, BE.from_host(c.table(list(range(len(c.tables))), cols)),
-            BE.from_host(np.array(seqs, np.int32)), BE.from_host(np.array(pos, np.int32)), 0, d**-0.5,
+            BE.from_host(np.array(seqs, np.int32)), BE.from_host(np.array(pos, np.int32)), window, d**-0.5,
             out.reshape(T, H, d),
         )  # fmt: skip
         got = BE.to_host(out).reshape(T, H, d)
@@ -127,6 +128,17 @@ def test_split_attention_matches_unsplit_and_is_batch_invariant(dtype: str) -> N
     # counters were reset by the last launch)
     again = attend(c, q[[2, 0]], [2, 0], [pos[2], pos[0]], cols + 3, ATTN_SPLIT_KEYS)
     np.testing.assert_array_equal(again, split[[2, 0]])
+
+
+def test_split_attention_over_a_sliding_window() -> None:
+    """A window longer than split_keys (Gemma 3's sliding layers): the splits cover its keys only."""
+    rng = np.random.default_rng(8)
+    c = Cache("f16", [LONG], rng)
+    q = rng.standard_normal((1, H, D)).astype(np.float32)
+    window = 2 * ATTN_SPLIT_KEYS + 5
+    got = attend(c, q, [0], [LONG - 1], len(c.tables[0]), ATTN_SPLIT_KEYS, window)
+    assert nmse(got[0], c.reference(q[0], 0, LONG - 1, D**-0.5, window)) < 1e-6
+    assert nmse(got[0], c.reference(q[0], 0, LONG - 1, D**-0.5)) > 1e-4  # the window mattered
 
 
 def test_split_attention_feeds_the_fused_quantization() -> None:
