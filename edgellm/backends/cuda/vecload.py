@@ -19,8 +19,13 @@ if SIMULATOR:
 else:  # pragma: no cover - compiled for a GPU (scripts/cuda_compile_check.py checks the PTX here)
     from llvmlite import ir
     from numba import types
-    from numba.core import cgutils
-    from numba.cuda.extending import intrinsic
+
+    try:  # numba-cuda's own copies (0.2x on); older releases use numba's
+        from numba.cuda import cgutils
+        from numba.cuda.extending import intrinsic
+    except ImportError:  # pragma: no cover - depends on the installed numba-cuda
+        from numba.core import cgutils
+        from numba.core.extending import intrinsic
 
     @intrinsic
     def load4(typingctx, a, r, j):  # noqa: ANN001, ANN201, ARG001
