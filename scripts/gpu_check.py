@@ -1,7 +1,9 @@
 """The steps of scripts/gpu_check.sh, one process each (the shell gives each its own timeout); every step
 writes WORK/part_STEP.json and `merge` joins them into one JSON of figures.
 
-    python scripts/gpu_check.py versions|models|compare|bench|profile|tests|merge --work DIR [--sim]
+    python scripts/gpu_check.py STEP --work DIR [--sim]
+
+STEP: versions, models, compare, bench, splitk, graphs, profile, tests or merge.
 
 --sim: the tiny shapes of real_shapes.SIM_SHAPES and the fewest tokens that still run every step, for the
 Numba CUDA simulator (NUMBA_ENABLE_CUDASIM=1, set by the shell script).
@@ -28,12 +30,18 @@ BLOCK = 16
 HBM_BYTES_PER_S = 4.3e12  # H200 device-to-device copy rate measured here (KINDS.md): the bandwidth bound
 MODELS = ("smollm2", "gemma3")
 # Per step and mode: how much each measures. Real: the figures; sim: every code path once, in seconds.
+# cmp_prompt on a GPU: past the split-K threshold (ATTN_SPLIT_KEYS = 256), so the comparison covers it;
+# long_ctx: the context of the split-K step (split into 16 on a GPU; in the simulator 6 keys split in two
+# by a split_keys of 4, every forward there costing seconds).
 SIZES = {
-    False: dict(cmp_prompt=32, cmp_steps=16, prefill=128, decode=64, in_flight=(16, 64), flight_prompt=32,
-                flight_steps=16, profile_steps=16, bench_models=MODELS, profile_models=MODELS, warm=True),
+    False: dict(cmp_prompt=300, cmp_steps=16, prefill=128, decode=64, in_flight=(16, 64), flight_prompt=32,
+                flight_steps=16, profile_steps=16, bench_models=MODELS, profile_models=MODELS, warm=True,
+                long_ctx=4096, long_steps=32, long_rounds=3, split_keys=None, graph_batches=(1, 16),
+                graph_steps=32, graph_rounds=3),
     True: dict(cmp_prompt=2, cmp_steps=1, prefill=3, decode=1, in_flight=(2,), flight_prompt=1,
                flight_steps=1, profile_steps=1, bench_models=("smollm2",), profile_models=("smollm2",),
-               warm=False),
+               warm=False, long_ctx=6, long_steps=1, long_rounds=1, split_keys=4, graph_batches=(1,),
+               graph_steps=1, graph_rounds=1),
 }  # fmt: skip
 NEAR_TIE = 1e-3  # a top-2 logit margin below this fraction of the top logit is a tie: comparison ends
 
@@ -233,6 +241,137 @@ def step_bench(args: argparse.Namespace) -> dict:
     return {name: _bench_one(model_path(args.work, name), sz) for name in args.models or sz["bench_models"]}
 
 
+def _splitk_one(path: Path, sz: dict) -> dict:
+    """Batch-1 greedy decode from a long prompt with split-K attention on and off (rounds alternate; each
+    decodes the same positions from the same first token): tok/s, the attention kernel's GPU time per
+    token (CUDA events; none in the simulator), the first step's logits NMSE between the modes, and whether
+    both gave the same tokens."""
+    from edgellm.backends.cuda.config import STATS
+    from edgellm.engine.model_runner import RunItem
+
+    ctx, steps = sz["long_ctx"], sz["long_steps"]
+    m = Loaded(path, "cuda", -(-(ctx + steps + 1) // BLOCK))
+    table = list(range(-(-(ctx + steps + 1) // BLOCK)))
+    prompt = [int(t) for t in np.random.default_rng(4).integers(0, m.cfg.n_vocab, ctx)]
+    [first] = m.runner.run_argmax([RunItem(table, prompt, 0)])
+    original = m.be.split_keys
+    default = sz["split_keys"] or original
+
+    def decode(split_keys: int) -> tuple[list[int], float]:
+        m.be.split_keys = split_keys
+        toks = [int(first[-1])]
+        t0 = time.perf_counter()
+        for i in range(steps):
+            [ids] = m.runner.run_argmax([RunItem(table, [toks[-1]], ctx + i)])
+            toks.append(int(ids[-1]))
+        return toks, time.perf_counter() - t0
+
+    if sz["warm"]:
+        decode(default), decode(0)  # compiles both grids' shapes
+    res: dict[str, Any] = {"context": ctx, "split_keys": default, "tok_s": {"split": [], "unsplit": []}}
+    tokens = {}
+    for _ in range(sz["long_rounds"]):
+        for mode, keys in (("split", default), ("unsplit", 0)):
+            tokens[mode], dt = decode(keys)
+            res["tok_s"][mode].append(steps / dt)
+    for mode, keys in (("split", default), ("unsplit", 0)):
+        res[f"attention_gpu_us_per_token_{mode}"] = 0.0
+        if sz["warm"]:  # the simulator has no GPU clock
+            STATS.reset()
+            STATS.timing = "events"
+            decode(keys)
+            STATS.collect_events()
+            STATS.timing = None
+            gpu_s = STATS.gpu_seconds["attention_paged_cuda"]
+            res[f"attention_gpu_us_per_token_{mode}"] = gpu_s / steps * 1e6
+    logits = {}
+    for mode, keys in (("split", default), ("unsplit", 0)):  # the first decode step's logits
+        m.be.split_keys = keys
+        logits[mode] = m.be.to_host(m.forward([RunItem(table, [int(first[-1])], ctx)]))[-1].astype(np.float64)
+    m.be.split_keys = original
+    diff = logits["split"] - logits["unsplit"]
+    res["logits_nmse"] = float(np.sum(diff**2) / max(np.sum(logits["unsplit"] ** 2), 1e-30))
+    res["same_tokens"] = tokens["split"] == tokens["unsplit"]  # a figure: a near-tie may flip a token
+    res["tokens"] = tokens
+    med = {k: float(np.median(v)) for k, v in res["tok_s"].items()}
+    res["speedup"] = med["split"] / med["unsplit"]
+    return res
+
+
+def step_splitk(args: argparse.Namespace) -> dict:
+    sz = SIZES[args.sim]
+    return {name: _splitk_one(model_path(args.work, name), sz) for name in args.models or sz["bench_models"]}
+
+
+def _graphs_one(path: Path, sz: dict) -> dict:
+    """Greedy decode replayed from CUDA graphs (CudaBackend.argmax_graph, one capture per batch size)
+    against plain launches, at each batch size of graph_batches: rounds alternate, each decoding the same
+    positions from the same first tokens; tok/s, launches per step, and whether the tokens are the same
+    (they must be: the same kernels on the same inputs)."""
+    from edgellm.backends.cuda.config import STATS
+    from edgellm.engine.model_runner import RunItem
+
+    steps, prompt_len = sz["graph_steps"], sz["flight_prompt"]
+    per_seq = -(-(prompt_len + steps + 1) // BLOCK)
+    m = Loaded(path, "cuda", per_seq * max(sz["graph_batches"]))
+    fwd = lambda batch: m.model.forward(batch, m.runner.kv)  # noqa: E731
+    prompt = [int(t) for t in np.random.default_rng(5).integers(0, m.cfg.n_vocab, prompt_len)]
+    res: dict[str, Any] = {}
+    for b in sz["graph_batches"]:
+        tables = [list(range(s * per_seq, (s + 1) * per_seq)) for s in range(b)]
+        first = [int(ids[-1]) for ids in m.runner.run_argmax([RunItem(t, prompt, 0) for t in tables])]
+
+        def decode(
+            graph: bool, b: int = b, tables: list = tables, first: list = first
+        ) -> tuple[list, float, float]:
+            toks = [[t] for t in first]
+            STATS.reset()
+            t0 = time.perf_counter()
+            for i in range(steps):
+                items = [RunItem(tables[s], [toks[s][-1]], prompt_len + i) for s in range(b)]
+                if graph:
+                    batch, slices = m.runner.build_batch(items)
+                    ids = m.be.argmax_graph(batch, fwd)
+                    out = [ids[sl] for sl in slices]
+                else:
+                    out = m.runner.run_argmax(items)
+                for s in range(b):
+                    toks[s].append(int(out[s][-1]))
+            return toks, time.perf_counter() - t0, STATS.total_launches / steps
+
+        try:
+            decode(True)  # captures this batch size's graph (after one plain step of its shape)
+        except Exception as e:  # noqa: BLE001 - the report says what failed; the shell marks it failed
+            res[f"batch_{b}"] = {"error": f"{type(e).__name__}: {e}", "same_tokens": False, "speedup": 0.0,
+                                 "launches_per_step": {"plain": 0.0}}  # fmt: skip
+            continue
+        if sz["warm"]:
+            decode(False)
+        r: dict[str, Any] = {"tok_s": {"plain": [], "graph": []}, "launches_per_step": {}}
+        tokens = {}
+        for _ in range(sz["graph_rounds"]):
+            for mode in ("plain", "graph"):
+                tokens[mode], dt, launches = decode(mode == "graph")
+                r["tok_s"][mode].append(b * steps / dt)
+                r["launches_per_step"][mode] = launches
+        r["same_tokens"] = tokens["plain"] == tokens["graph"]
+        r["speedup"] = float(np.median(r["tok_s"]["graph"]) / np.median(r["tok_s"]["plain"]))
+        res[f"batch_{b}"] = r
+    res["graphs_captured"] = len(m.be._graphs)
+    return res
+
+
+def step_graphs(args: argparse.Namespace) -> dict:
+    from edgellm.backends.cuda.config import SIMULATOR
+
+    sz = SIZES[args.sim]
+    if SIMULATOR:  # nothing to run: say so in the report
+        return {
+            name: {"skipped": "the Numba CUDA simulator has no CUDA graphs"} for name in sz["bench_models"]
+        }
+    return {name: _graphs_one(model_path(args.work, name), sz) for name in args.models or sz["bench_models"]}
+
+
 def step_profile(args: argparse.Namespace) -> dict:
     """Per-kernel launches and times at batch-1 decode, fused (scripts/cuda_profile.py's measurement)."""
     sys.path.insert(0, str(ROOT / "scripts"))
@@ -249,7 +388,8 @@ def step_profile(args: argparse.Namespace) -> dict:
 def step_tests(args: argparse.Namespace) -> dict:
     """The CUDA test files on the device (EDGELLM_CUDA_TESTS=gpu); in the simulator one quick case, to run
     the step itself (the full simulator run is part of the default test suite)."""
-    files = ["tests/test_cuda_backend.py", "tests/test_cuda_engine.py", "tests/test_cuda_sampling.py"]
+    files = ["tests/test_cuda_backend.py", "tests/test_cuda_engine.py", "tests/test_cuda_attention.py",
+             "tests/test_cuda_real_shapes.py", "tests/test_cuda_sampling.py"]  # fmt: skip
     if args.sim:
         files = ["tests/test_cuda_engine.py", "-k", "test_top_k_and_argmax_match_numpy and 1"]
     env = dict(os.environ, EDGELLM_CUDA_TESTS="gpu")
@@ -284,6 +424,8 @@ STEPS = {
     "models": step_models,
     "compare": step_compare,
     "bench": step_bench,
+    "splitk": step_splitk,
+    "graphs": step_graphs,
     "profile": step_profile,
     "tests": step_tests,
     "merge": step_merge,

@@ -12,6 +12,8 @@
 #    so nothing large travels;
 # 4. compares CUDA against the CPU backend on them (logits NMSE, greedy tokens up to the first near-tie);
 # 5. benchmarks batch-1 prefill and decode, and decode at 16 and 64 sequences in flight;
+#    then batch-1 decode at a 4096-token context with split-K attention on and off (same tokens? speedup),
+#    and decode replayed from CUDA graphs against plain launches at 1 and 16 in flight (GPU only);
 # 6. profiles launches and per-kernel GPU time at batch-1 decode;
 # 7. runs the CUDA test files for real (EDGELLM_CUDA_TESTS=gpu).
 # Every step is its own process under `timeout`; kernels compile once (cache=True, one NUMBA_CACHE_DIR per
@@ -24,8 +26,9 @@ PY=${PYTHON:-python3}
 WHEELS=${WHEELS:-.gpu_wheels}
 OUT=${OUT:-gpu_check_out}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/edgellm_gpu_check.XXXXXX")
-# seconds per step; they sum to 455 (+ the wheel install): inside one 10-minute command with room to spare
-declare -A LIMIT=([versions]=20 [models]=75 [compare]=140 [bench]=100 [profile]=50 [tests]=70)
+# seconds per step; they sum to 540 (+ the wheel install): inside one 10-minute command
+declare -A LIMIT=([versions]=20 [models]=75 [compare]=130 [bench]=95 [splitk]=45 [graphs]=40 [profile]=45
+  [tests]=90)
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 ORIG_PATH=${PYTHONPATH:-}
@@ -38,7 +41,7 @@ else
   export NUMBA_CACHE_DIR=$WORK/numba_cache  # fresh: no kernel compiled from other sources is reused
 fi
 
-STEPS=${STEPS:-versions models compare bench profile tests}  # a rerun can take a subset (models is needed)
+STEPS=${STEPS:-versions models compare bench splitk graphs profile tests}  # a rerun can take a subset (models is needed)
 step() {  # step NAME CMD...: run under the step's timeout, record "name rc limit seconds"
   local name=$1 t0 rc
   shift
@@ -69,6 +72,8 @@ step models bash -c '"$0" scripts/gpu_check.py models --models smollm2 "$@" & a=
   wait $a; ra=$?; wait $b; exit $((ra | $?))' "$PY" "${ARGS[@]}"
 step compare $PY scripts/gpu_check.py compare "${ARGS[@]}"
 step bench $PY scripts/gpu_check.py bench "${ARGS[@]}"
+step splitk $PY scripts/gpu_check.py splitk "${ARGS[@]}"
+step graphs $PY scripts/gpu_check.py graphs "${ARGS[@]}"
 step profile $PY scripts/gpu_check.py profile "${ARGS[@]}"
 step tests $PY scripts/gpu_check.py tests --timeout $((LIMIT[tests] - 5)) "${ARGS[@]}"
 $PY scripts/gpu_check.py merge --out "$OUT/gpu_check.json" "${ARGS[@]}" >/dev/null || exit 4
@@ -78,6 +83,7 @@ r = json.load(open(sys.argv[1]))
 bad = [n for n, s in r["steps"].items() if s["rc"] != 0]
 bad += [f"compare:{m}" for m, c in r.get("compare", {}).items() if not c["greedy_equal"]]
 bad += ["tests"] if "tests" in r["steps"] and r.get("tests", {}).get("returncode", 1) != 0 else []
+bad += [f"splitk:{m}" for m, c in r.get("splitk", {}).items() if not c["logits_nmse"] < 1e-4]
 print(json.dumps({k: r[k] for k in ("steps", "versions") if k in r}, indent=1))
 for m, b in r.get("bench", {}).items():
     d = b["decode_b1"]
@@ -85,6 +91,16 @@ for m, b in r.get("bench", {}).items():
     print(f"{m}: decode b1 {d['tok_s']:.1f} tok/s (bound {b['bandwidth_bound_tok_s_b1']:.0f}), "
           f"{d['launches_per_token']:.0f} launches, {d['host_to_device_copies_per_token']:g}+{d['device_to_host_copies_per_token']:g} copies/token; "
           f"prefill {b['prefill_tok_s']:.0f} tok/s; {flights}")
+for m, c in r.get("splitk", {}).items():
+    print(f"{m}: decode b1 at {c['context']} keys, split-K {c['speedup']:.2f}x unsplit "
+          f"(attention {c['attention_gpu_us_per_token_split']:.0f} vs {c['attention_gpu_us_per_token_unsplit']:.0f} "
+          f"us/token), logits NMSE {c['logits_nmse']:.1e}, same tokens: {c['same_tokens']}")
+for m, g in r.get("graphs", {}).items():
+    for k, c in g.items():
+        if k.startswith("batch_"):
+            bad += [] if c["same_tokens"] else [f"graphs:{m}:{k}"]
+            print(f"{m}: {k[6:]} in flight, CUDA graphs {c['speedup']:.2f}x plain launches "
+                  f"({c['launches_per_step']['plain']:.0f} launches/step), same tokens: {c['same_tokens']}")
 print("FAILED: " + ", ".join(bad) if bad else "all steps passed")
 sys.exit(1 if bad else 0)
 PYEOF

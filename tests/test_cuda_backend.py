@@ -2,10 +2,10 @@
 
 The Numba CUDA simulator must be switched on (NUMBA_ENABLE_CUDASIM=1) before numba is first imported, and
 the rest of the suite imports numba first. So, in a plain `pytest` run, this module defines one test that
-runs this same file and test_cuda_engine.py in a fresh `python -m pytest` subprocess with the simulator on,
-and fails with the subprocess's report if any case there fails. In that subprocess (NUMBA_ENABLE_CUDASIM=1),
-or on a machine with a GPU when EDGELLM_CUDA_TESTS=gpu (scripts/gpu_check.sh), the cases themselves are
-defined and run.
+runs this same file, test_cuda_engine.py, test_cuda_attention.py and test_cuda_real_shapes.py in a fresh
+`python -m pytest` subprocess with the simulator on, and fails with the subprocess's report if any case
+there fails. In that subprocess (NUMBA_ENABLE_CUDASIM=1), or on a machine with a GPU when
+EDGELLM_CUDA_TESTS=gpu (scripts/gpu_check.sh), the cases themselves are defined and run.
 
 Kernel cases: parametrized over (op, quant type, shape); outputs are written into the interior of a
 NaN-filled device buffer whose guard rows/columns must stay NaN (out-of-bounds writes). Error is NMSE
@@ -32,8 +32,9 @@ if not (IN_SIM or ON_GPU):
 
     def test_cuda_kernels_in_simulator() -> None:
         env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-        engine_tests = str(Path(__file__).with_name("test_cuda_engine.py"))
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, engine_tests]
+        names = ("engine", "attention", "real_shapes")
+        others = [str(Path(__file__).with_name(f"test_cuda_{name}.py")) for name in names]
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, *others]
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, cwd=Path(__file__).parent.parent, env=env, capture_output=True, text=True)
         report = (proc.stdout + proc.stderr)[-6000:]

@@ -66,6 +66,43 @@ def test_argmax_across_many_blocks() -> None:
     np.testing.assert_array_equal(BE.argmax(view[1:2]), [40])
 
 
+@pytest.mark.skipif(os.environ.get("EDGELLM_CUDA_TESTS") == "gpu", reason="a GPU has graphs: gpu_check.py")
+def test_cuda_graphs_are_refused_by_the_simulator() -> None:
+    with pytest.raises(RuntimeError, match="the Numba CUDA simulator has none"):
+        BE.argmax_graph(None, None)
+
+
+def test_decode_steps_of_one_shape_launch_alike(tiny: Path) -> None:
+    """What a CUDA graph replay relies on (graphs.py): two decode steps of the same shape at different
+    positions, tokens and block tables launch the same kernels with the same scalar arguments and array
+    shapes, so everything that changes per step reaches the kernels through device arrays."""
+    from edgellm.arch import ARCHITECTURES
+    from edgellm.backends.cuda import config
+    from edgellm.engine.model_runner import ModelRunner, RunItem
+    from edgellm.gguf.config import config_from_gguf
+    from edgellm.gguf.reader import load_gguf
+
+    g = load_gguf(tiny)
+    cfg = config_from_gguf(g)
+    runner = ModelRunner(ARCHITECTURES[cfg.arch](cfg, g, BE), cfg, BE, num_blocks=6, block_size=4)
+
+    def step(items: list) -> list:
+        args: list = []
+        config.CAPTURE_REFS.append(args)
+        try:
+            runner.run_argmax(items)
+        finally:
+            config.CAPTURE_REFS.remove(args)
+        return [
+            [(a.shape, a.dtype.str) if hasattr(a, "shape") else a for a in launch_args]
+            for launch_args in args
+        ]
+
+    first = step([RunItem([0, 1], [7], 3)])  # (the cache holds zeros: its values do not matter here)
+    second = step([RunItem([4, 5], [9], 6)])  # other blocks, position, token
+    assert len(first) > 5 and first == second
+
+
 def test_take_rows_and_softcap() -> None:
     rng = np.random.default_rng(1)
     x = (rng.standard_normal((5, 12)) * 40).astype(np.float32)

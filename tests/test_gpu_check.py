@@ -26,7 +26,8 @@ def test_gpu_check_flow_runs_in_the_simulator(tmp_path: Path) -> None:
     log = (proc.stdout + proc.stderr)[-5000:]
     assert proc.returncode == 0, log
     r = json.loads((out / "gpu_check.json").read_text())
-    assert set(r["steps"]) == {"versions", "models", "compare", "bench", "profile", "tests"}, log
+    steps = ("versions", "models", "compare", "bench", "splitk", "graphs", "profile", "tests")
+    assert set(r["steps"]) == set(steps), log
     assert all(s["rc"] == 0 for s in r["steps"].values()), r["steps"]
     assert r["versions"]["simulator"] is True
     assert r["versions"]["gguf_from"].startswith(str(tmp_path)), "gguf must come from the carried wheel"
@@ -39,4 +40,8 @@ def test_gpu_check_flow_runs_in_the_simulator(tmp_path: Path) -> None:
     assert b["host_to_device_copies_per_token"] <= 1 and b["device_to_host_copies_per_token"] <= 1, b
     assert b["launches_per_token"] > 0 and r["bench"]["smollm2"]["in_flight_2"]["aggregate_tok_s"] > 0
     assert r["profile"]["smollm2"]["by_kernel"], r["profile"]
+    k = r["splitk"]["smollm2"]  # the simulator splits the 34-key context in two
+    assert k["same_tokens"] and k["context"] > k["split_keys"] > 0 and k["speedup"] > 0, k
+    assert 0 < k["logits_nmse"] < 1e-4, k  # rounding only: within the CPU-vs-CUDA tolerance (compare)
+    assert "no CUDA graphs" in r["graphs"]["smollm2"]["skipped"]  # graphs run on a GPU only
     assert r["tests"]["returncode"] == 0 and " passed" in r["tests"]["summary"], r["tests"]

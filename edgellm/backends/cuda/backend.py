@@ -25,21 +25,18 @@ from numba import cuda
 
 from edgellm.backends.base import Backend, StepInputs
 from edgellm.backends.cuda import attention as attn
-from edgellm.backends.cuda import ops
-from edgellm.backends.cuda import sampling as samp
+from edgellm.backends.cuda import graphs, ops
 from edgellm.backends.cuda.config import (
-    ARGMAX_MAX_BLOCKS,
-    ARGMAX_PER_THREAD,
-    MAX_TOP_K,
+    ATTN_SPLIT_KEYS,
     ROW_THREADS,
     STATS,
-    cdiv,
     elem_grid,
     launch,
     stream,
 )
 from edgellm.backends.cuda.deferred import ActOp, AttnOp, HeadsOp, ResidualOp, same_view
 from edgellm.backends.cuda.devarray import BufferPool, DeviceTensor
+from edgellm.backends.cuda.device_sampling import DeviceSampling
 from edgellm.backends.cuda.kv_cache import DeviceKvCache
 from edgellm.backends.cuda.matmul import DeviceWeight, Scratch, gather_rows_cuda, matmul_cuda, upload_weight
 from edgellm.backends.cuda.step_inputs import StepIndex, StepUploader
@@ -59,7 +56,7 @@ class DeviceStacked:
         self.cols = parts[0].cols
 
 
-class CudaBackend(Backend):
+class CudaBackend(DeviceSampling, Backend):
     name = "cuda"
     samples_on_device = True  # argmax / top_k run on the device: the engine asks for ids, not logits
 
@@ -69,9 +66,12 @@ class CudaBackend(Backend):
         self.weight_bytes = 0
         self.stats = STATS
         self.fuse = os.environ.get("EDGELLM_CUDA_FUSE", "1") != "0"
+        self.split_keys = ATTN_SPLIT_KEYS  # split-K attention above this many keys per token; 0: never
         self._pending: ResidualOp | ActOp | AttnOp | HeadsOp | None = None
         self._steps = StepUploader()
         self._argmax_zeroed: dict[int, bool] = {}  # rows -> its completion counters were zeroed
+        self._graphs: dict[tuple, graphs.CapturedStep] = {}  # decode steps captured per shape (argmax_graph)
+        self._fixed_inputs: StepInputs | None = None
 
     def _flush(self) -> None:
         """Launch the deferred op on its own: the next op does not consume it."""
@@ -90,9 +90,9 @@ class CudaBackend(Backend):
         return out
 
     def step_inputs(self, batch: Any) -> StepInputs:
-        """The step's index arrays in one copy (step_inputs.py)."""
+        """The step's index arrays in one copy (step_inputs.py); inside argmax_graph, the ones it sent."""
         self._flush()
-        return self._steps.upload(batch)
+        return self._fixed_inputs if self._fixed_inputs is not None else self._steps.upload(batch)
 
     # --- weights -------------------------------------------------------------------------------------
     def load_matrix(self, tensors: list[TensorInfo]) -> DeviceWeight | DeviceStacked:
@@ -331,68 +331,9 @@ class CudaBackend(Backend):
         out: DeviceTensor,
     ) -> None:
         self._flush()
-        op = AttnOp(q, kv.layers[layer], kv.kind.q8, block_tables, seq_index, positions, window, scale, out)
+        lay, split = kv.layers[layer], self.split_keys
+        op = AttnOp(q, lay, kv.kind.q8, block_tables, seq_index, positions, window, scale, out, split)
         if self.fuse:
             self._pending = op  # the output projection's quantization joins it
         else:
             op.launch(self.scratch)
-
-    # --- logits and device sampling ----------------------------------------------------------------------
-    def take_rows(self, x: DeviceTensor, index: np.ndarray | StepIndex) -> DeviceTensor:
-        self._flush()
-        rows = index.host if isinstance(index, StepIndex) else np.ascontiguousarray(index, dtype=np.int32)
-        if rows.size and (rows.min() < 0 or rows.max() >= x.shape[0]):
-            raise IndexError(f"logit rows out of range [0, {x.shape[0]})")
-        n = x.shape[1]
-        out = self.empty((len(rows), n))
-        if out.size:
-            dev = index.dev if isinstance(index, StepIndex) else self._upload(rows)
-            grid, threads = elem_grid(out.size)
-            launch(ops.take_rows_cuda, grid, threads, *x.rows2d(), dev, n, out.buf)
-        return out
-
-    def softcap(self, x: DeviceTensor, cap: float) -> DeviceTensor:
-        self._flush()
-        rows, n = x.shape
-        if rows:
-            grid, threads = elem_grid(rows * n)
-            launch(samp.softcap_cuda, grid, threads, *x.rows2d(), rows, n, np.float32(cap))
-        return x
-
-    def _top_k(self, logits: DeviceTensor, k: int, nan_first: bool) -> tuple[Any, Any]:
-        self._flush()
-        rows, n = logits.shape
-        if not 1 <= k <= min(n, MAX_TOP_K):
-            raise ValueError(f"top-k on the device needs 1 <= k <= min(n_vocab, {MAX_TOP_K}), got k={k}")
-        vals = self.scratch.get("top_v", (max(rows, 1), k), np.float32)
-        ids = self.scratch.get("top_i", (max(rows, 1), k), np.int32)
-        if rows:
-            launch(samp.top_k_rows_cuda, rows, ROW_THREADS, *logits.rows2d(), n, k, nan_first, vals, ids)
-        return vals, ids
-
-    def argmax(self, logits: DeviceTensor) -> np.ndarray:
-        """np.argmax of each row, computed on the device by many blocks per row in one launch: only the int32
-        ids come back."""
-        self._flush()
-        rows, n = logits.shape
-        if rows == 0 or n == 0:
-            raise ValueError(f"argmax needs a non-empty [rows, n_vocab] array, got {logits.shape}")
-        per_block = ROW_THREADS * ARGMAX_PER_THREAD
-        nb = min(cdiv(n, per_block), ARGMAX_MAX_BLOCKS)
-        chunk = cdiv(n, nb)
-        nb = cdiv(n, chunk)  # every block gets a non-empty chunk
-        part_v = self.scratch.get("argmax_v", (rows, nb), np.float32)
-        part_i = self.scratch.get("argmax_i", (rows, nb), np.int32)
-        done = self.scratch.get("argmax_done", (rows,), np.int32)
-        if not self._argmax_zeroed.get(rows):
-            done.copy_to_device(np.zeros(rows, np.int32))  # once: each launch's last blocks reset it
-            self._argmax_zeroed[rows] = True
-        ids = self.scratch.get("argmax_ids", (rows,), np.int32)
-        launch(samp.argmax_blocks_cuda, (nb, rows), ROW_THREADS, *logits.rows2d(), n, chunk, part_v, part_i,
-               done, ids)  # fmt: skip
-        return self._download(ids)
-
-    def top_k(self, logits: DeviceTensor, k: int) -> tuple[np.ndarray, np.ndarray]:
-        vals, ids = self._top_k(logits, k, False)
-        rows = logits.shape[0]
-        return self._download(vals)[:rows], self._download(ids)[:rows]

@@ -30,6 +30,11 @@ ELEM_THREADS = 4 if SIMULATOR else 256
 # blocks per row (49k logits: 24 blocks, 262k: 128; the simulator: a few blocks of 4 threads).
 ARGMAX_PER_THREAD = 4 if SIMULATOR else 16
 ARGMAX_MAX_BLOCKS = 256
+# Split-K attention: a token with more keys than this spreads them over several blocks (batch-1 decode at
+# long contexts would otherwise run one block per head), at most MAX_ATTN_SPLITS; the simulator splits
+# early so that tests over a few hundred keys take that path.
+ATTN_SPLIT_KEYS = 32 if SIMULATOR else 256
+MAX_ATTN_SPLITS = 32
 # Largest k of the device top-k (per-thread sorted lists of this length live in local memory).
 MAX_TOP_K = 64
 # Largest head dim the attention kernel's per-thread V accumulators cover.
@@ -120,6 +125,7 @@ class KernelStats:
 
 STATS = KernelStats()
 _STREAM: list[Any] = []
+CAPTURE_REFS: list[list] = []  # while a CUDA graph is captured: the arguments of its launches (graphs.py)
 
 
 def stream() -> Any:
@@ -134,6 +140,8 @@ def launch(kernel: Any, grid: Any, block: Any, *args: Any) -> None:
     """kernel[grid, block, stream()](*args), counted (and timed in a profiling mode: see KernelStats)."""
     name = kernel.py_func.__name__
     STATS.launches[name] += 1
+    if CAPTURE_REFS:
+        CAPTURE_REFS[-1].append(args)  # the graph replays with these arrays: they must outlive it
     s = stream()
     if STATS.timing is None:
         kernel[grid, block, s](*args)

@@ -18,11 +18,12 @@ import numpy as np
 
 from edgellm.backends.cuda import attention as attn
 from edgellm.backends.cuda import ops
+from edgellm.backends.cuda.act_quant import act_block
 from edgellm.backends.cuda.config import ROW_THREADS, elem_grid, launch
 from edgellm.backends.cuda.devarray import DeviceTensor
 from edgellm.backends.cuda.fused import add_rmsnorm_quant_cuda, gated_act_quant_cuda, heads_rope_kv_cuda
 from edgellm.backends.cuda.kv_cache import DeviceKvLayer
-from edgellm.backends.cuda.matmul import DeviceWeight, Scratch, act_block, act_scratch
+from edgellm.backends.cuda.matmul import DeviceWeight, Scratch, act_scratch
 
 
 def same_view(a: Any, b: Any) -> bool:
@@ -144,6 +145,7 @@ class AttnOp:
     window: int
     scale: float
     out: DeviceTensor
+    split_keys: int  # split-K: a token with more keys is spread over several blocks (attention.py)
 
     def produces(self, x: DeviceTensor) -> bool:
         o = self.out
@@ -161,9 +163,12 @@ class AttnOp:
         if quant_for is not None and (quant_for.dense is not None or dv % act_block(quant_for.act_mode)):
             quant_for = None  # a quantization block would span heads: the matmul quantizes for itself
         q = _quant_args(quant_for, scratch, T, H * dv)
+        table_cols, bs = self.block_tables.shape[1], self.kv.k.shape[1]
+        splits = attn.max_splits(table_cols, bs, int(self.window), self.split_keys)
+        slots = T * H * splits if splits > 1 else 1  # one (m, l, acc[dv]) per (token, head, split)
         launch(
             attn.attention_paged_cuda,
-            T * H,
+            (T * H, splits),
             ROW_THREADS,
             *self.q.heads3d(),
             self.kv.k,
@@ -177,6 +182,10 @@ class AttnOp:
             int(self.window),
             np.float32(self.scale),
             H,
+            int(self.split_keys),
+            scratch.at_least("attn_ml", 2 * slots, np.float64),
+            scratch.at_least("attn_acc", slots * dv, np.float32),
+            scratch.at_least("attn_done", T * H if splits > 1 else 1, np.int32, zeroed=True),
             *self.out.heads3d(),
             *q,
         )

@@ -28,20 +28,26 @@ class _Lease:
 
     __slots__ = ("buf", "pool")
 
-    def __init__(self, buf: Any, pool: BufferPool) -> None:
+    def __init__(self, buf: Any, pool: BufferPool | None) -> None:
         self.buf, self.pool = buf, pool
 
     def __del__(self) -> None:
-        self.pool.release(self.buf)
+        if self.pool is not None:
+            self.pool.release(self.buf)
 
 
 class BufferPool:
     def __init__(self) -> None:
         self.free: dict[int, list[Any]] = defaultdict(list)
         self.allocated_bytes = 0
+        self.private: list[Any] | None = None  # set while a CUDA graph is captured: its own buffers
 
     def take(self, n: int) -> _Lease:
         n = max(n, 1)
+        if self.private is not None:  # never back in the free list: the graph rewrites it at each replay
+            self.allocated_bytes += n * _ITEM
+            self.private.append(cuda.device_array(n, np.float32))
+            return _Lease(self.private[-1], None)
         stack = self.free[n]
         if stack:
             return _Lease(stack.pop(), self)

@@ -18,9 +18,9 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
+from edgellm.backends.cuda.act_quant import quantize_blocks
 from edgellm.backends.cuda.config import ROW_THREADS
 from edgellm.backends.cuda.kv_cache import KV_BLOCK, quantize_kv_block
-from edgellm.backends.cuda.matmul import quantize_block
 from edgellm.backends.cuda.ops import gated, rms_scale, rope_pair, scale_row
 
 
@@ -28,9 +28,7 @@ from edgellm.backends.cuda.ops import gated, rms_scale, rope_pair, scale_row
 def _quantize_row(out, base, n, group, mode, xq, xs, xsum, r):  # noqa: ANN001
     """Quantize row r (out[base : base + n], just written by this block) for the next matmul."""
     cuda.syncthreads()  # the row's elements were written by every thread of the block
-    block = 256 if mode == 2 else 32
-    for b in range(cuda.threadIdx.x, n // block, ROW_THREADS):
-        quantize_block(out, base, b * block, block, group, mode, xq, xs, xsum, r)
+    quantize_blocks(out, base, 0, n, group, mode, xq, xs, xsum, r)
 
 
 @cuda.jit(cache=True)

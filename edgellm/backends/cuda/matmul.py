@@ -22,17 +22,19 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
+from edgellm.backends.cuda.act_quant import QUANT_TEAMS, act_block, quantize_act_cuda
 from edgellm.backends.cuda.config import (
     GEMM_TILE_M,
     MATMUL_LANES,
     MATMUL_ROWS,
+    ROW_THREADS,
     SIMULATOR,
     cdiv,
     f16_round,
     launch,
     mul_rn,
-    rint_f32,
 )
+from edgellm.backends.cuda.vecload import load4
 from edgellm.quants.packing import PackedWeight
 from edgellm.quants.traits import get_traits
 
@@ -65,6 +67,11 @@ def upload_weight(p: PackedWeight) -> DeviceWeight:
             p.rows, p.cols, p.qtype, dense=d, act_round=ACT_ROUND[traits.vec_dot], nbytes=dense.nbytes
         )
     words = np.ascontiguousarray(p.q).view(np.int32)
+    if words.shape[1] % 4 or p.group % 16:
+        raise ValueError(
+            f"{p.qtype.name} weight {p.rows}x{p.cols}: the CUDA matmul loads 16 bytes at a time and needs "
+            f"groups of a multiple of 16 weights, got group {p.group}"
+        )
     w = DeviceWeight(
         p.rows,
         p.cols,
@@ -75,6 +82,7 @@ def upload_weight(p: PackedWeight) -> DeviceWeight:
         act_mode=p.act_mode,
         nbytes=words.nbytes + p.scale.nbytes,
     )
+    check_vec4(w.q, f"{p.qtype.name} weight {p.rows}x{p.cols}")
     if p.minv is not None:
         w.minv = cuda.to_device(p.minv)
         w.nbytes += p.minv.nbytes
@@ -92,66 +100,6 @@ def bf16_round(x):  # noqa: ANN001, ANN201
     """x rounded to bfloat16's 8 significand bits (Veltkamp split; ties may round either way)."""
     t = mul_rn(x, BF16_SPLIT)
     return t - (t - x)
-
-
-@cuda.jit(device=True)
-def quantize_block(x, row, base, block, group, mode, xq, xs, xsum, m):  # noqa: ANN001
-    """Quantize x[row + base : row + base + block] (one activation block of row m) into xq / xs / xsum,
-    by quantize_act_ref's rule: mode 0 q8_0, 1 q8_1, 2 q8_K. Shared by quantize_act_cuda and the kernels
-    that quantize their own output for the next matmul (fused.py), so both give the same bits."""
-    amax = np.float32(0.0)
-    vmax = np.float32(0.0)
-    for k in range(block):
-        v = x[row + base + k]
-        if abs(v) > amax:
-            amax = abs(v)
-            vmax = v
-    if mode == 2:
-        iscale = np.float32(-127.0) / vmax if amax > 0 else np.float32(0.0)
-        d = np.float32(1.0) / iscale if amax > 0 else np.float32(0.0)
-        d_stored = d
-    else:
-        iscale = np.float32(127.0) / amax if amax > 0 else np.float32(0.0)
-        d = amax / np.float32(127.0)
-        d_stored = f16_round(d)
-    gsum = 0
-    word = 0
-    for k in range(block):
-        qv = min(rint_f32(mul_rn(x[row + base + k], iscale)), np.float32(127.0))
-        qi = np.int32(qv)
-        gsum += qi
-        lane = k % 4
-        if lane == 3:
-            word = word | (qi << 24)
-            xq[m, (base + k) // 4] = word
-            word = 0
-        else:
-            word = word | ((qi & 255) << (8 * lane))
-        if (k + 1) % group == 0:
-            g = (base + k) // group
-            xs[m, g] = d_stored
-            if mode == 1:
-                xsum[m, g] = f16_round(d * np.float32(gsum))
-            else:
-                xsum[m, g] = d_stored * np.float32(gsum)
-            gsum = 0
-
-
-def act_block(mode: int) -> int:
-    """Elements per activation quantization block: 256 for q8_K, 32 for q8_0 / q8_1."""
-    return 256 if mode == 2 else 32
-
-
-@cuda.jit(cache=True)
-def quantize_act_cuda(x, x_off, x_ld, m_rows, k_cols, group, mode, xq, xs, xsum):  # noqa: ANN001
-    """One thread per (row, activation block): xq int32 words [M, K/4], xs / xsum f32 [M, K/G]."""
-    i = cuda.grid(1)
-    block = 256 if mode == 2 else 32
-    n_blocks = k_cols // block
-    if i >= m_rows * n_blocks:
-        return
-    m = i // n_blocks
-    quantize_block(x, x_off + m * x_ld, (i % n_blocks) * block, block, group, mode, xq, xs, xsum, m)
 
 
 @cuda.jit(device=True)
@@ -190,6 +138,7 @@ def _grouped_kernel(tile_m: int):  # noqa: ANN202
         acc = cuda.local.array(tile_m, np.float32)
         macc = cuda.local.array(tile_m, np.float32)
         isum = cuda.local.array(tile_m, np.int32)
+        wb = cuda.local.array(16, np.int32)  # the 16 signed weights of one load
         for i in range(tile_m):
             acc[i] = 0.0
             macc[i] = 0.0
@@ -197,18 +146,25 @@ def _grouped_kernel(tile_m: int):  # noqa: ANN202
             for g in range(lane, n_groups, lanes):
                 for i in range(tile_m):
                     isum[i] = 0
-                for j in range(g * gw, (g + 1) * gw):
-                    wv = q[n, j]
-                    w0, w1, w2, w3 = byte_of(wv, 0), byte_of(wv, 1), byte_of(wv, 2), byte_of(wv, 3)
+                for j in range(g * gw, (g + 1) * gw, 4):  # 16 weights per 16-byte load (check_vec4)
+                    w4 = load4(q, n, j)
+                    for c in range(4):
+                        wv = w4[c]
+                        wb[4 * c] = byte_of(wv, 0)
+                        wb[4 * c + 1] = byte_of(wv, 1)
+                        wb[4 * c + 2] = byte_of(wv, 2)
+                        wb[4 * c + 3] = byte_of(wv, 3)
                     for i in range(tile_m):
                         if m0 + i < m_rows:
-                            xv = xq[m0 + i, j]
-                            isum[i] += (
-                                w0 * byte_of(xv, 0)
-                                + w1 * byte_of(xv, 1)
-                                + w2 * byte_of(xv, 2)
-                                + w3 * byte_of(xv, 3)
-                            )
+                            x4 = load4(xq, m0 + i, j)
+                            for c in range(4):
+                                xv = x4[c]
+                                isum[i] += (
+                                    wb[4 * c] * byte_of(xv, 0)
+                                    + wb[4 * c + 1] * byte_of(xv, 1)
+                                    + wb[4 * c + 2] * byte_of(xv, 2)
+                                    + wb[4 * c + 3] * byte_of(xv, 3)
+                                )
                 sc = scale[n, g]
                 for i in range(tile_m):
                     m = m0 + i
@@ -262,6 +218,17 @@ class Scratch:
 
     def __init__(self) -> None:
         self.arrays: dict[tuple, Any] = {}
+        self.flat: dict[str, Any] = {}
+
+    def at_least(self, name: str, n: int, dtype: Any, zeroed: bool = False) -> Any:
+        """A flat array of at least n elements that only grows (doubling), so a step's shape changes do
+        not pile up arrays; zeroed: filled with zeros whenever it is (re)allocated."""
+        a = self.flat.get(name)
+        if a is None or a.shape[0] < n:
+            size = max(n, 2 * (a.shape[0] if a is not None else 0), 1)
+            a = cuda.to_device(np.zeros(size, dtype)) if zeroed else cuda.device_array(size, dtype)
+            self.flat[name] = a
+        return a
 
     def get(self, name: str, shape: tuple[int, ...], dtype: Any) -> Any:
         key = (name, shape, np.dtype(dtype).str)
@@ -285,10 +252,18 @@ def quantize_act(x: Any, w: DeviceWeight, scratch: Scratch) -> tuple[Any, Any, A
     buf, off, ld = x.rows2d()
     m_rows, k_cols = x.shape
     xq, xs, xsum = act_scratch(scratch, m_rows, k_cols, w.group)
-    threads = 32 if not SIMULATOR else 4
-    grid = max(1, cdiv(m_rows * (k_cols // act_block(w.act_mode)), threads))  # a thread per activation block
-    launch(quantize_act_cuda, grid, threads, buf, off, ld, m_rows, k_cols, w.group, w.act_mode, xq, xs, xsum)
+    grid = (m_rows, max(1, cdiv(k_cols // act_block(w.act_mode), QUANT_TEAMS)))  # a team per activation block
+    launch(quantize_act_cuda, grid, ROW_THREADS, buf, off, ld, k_cols, w.group, w.act_mode, xq, xs, xsum)
     return xq, xs, xsum
+
+
+def check_vec4(a: Any, what: str) -> None:
+    """load4's preconditions (vecload.py) for a [rows, words] int32 device array."""
+    if a.dtype != np.int32 or a.ndim != 2 or a.shape[1] % 4 or a.strides != (4 * a.shape[1], 4):
+        raise ValueError(f"{what}: 16-byte loads need a C-contiguous int32 [rows, 4k] array, got {a.dtype} "
+                         f"{a.shape} strides {a.strides}")  # fmt: skip
+    if not SIMULATOR and (a.device_ctypes_pointer.value or 0) % 16:  # pragma: no cover - a GPU's address
+        raise ValueError(f"{what}: the device address is not 16-byte aligned")
 
 
 def matmul_cuda(x: Any, w: DeviceWeight, out: Any, scratch: Scratch, xquant: tuple | None = None) -> None:
@@ -308,6 +283,8 @@ def matmul_cuda(x: Any, w: DeviceWeight, out: Any, scratch: Scratch, xquant: tup
         launch(DENSE[tile], grid, block, x_buf, x_off, x_ld, w.dense, w.act_round, m_rows, o_buf, o_off, o_ld)
         return
     xq, xs, xsum = xquant if xquant is not None else quantize_act(x, w, scratch)
+    if tuple(xq.shape) != (m_rows, w.q.shape[1]):  # whole fresh scratch arrays (act_scratch): aligned
+        raise ValueError(f"quantized activations {xq.shape}: expected {m_rows} rows of {w.q.shape[1]} words")
     has_min = w.minv is not None
     minv = w.minv if has_min else w.scale
     launch(GROUPED[tile], grid, block, xq, xs, xsum, w.q, w.scale, minv, has_min, m_rows, o_buf, o_off, o_ld)
