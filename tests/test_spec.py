@@ -10,7 +10,7 @@ import pytest
 
 from edgellm.engine.scheduler import Scheduler, SchedulerConfig
 from edgellm.engine.sequence import Sequence
-from edgellm.engine.spec.adaptive import AdaptiveK
+from edgellm.engine.spec.adaptive import VERIFY_COST, AdaptiveK, break_even
 from edgellm.engine.spec.config import parse_speculative
 from edgellm.engine.spec.ngram import NgramProposer
 from edgellm.engine.spec.verify import verify_drafts
@@ -219,6 +219,21 @@ def test_adaptive_k_shrinks_pauses_and_recovers() -> None:
     ak.update(0, 2, 2)
     assert ak.k_for(0) == 4
     assert AdaptiveK(3, enabled=False).k_for(7) == 3
+
+
+def test_adaptive_k_weighs_a_drafts_chance_against_its_cost_in_the_batch() -> None:
+    assert break_even(1) == pytest.approx(VERIFY_COST)
+    assert break_even(16) > 0.7  # 16 sequences already share the weights: a draft must be likely
+    assert break_even(1, propose_cost=1.0) == 1.0  # a draft model as big as the target never pays
+    ak = AdaptiveK(8)
+    for _ in range(3):
+        ak.update(0, 8, 8)  # a copied run: the whole k, at any batch size
+    assert ak.k_for(0, batch=1) == ak.k_for(0, batch=16) == 8
+    ak.update(0, 8, 2)
+    ak.update(0, 3, 1)  # two rejections after the run: the chance of a draft is now about 0.8
+    assert 1 <= ak.k_for(0, batch=16) < ak.k_for(0, batch=1) == 2
+    ak.update(0, 2, 1, batch=16)  # about 0.7: under the break-even of a batch of 16, so paused
+    assert ak.pauses == 1 and ak.k_for(0, batch=1) == 0
 
 
 def test_speculative_config_parsing_and_errors() -> None:
