@@ -239,6 +239,7 @@ def test_adaptive_k_weighs_a_drafts_chance_against_its_cost_in_the_batch() -> No
 def test_speculative_config_parsing_and_errors() -> None:
     assert parse_speculative(None) is None
     assert parse_speculative("ngram").method == "ngram"
+    assert parse_speculative("ngram").num_tokens == 8
     cfg = parse_speculative("draft:/x/y.gguf", num_tokens=6)
     assert (cfg.method, cfg.model, cfg.num_tokens) == ("draft", "/x/y.gguf", 6)
     assert parse_speculative({"method": "draft", "model": "m.gguf", "num_tokens": 3}).num_tokens == 3
@@ -266,11 +267,12 @@ def test_surfaces_report_speculation(capsys: pytest.CaptureFixture[str]) -> None
 
     zero = {f: 0 for f in EngineStats.__dataclass_fields__}
     stats = EngineStats(**{**zero, "spec_draft_tokens_total": 8, "spec_accepted_tokens_total": 6})
-    stats.spec_verify_steps_total = 2
+    stats.spec_verify_steps_total, stats.spec_pauses_total = 2, 3
     assert (stats.spec_acceptance_rate, stats.spec_mean_accepted_length) == (0.75, 4.0)
     text = ServerMetrics("m").render(stats)
     assert 'edgellm_spec_acceptance_rate{model_name="m"} 0.75' in text
     assert 'edgellm_spec_mean_accepted_length{model_name="m"} 4.0' in text
+    assert 'edgellm_spec_pauses_total{model_name="m"} 3' in text
     assert main(["bench", "/nonexistent.gguf", "--speculative", "medusa"]) == 1
     assert "speculative method must be one of" in capsys.readouterr().err
     assert main(["bench", "/nonexistent.gguf", "--num-speculative-tokens", "3"]) == 1
