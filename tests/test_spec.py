@@ -234,6 +234,17 @@ def test_adaptive_k_weighs_a_drafts_chance_against_its_cost_in_the_batch() -> No
     assert 1 <= ak.k_for(0, batch=16) < ak.k_for(0, batch=1) == 2
     ak.update(0, 2, 1, batch=16)  # about 0.7: under the break-even of a batch of 16, so paused
     assert ak.pauses == 1 and ak.k_for(0, batch=1) == 0
+    assert ak.k_for(1) == 8  # n-gram: a new sequence starts drafting whatever the others did
+
+
+def test_adaptive_k_with_a_draft_model_starts_new_sequences_from_the_latest_pause() -> None:
+    ak = AdaptiveK(4, propose_cost=0.3)  # break-even 0.45 at batch 1
+    assert ak.k_for(0) == 3  # a chance of 0.8 to start with: 0.8 ** 3 > 0.45 > 0.8 ** 4
+    ak.update(0, 3, 0)  # none accepted: the chance falls under the break-even
+    assert ak.pauses == 1
+    assert [ak.k_for(1) for _ in range(5)] == [0, 0, 0, 0, 3]  # the next request does not relearn it
+    ak.update(1, 3, 3)  # a whole draft accepted: drafts pay again
+    assert ak.k_for(2) == 3
 
 
 def test_speculative_config_parsing_and_errors() -> None:

@@ -54,13 +54,25 @@ class AdaptiveK:
         self.k_max, self.enabled, self.propose_cost = k_max, enabled, propose_cost
         self._states: dict[int, _State] = {}
         self.pauses = 0  # times a sequence's speculation was paused
+        # With a draft model, a new sequence starts with the latest pause given (0 once a whole draft is
+        # accepted): its first proposal costs a prefill of its prompt on the draft, not worth paying per
+        # request to relearn that the drafts miss. N-gram drafts cost nothing until the text has a match.
+        self._start_pause = 0
+
+    def _state(self, seq_id: int) -> _State:
+        st = self._states.get(seq_id)
+        if st is None:
+            p = self._start_pause
+            nxt = min(PAUSE_STEPS[1], max(PAUSE_STEPS[0], 2 * p))
+            st = self._states[seq_id] = _State(self.k_max, pause=p, next_pause=nxt)
+        return st
 
     def k_for(self, seq_id: int, batch: int = 1) -> int:
         """Drafts to ask for this step (0: paused) when `batch` sequences decode in it. Counts a paused
         step."""
         if not self.enabled:
             return self.k_max
-        st = self._states.setdefault(seq_id, _State(self.k_max))
+        st = self._state(seq_id)
         if st.pause > 0:
             st.pause -= 1
             return 0
@@ -78,7 +90,7 @@ class AdaptiveK:
     def update(self, seq_id: int, proposed: int, accepted: int, batch: int = 1) -> None:
         if not self.enabled or proposed <= 0:
             return
-        st = self._states.setdefault(seq_id, _State(self.k_max))
+        st = self._state(seq_id)
         rejected = accepted < proposed
         st.accepted = DECAY * st.accepted + accepted
         st.rejected = DECAY * st.rejected + rejected
@@ -87,8 +99,11 @@ class AdaptiveK:
             st.pause, st.next_pause = st.next_pause, min(PAUSE_STEPS[1], st.next_pause * 2)
             st.accepted, st.rejected = PRIOR  # a fresh start after the pause
             self.pauses += 1
+            if self.propose_cost > 0:
+                self._start_pause = st.pause
         elif not rejected:
             st.next_pause = PAUSE_STEPS[0]
+            self._start_pause = 0
 
     def drop(self, seq_id: int) -> None:
         self._states.pop(seq_id, None)
