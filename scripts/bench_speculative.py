@@ -72,10 +72,13 @@ def batch1(
     (round, prompt) has its own seed, the same for both engines (their texts still differ: speculation draws
     its random numbers differently)."""
     rates: dict[str, list[float]] = {"base": [], "spec": []}
+    spans: dict[str, list[list[tuple[int, float]]]] = {"base": [], "spec": []}  # per round: (tokens, seconds)
     per_prompt: dict[int, list[float]] = {i: [] for i in range(len(prompts))}  # spec / base, per round
     identical = True
     n_tokens = []
     for r in range(rounds):
+        spans["base"].append([])
+        spans["spec"].append([])
         for i, text in enumerate(prompts):
             ids = chat_ids(base, text)
             params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=1000 * r + i)
@@ -85,12 +88,19 @@ def batch1(
                 [out] = llm.generate([ids], params)
                 rate[name] = decode_rate(out)
                 rates[name].append(rate[name])
+                t = out.metrics.token_times
+                spans[name][r].append((len(t) - 1, t[-1] - t[0]))
                 toks[name] = out.token_ids
             per_prompt[i].append(rate["spec"] / rate["base"])
             identical &= toks["base"] == toks["spec"]
             n_tokens.append(len(toks["spec"]))
     b, s = statistics.median(rates["base"]), statistics.median(rates["spec"])
     res = {"base_tok_s": b, "spec_tok_s": s, "ratio": s / b}
+    res["aggregate_ratio"] = statistics.median(  # per round: the set's decoded tokens over its decode time
+        (sum(n for n, _ in spans["spec"][r]) / sum(t for _, t in spans["spec"][r]))
+        / (sum(n for n, _ in spans["base"][r]) / sum(t for _, t in spans["base"][r]))
+        for r in range(rounds)
+    )
     res["prompt_ratios"] = [round(statistics.median(v), 3) for v in per_prompt.values()]
     res["median_prompt_ratio"] = statistics.median(x for v in per_prompt.values() for x in v)
     if temperature == 0.0:
