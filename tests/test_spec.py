@@ -227,8 +227,8 @@ def test_adaptive_k_weighs_a_drafts_chance_against_its_cost_in_the_batch() -> No
     assert break_even(1, propose_cost=1.0) == 1.0  # a draft model as big as the target never pays
     ak = AdaptiveK(8)
     for _ in range(3):
-        ak.update(0, 8, 8)  # a copied run: the whole k, at any batch size
-    assert ak.k_for(0, batch=1) == ak.k_for(0, batch=16) == 8
+        ak.update(0, 8, 8)  # a copied run: the whole k at batch 1; in a batch, a share of k
+    assert (ak.k_for(0, batch=1), ak.k_for(0, batch=2), ak.k_for(0, batch=16)) == (8, 4, 1)
     ak.update(0, 8, 2)
     ak.update(0, 3, 1)  # two rejections after the run: the chance of a draft is now about 0.8
     assert 1 <= ak.k_for(0, batch=16) < ak.k_for(0, batch=1) == 2

@@ -10,7 +10,9 @@ a draft pays off when its chance of acceptance exceeds its cost over that: the b
 Chance: drafts are accepted as a chain (the j-th counts only if all before it were), so each sequence keeps
 a running estimate of the chance that its next draft is accepted given the ones before it were (accepted
 drafts over accepted drafts plus rejections, as a moving average over its verify steps). The j-th draft is
-proposed only while that chance to the power j beats the break-even. On top of that k grows by doubling
+proposed only while that chance to the power j beats the break-even, and with B sequences decoding each
+gets k_max // B at most (at least 1): a forward pass much larger than the batch costs more per token than
+this linear model says (16 in flight were faster at k = 1 than at k = 8). On top of that k grows by doubling
 while whole drafts are accepted and falls to what was accepted after a rejection (copied text comes in runs),
 and speculation pauses, with exponential back-off, while the chance is under the break-even, so text that is
 not copied from the context decodes at the non-speculative speed.
@@ -76,7 +78,10 @@ class AdaptiveK:
         if st.pause > 0:
             st.pause -= 1
             return 0
-        return min(st.k, self._worth(st.chance, batch))
+        # The batch's drafts share about k_max verify tokens: past that, a larger forward pass costs more per
+        # token than the linear cost model says (measured: 16 in flight do better at k = 1 than at k = 8).
+        share = max(1, self.k_max // max(1, batch))
+        return min(st.k, self._worth(st.chance, batch), share)
 
     def _worth(self, chance: float, batch: int) -> int:
         """The most drafts whose every member still has a better chance than the break-even."""
