@@ -1,11 +1,18 @@
-"""What speculative decoding costs, in-process on one engine core: the verify-cost curve (one forward pass
-of 1 + k query tokens at batch 1, k = 0, 1, 2, 4, 8, 12, 16, after --context tokens), and greedy decoding of
-bench_speculative.py's copy-heavy prompts plain and with n-gram speculation at each k: CPU ms per token,
-tokens per step, and where a step's CPU goes (proposer, scheduler, forward, verification and bookkeeping).
+"""What speculative decoding costs, in-process on one engine core. Parts:
+
+- curve: the verify-cost curve (one forward pass of 1 + k query tokens at batch 1, k = 0, 1, 2, 4, 8, 12, 16,
+  after --context tokens); with --draft, the draft model's one-token forward too, and from both the
+  acceptance a draft model needs to break even (and to give 1.5x) at k = 1, 2, 4, 8;
+- copy / sampled / flight16: bench_speculative.py's copy-heavy prompts greedy at batch 1, its free-form
+  prompts sampled at temperature 1 (seeded) at batch 1, and 16 of the mixed set greedy in flight, decoded
+  plain, with n-gram speculation at each k (and the --draft model, adaptive and fixed k): CPU ms per token
+  and its ratio to plain, tokens per step, acceptance, pauses, and where a step's CPU goes (proposer,
+  scheduler, forward, verification and bookkeeping).
+
 CPU seconds (time.process_time, all threads of the process) are printed beside wall seconds: on a shared
 machine they depend far less on what else runs (--threads 1 least: no thread waits on another).
 
-    python scripts/spec_costs.py smollm2-135m [--threads 2] [--reps 15] [--ks 4,8,16] [--draft D.gguf]
+    python scripts/spec_costs.py smollm2-135m [--threads 1] [--ks 4,8] [--draft D.gguf] [--skip flight16]
 """
 
 from __future__ import annotations
