@@ -70,7 +70,7 @@ def add_speculative_args(p: argparse.ArgumentParser) -> None:
         help="speculative decoding: 'ngram' (prompt lookup), or 'draft:PATH' (a GGUF with the same vocab)",
     )
     p.add_argument(
-        "--num-speculative-tokens", type=int, default=None, help="draft tokens per step at most (default 4)"
+        "--num-speculative-tokens", type=int, default=None, help="draft tokens per step at most (default 8)"
     )
 
 

@@ -1,8 +1,12 @@
 """Speculative decoding against plain decoding on one model: batch-1 greedy decode tok/s on copy-heavy and
-free-form chat prompts (with a token-identity check), 16 requests in flight on a mixed set, and a draft model.
-Every figure alternates the two engines (spec first on odd rounds) and reports medians and their ratio.
+free-form chat prompts (with a token-identity check), free-form prompts sampled at temperature 1 (seeded:
+acceptance is low, so adaptive k's pause must keep speculation from costing), 16 requests in flight on a mixed
+set, and a draft model. Every figure alternates the two engines (spec first on odd rounds) and reports medians
+of tok/s, their ratio, and the median of the per-prompt ratios.
 
     python scripts/bench_speculative.py smollm2-135m --rounds 3 [--draft /tmp/drafts/smol-l8.gguf]
+
+What a step costs (the verify-cost curve, and the acceptance a draft model needs): scripts/spec_costs.py.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ JSON_DOC = (
 COPY = [
     f"Repeat this function with the variable `subtotal` renamed to `amount`. Print only the code.\n\n{CODE}",
     f"Fix the typo in this paragraph and print the whole paragraph again:\n\n{PARAGRAPH}",
-    f"Print this JSON again with the role changed to \"manager\":\n\n{JSON_DOC}",
+    f'Print this JSON again with the role changed to "manager":\n\n{JSON_DOC}',
 ]
 FREE = [
     "Write a short poem about the sea at night.",
@@ -61,24 +65,50 @@ def decode_rate(out) -> float:
     return (len(t) - 1) / (t[-1] - t[0]) if len(t) > 1 and t[-1] > t[0] else float("nan")
 
 
-def batch1(base: LLM, spec: LLM, prompts: list[str], rounds: int, max_tokens: int) -> dict:
-    greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+def batch1(
+    base: LLM, spec: LLM, prompts: list[str], rounds: int, max_tokens: int, temperature: float = 0.0
+) -> dict:
+    """Decode tok/s of each prompt alone. Greedy: the two outputs must be the same tokens. Sampled: each
+    (round, prompt) has its own seed, the same for both engines (their texts still differ: speculation draws
+    its random numbers differently)."""
     rates: dict[str, list[float]] = {"base": [], "spec": []}
+    spans: dict[str, list[list[tuple[int, float]]]] = {"base": [], "spec": []}  # per round: (tokens, seconds)
+    per_prompt: dict[int, list[float]] = {i: [] for i in range(len(prompts))}  # spec / base, per round
     identical = True
     n_tokens = []
     for r in range(rounds):
-        for text in prompts:
+        spans["base"].append([])
+        spans["spec"].append([])
+        for i, text in enumerate(prompts):
             ids = chat_ids(base, text)
+            params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=1000 * r + i)
             order = [("spec", spec), ("base", base)] if r % 2 else [("base", base), ("spec", spec)]
-            toks = {}
+            toks, rate = {}, {}
             for name, llm in order:
-                [out] = llm.generate([ids], greedy)
-                rates[name].append(decode_rate(out))
+                [out] = llm.generate([ids], params)
+                rate[name] = decode_rate(out)
+                rates[name].append(rate[name])
+                t = out.metrics.token_times
+                spans[name][r].append((len(t) - 1, t[-1] - t[0]))
                 toks[name] = out.token_ids
+            per_prompt[i].append(rate["spec"] / rate["base"])
             identical &= toks["base"] == toks["spec"]
-            n_tokens.append(len(toks["base"]))
+            n_tokens.append(len(toks["spec"]))
     b, s = statistics.median(rates["base"]), statistics.median(rates["spec"])
-    return {"base_tok_s": b, "spec_tok_s": s, "ratio": s / b, "identical": identical, "tokens": n_tokens}
+    res = {"base_tok_s": b, "spec_tok_s": s, "ratio": s / b}
+    res["aggregate_ratio"] = statistics.median(  # per round: the set's decoded tokens over its decode time
+        (sum(n for n, _ in spans["spec"][r]) / sum(t for _, t in spans["spec"][r]))
+        / (sum(n for n, _ in spans["base"][r]) / sum(t for _, t in spans["base"][r]))
+        for r in range(rounds)
+    )
+    res["prompt_ratios"] = [round(statistics.median(v), 3) for v in per_prompt.values()]
+    res["median_prompt_ratio"] = statistics.median(x for v in per_prompt.values() for x in v)
+    if temperature == 0.0:
+        res["identical"] = identical
+    res["tokens"] = n_tokens
+    res["rates_base"] = [round(x, 1) for x in rates["base"]]
+    res["rates_spec"] = [round(x, 1) for x in rates["spec"]]
+    return res
 
 
 def in_flight(base: LLM, spec: LLM, rounds: int, max_tokens: int, n: int = 16) -> dict:
@@ -104,6 +134,7 @@ def spec_stats(llm: LLM, before) -> dict:
         "acceptance": acc / drafts if drafts else 0.0,
         "tokens_per_verify": (acc + steps) / steps if steps else 0.0,
         "drafts": drafts,
+        "pauses": after.spec_pauses_total - before.spec_pauses_total,
     }
 
 
@@ -114,18 +145,21 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--k", type=int, default=None, help="--num-speculative-tokens")
     ap.add_argument("--draft", default=None, help="also benchmark this draft model (same vocabulary)")
-    ap.add_argument("--skip", default="", help="comma list of parts to skip: copy,free,flight")
+    ap.add_argument(
+        "--draft-fixed-k", action="store_true", help="the draft model proposes k every step (no adaptive k)"
+    )
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: copy,free,sampled,flight")
     a = ap.parse_args()
     skip = set(filter(None, a.skip.split(",")))
     kw = {"n_ctx": 2048, "kv_cache_memory": 128 << 20}
     base = LLM(a.model, **kw)
     spec = LLM(a.model, speculative="ngram", num_speculative_tokens=a.k, **kw)
     report = {"model": base.path.name, "threads": base.threads, "k": spec.speculative.num_tokens}
-    for part, prompts in (("copy", COPY), ("free", FREE)):
+    for part, prompts, temp in (("copy", COPY, 0.0), ("free", FREE, 0.0), ("sampled", FREE, 1.0)):
         if part in skip:
             continue
         before = spec.stats()
-        report[part] = batch1(base, spec, prompts, a.rounds, a.max_tokens)
+        report[part] = batch1(base, spec, prompts, a.rounds, a.max_tokens, temp)
         report[part].update(spec_stats(spec, before))
         print(part, json.dumps(report[part]), flush=True)
     if "flight" not in skip:
@@ -135,7 +169,8 @@ def main() -> None:
         print("in_flight_16", json.dumps(report["in_flight_16"]), flush=True)
     spec.shutdown()
     if a.draft:
-        draft = LLM(a.model, speculative={"method": "draft", "model": a.draft, "num_tokens": a.k or 4}, **kw)
+        draft_spec = {"method": "draft", "model": a.draft, "adaptive": not a.draft_fixed_k}
+        draft = LLM(a.model, speculative=draft_spec, num_speculative_tokens=a.k, **kw)
         for part, prompts in (("draft_copy", COPY), ("draft_free", FREE)):
             before = draft.stats()
             report[part] = batch1(base, draft, prompts, a.rounds, a.max_tokens)

@@ -10,7 +10,7 @@ import pytest
 
 from edgellm.engine.scheduler import Scheduler, SchedulerConfig
 from edgellm.engine.sequence import Sequence
-from edgellm.engine.spec.adaptive import AdaptiveK
+from edgellm.engine.spec.adaptive import VERIFY_COST, AdaptiveK, break_even
 from edgellm.engine.spec.config import parse_speculative
 from edgellm.engine.spec.ngram import NgramProposer
 from edgellm.engine.spec.verify import verify_drafts
@@ -221,9 +221,36 @@ def test_adaptive_k_shrinks_pauses_and_recovers() -> None:
     assert AdaptiveK(3, enabled=False).k_for(7) == 3
 
 
+def test_adaptive_k_weighs_a_drafts_chance_against_its_cost_in_the_batch() -> None:
+    assert break_even(1) == pytest.approx(VERIFY_COST)
+    assert break_even(16) > 0.7  # 16 sequences already share the weights: a draft must be likely
+    assert break_even(1, propose_cost=1.0) == 1.0  # a draft model as big as the target never pays
+    ak = AdaptiveK(8)
+    for _ in range(3):
+        ak.update(0, 8, 8)  # a copied run: the whole k at batch 1; in a batch, a share of k
+    assert (ak.k_for(0, batch=1), ak.k_for(0, batch=2), ak.k_for(0, batch=16)) == (8, 4, 1)
+    ak.update(0, 8, 2)
+    ak.update(0, 3, 1)  # two rejections after the run: the chance of a draft is now about 0.8
+    assert 1 <= ak.k_for(0, batch=16) < ak.k_for(0, batch=1) == 2
+    ak.update(0, 2, 1, batch=16)  # about 0.7: under the break-even of a batch of 16, so paused
+    assert ak.pauses == 1 and ak.k_for(0, batch=1) == 0
+    assert ak.k_for(1) == 8  # n-gram: a new sequence starts drafting whatever the others did
+
+
+def test_adaptive_k_with_a_draft_model_starts_new_sequences_from_the_latest_pause() -> None:
+    ak = AdaptiveK(4, propose_cost=0.3)  # break-even 0.45 at batch 1
+    assert ak.k_for(0) == 3  # a chance of 0.8 to start with: 0.8 ** 3 > 0.45 > 0.8 ** 4
+    ak.update(0, 3, 0)  # none accepted: the chance falls under the break-even
+    assert ak.pauses == 1
+    assert [ak.k_for(1) for _ in range(5)] == [0, 0, 0, 0, 3]  # the next request does not relearn it
+    ak.update(1, 3, 3)  # a whole draft accepted: drafts pay again
+    assert ak.k_for(2) == 3
+
+
 def test_speculative_config_parsing_and_errors() -> None:
     assert parse_speculative(None) is None
     assert parse_speculative("ngram").method == "ngram"
+    assert parse_speculative("ngram").num_tokens == 8
     cfg = parse_speculative("draft:/x/y.gguf", num_tokens=6)
     assert (cfg.method, cfg.model, cfg.num_tokens) == ("draft", "/x/y.gguf", 6)
     assert parse_speculative({"method": "draft", "model": "m.gguf", "num_tokens": 3}).num_tokens == 3
@@ -251,11 +278,12 @@ def test_surfaces_report_speculation(capsys: pytest.CaptureFixture[str]) -> None
 
     zero = {f: 0 for f in EngineStats.__dataclass_fields__}
     stats = EngineStats(**{**zero, "spec_draft_tokens_total": 8, "spec_accepted_tokens_total": 6})
-    stats.spec_verify_steps_total = 2
+    stats.spec_verify_steps_total, stats.spec_pauses_total = 2, 3
     assert (stats.spec_acceptance_rate, stats.spec_mean_accepted_length) == (0.75, 4.0)
     text = ServerMetrics("m").render(stats)
     assert 'edgellm_spec_acceptance_rate{model_name="m"} 0.75' in text
     assert 'edgellm_spec_mean_accepted_length{model_name="m"} 4.0' in text
+    assert 'edgellm_spec_pauses_total{model_name="m"} 3' in text
     assert main(["bench", "/nonexistent.gguf", "--speculative", "medusa"]) == 1
     assert "speculative method must be one of" in capsys.readouterr().err
     assert main(["bench", "/nonexistent.gguf", "--num-speculative-tokens", "3"]) == 1

@@ -4,6 +4,7 @@ a tiny synthetic model in-process, and on both real models), the sampled output 
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -48,7 +49,7 @@ def test_greedy_ngram_and_self_draft_equal_plain_decoding_on_a_tiny_model(tiny: 
     ngram = core(tiny, SpeculativeConfig("ngram", num_tokens=3, ngram_min=1))
     assert run(ngram, prompts, greedy) == want
     assert ngram.engine.stats().spec_draft_tokens_total > 0
-    draft = core(tiny, SpeculativeConfig("draft", num_tokens=4, model=str(tiny)))
+    draft = core(tiny, SpeculativeConfig("draft", num_tokens=4, model=str(tiny), adaptive=False))
     assert run(draft, prompts, greedy) == want
     s = draft.engine.stats()
     assert s.spec_accepted_tokens_total == s.spec_draft_tokens_total > 0  # the target drafting for itself
@@ -87,12 +88,12 @@ def test_sampled_output_distribution_is_unchanged_by_speculation(tiny: Path) -> 
     assert df == 0 or stat < chi2_critical(df), (stat, df)
 
 
-CODE = '''def compute_total(items, tax_rate):
+CODE = """def compute_total(items, tax_rate):
     subtotal = 0
     for item in items:
         subtotal += item.price * item.quantity
     return subtotal * (1 + tax_rate)
-'''
+"""
 REAL_PROMPTS = [
     "Repeat this function exactly, with `subtotal` renamed to `base`:\n\n" + CODE + "\nRenamed:\n",
     'Change "age" to 31 and print the JSON again: {"name": "Ann", "age": 30, "city": "Oslo"}\n',
@@ -112,3 +113,31 @@ def test_greedy_ngram_is_token_identical_on_real_models(model: str) -> None:
         stats = spec.stats()
     assert got == want
     assert stats.spec_accepted_tokens_total > 0
+
+
+def test_layer_draft_keeps_the_chosen_layers_renumbered(tmp_path: Path) -> None:
+    """scripts/make_layer_draft.py: "0,2" of a 3-layer model is a 2-layer model whose second layer is the
+    target's third; all 3 layers, written to another file, draft for the target with every draft accepted."""
+    import gguf
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    from make_layer_draft import parse_layers, write_layer_draft
+
+    target = write_tiny_model(tmp_path / "t3.gguf", "llama", n_layers=3, seed=5)
+    cut = gguf.GGUFReader(str(write_layer_draft(target, tmp_path / "cut.gguf", "0,2")))
+    src = {t.name: t for t in gguf.GGUFReader(str(target)).tensors}
+    got = {t.name: t for t in cut.tensors}
+    assert cut.fields["llama.block_count"].contents() == 2
+    assert not any(name.startswith("blk.2.") for name in got)
+    for name, t in got.items():
+        want = src[name.replace("blk.1.", "blk.2.", 1)]
+        assert np.array_equal(np.asarray(t.data), np.asarray(want.data)), name
+    for bad in ("0", "4", "2,1", "0-1,1", "a-b"):
+        with pytest.raises(ValueError, match="--layers"):
+            parse_layers(bad, 3)
+    whole = write_layer_draft(target, tmp_path / "whole.gguf", "0-2")
+    draft = core(target, SpeculativeConfig("draft", num_tokens=3, model=str(whole), adaptive=False))
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    assert run(draft, [PROMPT], [greedy]) == run(core(target), [PROMPT], [greedy])
+    s = draft.engine.stats()
+    assert s.spec_accepted_tokens_total == s.spec_draft_tokens_total > 0

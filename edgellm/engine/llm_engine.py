@@ -45,6 +45,7 @@ class EngineStats:
     spec_draft_tokens_total: int = 0  # speculative decoding: drafts verified
     spec_accepted_tokens_total: int = 0  # of those, accepted
     spec_verify_steps_total: int = 0  # (sequence, step) pairs that verified drafts
+    spec_pauses_total: int = 0  # times a sequence's speculation paused for low acceptance
 
     @property
     def spec_acceptance_rate(self) -> float:
@@ -414,4 +415,5 @@ class LLMEngine:
             "spec_draft_tokens_total": c.draft_tokens,
             "spec_accepted_tokens_total": c.accepted_tokens,
             "spec_verify_steps_total": c.verify_steps,
+            "spec_pauses_total": c.pauses,
         }

@@ -111,6 +111,12 @@ class ServerMetrics:
             s.spec_accepted_tokens_total,
         )
         metric(
+            "edgellm_spec_pauses_total",
+            "counter",
+            "Times a sequence's speculation paused (draft acceptance under the break-even).",
+            s.spec_pauses_total,
+        )
+        metric(
             "edgellm_spec_acceptance_rate",
             "gauge",
             "Share of speculative draft tokens accepted.",

@@ -14,7 +14,7 @@ MAX_SPEC_TOKENS = 16  # drafts per sequence per step at most (each is a query to
 @dataclass
 class SpeculativeConfig:
     method: str  # "ngram" (prompt lookup) or "draft" (a smaller GGUF with the same vocabulary)
-    num_tokens: int = 4  # k: draft tokens per sequence per step at most
+    num_tokens: int = 8  # k: draft tokens per sequence per step at most (adaptive k grows to it)
     model: str | None = None  # draft: catalog name or .gguf path
     ngram_min: int = 2  # ngram: shortest suffix looked up
     ngram_max: int = 4  # ngram: longest suffix looked up (longer matches are tried first)

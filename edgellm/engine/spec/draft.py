@@ -27,8 +27,9 @@ def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
 
 
 class DraftProposer:
-    def __init__(self, runner: ModelRunner) -> None:
+    def __init__(self, runner: ModelRunner, cost: float) -> None:
         self.runner = runner
+        self.cost = cost  # one draft token's forward, in target decode steps (the weight bytes they stream)
         self.bm = BlockManager(runner.num_blocks, runner.block_size, enable_prefix_caching=False)
         self._shadow: dict[int, Sequence] = {}  # target seq_id -> the draft's view of it
 
@@ -37,6 +38,7 @@ class DraftProposer:
         """Load the draft next to the target of `core` (an EngineCore being built): same backend, the same
         number of KV tokens as the target's cache."""
         from edgellm.arch import ARCHITECTURES
+        from edgellm.engine.core import weight_bytes_per_token
         from edgellm.gguf.config import config_from_gguf
         from edgellm.gguf.reader import load_gguf
         from edgellm.gguf.validation import validate_model
@@ -58,7 +60,7 @@ class DraftProposer:
                 f"draft model {os.path.basename(path)}: {cfg.arch}, {cfg.n_layers} layers; its KV cache "
                 f"{target.num_blocks * per_block / 2**20:.0f} MiB"
             )
-        return cls(runner)
+        return cls(runner, weight_bytes_per_token(model) / weight_bytes_per_token(target.model))
 
     def propose(self, requests: list[tuple[Sequence, int]]) -> list[list[int]]:
         drafts: list[list[int]] = [[] for _ in requests]

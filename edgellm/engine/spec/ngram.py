@@ -24,6 +24,8 @@ class _Index:
 
 
 class NgramProposer:
+    cost = 0.0  # a lookup, next to a forward pass
+
     def __init__(self, n_min: int, n_max: int) -> None:
         if not 1 <= n_min <= n_max:
             raise ValueError(f"n-gram sizes need 1 <= n_min <= n_max, got {n_min}..{n_max}")

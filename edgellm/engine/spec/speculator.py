@@ -13,6 +13,8 @@ from edgellm.engine.spec.config import SpeculativeConfig
 
 
 class Proposer(Protocol):
+    cost: float  # proposing one draft token, in target decode steps (0 for a lookup)
+
     def propose(self, requests: list[tuple[Sequence, int]]) -> list[list[int]]:
         """Up to k draft tokens to follow each (sequence, k)'s token_ids."""
 
@@ -25,6 +27,7 @@ class SpecCounters:
     draft_tokens: int = 0  # drafts sent to verification
     accepted_tokens: int = 0  # of those, accepted
     verify_steps: int = 0  # (sequence, step) pairs that verified at least one draft
+    pauses: int = 0  # times adaptive k paused a sequence's speculation (acceptance under the break-even)
 
     @property
     def acceptance_rate(self) -> float:
@@ -39,21 +42,25 @@ class SpecCounters:
 class Speculator:
     def __init__(self, config: SpeculativeConfig, proposer: Proposer) -> None:
         self.config, self.proposer = config, proposer
-        self.adaptive = AdaptiveK(config.num_tokens, config.adaptive)
+        self.adaptive = AdaptiveK(config.num_tokens, config.adaptive, proposer.cost)
         self.counters = SpecCounters()
         self._live: set[int] = set()
+        self._batch = 1  # sequences decoding in the step proposed for (what a draft costs depends on it)
 
     def propose(self, running: list[Sequence]) -> None:
         """Set spec_token_ids of every running sequence whose next step is a decode."""
         requests = []
         live = set()
+        decoding = []
         for seq in running:
             live.add(seq.seq_id)
             seq.spec_token_ids = []
-            if seq.status != SequenceStatus.RUNNING or seq.num_uncomputed_tokens != 1:
-                continue
+            if seq.status == SequenceStatus.RUNNING and seq.num_uncomputed_tokens == 1:
+                decoding.append(seq)
+        self._batch = max(1, len(decoding))
+        for seq in decoding:
             room = (seq.max_tokens - seq.num_output_tokens - 1) if seq.max_tokens is not None else 1 << 30
-            k = min(self.adaptive.k_for(seq.seq_id), room)
+            k = min(self.adaptive.k_for(seq.seq_id, self._batch), room)
             if k > 0:
                 requests.append((seq, k))
         for gone in self._live - live:
@@ -71,7 +78,8 @@ class Speculator:
         c.draft_tokens += num_drafts
         c.accepted_tokens += num_accepted
         c.verify_steps += 1
-        self.adaptive.update(seq_id, num_drafts, num_accepted)
+        self.adaptive.update(seq_id, num_drafts, num_accepted, self._batch)
+        c.pauses = self.adaptive.pauses
 
     def forget(self, seq_id: int) -> None:
         self._live.discard(seq_id)
