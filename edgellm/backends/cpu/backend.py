@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numba
 import numpy as np
 
-from edgellm.backends.base import Backend
+from edgellm.backends.base import Backend, StepInputs
 from edgellm.backends.cpu import ops, silu_avx512, vnni
 from edgellm.backends.cpu.attention import attention_paged_cpu
+from edgellm.backends.cpu.fp16 import HOST_F16C
 from edgellm.backends.cpu.kv_cache import CpuKvCache
+from edgellm.backends.cpu.layer import FusedLayer, decoder_layer_cpu, pack_layer
 from edgellm.backends.cpu.matmul import matmul_cpu
 from edgellm.backends.cpu.packed import PackedWeight, dequantize_rows_cpu, pack_tiles, pack_weight
 from edgellm.backends.cpu.tile_layouts import TILE, TILE_LAYOUTS
@@ -49,6 +52,10 @@ class CpuBackend(Backend):
         # Numba's thread count when the backend is made (the engine sets it first); asked once, not per call.
         self.n_threads = numba.get_num_threads()
         self._rope_tables: dict[tuple[int, float], tuple[np.ndarray, np.ndarray]] = {}
+        # Whole decoder layers in one kernel call where they can be (layer.py); EDGELLM_NO_FUSED_LAYERS=1
+        # runs them kernel by kernel (the same bits, more calls). Read when the model is loaded.
+        self.fuse_layers = os.environ.get("EDGELLM_NO_FUSED_LAYERS", "") in ("", "0")
+        self._positions_seen: Any = None  # the positions array of the step (rope tables checked once)
 
     def load_matrix(self, tensors: list[TensorInfo]) -> Any:
         for t in tensors:
@@ -111,13 +118,17 @@ class CpuBackend(Backend):
     def rope(self, x: np.ndarray, positions: np.ndarray, n_rot: int, base: float, neox: bool) -> None:
         if len(positions) == 0:
             return
-        key = (n_rot, float(base))
+        table = self._rope_table(n_rot, float(base), int(positions.max()) + 1)
+        ops.rope_cached_cpu(x, positions, table[0], table[1], neox)
+
+    def _rope_table(self, n_rot: int, base: float, need: int) -> tuple[np.ndarray, np.ndarray]:
+        """cos/sin tables of (n_rot, base) covering positions 0 .. need - 1."""
+        key = (n_rot, base)
         table = self._rope_tables.get(key)
-        need = int(positions.max()) + 1
         if table is None or table[0].shape[0] < need:  # grow by doubling: positions only go up to n_ctx
             size = max(need, 2 * table[0].shape[0] if table is not None else 1024)
-            table = self._rope_tables[key] = ops.rope_table_cpu(size, n_rot, float(base))
-        ops.rope_cached_cpu(x, positions, table[0], table[1], neox)
+            table = self._rope_tables[key] = ops.rope_table_cpu(size, n_rot, base)
+        return table
 
     def gated_act(self, gate_up: np.ndarray, out: np.ndarray, kind: str) -> None:
         # A parallel region costs more than the work for a few rows (decode), and pays from ~8 rows on.
@@ -170,3 +181,35 @@ class CpuBackend(Backend):
             np.ascontiguousarray(q), k_cache, v_cache, block_tables, seq_index, positions, window, scale,
             numba.get_num_threads(), out,
         )  # fmt: skip
+
+    def prepare_layer(self, cfg: Any, attn: Any, ffn: Any, layer: int) -> FusedLayer | None:
+        if not (self.fuse_layers and vnni.VNNI_ACTIVE and HOST_F16C):
+            return None
+        return pack_layer(cfg, attn, ffn, layer)
+
+    def decoder_layer(
+        self, fused: FusedLayer, x: np.ndarray, kv: CpuKvCache, layer: int, inp: StepInputs
+    ) -> bool:
+        positions, slots, seq_index, tables = inp.positions, inp.slots, inp.seq_index, inp.block_tables
+        T = x.shape[0]
+        if kv.dtype != "f16" or T == 0:
+            return False
+        k_cache, v_cache = kv.layers[layer]
+        dims = fused.dims
+        # every shape the kernel assumes (the weights' were checked by pack_layer)
+        if (
+            x.shape[1] != fused.n_embd or x.dtype != np.float32 or not x.flags.c_contiguous
+            or positions.shape != (T,) or slots.shape != (T,) or seq_index.shape != (T,)
+            or positions.dtype != np.int32 or slots.dtype != np.int64 or seq_index.dtype != np.int32
+            or tables.ndim != 2 or tables.dtype != np.int32
+            or k_cache.shape[1:3] != (dims[1], dims[2]) or v_cache.shape[2:] != (dims[1], dims[3])
+        ):  # fmt: skip
+            return False
+        if positions is not self._positions_seen:  # once per step, not per layer
+            self._positions_seen, self._positions_end = positions, int(positions.max()) + 1
+        cos_t, sin_t = self._rope_table(fused.n_rot, fused.rope_base, self._positions_end)
+        decoder_layer_cpu(
+            x, fused.norms, fused.bqkv, fused.planes, fused.meta, dims, fused.eps, fused.scale, cos_t, sin_t,
+            k_cache, v_cache, tables, seq_index, positions, slots, self.n_threads,
+        )  # fmt: skip
+        return True

@@ -21,6 +21,7 @@ from numba import njit, prange
 
 from edgellm.backends.cpu import vnni
 from edgellm.backends.cpu.fp16 import f16_round
+from edgellm.backends.cpu.numba_cache import follow_sources
 from edgellm.backends.cpu.tile_layouts import TILE_LAYOUTS
 from edgellm.quants.packing import ACT_MODES, ACT_Q8_0, ACT_Q8_1, ACT_Q8_K  # noqa: F401 - re-exported
 
@@ -126,6 +127,9 @@ def matmul_tiles_fused_cpu(x, planes, layout_id, group, mode, n_units, n_rows, n
     else:
         xq, xs, xsum, xisum = quantize_act_cpu(x, group, mode)
     vnni.matmul_tiles_cpu(xq, xs, xsum, xisum, planes, layout_id, n_units, n_rows, n_threads, out)
+
+
+follow_sources(matmul_tiles_fused_cpu)  # its machine code includes other files' IR / kernels
 
 
 @njit(cache=True, nogil=True, fastmath=ORDERED_MATH, inline="always")

@@ -148,7 +148,7 @@ def _as_f16_bits_typed(x):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True, nogil=True)
-def _write_kv_slots_cpu(k, v, k_cache, v_cache, slots) -> None:
+def write_kv_slots_cpu(k, v, k_cache, v_cache, slots) -> None:
     """Scatter each token's K/V (f32, converted here, or f16 bits already) to its cache slot."""
     bs = v_cache.shape[1]
     for t in range(k.shape[0]):
@@ -173,7 +173,7 @@ def write_kv_cpu(
     if not HOST_F16C:
         with np.errstate(over="ignore"):  # |x| >= 65520 becomes inf, as in llama.cpp's f16 cache
             k, v = k.astype(np.float16).view(np.uint16), v.astype(np.float16).view(np.uint16)
-    _write_kv_slots_cpu(k, v, k_cache, v_cache, slots)
+    write_kv_slots_cpu(k, v, k_cache, v_cache, slots)
 
 
 @njit(cache=True, nogil=True, fastmath=True)

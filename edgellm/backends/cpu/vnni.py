@@ -18,6 +18,7 @@ from numba import njit, prange
 
 from edgellm.backends.cpu.fp16 import f16_bits_to_f32
 from edgellm.backends.cpu.ir_util import switch_intrinsic
+from edgellm.backends.cpu.numba_cache import follow_sources
 from edgellm.backends.cpu.tile_layouts import F16, I8, LAYOUT_KEYS, TILE
 from edgellm.backends.cpu.vnni_ir import N_ARGS, build_tile_kernel
 
@@ -87,6 +88,9 @@ def matmul_tiles_cpu(xq, xs, xsum, xisum, planes, layout_id, n_units, n_rows, n_
                         for lane in range(n_rows - n0):
                             out[m + i, n0 + lane] = scratch[i, lane]
                 m += rm
+
+
+follow_sources(matmul_tiles_cpu)  # its machine code includes other files' IR / kernels
 
 
 @njit(cache=True, nogil=True, inline="always")
