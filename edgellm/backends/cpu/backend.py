@@ -55,7 +55,8 @@ class CpuBackend(Backend):
         # Whole decoder layers in one kernel call where they can be (layer.py); EDGELLM_NO_FUSED_LAYERS=1
         # runs them kernel by kernel (the same bits, more calls). Read when the model is loaded.
         self.fuse_layers = os.environ.get("EDGELLM_NO_FUSED_LAYERS", "") in ("", "0")
-        self._positions_seen: Any = None  # the positions array of the step (rope tables checked once)
+        self._fused_step: tuple = ()  # (x, kv, inputs) of the step decoder_layer last checked
+        self._positions_end = 0  # that step's largest position + 1
 
     def load_matrix(self, tensors: list[TensorInfo]) -> Any:
         for t in tensors:
@@ -190,26 +191,37 @@ class CpuBackend(Backend):
     def decoder_layer(
         self, fused: FusedLayer, x: np.ndarray, kv: CpuKvCache, layer: int, inp: StepInputs
     ) -> bool:
-        positions, slots, seq_index, tables = inp.positions, inp.slots, inp.seq_index, inp.block_tables
-        T = x.shape[0]
-        if kv.dtype != "f16" or T == 0:
+        step = self._fused_step
+        checked = step and step[0] is x and step[1] is kv and step[2] is inp
+        if not checked and not self._check_fused_step(fused, x, kv, inp):
             return False
         k_cache, v_cache = kv.layers[layer]
-        dims = fused.dims
-        # every shape the kernel assumes (the weights' were checked by pack_layer)
-        if (
-            x.shape[1] != fused.n_embd or x.dtype != np.float32 or not x.flags.c_contiguous
-            or positions.shape != (T,) or slots.shape != (T,) or seq_index.shape != (T,)
-            or positions.dtype != np.int32 or slots.dtype != np.int64 or seq_index.dtype != np.int32
-            or tables.ndim != 2 or tables.dtype != np.int32
-            or k_cache.shape[1:3] != (dims[1], dims[2]) or v_cache.shape[2:] != (dims[1], dims[3])
-        ):  # fmt: skip
-            return False
-        if positions is not self._positions_seen:  # once per step, not per layer
-            self._positions_seen, self._positions_end = positions, int(positions.max()) + 1
         cos_t, sin_t = self._rope_table(fused.n_rot, fused.rope_base, self._positions_end)
         decoder_layer_cpu(
-            x, fused.norms, fused.bqkv, fused.planes, fused.meta, dims, fused.eps, fused.scale, cos_t, sin_t,
-            k_cache, v_cache, tables, seq_index, positions, slots, self.n_threads,
+            x, fused.norms, fused.bqkv, fused.planes, fused.meta, fused.dims, fused.eps, fused.scale,
+            cos_t, sin_t, k_cache, v_cache, inp.block_tables, inp.seq_index, inp.positions, inp.slots,
+            self.n_threads,
         )  # fmt: skip
         return True
+
+    def _check_fused_step(self, fused: FusedLayer, x: np.ndarray, kv: CpuKvCache, inp: StepInputs) -> bool:
+        """Whether decoder_layer_cpu can run this step: every shape it assumes of the activations, the
+        step's index arrays and the cache (the weights' were checked by pack_layer; every layer of a model
+        has the same head and cache geometry). Checked once per step, not per layer."""
+        positions, slots, seq_index, tables = inp.positions, inp.slots, inp.seq_index, inp.block_tables
+        T = x.shape[0]
+        dims = fused.dims
+        ok = (
+            kv.dtype == "f16" and T > 0 and x.ndim == 2 and x.shape[1] == fused.n_embd
+            and x.dtype == np.float32 and x.flags.c_contiguous
+            and positions.shape == (T,) and slots.shape == (T,) and seq_index.shape == (T,)
+            and positions.dtype == np.int32 and slots.dtype == np.int64 and seq_index.dtype == np.int32
+            and tables.ndim == 2 and tables.dtype == np.int32
+            and all(
+                k.shape[1:3] == (dims[1], dims[2]) and v.shape[2:] == (dims[1], dims[3]) for k, v in kv.layers
+            )
+        )  # fmt: skip
+        if ok:
+            self._fused_step = (x, kv, inp)
+            self._positions_end = int(positions.max()) + 1
+        return ok

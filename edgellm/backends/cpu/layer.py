@@ -19,15 +19,15 @@ from numba import njit
 
 from edgellm.backends.cpu import ops
 from edgellm.backends.cpu.attention import attention_paged_cpu
-from edgellm.backends.cpu.matmul import ORDERED_MATH, matmul_tiles_fused_cpu
+from edgellm.backends.cpu.matmul import ORDERED_MATH, matmul_tiles_fused_at_cpu
 from edgellm.backends.cpu.numba_cache import follow_sources
 from edgellm.backends.cpu.silu_avx512 import swiglu_avx512_cpu, swiglu_avx512_par_cpu
-from edgellm.backends.cpu.tile_layouts import TILE_LAYOUTS
+from edgellm.backends.cpu.tile_layouts import TILE, TILE_LAYOUTS
 from edgellm.gguf.config import ROPE_NEOX
 
 PARTS = 3  # stacked parts per matrix (Q|K|V of three types at most); unused parts have 0 rows
-META = 6  # per part: layout_id, group, act_mode, n_units, rows, first output column
-QKV, WO, GATE_UP, DOWN = 0, 1, 2, 3
+META = 7  # per part: layout_id, group, act_mode, n_units, rows, first output column, tiles
+# the matrices, PARTS rows each of planes / meta: Q|K|V [0:3], Wo [3:6], gate|up [6:9], down [9:12]
 # norms tuple order
 ATTN_NORM, Q_NORM, K_NORM, ATTN_POST, FFN_NORM, FFN_POST = range(6)
 # dims array order
@@ -40,7 +40,7 @@ class FusedLayer:
 
     norms: tuple  # 6 f32 vectors (ATTN_NORM ..), absent ones empty
     bqkv: np.ndarray  # f32 [(H + 2 Hkv) d] or empty
-    planes: tuple  # 4 * PARTS planes tuples (tile16 uint8 planes)
+    planes: np.ndarray  # int64 [4 * PARTS, 6, 2]: each part's plane addresses (vnni.plane_addresses)
     meta: np.ndarray  # int64 [4 * PARTS, META]
     dims: np.ndarray  # int64 [8] (H_ ..)
     eps: float
@@ -49,27 +49,22 @@ class FusedLayer:
     rope_base: float
     n_embd: int
     qkv_rows: int
+    weights: list  # the parts' Tiles, kept alive for the addresses in `planes`
 
 
 @njit(cache=True, nogil=True, fastmath=ORDERED_MATH)
-def _matmul_parts(x, planes, meta, mat, out, n_threads) -> None:
-    """out[:, part columns] = x @ part.T for each part of matrix `mat` (as CpuBackend.matmul does)."""
-    for p in range(mat * PARTS, (mat + 1) * PARTS):
+def _matmul_parts(x, planes, meta, out, n_threads) -> None:
+    """out[:, part columns] = x @ part.T for each part of one matrix (as CpuBackend.matmul does).
+    planes: int64 [PARTS, 6, 2] plane addresses; meta: int64 [PARTS, META]."""
+    for p in range(PARTS):
         rows = meta[p, 4]
         if rows == 0:
             continue
         c0 = meta[p, 5]
-        matmul_tiles_fused_cpu(
-            x,
-            planes[p],
-            meta[p, 0],
-            meta[p, 1],
-            meta[p, 2],
-            meta[p, 3],
-            rows,
-            n_threads,
+        matmul_tiles_fused_at_cpu(
+            x, planes[p], meta[p, 6], meta[p, 0], meta[p, 1], meta[p, 2], meta[p, 3], rows, n_threads,
             out[:, c0 : c0 + rows],
-        )
+        )  # fmt: skip
 
 
 @njit(cache=True, nogil=True)
@@ -100,7 +95,7 @@ def decoder_layer_cpu(
     h = np.empty((T, E), np.float32)
     ops.rmsnorm_cpu(x, norms[ATTN_NORM], eps, h)
     qkv = np.empty((T, (H + hkv) * d + hkv * dv), np.float32)
-    _matmul_parts(h, planes, meta, QKV, qkv, n_threads)
+    _matmul_parts(h, planes[0:3], meta[0:3], qkv, n_threads)
     if bqkv.shape[0]:
         qkv += bqkv
     q = np.empty((T, H, d), np.float32)
@@ -119,14 +114,14 @@ def decoder_layer_cpu(
         q, k_cache, v_cache, block_tables, seq_index, positions, dims[WINDOW_], scale, n_threads, attn
     )
     o = np.empty((T, E), np.float32)
-    _matmul_parts(attn.reshape(T, H * dv), planes, meta, WO, o, n_threads)
+    _matmul_parts(attn.reshape(T, H * dv), planes[3:6], meta[3:6], o, n_threads)
     if norms[ATTN_POST].shape[0]:
         ops.rmsnorm_cpu(o, norms[ATTN_POST], eps, o)
     ops.add_cpu(x, o)
 
     ops.rmsnorm_cpu(x, norms[FFN_NORM], eps, h)
     gate_up = np.empty((T, 2 * ff), np.float32)
-    _matmul_parts(h, planes, meta, GATE_UP, gate_up, n_threads)
+    _matmul_parts(h, planes[6:9], meta[6:9], gate_up, n_threads)
     act = np.empty((T, ff), np.float32)
     if dims[GELU_]:
         ops.geglu_par_cpu(gate_up, act)
@@ -134,7 +129,7 @@ def decoder_layer_cpu(
         swiglu_avx512_par_cpu(gate_up, act)
     else:
         swiglu_avx512_cpu(gate_up, act)
-    _matmul_parts(act, planes, meta, DOWN, o, n_threads)
+    _matmul_parts(act, planes[9:12], meta[9:12], o, n_threads)
     if norms[FFN_POST].shape[0]:
         ops.rmsnorm_cpu(o, norms[FFN_POST], eps, o)
     ops.add_cpu(x, o)
@@ -151,9 +146,6 @@ def _parts(w: Any) -> list | None:
     return parts
 
 
-_EMPTY_PLANES = tuple(np.empty((0, 0), np.uint8) for _ in range(6))
-
-
 def pack_layer(cfg: Any, attn: Any, ffn: Any, il: int) -> FusedLayer | None:
     """A layer's FusedLayer, or None when one of its pieces has no fused form. Checks every shape the
     kernel assumes of the weights (each matrix's rows and columns)."""
@@ -166,7 +158,8 @@ def pack_layer(cfg: Any, attn: Any, ffn: Any, il: int) -> FusedLayer | None:
         (ffn.w_gate_up, 2 * ff, e),
         (ffn.w_down, e, ff),
     ]
-    planes, meta = [], np.zeros((4 * PARTS, META), np.int64)
+    planes, meta = np.zeros((4 * PARTS, 6, 2), np.int64), np.zeros((4 * PARTS, META), np.int64)
+    weights = []
     for m, (w, rows, cols) in enumerate(mats):
         parts = _parts(w)
         if parts is None:
@@ -176,12 +169,15 @@ def pack_layer(cfg: Any, attn: Any, ffn: Any, il: int) -> FusedLayer | None:
             if p.cols != cols:
                 raise ValueError(f"layer {il}: matrix {m} has {p.cols} columns, expected {cols}")
             unit = TILE_LAYOUTS[p.qtype].unit
-            meta[m * PARTS + j] = (p.tiles.layout_id, p.group, p.act_mode, cols // unit, p.rows, c0)
-            planes.append(tuple(p.tiles.planes))
+            n_tiles = p.tiles.lo.shape[0]
+            if n_tiles != -(-p.rows // TILE) or any(a.shape[0] != n_tiles for a in p.tiles.planes):
+                raise ValueError(f"layer {il}: matrix {m} has {n_tiles} tiles for {p.rows} rows")
+            meta[m * PARTS + j] = (p.tiles.layout_id, p.group, p.act_mode, cols // unit, p.rows, c0, n_tiles)
+            planes[m * PARTS + j] = [(a.ctypes.data, a.strides[0]) for a in p.tiles.planes]
+            weights.append(p.tiles)
             c0 += p.rows
         if c0 != rows:
             raise ValueError(f"layer {il}: matrix {m} has {c0} rows, expected {rows}")
-        planes.extend([_EMPTY_PLANES] * (PARTS - len(parts)))
     empty = np.empty(0, np.float32)
     norms = (attn.norm, attn.q_norm, attn.k_norm, attn.post_norm, ffn.norm, ffn.post_norm)
     swa = bool(cfg.swa_layers[il])
@@ -201,7 +197,7 @@ def pack_layer(cfg: Any, attn: Any, ffn: Any, il: int) -> FusedLayer | None:
     return FusedLayer(
         norms=tuple(empty if n is None else n for n in norms),
         bqkv=empty if attn.bqkv is None else attn.bqkv,
-        planes=tuple(planes),
+        planes=planes,
         meta=meta,
         dims=dims,
         eps=float(cfg.rms_eps),
@@ -210,4 +206,5 @@ def pack_layer(cfg: Any, attn: Any, ffn: Any, il: int) -> FusedLayer | None:
         rope_base=float(cfg.rope_base_swa if swa else cfg.rope_base),
         n_embd=e,
         qkv_rows=(H + hkv) * d + hkv * dv,
+        weights=weights,
     )
