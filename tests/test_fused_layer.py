@@ -77,3 +77,24 @@ def test_fallbacks(tmp_path) -> None:
         _logits(runner, np.random.default_rng(2)), _logits(plain, np.random.default_rng(2)), strict=True
     ):
         np.testing.assert_array_equal(g, w)
+
+
+def test_cached_kernels_follow_the_sources_they_embed(tmp_path, monkeypatch) -> None:
+    """The kernels whose machine code includes other files' kernels or IR carry a hash of the CPU
+    backend's sources in their cache stamp, and an edit to any of those files changes it."""
+    from edgellm.backends.cpu import attention, layer, matmul, numba_cache
+
+    for fn in (layer.decoder_layer_cpu, matmul.matmul_tiles_fused_cpu, vnni.matmul_tiles_at_cpu):
+        assert fn._cache._cache_file._source_stamp[1] == numba_cache.sources_hash()
+    assert attention.attention_paged_cpu._cache._cache_file._source_stamp[1] == numba_cache.sources_hash()
+    for src in numba_cache._PACKAGE.glob("*.py"):
+        (tmp_path / src.name).write_bytes(src.read_bytes())
+    monkeypatch.setattr(numba_cache, "_PACKAGE", tmp_path)
+    numba_cache.sources_hash.cache_clear()
+    try:
+        before = numba_cache.sources_hash()
+        (tmp_path / "vnni_ir.py").write_text((tmp_path / "vnni_ir.py").read_text() + "\n# edit\n")
+        numba_cache.sources_hash.cache_clear()
+        assert numba_cache.sources_hash() != before
+    finally:
+        numba_cache.sources_hash.cache_clear()

@@ -57,6 +57,7 @@ class CpuBackend(Backend):
         self.fuse_layers = os.environ.get("EDGELLM_NO_FUSED_LAYERS", "") in ("", "0")
         self._fused_step: tuple = ()  # (x, kv, inputs) of the step decoder_layer last checked
         self._positions_end = 0  # that step's largest position + 1
+        self._fused_kv: tuple = ()  # (cache, n_kv, d, dv) decoder_layer last checked
 
     def load_matrix(self, tensors: list[TensorInfo]) -> Any:
         for t in tensors:
@@ -210,18 +211,28 @@ class CpuBackend(Backend):
         has the same head and cache geometry). Checked once per step, not per layer."""
         positions, slots, seq_index, tables = inp.positions, inp.slots, inp.seq_index, inp.block_tables
         T = x.shape[0]
-        dims = fused.dims
         ok = (
-            kv.dtype == "f16" and T > 0 and x.ndim == 2 and x.shape[1] == fused.n_embd
+            T > 0 and x.ndim == 2 and x.shape[1] == fused.n_embd
             and x.dtype == np.float32 and x.flags.c_contiguous
             and positions.shape == (T,) and slots.shape == (T,) and seq_index.shape == (T,)
             and positions.dtype == np.int32 and slots.dtype == np.int64 and seq_index.dtype == np.int32
             and tables.ndim == 2 and tables.dtype == np.int32
-            and all(
-                k.shape[1:3] == (dims[1], dims[2]) and v.shape[2:] == (dims[1], dims[3]) for k, v in kv.layers
-            )
+            and self._check_fused_kv(fused, kv)
         )  # fmt: skip
         if ok:
             self._fused_step = (x, kv, inp)
             self._positions_end = int(positions.max()) + 1
+        return ok
+
+    def _check_fused_kv(self, fused: FusedLayer, kv: CpuKvCache) -> bool:
+        """An f16 cache whose every layer has the model's head geometry (once per cache and geometry)."""
+        n_kv, d, dv = (int(n) for n in fused.dims[1:4])
+        key = (kv, n_kv, d, dv)
+        if self._fused_kv == key:
+            return True
+        ok = kv.dtype == "f16" and all(
+            k.shape[1:3] == (n_kv, d) and v.shape[2:] == (n_kv, dv) for k, v in kv.layers
+        )
+        if ok:
+            self._fused_kv = key
         return ok

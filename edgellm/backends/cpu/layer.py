@@ -1,9 +1,12 @@
 """A whole decoder layer in one Numba call (CpuBackend.decoder_layer).
 
 At batch 1 a layer is ~20 small kernel calls; from Python each costs a method call, argument checks and
-the dispatcher's unboxing (1-2 us), ~0.7 ms of a SmolLM2 decode step in all. Here the layer's kernels
-are called from compiled code in the order of arch/common.py's attention_block and feed_forward_block,
-with the same inputs, so the results are bit for bit the unfused ones (tests/test_fused_layer.py).
+the dispatcher's unboxing (1-2 us), 0.7-0.9 ms of a SmolLM2 decode step in all. Here the layer's
+kernels are called from compiled code in the order of arch/common.py's attention_block and
+feed_forward_block, with the same inputs, so the results are bit for bit the unfused ones
+(tests/test_fused_layer.py). A kernel whose rounding is left to fast-math contraction can come out
+differently when compiled into this module (rope did, so its FMAs are explicit): the tests compare
+every architecture, prefill and decode, and the real models' llama.cpp fixtures run through this path.
 
 Only the VNNI tile path with an f16 KV cache (F16C) has this form; everything else (and every check that
 fails) leaves the layer to the model's blocks. A layer's data are packed once at load (FusedLayer).
@@ -48,7 +51,6 @@ class FusedLayer:
     n_rot: int
     rope_base: float
     n_embd: int
-    qkv_rows: int
     weights: list  # the parts' Tiles, kept alive for the addresses in `planes`
 
 
@@ -205,6 +207,5 @@ def pack_layer(cfg: Any, attn: Any, ffn: Any, il: int) -> FusedLayer | None:
         n_rot=cfg.rope_dim,
         rope_base=float(cfg.rope_base_swa if swa else cfg.rope_base),
         n_embd=e,
-        qkv_rows=(H + hkv) * d + hkv * dv,
         weights=weights,
     )
