@@ -40,6 +40,8 @@ class LlamaModel:
             gguf.release_pages()  # raw blocks of this layer are repacked: keep them out of RSS
             if progress:
                 progress(il + 1, cfg.n_layers)
+        # the backend's one-call form of each layer, where it has one (None: the blocks' kernel calls)
+        self.fused = [be.prepare_layer(cfg, a, f, il) for il, (a, f) in enumerate(self.layers)]
         self.output_norm = be.load_vector(src.get("output_norm.weight", (e,)))
         # Tied embeddings: without output.weight the embedding matrix is the vocabulary projection.
         self.output = (
@@ -69,6 +71,9 @@ class LlamaModel:
         inp = be.step_inputs(batch)
         x = be.embed(self.tok_embd, inp.token_ids, cfg.embd_scale)  # [T, n_embd]
         for il, (attn_w, ffn_w) in enumerate(self.layers):
+            fused = self.fused[il]
+            if fused is not None and be.decoder_layer(fused, x, kv, il, inp):
+                continue
             attention_block(
                 be, cfg, attn_w, x, batch, kv, il, inp.positions, inp.seq_index, inp.block_tables, inp.slots
             )

@@ -129,6 +129,18 @@ class Backend(ABC):
         out: Array,
     ) -> None: ...
 
+    # --- whole layers ----------------------------------------------------------------------------------
+    def prepare_layer(self, cfg: Any, attn: Any, ffn: Any, layer: int) -> Any:
+        """The backend's own form of decoder layer `layer` (arch/common.py's AttentionWeights and
+        FeedForwardWeights), run by decoder_layer instead of the kernel calls above; None (the default)
+        when it has none."""
+        return None
+
+    def decoder_layer(self, fused: Any, x: Array, kv: Any, layer: int, inp: StepInputs) -> bool:
+        """x += Attention, then x += FFN, as attention_block and feed_forward_block compute them, for a
+        prepare_layer result; False (nothing done) when this batch or cache has no fused form."""
+        return False
+
     # --- logits and sampling ---------------------------------------------------------------------------
     # The defaults work on host arrays (the CPU backend's numpy activations, where to_host/from_host are the
     # identity, so they add no copy); a device backend overrides them to keep the logits where they are.

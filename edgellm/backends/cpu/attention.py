@@ -30,6 +30,7 @@ from edgellm.backends.cpu.attention_ir import (
     qk_q8_0_call,
 )
 from edgellm.backends.cpu.fp16 import HALF_OPS_NATIVE, f16_bits_to_f32, f16_round_inplace
+from edgellm.backends.cpu.numba_cache import follow_sources
 
 SAFE_MATH = {"reassoc", "contract", "nsz", "arcp", "afn"}  # no nnan/ninf: softmax uses -inf
 _pv_vectors = njit(cache=True, inline="always")(attention_ir.pv_vectors)  # P.V accumulators per head
@@ -342,3 +343,6 @@ def attention_paged_cpu(
             for g in range(group):
                 for i in range(dv):
                     out[t, kvh * group + g, i] = acc[g, i]
+
+
+follow_sources(attention_paged_cpu)  # its machine code includes attention_ir.py's IR

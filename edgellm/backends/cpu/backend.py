@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numba
 import numpy as np
 
-from edgellm.backends.base import Backend
+from edgellm.backends.base import Backend, StepInputs
 from edgellm.backends.cpu import ops, silu_avx512, vnni
 from edgellm.backends.cpu.attention import attention_paged_cpu
+from edgellm.backends.cpu.fp16 import HOST_F16C
 from edgellm.backends.cpu.kv_cache import CpuKvCache
+from edgellm.backends.cpu.layer import FusedLayer, decoder_layer_cpu, pack_layer
 from edgellm.backends.cpu.matmul import matmul_cpu
 from edgellm.backends.cpu.packed import PackedWeight, dequantize_rows_cpu, pack_tiles, pack_weight
 from edgellm.backends.cpu.tile_layouts import TILE, TILE_LAYOUTS
@@ -49,6 +52,12 @@ class CpuBackend(Backend):
         # Numba's thread count when the backend is made (the engine sets it first); asked once, not per call.
         self.n_threads = numba.get_num_threads()
         self._rope_tables: dict[tuple[int, float], tuple[np.ndarray, np.ndarray]] = {}
+        # Whole decoder layers in one kernel call where they can be (layer.py); EDGELLM_NO_FUSED_LAYERS=1
+        # runs them kernel by kernel (the same bits, more calls). Read when the model is loaded.
+        self.fuse_layers = os.environ.get("EDGELLM_NO_FUSED_LAYERS", "") in ("", "0")
+        self._fused_step: tuple = ()  # (x, kv, inputs) of the step decoder_layer last checked
+        self._positions_end = 0  # that step's largest position + 1
+        self._fused_kv: tuple = ()  # (cache, n_kv, d, dv) decoder_layer last checked
 
     def load_matrix(self, tensors: list[TensorInfo]) -> Any:
         for t in tensors:
@@ -111,13 +120,17 @@ class CpuBackend(Backend):
     def rope(self, x: np.ndarray, positions: np.ndarray, n_rot: int, base: float, neox: bool) -> None:
         if len(positions) == 0:
             return
-        key = (n_rot, float(base))
+        table = self._rope_table(n_rot, float(base), int(positions.max()) + 1)
+        ops.rope_cached_cpu(x, positions, table[0], table[1], neox)
+
+    def _rope_table(self, n_rot: int, base: float, need: int) -> tuple[np.ndarray, np.ndarray]:
+        """cos/sin tables of (n_rot, base) covering positions 0 .. need - 1."""
+        key = (n_rot, base)
         table = self._rope_tables.get(key)
-        need = int(positions.max()) + 1
         if table is None or table[0].shape[0] < need:  # grow by doubling: positions only go up to n_ctx
             size = max(need, 2 * table[0].shape[0] if table is not None else 1024)
-            table = self._rope_tables[key] = ops.rope_table_cpu(size, n_rot, float(base))
-        ops.rope_cached_cpu(x, positions, table[0], table[1], neox)
+            table = self._rope_tables[key] = ops.rope_table_cpu(size, n_rot, base)
+        return table
 
     def gated_act(self, gate_up: np.ndarray, out: np.ndarray, kind: str) -> None:
         # A parallel region costs more than the work for a few rows (decode), and pays from ~8 rows on.
@@ -170,3 +183,56 @@ class CpuBackend(Backend):
             np.ascontiguousarray(q), k_cache, v_cache, block_tables, seq_index, positions, window, scale,
             numba.get_num_threads(), out,
         )  # fmt: skip
+
+    def prepare_layer(self, cfg: Any, attn: Any, ffn: Any, layer: int) -> FusedLayer | None:
+        if not (self.fuse_layers and vnni.VNNI_ACTIVE and HOST_F16C):
+            return None
+        return pack_layer(cfg, attn, ffn, layer)
+
+    def decoder_layer(
+        self, fused: FusedLayer, x: np.ndarray, kv: CpuKvCache, layer: int, inp: StepInputs
+    ) -> bool:
+        step = self._fused_step
+        checked = step and step[0] is x and step[1] is kv and step[2] is inp
+        if not checked and not self._check_fused_step(fused, x, kv, inp):
+            return False
+        k_cache, v_cache = kv.layers[layer]
+        cos_t, sin_t = self._rope_table(fused.n_rot, fused.rope_base, self._positions_end)
+        decoder_layer_cpu(
+            x, fused.norms, fused.bqkv, fused.planes, fused.meta, fused.dims, fused.eps, fused.scale,
+            cos_t, sin_t, k_cache, v_cache, inp.block_tables, inp.seq_index, inp.positions, inp.slots,
+            self.n_threads,
+        )  # fmt: skip
+        return True
+
+    def _check_fused_step(self, fused: FusedLayer, x: np.ndarray, kv: CpuKvCache, inp: StepInputs) -> bool:
+        """Whether decoder_layer_cpu can run this step: every shape it assumes of the activations, the
+        step's index arrays and the cache (the weights' were checked by pack_layer; every layer of a model
+        has the same head and cache geometry). Checked once per step, not per layer."""
+        positions, slots, seq_index, tables = inp.positions, inp.slots, inp.seq_index, inp.block_tables
+        T = x.shape[0]
+        ok = (
+            T > 0 and x.ndim == 2 and x.shape[1] == fused.n_embd
+            and x.dtype == np.float32 and x.flags.c_contiguous
+            and positions.shape == (T,) and slots.shape == (T,) and seq_index.shape == (T,)
+            and positions.dtype == np.int32 and slots.dtype == np.int64 and seq_index.dtype == np.int32
+            and tables.ndim == 2 and tables.dtype == np.int32
+            and self._check_fused_kv(fused, kv)
+        )  # fmt: skip
+        if ok:
+            self._fused_step = (x, kv, inp)
+            self._positions_end = int(positions.max()) + 1
+        return ok
+
+    def _check_fused_kv(self, fused: FusedLayer, kv: CpuKvCache) -> bool:
+        """An f16 cache whose every layer has the model's head geometry (once per cache and geometry)."""
+        n_kv, d, dv = (int(n) for n in fused.dims[1:4])
+        key = (kv, n_kv, d, dv)
+        if self._fused_kv == key:
+            return True
+        ok = kv.dtype == "f16" and all(
+            k.shape[1:3] == (n_kv, d) and v.shape[2:] == (n_kv, dv) for k, v in kv.layers
+        )
+        if ok:
+            self._fused_kv = key
+        return ok

@@ -67,3 +67,15 @@ def switch_intrinsic(variants: dict[int, tuple[str, Callable[[ir.Module, str], i
 
         return kernel15
     raise ValueError(f"no switch intrinsic for {n_args} arguments")  # Numba intrinsics need fixed arity
+
+
+@intrinsic
+def fma_f32(typingctx, a, b, c):  # noqa: ANN001, ANN201
+    """a * b + c rounded once (llvm.fma): a fused multiply-add fixed in the code, where one left to
+    fast-math 'contract' is formed or not depending on how the kernel was inlined and compiled."""
+    sig = types.float32(types.float32, types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        return builder.fma(*args)
+
+    return sig, codegen

@@ -21,6 +21,7 @@ from numba import njit, prange
 
 from edgellm.backends.cpu import vnni
 from edgellm.backends.cpu.fp16 import f16_round
+from edgellm.backends.cpu.numba_cache import follow_sources
 from edgellm.backends.cpu.tile_layouts import TILE_LAYOUTS
 from edgellm.quants.packing import ACT_MODES, ACT_Q8_0, ACT_Q8_1, ACT_Q8_K  # noqa: F401 - re-exported
 
@@ -119,13 +120,23 @@ def quantize_act_serial_cpu(x: np.ndarray, group: int, mode: int) -> tuple[np.nd
 
 @njit(cache=True, nogil=True, fastmath=ORDERED_MATH)
 def matmul_tiles_fused_cpu(x, planes, layout_id, group, mode, n_units, n_rows, n_threads, out) -> None:
-    """Quantize + VNNI tiles in one call from Python (no boxing of the quantized activations): a serial
-    quantize for a few rows (a parallel region costs more than ~1 us of work), a parallel one past 16."""
+    """Quantize + VNNI tiles in one call from Python (no boxing of the quantized activations)."""
+    at, n_tiles = vnni.plane_addresses(planes), planes[0].shape[0]
+    matmul_tiles_fused_at_cpu(x, at, n_tiles, layout_id, group, mode, n_units, n_rows, n_threads, out)
+
+
+@njit(cache=True, nogil=True, fastmath=ORDERED_MATH)
+def matmul_tiles_fused_at_cpu(x, at, n_tiles, layout_id, group, mode, n_units, n_rows, n_threads, out):  # noqa: ANN201
+    """matmul_tiles_fused_cpu over planes given by vnni.plane_addresses: a serial quantize for a few rows
+    (a parallel region costs more than ~1 us of work), a parallel one past 16."""
     if x.shape[0] <= 16:
         xq, xs, xsum, xisum = quantize_act_serial_cpu(x, group, mode)
     else:
         xq, xs, xsum, xisum = quantize_act_cpu(x, group, mode)
-    vnni.matmul_tiles_cpu(xq, xs, xsum, xisum, planes, layout_id, n_units, n_rows, n_threads, out)
+    vnni.matmul_tiles_at_cpu(xq, xs, xsum, xisum, at, n_tiles, layout_id, n_units, n_rows, n_threads, out)
+
+
+follow_sources(matmul_tiles_fused_cpu, matmul_tiles_fused_at_cpu)  # their code includes other files' IR
 
 
 @njit(cache=True, nogil=True, fastmath=ORDERED_MATH, inline="always")

@@ -14,6 +14,7 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from edgellm.backends.cpu.fp16 import HOST_F16C, f32_to_f16_bits
+from edgellm.backends.cpu.ir_util import fma_f32
 
 # fastmath without 'nnan'/'ninf': softmax uses -inf and exp underflow (see shared notes, pitfall 6).
 SAFE_MATH = {"reassoc", "contract", "nsz", "arcp", "afn"}
@@ -67,12 +68,14 @@ def rope_cpu(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool
     rope_cached_cpu(x, pos, cos_t, sin_t, neox)
 
 
-@njit(cache=True, nogil=True, fastmath=SAFE_MATH)
+@njit(cache=True, nogil=True)
 def rope_cached_cpu(x: np.ndarray, pos: np.ndarray, cos_t: np.ndarray, sin_t: np.ndarray, neox: bool) -> None:
     """In-place rotary embedding. x: [T, H, d]; pos: [T] int32; cos_t/sin_t: rope_table_cpu rows by
     position (n_rot = 2 * their width; dims past n_rot are left as they are).
 
     neox=False rotates adjacent pairs (x[2i], x[2i+1]); neox=True rotates (x[i], x[i + n_rot/2]).
+    The fused multiply-adds are explicit (the roundings the fast-math build of this kernel had), so the
+    bits are the same wherever the kernel is compiled in (layer.py's fused layer, a call from Python).
     """
     T, H, d = x.shape
     half = cos_t.shape[1]
@@ -86,8 +89,8 @@ def rope_cached_cpu(x: np.ndarray, pos: np.ndarray, cos_t: np.ndarray, sin_t: np
                     a, b = 2 * i, 2 * i + 1
                 x0 = x[t, h, a]
                 x1 = x[t, h, b]
-                x[t, h, a] = x0 * cos_t[p, i] - x1 * sin_t[p, i]
-                x[t, h, b] = x0 * sin_t[p, i] + x1 * cos_t[p, i]
+                x[t, h, a] = fma_f32(x0, cos_t[p, i], -(x1 * sin_t[p, i]))
+                x[t, h, b] = fma_f32(x1, cos_t[p, i], x0 * sin_t[p, i])
 
 
 @njit(cache=True, nogil=True, fastmath=True, inline="always")
@@ -148,7 +151,7 @@ def _as_f16_bits_typed(x):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True, nogil=True)
-def _write_kv_slots_cpu(k, v, k_cache, v_cache, slots) -> None:
+def write_kv_slots_cpu(k, v, k_cache, v_cache, slots) -> None:
     """Scatter each token's K/V (f32, converted here, or f16 bits already) to its cache slot."""
     bs = v_cache.shape[1]
     for t in range(k.shape[0]):
@@ -173,7 +176,7 @@ def write_kv_cpu(
     if not HOST_F16C:
         with np.errstate(over="ignore"):  # |x| >= 65520 becomes inf, as in llama.cpp's f16 cache
             k, v = k.astype(np.float16).view(np.uint16), v.astype(np.float16).view(np.uint16)
-    _write_kv_slots_cpu(k, v, k_cache, v_cache, slots)
+    write_kv_slots_cpu(k, v, k_cache, v_cache, slots)
 
 
 @njit(cache=True, nogil=True, fastmath=True)

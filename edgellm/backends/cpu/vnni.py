@@ -18,6 +18,7 @@ from numba import njit, prange
 
 from edgellm.backends.cpu.fp16 import f16_bits_to_f32
 from edgellm.backends.cpu.ir_util import switch_intrinsic
+from edgellm.backends.cpu.numba_cache import follow_sources
 from edgellm.backends.cpu.tile_layouts import F16, I8, LAYOUT_KEYS, TILE
 from edgellm.backends.cpu.vnni_ir import N_ARGS, build_tile_kernel
 
@@ -49,16 +50,37 @@ _tile = switch_intrinsic(
 )
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@njit(cache=True, nogil=True, inline="always")
+def plane_addresses(planes) -> np.ndarray:
+    """int64 [6, 2]: each plane's (address, bytes per tile) (an absent plane's stride is 0)."""
+    at = np.empty((6, 2), np.int64)
+    lo, hi, d, sub, m_pl, msub = planes
+    at[0, 0], at[0, 1] = lo.ctypes.data, lo.strides[0]
+    at[1, 0], at[1, 1] = hi.ctypes.data, hi.strides[0]
+    at[2, 0], at[2, 1] = d.ctypes.data, d.strides[0]
+    at[3, 0], at[3, 1] = sub.ctypes.data, sub.strides[0]
+    at[4, 0], at[4, 1] = m_pl.ctypes.data, m_pl.strides[0]
+    at[5, 0], at[5, 1] = msub.ctypes.data, msub.strides[0]
+    return at
+
+
+@njit(cache=True, nogil=True)
 def matmul_tiles_cpu(xq, xs, xsum, xisum, planes, layout_id, n_units, n_rows, n_threads, out) -> None:
     """out[M, :n_rows] from tile16 weights. planes: the 6 planes (lo, hi, d, sub, m, msub) as uint8
-    [T, bytes per tile] (an absent plane: [T, 0]). Each thread takes a contiguous run of tiles; per tile,
-    the activation rows pass in blocks of RM (the tile's weights stay in L1), then one at a time. A partial
-    last tile is computed into a scratch block and copied. xq/xs/xsum/xisum must be C-contiguous; out's
-    rows must be contiguous (any row stride)."""
-    lo, hi, d, sub, m_pl, msub = planes
+    [T, bytes per tile] (an absent plane: [T, 0]). See matmul_tiles_at_cpu."""
+    at, n_tiles = plane_addresses(planes), planes[0].shape[0]
+    matmul_tiles_at_cpu(xq, xs, xsum, xisum, at, n_tiles, layout_id, n_units, n_rows, n_threads, out)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def matmul_tiles_at_cpu(xq, xs, xsum, xisum, at, n_tiles, layout_id, n_units, n_rows, n_threads, out) -> None:
+    """matmul_tiles_cpu over planes given by plane_addresses (at: int64 [6, 2]) and their n_tiles tiles:
+    a layer's weights reach the fused layer (layer.py) as one small array, not 72 to unbox per call; the
+    caller keeps the planes alive. Each thread takes a contiguous run of tiles; per tile, the activation
+    rows pass in blocks of RM (the tile's weights stay in L1), then one at a time. A partial last tile is
+    computed into a scratch block and copied. xq/xs/xsum/xisum must be C-contiguous; out's rows must be
+    contiguous (any row stride)."""
     m_rows = xq.shape[0]
-    n_tiles = lo.shape[0]
     n_blocks = min(n_tiles, n_threads)  # an argument: get_num_threads() inside njit defeats cache=True
     out_stride = out.strides[0] // 4
     for blk in prange(n_blocks):
@@ -72,9 +94,8 @@ def matmul_tiles_cpu(xq, xs, xsum, xisum, planes, layout_id, n_units, n_rows, n_
                 dst = out.ctypes.data + (m * out.strides[0] + n0 * 4) if full else scratch.ctypes.data
                 _tile(
                     2 * layout_id + (rm == RM),  # variant_key
-                    lo.ctypes.data + t * lo.strides[0], hi.ctypes.data + t * hi.strides[0],
-                    d.ctypes.data + t * d.strides[0], sub.ctypes.data + t * sub.strides[0],
-                    m_pl.ctypes.data + t * m_pl.strides[0], msub.ctypes.data + t * msub.strides[0],
+                    at[0, 0] + t * at[0, 1], at[1, 0] + t * at[1, 1], at[2, 0] + t * at[2, 1],
+                    at[3, 0] + t * at[3, 1], at[4, 0] + t * at[4, 1], at[5, 0] + t * at[5, 1],
                     n_units,
                     xq.ctypes.data + m * xq.strides[0], xq.strides[0],
                     xs.ctypes.data + m * xs.strides[0],
@@ -87,6 +108,9 @@ def matmul_tiles_cpu(xq, xs, xsum, xisum, planes, layout_id, n_units, n_rows, n_
                         for lane in range(n_rows - n0):
                             out[m + i, n0 + lane] = scratch[i, lane]
                 m += rm
+
+
+follow_sources(matmul_tiles_cpu, matmul_tiles_at_cpu)  # their machine code includes other files' IR
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -10,10 +10,10 @@ Then the float part, lane-wise and in matmul._row_dot's order (acc += (xs * scal
 macc += min * xsum; out = acc + macc), no FMA contraction or reassociation: bit-identical to the
 portable kernels whatever the batch size and tile position.
 
-Numba's on-disk cache keys a kernel on its own source file only: the functions that embed this IR
-(vnni.matmul_tiles_cpu and its caller matmul.matmul_tiles_fused_cpu) do not see edits to this file or
-to tile_layouts.py. After changing either, clear the cache (the *.nbi / *.nbc files in __pycache__ or
-NUMBA_CACHE_DIR) or touch vnni.py and matmul.py.
+Numba's on-disk cache keys a kernel on its own source file only; the functions that embed this IR
+(vnni.matmul_tiles_*, matmul.matmul_tiles_fused_*, layer.decoder_layer_cpu) are made to follow every
+source of the CPU backend (numba_cache.follow_sources), so an edit here recompiles them. A new function
+that calls them must do the same.
 """
 
 from __future__ import annotations

@@ -1,0 +1,40 @@
+"""Numba's on-disk cache, made to follow the files a kernel's compiled code comes from.
+
+Numba keys a cached function on its own source file only, yet the machine code it stores includes every
+njit function it calls and every IR builder behind an intrinsic (vnni_ir.py, tile_layouts.py, ...): an
+edit to one of those would leave a stale kernel in the cache. follow_sources adds a hash of this package's
+sources (and the tables its kernels read as constants) to a function's cache stamp, so any such edit
+recompiles it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import cache
+from pathlib import Path
+
+from numba.core.caching import NullCache
+
+_PACKAGE = Path(__file__).resolve().parent
+_EXTRA = [_PACKAGE.parent.parent / "quants" / "packing.py"]  # ACT_* modes, read as compile-time constants
+
+
+@cache
+def sources_hash() -> str:
+    """sha256 over the names and contents of the CPU backend's sources (and _EXTRA)."""
+    h = hashlib.sha256()
+    for path in sorted(_PACKAGE.glob("*.py")) + _EXTRA:
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def follow_sources(*dispatchers) -> None:  # noqa: ANN002 - Numba dispatchers
+    """Make each cached dispatcher's cache entries valid only for the current sources_hash(). Where
+    Numba's cache internals are not as expected, the function is not cached at all (correct, slower)."""
+    for fn in dispatchers:
+        cache_file = getattr(getattr(fn, "_cache", None), "_cache_file", None)
+        if cache_file is None or not hasattr(cache_file, "_source_stamp"):
+            fn._cache = NullCache()
+            continue
+        cache_file._source_stamp = (cache_file._source_stamp, sources_hash())

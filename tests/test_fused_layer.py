@@ -1,0 +1,100 @@
+"""The CPU backend's one-call decoder layer (backends/cpu/layer.py) against the model's kernel-by-kernel
+blocks: the same logits bit for bit, for every architecture, over a prefill of two sequences and decode
+steps at batch 2 and 1, and the fallbacks where it has no fused form."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgellm.arch import ARCHITECTURES
+from edgellm.backends.cpu import vnni
+from edgellm.backends.cpu.backend import CpuBackend
+from edgellm.backends.cpu.fp16 import HOST_F16C
+from edgellm.engine.model_runner import ModelRunner, RunItem
+from edgellm.gguf.config import config_from_gguf
+from edgellm.gguf.reader import load_gguf
+from edgellm.testing.synthetic import ARCHS, DEFAULT_QTYPES, write_tiny_model
+
+pytestmark = pytest.mark.skipif(
+    not (vnni.VNNI_ACTIVE and HOST_F16C), reason="the fused layer needs VNNI and F16C"
+)
+BS = 16
+# Q|K|V of three types (three stacked parts), and every matrix tiled
+QTYPES = {**DEFAULT_QTYPES, "ffn_down": "Q8_0"}
+
+
+def _load(path, fuse: bool, kv_dtype: str = "f16"):  # noqa: ANN001, ANN202
+    gguf = load_gguf(str(path))
+    cfg = config_from_gguf(gguf)
+    be = CpuBackend()
+    be.fuse_layers = fuse
+    model = ARCHITECTURES[cfg.arch](cfg, gguf, be)
+    return model, ModelRunner(model, cfg, be, num_blocks=12, block_size=BS, kv_dtype=kv_dtype)
+
+
+def _logits(runner: ModelRunner, rng: np.random.Generator) -> list[np.ndarray]:
+    """Prefill two sequences (all logits), three decode steps of both, then one of the first alone."""
+    v = runner.cfg.n_vocab
+    a, b = rng.integers(0, v, 21).tolist(), rng.integers(0, v, 9).tolist()
+    tables = [[0, 1, 2], [3, 4]]
+    out = runner.run([RunItem(tables[0], a, 0, all_logits=True), RunItem(tables[1], b, 0, all_logits=True)])
+    for step in range(3):
+        t = rng.integers(0, v, 2).tolist()
+        out += runner.run([RunItem(tables[0], [t[0]], 21 + step), RunItem(tables[1], [t[1]], 9 + step)])
+    out += runner.run([RunItem(tables[0], [int(rng.integers(0, v))], 24)])
+    return out
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fused_layer_matches_blocks_bit_for_bit(tmp_path, arch: str) -> None:
+    path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, QTYPES, n_layers=7 if arch == "gemma3" else 2)
+    fused_model, fused = _load(path, True)
+    assert all(f is not None for f in fused_model.fused)
+
+    def not_called(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("a layer kernel ran from Python: the fused layer was not used")
+
+    for name in ("attention", "write_kv", "rope", "gated_act"):
+        setattr(fused.be, name, not_called)
+    _, plain = _load(path, False)
+    got, want = _logits(fused, np.random.default_rng(1)), _logits(plain, np.random.default_rng(1))
+    assert len(got) == len(want) == 9
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_fallbacks(tmp_path) -> None:
+    """An untiled matrix (F16 ffn_down): no fused form; a q8_0 KV cache: the blocks run that step."""
+    path = write_tiny_model(tmp_path / "f16.gguf", "llama")  # DEFAULT_QTYPES: ffn_down F16
+    model, _ = _load(path, True)
+    assert model.fused == [None, None]
+    path = write_tiny_model(tmp_path / "q.gguf", "llama", QTYPES, n_embd=128, head_dim=32)
+    model, runner = _load(path, True, kv_dtype="q8_0")
+    assert all(f is not None for f in model.fused)
+    _, plain = _load(path, False, kv_dtype="q8_0")
+    for g, w in zip(
+        _logits(runner, np.random.default_rng(2)), _logits(plain, np.random.default_rng(2)), strict=True
+    ):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_cached_kernels_follow_the_sources_they_embed(tmp_path, monkeypatch) -> None:
+    """The kernels whose machine code includes other files' kernels or IR carry a hash of the CPU
+    backend's sources in their cache stamp, and an edit to any of those files changes it."""
+    from edgellm.backends.cpu import attention, layer, matmul, numba_cache
+
+    for fn in (layer.decoder_layer_cpu, matmul.matmul_tiles_fused_cpu, vnni.matmul_tiles_at_cpu):
+        assert fn._cache._cache_file._source_stamp[1] == numba_cache.sources_hash()
+    assert attention.attention_paged_cpu._cache._cache_file._source_stamp[1] == numba_cache.sources_hash()
+    for src in numba_cache._PACKAGE.glob("*.py"):
+        (tmp_path / src.name).write_bytes(src.read_bytes())
+    monkeypatch.setattr(numba_cache, "_PACKAGE", tmp_path)
+    numba_cache.sources_hash.cache_clear()
+    try:
+        before = numba_cache.sources_hash()
+        (tmp_path / "vnni_ir.py").write_text((tmp_path / "vnni_ir.py").read_text() + "\n# edit\n")
+        numba_cache.sources_hash.cache_clear()
+        assert numba_cache.sources_hash() != before
+    finally:
+        numba_cache.sources_hash.cache_clear()
