@@ -69,8 +69,8 @@ class ChatApp(ConversationActions, App[None]):
         self.settings, _ = self.settings_store.load()
         self.model_options = model_options if model_options is not None else catalog_options()
         self.save_interval = save_interval  # seconds between saves of a streaming reply
-        # seconds between redraws of a streaming reply: 15 frames a second read as smooth streaming, and the UI
-        # used ~25% less CPU per reply than at 30 (CPU the engine, on the same cores, gets instead)
+        # seconds between redraws of a streaming reply: 15 frames a second read as smooth streaming, and
+        # the UI used ~25% less CPU per reply than at 30 (CPU the engine, on the same cores, gets instead)
         self.draw_interval = 1 / 15
         self.backend: ChatBackend | None = None
         self.info: BackendInfo | None = None
