@@ -98,11 +98,14 @@ class LLM:
         core_log: str | Path | None = None,  # file for the core process's stdout/stderr (default: ours)
         speculative: str | dict | SpeculativeConfig | None = None,  # "ngram", "draft:PATH", or a dict
         num_speculative_tokens: int | None = None,  # k: overrides the speculative config's num_tokens
+        stream_interval: float = 0.0,  # seconds between the core's output batches (0: every step)
     ) -> None:
         self._log = progress or (
             (lambda msg: print(f"edgellm: {msg}", file=sys.stderr, flush=True)) if verbose else None
         )
         kv_budget_bytes(kv_cache_memory)  # a bad value fails here, before a process starts
+        if not 0 <= stream_interval <= 1:
+            raise ValueError(f"stream_interval must be seconds in [0, 1], got {stream_interval}")
         spec_config = parse_speculative(speculative, num_speculative_tokens)
         self.speculative: SpeculativeConfig | None = spec_config
         self.path: Path = resolve_model(model)
@@ -128,6 +131,7 @@ class LLM:
             enable_prefix_caching=enable_prefix_caching,
             log_path=None if core_log is None else str(core_log),
             speculative=spec_config,
+            stream_interval=stream_interval,
         )
         self._rids = itertools.count()
         self.on_core_death: Callable[[str], None] | None = None

@@ -7,10 +7,10 @@ kernel takes down this process only. Tests may build an `EngineCore` in-process 
 
 Messages in (tuples): ("add", rid, prompt_ids, params, priority), ("embed", rid, input_ids, priority),
 ("abort", rid, index|None), ("call", call_id, name, args), ("shutdown",). Out: ("progress", line),
-("ready", info), ("load_error", exc), per step ("step", time, stats, outputs) with outputs as (rid,
-finished, deltas, cached, preemptions, embedding|None), ("add_error", rid, exc), ("reply", call_id, ok,
-value). Only ids, numbers, strings, the
-SamplingParams dataclass and exceptions cross: no tokenizer state.
+("ready", info), ("load_error", exc), per step (or per CoreSpec.stream_interval) ("step", stats,
+[(time, outputs), ...]) with outputs as (rid, finished, deltas, cached, preemptions, embedding|None),
+("add_error", rid, exc), ("reply", call_id, ok, value). Only ids, numbers, strings, the SamplingParams
+dataclass and exceptions cross: no tokenizer state.
 """
 
 from __future__ import annotations
@@ -56,6 +56,9 @@ class CoreSpec:
     enable_prefix_caching: bool = True
     log_path: str | None = None  # where the core process's stdout/stderr go (None: inherited)
     speculative: SpeculativeConfig | None = None  # speculative decoding (None: off)
+    # Seconds between output messages while requests are under way (0: one per step). A request's first
+    # and last outputs are never held back; only the tokens in between are sent in batches.
+    stream_interval: float = 0.0
 
 
 def kv_budget_bytes(kv_cache_memory: int | float | None) -> int:
@@ -94,6 +97,7 @@ class EngineCore:
         from edgellm.runtime import keep_freed_memory, set_threads, warm_up
         from edgellm.tokenizer import Tokenizer
 
+        self.stream_interval = spec.stream_interval
         keep_freed_memory()
         self.threads = set_threads(spec.threads)
         t0 = time.perf_counter()
@@ -222,6 +226,10 @@ class EngineCore:
         """Serve the front-end over `conn` until it says shutdown or goes away (EOF)."""
         send = conn.send
         eng = self.engine
+        interval = self.stream_interval
+        pending: list[tuple[float, list]] = []  # (time, outputs) of steps not sent yet
+        streaming: set[str] = set()  # requests that have had an output sent
+        last_sent = 0.0
         while True:
             busy = eng.has_unfinished()
             changed = False
@@ -234,9 +242,26 @@ class EngineCore:
                         break
             if eng.has_unfinished():
                 outs = eng.step()
-                send(("step", time.perf_counter(), self.stats(), [_wire(o) for o in outs]))
-            elif changed:  # aborts and adds that left the engine idle: the gauges changed
-                send(("step", time.perf_counter(), self.stats(), []))
+                now = time.perf_counter()
+                pending.append((now, [_wire(o) for o in outs]))
+                urgent = False  # a first token (TTFT) or a finish is never held back
+                for o in outs:
+                    if o.finished:
+                        urgent = True
+                        streaming.discard(o.request_id)
+                    elif o.request_id not in streaming:
+                        urgent = True
+                        streaming.add(o.request_id)
+                idle = not eng.has_unfinished()
+                if urgent or idle or now - last_sent >= interval:
+                    send(("step", self.stats(), pending))
+                    pending, last_sent = [], now
+                if idle:  # aborted requests end without an output: forget them here
+                    streaming.clear()
+            elif changed or pending:  # aborts and adds that left the engine idle: the gauges changed
+                send(("step", self.stats(), pending))
+                pending = []
+                streaming.clear()
 
 
 def _wire(out: RequestOutput) -> tuple:

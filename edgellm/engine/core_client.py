@@ -91,6 +91,7 @@ class CoreClient:
         self.info = self._wait_ready(progress)
         self.pid: int = self.info["pid"]
         self._stats = EngineStats(**self.info["stats"])
+        self.step_messages = 0  # output messages received (CoreSpec.stream_interval batches steps)
         threading.Thread(target=self._send_loop, name="edgellm-core-send", daemon=True).start()
         threading.Thread(target=self._recv_loop, name="edgellm-core-recv", daemon=True).start()
 
@@ -183,13 +184,15 @@ class CoreClient:
                 msg = self._conn.recv()
                 kind = msg[0]
                 if kind == "step":
-                    _, t, stats, outs = msg
+                    _, stats, steps = msg
+                    self.step_messages += 1
                     self._stats = EngineStats(**stats)
-                    for out in outs:
-                        with self._lock:
-                            sink = self._sinks.pop(out[0], None) if out[1] else self._sinks.get(out[0])
-                        if sink is not None:
-                            sink((out, t))
+                    for t, outs in steps:
+                        for out in outs:
+                            with self._lock:
+                                sink = self._sinks.pop(out[0], None) if out[1] else self._sinks.get(out[0])
+                            if sink is not None:
+                                sink((out, t))
                 elif kind == "add_error":
                     with self._lock:
                         sink = self._sinks.pop(msg[1], None)
