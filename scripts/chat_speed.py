@@ -24,6 +24,7 @@ import time
 PROMPT = "Write a long detailed story about a dragon who learns to cook."
 STATUS = re.compile(r"ctx (\d+)/\d+ │ TTFT [^│]+│ ([\d.]+) tok/s │ (\w+)")
 SESSION = "edgellm-chat-speed"
+PASSED_ENV = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "EDGELLM_UI_NICENESS", "EDGELLM_UI_SCHED")
 
 
 def sh(*args: str) -> str:
@@ -72,7 +73,9 @@ def echo_latencies_ms(n: int = 4) -> list[int]:
 
 def chat_round(model: str, width: int, height: int, echo: bool = False) -> dict:
     subprocess.run(["tmux", "kill-session", "-t", SESSION], stderr=subprocess.DEVNULL)
-    cmd = f"{sys.executable} -m edgellm chat {model}"
+    # the settings under test reach the chat explicitly (a running tmux server keeps its own environment)
+    passed = " ".join(f"{k}={os.environ[k]}" for k in PASSED_ENV if k in os.environ)
+    cmd = f"env {passed} {sys.executable} -m edgellm chat {model}"
     subprocess.run(["tmux", "new-session", "-d", "-s", SESSION, "-x", str(width), "-y", str(height), cmd])
     try:
         wait_for(lambda s: "│ ready" in s, 300)

@@ -69,9 +69,13 @@ class ChatApp(ConversationActions, App[None]):
         self.settings, _ = self.settings_store.load()
         self.model_options = model_options if model_options is not None else catalog_options()
         self.save_interval = save_interval  # seconds between saves of a streaming reply
-        # seconds between redraws of a streaming reply: 15 frames a second read as smooth streaming, and
-        # the UI used ~25% less CPU per reply than at 30 (CPU the engine, on the same cores, gets instead)
+        # Redraws of a streaming reply: at most 15 a second, and no more often than keeps the UI's CPU
+        # (drawing a frame of a long reply costs ~20 ms) under draw_cpu_share of one core. The engine's
+        # kernels run on the same cores, and each of their ~270 parallel regions per token that finds a
+        # core busy with the UI waits for it: at 15 frames a second the chat streamed at 0.7-0.8x
+        # `edgellm bench`'s decode speed (scripts/chat_speed.py).
         self.draw_interval = 1 / 15
+        self.draw_cpu_share = 0.1
         self.backend: ChatBackend | None = None
         self.info: BackendInfo | None = None
         self.state = "loading"  # on_mount starts the load; the first frame already says so
@@ -263,7 +267,8 @@ class ChatApp(ConversationActions, App[None]):
         view.start_stream()
         done: StreamDone | None = None
         error: str | None = None
-        last_save = last_draw = time.monotonic()
+        last_save = last_draw = next_draw = time.monotonic()
+        cpu_at_draw = time.process_time()
         undrawn = ""
         try:
             async with aclosing(backend.stream(messages, self.settings)) as events:
@@ -271,13 +276,16 @@ class ChatApp(ConversationActions, App[None]):
                     if isinstance(event, StreamDelta):
                         reply.content += event.text
                         undrawn += event.text
-                        # Drawing is the UI process's main cost per token, and it runs on the same cores as
-                        # the engine: draw at most draw_interval apart (end_stream draws whatever is left).
-                        if time.monotonic() - last_draw >= self.draw_interval:
+                        # drawing is the UI's main cost and takes the engine's cores: see draw_cpu_share
+                        # (end_stream draws whatever is left)
+                        if time.monotonic() >= next_draw:
                             await view.append(undrawn)
                             undrawn = ""
                             self.chat.scroll_end(animate=False)
                             last_draw = time.monotonic()
+                            cpu, cpu_at_draw = time.process_time() - cpu_at_draw, time.process_time()
+                            share = self.draw_cpu_share
+                            next_draw = last_draw + max(self.draw_interval, cpu / share if share else 0)
                         if time.monotonic() - last_save >= self.save_interval:
                             self.save_conversation(conv)  # closing mid-reply must lose nothing
                             last_save = time.monotonic()
