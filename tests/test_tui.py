@@ -390,7 +390,7 @@ def test_real_model_streams_greedy_reply_and_stops(tmp_path: Path, smollm2_path:
 
     app = ChatApp(factory, str(smollm2_path), store=ConversationStore(tmp_path), model_options=[])
     app.settings = GenerationSettings(temperature=0.0, max_tokens=24)
-    app.draw_interval = 0  # every delta drawn as it comes: the pieces below are the stream itself
+    app.draw_interval = app.draw_cpu_share = 0  # every delta drawn as it comes: the pieces are the stream
     pieces: list[str] = []
 
     async def drive() -> None:

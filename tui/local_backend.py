@@ -90,8 +90,6 @@ def yield_cpu_to_engine() -> None:
             continue
         try:
             os.setpriority(os.PRIO_PROCESS, tid, max(os.getpriority(os.PRIO_PROCESS, tid), UI_NICENESS))
-            if os.environ.get("EDGELLM_UI_SCHED") == "idle":
-                os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
         except OSError:
             pass
 
