@@ -16,7 +16,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Label, LoadingIndicator
 
 from tui.actions import ConversationActions
-from tui.backend import ChatBackend, with_system_prompt
+from tui.backend import FRAME_INTERVAL_S, ChatBackend, with_system_prompt
 from tui.context import check_context, drop_oldest
 from tui.messages import BackendError, BackendInfo, ChatMessage, GenerationSettings, StreamDelta, StreamDone
 from tui.screens import ConfirmScreen
@@ -74,7 +74,7 @@ class ChatApp(ConversationActions, App[None]):
         # kernels run on the same cores, and each of their ~270 parallel regions per token that finds a
         # core busy with the UI waits for it: at 15 frames a second the chat streamed at 0.7-0.8x
         # `edgellm bench`'s decode speed (scripts/chat_speed.py).
-        self.draw_interval = 1 / 15
+        self.draw_interval = FRAME_INTERVAL_S
         self.draw_cpu_share = 0.1
         self.backend: ChatBackend | None = None
         self.info: BackendInfo | None = None
@@ -267,7 +267,7 @@ class ChatApp(ConversationActions, App[None]):
         view.start_stream()
         done: StreamDone | None = None
         error: str | None = None
-        last_save = last_draw = next_draw = time.monotonic()
+        last_save = next_draw = time.monotonic()
         cpu_at_draw = time.process_time()
         undrawn = ""
         try:
@@ -282,10 +282,11 @@ class ChatApp(ConversationActions, App[None]):
                             await view.append(undrawn)
                             undrawn = ""
                             self.chat.scroll_end(animate=False)
-                            last_draw = time.monotonic()
-                            cpu, cpu_at_draw = time.process_time() - cpu_at_draw, time.process_time()
+                            cpu_now = time.process_time()
+                            cpu, cpu_at_draw = cpu_now - cpu_at_draw, cpu_now
                             share = self.draw_cpu_share
-                            next_draw = last_draw + max(self.draw_interval, cpu / share if share else 0)
+                            wait = max(self.draw_interval, cpu / share if share else 0)
+                            next_draw = time.monotonic() + wait
                         if time.monotonic() - last_save >= self.save_interval:
                             self.save_conversation(conv)  # closing mid-reply must lose nothing
                             last_save = time.monotonic()

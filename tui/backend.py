@@ -8,6 +8,10 @@ from typing import Protocol, runtime_checkable
 
 from tui.messages import BackendInfo, ChatMessage, GenerationSettings, StreamEvent
 
+# The app draws a streaming reply at most this often (and less often when frames are dear: ChatApp), so a
+# backend may hand it the reply's tokens in batches this far apart.
+FRAME_INTERVAL_S = 1 / 15
+
 
 @runtime_checkable
 class ChatBackend(Protocol):

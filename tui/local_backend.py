@@ -14,6 +14,7 @@ from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
+from tui.backend import FRAME_INTERVAL_S
 from tui.messages import (
     BackendError,
     BackendInfo,
@@ -64,11 +65,6 @@ def _run_in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future:
     return fut
 
 
-# The UI draws a streaming reply at most 15 times a second (ChatApp.draw_interval): the core batches the
-# tokens between frames into one message, so the UI wakes per frame rather than per token, and the time it
-# takes from the engine's cores falls with it. First and last tokens are sent at once.
-STREAM_INTERVAL_S = 1 / 15
-
 UI_NICENESS = int(os.environ.get("EDGELLM_UI_NICENESS", 19))  # see yield_cpu_to_engine
 
 
@@ -114,7 +110,9 @@ class LocalBackend:
         log = Path(tempfile.gettempdir()) / f"edgellm-core-{os.getpid()}.log"
         self._llm_kwargs = dict(llm_kwargs, n_ctx=n_ctx)
         self._llm_kwargs.setdefault("core_log", log)
-        self._llm_kwargs.setdefault("stream_interval", STREAM_INTERVAL_S)
+        # the core batches the tokens between two frames into one message (first and last sent at once):
+        # the UI wakes per frame rather than per token, and takes less from the engine's cores
+        self._llm_kwargs.setdefault("stream_interval", FRAME_INTERVAL_S)
         self.llm: Any = None  # edgellm.LLM: the engine core runs in its own process
 
     async def load(self, progress: Callable[[str], None]) -> BackendInfo:

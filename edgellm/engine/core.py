@@ -228,7 +228,6 @@ class EngineCore:
         eng = self.engine
         interval = self.stream_interval
         pending: list[tuple[float, list]] = []  # (time, outputs) of steps not sent yet
-        streaming: set[str] = set()  # requests that have had an output sent
         last_sent = 0.0
         while True:
             busy = eng.has_unfinished()
@@ -244,24 +243,18 @@ class EngineCore:
                 outs = eng.step()
                 now = time.perf_counter()
                 pending.append((now, [_wire(o) for o in outs]))
-                urgent = False  # a first token (TTFT) or a finish is never held back
-                for o in outs:
-                    if o.finished:
-                        urgent = True
-                        streaming.discard(o.request_id)
-                    elif o.request_id not in streaming:
-                        urgent = True
-                        streaming.add(o.request_id)
-                idle = not eng.has_unfinished()
-                if urgent or idle or now - last_sent >= interval:
+                if any(map(_first_or_last, outs)) or now - last_sent >= interval or not eng.has_unfinished():
                     send(("step", self.stats(), pending))
                     pending, last_sent = [], now
-                if idle:  # aborted requests end without an output: forget them here
-                    streaming.clear()
-            elif changed or pending:  # aborts and adds that left the engine idle: the gauges changed
+            elif changed:  # aborts and adds that left the engine idle: the gauges changed
                 send(("step", self.stats(), pending))
                 pending = []
-                streaming.clear()
+
+
+def _first_or_last(out: RequestOutput) -> bool:
+    """A request's first tokens (its TTFT) or its end: sent at once, never batched by stream_interval. First:
+    every token the request has generated is in this output."""
+    return out.finished or out.metrics.num_generated_tokens == sum(len(d.token_ids) for d in out.deltas)
 
 
 def _wire(out: RequestOutput) -> tuple:
