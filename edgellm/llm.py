@@ -386,7 +386,7 @@ class LLM:
 
 def _embedding(item: Any) -> Any:
     """A core client sink item for an embedding request -> its vector, or the exception as it came."""
-    return item if isinstance(item, BaseException) else item[0][5]
+    return item if isinstance(item, BaseException) else item[-1][0][5]
 
 
 def _as_list(prompts: Any) -> list:

@@ -103,21 +103,27 @@ def test_asyncio_streams_and_executor_calls_get_generate_tokens(llm: LLM, alone)
 def test_stream_interval_batches_the_cores_messages_not_the_tokens(smollm2_path: Path) -> None:
     """With stream_interval the core sends a request's first and last outputs at once and the tokens in
     between in batches: far fewer messages for the front-end to wake for, the same tokens, and each
-    token keeps the time its step ended (the speeds the UI shows stay right)."""
+    token keeps the time its step ended (the speeds the UI shows stay right). The front-end hands its
+    caller one output per message, the batch's tokens and text in one delta."""
     params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
     got = {}
     for interval in (0.0, 1.0):
         with LLM(smollm2_path, n_ctx=256, stream_interval=interval) as llm:
             before, t0 = llm.core.step_messages, time.monotonic()
-            [out] = llm.generate(["Once upon a time"], params)
+            outputs: list = []
+            [out] = llm.generate(["Once upon a time"], params, on_output=outputs.append)
             messages, elapsed = llm.core.step_messages - before, time.monotonic() - t0
             times = out.metrics.token_times
             got[interval] = out.token_ids
             assert len(times) == 48 and all(a < b for a, b in zip(times, times[1:], strict=False))
+            deltas = [d for o in outputs for d in o.deltas]
+            assert [t for d in deltas for t in d.token_ids] == out.token_ids
+            assert "".join(d.text for d in deltas) == out.text
         if interval == 0:
-            assert messages >= 48  # one per step
+            assert messages >= 48 and len(outputs) >= 48  # one per step
         else:  # the first token, the last, and one batch per elapsed second at most
             assert messages <= 3 + elapsed
+            assert len(outputs) <= messages
     assert got[0.0] == got[1.0]
     with pytest.raises(ValueError, match="stream_interval"):
         LLM(smollm2_path, stream_interval=-1)

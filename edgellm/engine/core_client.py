@@ -24,7 +24,7 @@ from edgellm.sampling import SamplingParams
 
 # A sink receives, on the receiver thread, (wire output, step time) tuples for its request, or one
 # exception (the core rejected the request, or died). It must not block.
-Sink = Callable[[Any], None]
+Sink = Callable[[Any], None]  # gets a list of (wire output, step time) in step order, or one exception
 
 
 class EngineDeadError(RuntimeError):
@@ -187,12 +187,17 @@ class CoreClient:
                     _, stats, steps = msg
                     self.step_messages += 1
                     self._stats = EngineStats(**stats)
+                    # a request's outputs from all the steps of one message go to its sink in one call:
+                    # with stream_interval the front-end then wakes its reader once per message, not per token
+                    per_request: dict[str, list] = {}
                     for t, outs in steps:
                         for out in outs:
-                            with self._lock:
-                                sink = self._sinks.pop(out[0], None) if out[1] else self._sinks.get(out[0])
-                            if sink is not None:
-                                sink((out, t))
+                            per_request.setdefault(out[0], []).append((out, t))
+                    for rid, items in per_request.items():
+                        with self._lock:
+                            sink = self._sinks.pop(rid, None) if items[-1][0][1] else self._sinks.get(rid)
+                        if sink is not None:
+                            sink(items)
                 elif kind == "add_error":
                     with self._lock:
                         sink = self._sinks.pop(msg[1], None)

@@ -34,15 +34,34 @@ class RequestStream:
         self.done = False
 
     def __call__(self, item: Any) -> None:
+        """`item`: the core's outputs for this request from one message, [(wire output, step time), ...]
+        in step order (several steps when the core batches by stream_interval), or an exception. Hands on
+        one RequestOutput: a completion's tokens and text from all those steps in one delta."""
         if isinstance(item, BaseException):
             self.done = True
             self.deliver(item)
             return
         if self.done:
             return
-        (rid, core_finished, wire_deltas, cached, preemptions, _), t = item
+        deltas: dict[int, CompletionDelta] = {}
+        core_finished = False
+        for wire, t in item:
+            core_finished = self._step(wire, t, deltas)
         m = self.metrics
-        deltas = []
+        finished = all(ts.finish_reason is not None for ts in self.texts)
+        if finished:
+            self.done = True
+            m.finished_time = item[-1][1]
+            if not core_finished:  # its last completion ended on a stop string: drop this sink
+                self.client.abort(self.rid)
+        if deltas or finished:
+            self.deliver(RequestOutput(self.rid, list(deltas.values()), finished, m))
+
+    def _step(self, wire: tuple, t: float, deltas: dict[int, CompletionDelta]) -> bool:
+        """One step's output: text and metrics, merged into `deltas` by completion index. Returns whether
+        the core finished the request."""
+        rid, core_finished, wire_deltas, cached, preemptions, _ = wire
+        m = self.metrics
         for index, token_ids, reason, logprobs in wire_deltas:
             ts = self.texts[index]
             if ts.finish_reason is not None:
@@ -59,13 +78,14 @@ class RequestStream:
                     self.client.abort(rid, index)
             else:
                 text = ts.finish(reason or "abort")
-            deltas.append(CompletionDelta(index, list(token_ids), text, ts.finish_reason, logprobs))
+            d = deltas.get(index)
+            if d is None:
+                deltas[index] = CompletionDelta(index, list(token_ids), text, ts.finish_reason, logprobs)
+            else:
+                d.token_ids.extend(token_ids)
+                d.text += text
+                d.finish_reason = ts.finish_reason
+                if logprobs is not None:
+                    d.logprobs = (d.logprobs or []) + logprobs
         m.num_preemptions = preemptions
-        finished = all(ts.finish_reason is not None for ts in self.texts)
-        if finished:
-            self.done = True
-            m.finished_time = t
-            if not core_finished:  # its last completion ended on a stop string: drop this sink
-                self.client.abort(rid)
-        if deltas or finished:
-            self.deliver(RequestOutput(rid, deltas, finished, m))
+        return core_finished
