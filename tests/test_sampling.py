@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgellm.nucleus import kept_tokens, scaled_row
+from edgellm.nucleus import MAX_SORTED, kept_tokens, scaled_row
 from edgellm.sampling import PARAM_BOUNDS, Sampler, SamplingParams, top_k_stable
 
 
@@ -78,15 +78,17 @@ def test_top_k_sampling_draws_what_the_full_sort_draws(params: SamplingParams) -
     ],
     ids=["top_p", "top_p_wide", "min_p", "top_p_min_p", "top_p_peaked"],
 )
-def test_top_p_and_min_p_keep_what_the_full_sort_keeps(params: SamplingParams) -> None:
-    """Bucketed selection keeps exactly the full sort's set, ties at the boundary by lower id included."""
+@pytest.mark.parametrize("max_sorted", [0, MAX_SORTED], ids=["buckets", "sorted_candidates"])
+def test_top_p_and_min_p_keep_what_the_full_sort_keeps(params: SamplingParams, max_sorted: int) -> None:
+    """Both selections (sorting the heavy tokens; the buckets, for flat rows) keep exactly the full sort's
+    set, ties at the boundary by lower id included, on peaked and flat rows."""
     rng = np.random.default_rng(7)
     for i in range(200):
-        logits = (rng.standard_normal(5000) * 3).astype(np.float32)
+        logits = (rng.standard_normal(5000) * (3 if i % 4 < 2 else 0.5)).astype(np.float32)
         if i % 2:
             logits = np.round(logits, 1)  # many exact ties, also at the top-p boundary
         z, e = scaled_row(logits, params.temperature)
-        kept = kept_tokens(z, e, params.top_p, params.min_p)
+        kept = kept_tokens(z, e, params.top_p, params.min_p, max_sorted)
         assert set(kept.tolist()) == full_sort_kept(params, logits)
         assert np.all(np.diff(kept) > 0)
 
