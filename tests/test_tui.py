@@ -10,13 +10,22 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
+from textual.widgets.markdown import MarkdownBlock
 
 from tui.app import ChatApp
 from tui.fake_backend import ScriptedBackend
 from tui.messages import BackendError, ChatMessage, GenerationSettings
 from tui.screens import ConfirmScreen, SettingsScreen
 from tui.storage import ConversationStore, SettingsStore
-from tui.widgets import LoadingPanel, MessageView, PromptInput, StatusBar
+from tui.widgets import (
+    ConversationList,
+    ConversationView,
+    LoadingPanel,
+    MessageBody,
+    MessageView,
+    PromptInput,
+    StatusBar,
+)
 
 SIZE = (100, 30)
 MODELS = [("scripted", "scripted"), ("other", "other")]
@@ -54,6 +63,12 @@ async def send(pilot, text: str) -> None:
 
 def saved(tmp_path: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((tmp_path / "conversations").glob("*.json"))]
+
+
+async def click_conversation(pilot, conv_id: str) -> None:
+    """Click a conversation's line in the sidebar (one line per conversation, no border)."""
+    sidebar = pilot.app.query_one(ConversationList)
+    await pilot.click(ConversationList, offset=(2, sidebar.get_option_index(conv_id)))
 
 
 def status_text(app: ChatApp) -> str:
@@ -114,6 +129,36 @@ async def test_escape_stops_the_reply_and_keeps_the_partial_text(tmp_path: Path)
         kept = reply.content
     [data] = saved(tmp_path)
     assert data["messages"][1]["content"] == kept and data["messages"][1]["partial"] is True
+
+
+@pytest.mark.asyncio
+async def test_view_follows_a_long_reply_unless_the_user_scrolls_up(tmp_path: Path) -> None:
+    """A conversation shorter than the view sits at its top; a reply that overflows it is followed to its
+    end as it streams; a user who scrolls up mid-reply stays where they scrolled. The reply's paragraphs
+    keep a blank line between them and none after the last."""
+    paragraphs = "\n\n".join(" ".join(f"p{p}w{i}" for i in range(30)) for p in range(12))
+    app, _ = make_app(tmp_path, reply_for=lambda m: "short" if m[-1].content == "hi" else paragraphs,
+                      delay=0.002)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "hi")
+        chat = app.query_one(ConversationView)
+        await pilot.pause()
+        # at the top (below its one-line margin), not pushed to the bottom of the view
+        assert chat.max_scroll_y == 0 and app.query(MessageView).first().region.y == chat.region.y + 1
+        await send(pilot, "long")
+        await wait_for(pilot, lambda: chat.scroll_y == chat.max_scroll_y)
+        assert chat.max_scroll_y > 0
+        blocks = app.query(MessageView).last().query_one(MessageBody).query(MarkdownBlock)
+        assert [b.styles.margin.bottom for b in blocks] == [1] * (len(blocks) - 1) + [0]
+
+        await pilot.press(*"again", "enter")
+        await wait_for(pilot, lambda: len(app.conversation.messages[-1].content) > 200)
+        await pilot.pause()
+        chat.scroll_home(animate=False)
+        await wait_for(pilot, lambda: not app.replying)
+        await pilot.pause()
+        assert chat.scroll_y == 0 < chat.max_scroll_y
 
 
 def header(view: MessageView) -> str:
@@ -224,7 +269,7 @@ async def test_switch_conversations_then_reopen_after_restart(tmp_path: Path) ->
         assert app.conversation.messages == [] and len(app.query(MessageView)) == 0
         await send(pilot, "about dogs")
         assert app.conversation.id != first_id
-        await pilot.click(f"#conv-{first_id}")
+        await click_conversation(pilot, first_id)
         await wait_for(pilot, lambda: app.conversation.id == first_id)
         assert [m.content for m in app.conversation.messages][0] == "about cats"
         assert "about cats" in str(app.query(MessageView).first().query_one("Markdown")._markdown)
@@ -233,8 +278,8 @@ async def test_switch_conversations_then_reopen_after_restart(tmp_path: Path) ->
     async with app2.run_test(size=SIZE) as pilot:
         await ready(pilot)
         assert app2.conversation.messages == []
-        assert len(app2.query("#conversations ListItem")) == 2
-        await pilot.click(f"#conv-{first_id}")
+        assert app2.query_one(ConversationList).option_count == 2
+        await click_conversation(pilot, first_id)
         await wait_for(pilot, lambda: app2.conversation.id == first_id)
         assert [m.content for m in app2.conversation.messages] == ["about cats", "You said: **about cats**"]
         await send(pilot, "more")  # the reopened conversation goes on, history included
@@ -251,12 +296,12 @@ async def test_rename_and_delete(tmp_path: Path) -> None:
         await pilot.press("ctrl+a", "ctrl+k", *"Cats", "enter")
         await wait_for(pilot, lambda: app.conversation.title == "Cats")
         assert saved(tmp_path)[0]["title"] == "Cats"
-        assert "Cats" in str(app.query_one("#conversations ListItem Label").render())
+        assert app.query_one(ConversationList).titles() == ["Cats"]
         await pilot.press("f8")
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.click("#yes")
         await wait_for(pilot, lambda: app.conversation.messages == [])
-        assert saved(tmp_path) == [] and len(app.query("#conversations ListItem")) == 0
+        assert saved(tmp_path) == [] and app.query_one(ConversationList).option_count == 0
 
 
 @pytest.mark.asyncio
@@ -385,7 +430,7 @@ def test_real_model_streams_greedy_reply_and_stops(tmp_path: Path, smollm2_path:
     backends: list[LocalBackend] = []
 
     def factory(model: str) -> LocalBackend:
-        backends.append(LocalBackend(model))
+        backends.append(LocalBackend(model, stream_interval=0.0))  # a message per engine step
         return backends[-1]
 
     app = ChatApp(factory, str(smollm2_path), store=ConversationStore(tmp_path), model_options=[])

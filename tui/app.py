@@ -281,7 +281,7 @@ class ChatApp(ConversationActions, App[None]):
                         if time.monotonic() >= next_draw:
                             await view.append(undrawn)
                             undrawn = ""
-                            self.chat.scroll_end(animate=False)
+                            self.chat.call_after_refresh(self.chat.follow)
                             cpu_now = time.process_time()
                             cpu, cpu_at_draw = cpu_now - cpu_at_draw, cpu_now
                             share = self.draw_cpu_share
@@ -304,7 +304,7 @@ class ChatApp(ConversationActions, App[None]):
                 if done.prompt_tokens is not None:
                     self.last_usage = done.prompt_tokens + done.completion_tokens
             await view.end_stream()
-            self.chat.scroll_end(animate=False)
+            self.chat.call_after_refresh(self.chat.follow)  # a user who scrolled up to read stays there
             if not reply.content:  # nothing came: no empty bubble
                 conv.messages.remove(reply)
                 await view.remove()
