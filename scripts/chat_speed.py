@@ -24,7 +24,7 @@ import time
 PROMPT = "Write a long detailed story about a dragon who learns to cook."
 STATUS = re.compile(r"ctx (\d+)/\d+ │ TTFT [^│]+│ ([\d.]+) tok/s │ (\w+)")
 SESSION = "edgellm-chat-speed"
-PASSED_ENV = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "EDGELLM_UI_NICENESS")
+PASSED_ENV = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "EDGELLM_UI_NICENESS", "EDGELLM_UI_CPU_SHARE")
 
 
 def sh(*args: str) -> str:

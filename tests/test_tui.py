@@ -495,3 +495,16 @@ async def test_local_backend_missing_model_is_a_readable_error() -> None:
     with pytest.raises(BackendError, match="^Model not found: no model named 'no-such-model'"):
         await LocalBackend("no-such-model").load(lines.append)
     assert lines == ["loading no-such-model..."]
+
+
+def test_ui_settings_from_the_environment_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tui.backend import env_number
+
+    assert env_number("EDGELLM_TEST_SHARE", 0.1, 0.01, 1.0) == 0.1
+    monkeypatch.setenv("EDGELLM_TEST_SHARE", "0.05")
+    assert env_number("EDGELLM_TEST_SHARE", 0.1, 0.01, 1.0) == 0.05
+    for bad in ("abc", "0", "2", "nan"):
+        monkeypatch.setenv("EDGELLM_TEST_SHARE", bad)
+        want = f"EDGELLM_TEST_SHARE must be a number in \\[0.01, 1\\], got '{bad}'"
+        with pytest.raises(SystemExit, match=want):
+            env_number("EDGELLM_TEST_SHARE", 0.1, 0.01, 1.0)

@@ -16,7 +16,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Label, LoadingIndicator
 
 from tui.actions import ConversationActions
-from tui.backend import FRAME_INTERVAL_S, ChatBackend, with_system_prompt
+from tui.backend import FRAME_INTERVAL_S, ChatBackend, env_number, with_system_prompt
 from tui.context import check_context, drop_oldest
 from tui.messages import BackendError, BackendInfo, ChatMessage, GenerationSettings, StreamDelta, StreamDone
 from tui.screens import ConfirmScreen
@@ -35,6 +35,9 @@ def catalog_options() -> list[tuple[str, str]]:
         (f"{name}  {e.size_bytes / 1e6:.0f} MB {e.quant}{'' if local_path(e) else missing}", name)
         for name, e in CATALOG.items()
     ]
+
+
+DRAW_CPU_SHARE = env_number("EDGELLM_UI_CPU_SHARE", 0.1, 0.01, 1.0)  # see ChatApp.draw_cpu_share
 
 
 class ChatApp(ConversationActions, App[None]):
@@ -70,12 +73,12 @@ class ChatApp(ConversationActions, App[None]):
         self.model_options = model_options if model_options is not None else catalog_options()
         self.save_interval = save_interval  # seconds between saves of a streaming reply
         # Redraws of a streaming reply: at most 15 a second, and no more often than keeps the UI's CPU
-        # (drawing a frame of a long reply costs ~20 ms) under draw_cpu_share of one core. The engine's
-        # kernels run on the same cores, and each of their ~270 parallel regions per token that finds a
-        # core busy with the UI waits for it: at 15 frames a second the chat streamed at 0.7-0.8x
-        # `edgellm bench`'s decode speed (scripts/chat_speed.py).
+        # (a frame of a long reply costs ~10-25 ms) under draw_cpu_share of one core. The engine's
+        # kernels run on the same cores, and each of their parallel regions that finds a core busy with
+        # the UI waits for it: at 15 frames a second the chat streamed at 0.7-0.8x `edgellm bench`'s
+        # decode speed (scripts/chat_speed.py).
         self.draw_interval = FRAME_INTERVAL_S
-        self.draw_cpu_share = 0.1
+        self.draw_cpu_share = DRAW_CPU_SHARE
         self.backend: ChatBackend | None = None
         self.info: BackendInfo | None = None
         self.state = "loading"  # on_mount starts the load; the first frame already says so

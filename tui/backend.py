@@ -3,6 +3,7 @@ scripted fake in tests). Only the dataclasses of `tui.messages` cross this bound
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -11,6 +12,21 @@ from tui.messages import BackendInfo, ChatMessage, GenerationSettings, StreamEve
 # The app draws a streaming reply at most this often (and less often when frames are dear: ChatApp), so a
 # backend may hand it the reply's tokens in batches this far apart.
 FRAME_INTERVAL_S = 1 / 15
+
+
+def env_number(name: str, default: float, lo: float, hi: float) -> float:
+    """A numeric setting from the environment, in [lo, hi]; a bad value ends the program with a message
+    naming it (never a traceback, never silently the default)."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not lo <= value <= hi:
+        raise SystemExit(f"{name} must be a number in [{lo:g}, {hi:g}], got {raw!r}")
+    return value
 
 
 @runtime_checkable
