@@ -1,9 +1,11 @@
 """The chat's streaming speed in a real terminal against `edgellm bench` at the same lengths, alternating.
 
 Each round: `python -m edgellm chat MODEL` runs in tmux (WIDTHxHEIGHT), a prompt is typed, and when the
-status bar leaves "generating" its tok/s and context use are read off the screen, with the CPU seconds the
-UI process and the engine-core process used meanwhile; then `edgellm bench` runs batch-1 with the chat's
-prompt and reply lengths. Prints one JSON line per round and the medians with their ratio.
+status bar leaves "generating" its tok/s and context use are read off the screen; the reply is regenerated
+(Ctrl+R, the same lengths) until there are --replies readings, whose median is the round's figure, as
+`edgellm bench` reports the median of its --repeat runs; with the CPU seconds the UI process and the
+engine-core process used per reply. Then `edgellm bench` runs batch-1 with the chat's prompt and reply
+lengths. Prints one JSON line per round and the medians with their ratio.
 `--echo` also types a few keys while the reply streams and times each until the terminal shows it (what a
 user typing the next message meanwhile waits for); that typing costs the UI some CPU of its own.
 
@@ -71,7 +73,15 @@ def echo_latencies_ms(n: int = 4) -> list[int]:
     return out
 
 
-def chat_round(model: str, width: int, height: int, echo: bool = False) -> dict:
+def reply_tok_s() -> tuple[float, int, str]:
+    """Wait for the reply under way to finish: the status bar's (tok/s, context used, state)."""
+    wait_for(lambda s: "generating" in s, 60)
+    s = wait_for(lambda s: "generating" not in s and STATUS.search(s) is not None, 600)
+    ctx, tps, state = STATUS.search(s).groups()
+    return float(tps), int(ctx), state
+
+
+def chat_round(model: str, width: int, height: int, echo: bool = False, replies: int = 3) -> dict:
     subprocess.run(["tmux", "kill-session", "-t", SESSION], stderr=subprocess.DEVNULL)
     # the settings under test reach the chat explicitly (a running tmux server keeps its own environment)
     passed = " ".join(f"{k}={os.environ[k]}" for k in PASSED_ENV if k in os.environ)
@@ -85,14 +95,19 @@ def chat_round(model: str, width: int, height: int, echo: bool = False) -> dict:
         subprocess.run(["tmux", "send-keys", "-t", SESSION, PROMPT, "Enter"])
         wait_for(lambda s: "generating" in s, 60)
         echo_ms = echo_latencies_ms() if echo else None
-        s = wait_for(lambda s: "generating" not in s and STATUS.search(s) is not None, 600)
-        ctx, tps, state = STATUS.search(s).groups()
+        speeds = []
+        for i in range(replies):  # the first reply, then regenerations of it (Ctrl+R: the same lengths)
+            if i:
+                subprocess.run(["tmux", "send-keys", "-t", SESSION, "C-r"])
+            tps, ctx, state = reply_tok_s()
+            speeds.append(tps)
         return {
-            "chat_tok_s": float(tps),
-            "ctx_used": int(ctx),
+            "chat_tok_s": statistics.median(speeds),
+            "reply_tok_s": speeds,
+            "ctx_used": ctx,
             "state": state,
-            "ui_cpu_s": round(cpu_seconds(ui) - before[ui], 2),
-            "core_cpu_s": round(cpu_seconds(core) - before[core], 2),
+            "ui_cpu_s_per_reply": round((cpu_seconds(ui) - before[ui]) / replies, 2),
+            "core_cpu_s_per_reply": round((cpu_seconds(core) - before[core]) / replies, 2),
             **({"echo_ms": echo_ms} if echo else {}),
         }
     finally:
@@ -126,18 +141,25 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=160)
     ap.add_argument("--height", type=int, default=45)
     ap.add_argument("--echo", action="store_true", help="time key echo while the reply streams")
+    ap.add_argument("--replies", type=int, default=3, help="replies per chat (median), as bench's --repeat")
     args = ap.parse_args()
     n_prompt = prompt_tokens(args.model)
     chats, benches = [], []
     for r in range(args.rounds):
-        c = chat_round(args.model, args.width, args.height, args.echo)
+        c = chat_round(args.model, args.width, args.height, args.echo, args.replies)
         n_gen = max(1, c["ctx_used"] - n_prompt)
         b = bench_round(args.model, n_prompt, n_gen)
         chats.append(c["chat_tok_s"])
         benches.append(b)
         print(json.dumps({"round": r, **c, "prompt_tokens": n_prompt, "gen_tokens": n_gen, "bench_tok_s": b}))
     chat, bench = statistics.median(chats), statistics.median(benches)
-    summary = {"chat_tok_s_median": chat, "bench_tok_s_median": bench, "ratio": round(chat / bench, 3)}
+    per_round = statistics.median(c / b for c, b in zip(chats, benches, strict=True))
+    summary = {
+        "chat_tok_s_median": chat,
+        "bench_tok_s_median": bench,
+        "ratio": round(chat / bench, 3),
+        "per_round_ratio_median": round(per_round, 3),
+    }
     print(json.dumps(summary))
 
 
