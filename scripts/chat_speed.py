@@ -5,9 +5,12 @@ status bar leaves "generating" its tok/s and context use are read off the screen
 (Ctrl+R, the same lengths) until there are --replies readings, whose median is the round's figure, as
 `edgellm bench` reports the median of its --repeat runs; with the CPU seconds the UI process and the
 engine-core process used per reply. Then `edgellm bench` runs batch-1 with the chat's prompt and reply
-lengths. Prints one JSON line per round and the medians with their ratio.
+lengths. Prints one JSON line per round and the medians with their ratio. The chat runs on a throwaway
+data directory: default settings, and nothing added to your saved conversations.
 `--echo` also types a few keys while the reply streams and times each until the terminal shows it (what a
 user typing the next message meanwhile waits for); that typing costs the UI some CPU of its own.
+`--stop-ui` also runs each round's chat with the UI process stopped (SIGSTOP) while each reply decodes:
+the engine's speed in the chat with no drawing, so the drawing's cost and the rest can be told apart.
 
     python scripts/chat_speed.py smollm2-135m --rounds 3 [--echo]
 """
@@ -18,14 +21,17 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 PROMPT = "Write a long detailed story about a dragon who learns to cook."
 STATUS = re.compile(r"ctx (\d+)/\d+ │ TTFT [^│]+│ ([\d.]+) tok/s │ (\w+)")
 SESSION = "edgellm-chat-speed"
+DATA_DIR = tempfile.mkdtemp(prefix="edgellm-chat-speed-")
 PASSED_ENV = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "EDGELLM_UI_NICENESS", "EDGELLM_UI_CPU_SHARE")
 
 
@@ -73,18 +79,41 @@ def echo_latencies_ms(n: int = 4) -> list[int]:
     return out
 
 
-def reply_tok_s() -> tuple[float, int, str]:
+def reply_tok_s(started: bool = False) -> tuple[float, int, str]:
     """Wait for the reply under way to finish: the status bar's (tok/s, context used, state)."""
-    wait_for(lambda s: "generating" in s, 60)
+    if not started:
+        wait_for(lambda s: "generating" in s, 60)
     s = wait_for(lambda s: "generating" not in s and STATUS.search(s) is not None, 600)
     ctx, tps, state = STATUS.search(s).groups()
     return float(tps), int(ctx), state
 
 
-def chat_round(model: str, width: int, height: int, echo: bool = False, replies: int = 3) -> dict:
+def hold_ui_until_core_idle(ui: int, core: int) -> None:
+    """Stop the UI process (SIGSTOP) while the engine core decodes the reply, resume it once the core's
+    CPU time stops growing: the reply's speed without any drawing (its tokens keep the core's times)."""
+    start = cpu_seconds(core)
+    end = time.monotonic() + 30
+    while cpu_seconds(core) - start < 0.05 and time.monotonic() < end:  # the request reached the core
+        time.sleep(0.005)
+    os.kill(ui, signal.SIGSTOP)
+    try:
+        last, still = cpu_seconds(core), 0
+        while still < 3:
+            time.sleep(0.2)
+            now = cpu_seconds(core)
+            still = still + 1 if now - last < 0.02 else 0
+            last = now
+    finally:
+        os.kill(ui, signal.SIGCONT)
+
+
+def chat_round(
+    model: str, width: int, height: int, echo: bool = False, replies: int = 3, stop_ui: bool = False
+) -> dict:
     subprocess.run(["tmux", "kill-session", "-t", SESSION], stderr=subprocess.DEVNULL)
     # the settings under test reach the chat explicitly (a running tmux server keeps its own environment)
     passed = " ".join(f"{k}={os.environ[k]}" for k in PASSED_ENV if k in os.environ)
+    passed += f" EDGELLM_DATA_DIR={DATA_DIR}"  # default settings; the user's conversations untouched
     cmd = f"env {passed} {sys.executable} -m edgellm chat {model}"
     subprocess.run(["tmux", "new-session", "-d", "-s", SESSION, "-x", str(width), "-y", str(height), cmd])
     try:
@@ -99,10 +128,13 @@ def chat_round(model: str, width: int, height: int, echo: bool = False, replies:
         for i in range(replies):  # the first reply, then regenerations of it (Ctrl+R: the same lengths)
             if i:
                 subprocess.run(["tmux", "send-keys", "-t", SESSION, "C-r"])
-            tps, ctx, state = reply_tok_s()
+            if stop_ui:
+                wait_for(lambda s: "generating" in s, 60)
+                hold_ui_until_core_idle(ui, core)
+            tps, ctx, state = reply_tok_s(started=stop_ui)
             speeds.append(tps)
         return {
-            "chat_tok_s": statistics.median(speeds),
+            "chat_tok_s": round(statistics.median(speeds), 1),
             "reply_tok_s": speeds,
             "ctx_used": ctx,
             "state": state,
@@ -142,11 +174,17 @@ def main() -> None:
     ap.add_argument("--height", type=int, default=45)
     ap.add_argument("--echo", action="store_true", help="time key echo while the reply streams")
     ap.add_argument("--replies", type=int, default=3, help="replies per chat (median), as bench's --repeat")
+    ap.add_argument("--stop-ui", action="store_true", help="also time each round's chat with its UI stopped")
     args = ap.parse_args()
     n_prompt = prompt_tokens(args.model)
-    chats, benches = [], []
+    chats, benches, stopped = [], [], []
     for r in range(args.rounds):
         c = chat_round(args.model, args.width, args.height, args.echo, args.replies)
+        if args.stop_ui:
+            c["ui_stopped_tok_s"] = chat_round(
+                args.model, args.width, args.height, False, args.replies, True
+            )["chat_tok_s"]
+            stopped.append(c["ui_stopped_tok_s"])
         n_gen = max(1, c["ctx_used"] - n_prompt)
         b = bench_round(args.model, n_prompt, n_gen)
         chats.append(c["chat_tok_s"])
@@ -160,6 +198,10 @@ def main() -> None:
         "ratio": round(chat / bench, 3),
         "per_round_ratio_median": round(per_round, 3),
     }
+    if stopped:  # the engine's speed in the chat without the UI drawing: what the drawing costs
+        summary["ui_stopped_ratio"] = round(
+            statistics.median(s / b for s, b in zip(stopped, benches, strict=True)), 3
+        )
     print(json.dumps(summary))
 
 
