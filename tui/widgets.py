@@ -79,7 +79,7 @@ class MessageView(Vertical, can_focus=True):
 
     async def append(self, text: str) -> None:
         """Add a piece of the streaming reply: Markdown re-parses from its last block only."""
-        await self.query_one(Markdown).append(text)
+        await self.query_one(MessageBody).append(text)
 
     async def end_stream(self) -> None:
         body = self.query_one(MessageBody)
@@ -101,15 +101,18 @@ class ConversationView(VerticalScroll):
         self.anchor(False)
         await self.remove_children()
         await self.mount_all([MessageView(m) for m in conv.messages])
-        self.scroll_end(animate=False)
-        self.call_after_refresh(self.follow)
+        self._to_end()
 
     async def add(self, message: StoredMessage, streaming: bool = False) -> MessageView:
         view = MessageView(message, streaming)
         await self.mount(view)
+        self._to_end()
+        return view
+
+    def _to_end(self) -> None:
+        """Scroll to what was just mounted, and follow from there once the view overflows."""
         self.scroll_end(animate=False)
         self.call_after_refresh(self.follow)
-        return view
 
     def follow(self) -> None:
         """Keep the end in view as messages come and a reply grows, once the messages overflow the view:
@@ -124,8 +127,7 @@ class ConversationView(VerticalScroll):
 
     async def add_notice(self, text: str, kind: str = "error") -> None:
         await self.mount(Static(text, classes=f"notice {kind}", markup=False))
-        self.scroll_end(animate=False)
-        self.call_after_refresh(self.follow)
+        self._to_end()
 
 
 class PromptInput(TextArea):

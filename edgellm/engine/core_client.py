@@ -22,9 +22,10 @@ from edgellm.engine.core import CoreSpec, run_core_process
 from edgellm.engine.llm_engine import EngineStats
 from edgellm.sampling import SamplingParams
 
-# A sink receives, on the receiver thread, (wire output, step time) tuples for its request, or one
-# exception (the core rejected the request, or died). It must not block.
-Sink = Callable[[Any], None]  # gets a list of (wire output, step time) in step order, or one exception
+# A sink receives, on the receiver thread, its request's outputs from one core message as a list of
+# (wire output, step time) in step order, or one exception (the core rejected the request, or died). It
+# must not block.
+Sink = Callable[[Any], None]
 
 
 class EngineDeadError(RuntimeError):
