@@ -18,9 +18,11 @@ the engine's speed in the chat with no drawing, so the drawing's cost and the re
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -32,6 +34,7 @@ PROMPT = "Write a long detailed story about a dragon who learns to cook."
 STATUS = re.compile(r"ctx (\d+)/\d+ │ TTFT [^│]+│ ([\d.]+) tok/s │ (\w+)")
 SESSION = "edgellm-chat-speed"
 DATA_DIR = tempfile.mkdtemp(prefix="edgellm-chat-speed-")
+atexit.register(shutil.rmtree, DATA_DIR, ignore_errors=True)
 PASSED_ENV = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "EDGELLM_UI_NICENESS", "EDGELLM_UI_CPU_SHARE")
 
 
@@ -79,10 +82,8 @@ def echo_latencies_ms(n: int = 4) -> list[int]:
     return out
 
 
-def reply_tok_s(started: bool = False) -> tuple[float, int, str]:
+def reply_tok_s() -> tuple[float, int, str]:
     """Wait for the reply under way to finish: the status bar's (tok/s, context used, state)."""
-    if not started:
-        wait_for(lambda s: "generating" in s, 60)
     s = wait_for(lambda s: "generating" not in s and STATUS.search(s) is not None, 600)
     ctx, tps, state = STATUS.search(s).groups()
     return float(tps), int(ctx), state
@@ -128,10 +129,10 @@ def chat_round(
         for i in range(replies):  # the first reply, then regenerations of it (Ctrl+R: the same lengths)
             if i:
                 subprocess.run(["tmux", "send-keys", "-t", SESSION, "C-r"])
-            if stop_ui:
                 wait_for(lambda s: "generating" in s, 60)
+            if stop_ui:
                 hold_ui_until_core_idle(ui, core)
-            tps, ctx, state = reply_tok_s(started=stop_ui)
+            tps, ctx, state = reply_tok_s()
             speeds.append(tps)
         return {
             "chat_tok_s": round(statistics.median(speeds), 1),
