@@ -35,10 +35,18 @@ def physical_cores() -> int:
 
 def set_threads(threads: int | None = None) -> int:
     """--threads, else EDGELLM_THREADS, else the physical cores (capped by what Numba was started with)."""
-    n = threads or int(os.environ.get("EDGELLM_THREADS", "0") or 0) or physical_cores()
+    n = threads or _env_threads() or physical_cores()
     n = max(1, min(n, numba.config.NUMBA_NUM_THREADS))
     numba.set_num_threads(n)
     return n
+
+
+def _env_threads() -> int:
+    raw = os.environ.get("EDGELLM_THREADS", "") or "0"
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"EDGELLM_THREADS must be a whole number of threads, got {raw!r}") from None
 
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
