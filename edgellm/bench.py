@@ -46,18 +46,21 @@ def _pct(xs: list[float], q: float) -> float:
     return float(np.percentile(xs, q)) if xs else float("nan")
 
 
-def batch1(llm, n_prompt: int, n_gen: int, repeat: int) -> dict:
-    prefill, decode = [], []
+def batch1_run(llm, n_prompt: int, n_gen: int, salt: int = 1) -> tuple[float, float]:
+    """One batch-1 request, greedy: (prefill tok/s, decode tok/s after the first token)."""
     params = SamplingParams(temperature=0.0, max_tokens=n_gen, ignore_eos=True)
-    for r in range(repeat + 1):  # run 0 is a warm-up
-        [res] = llm.generate([synthetic_prompt(n_prompt, salt=r + 1)], params)
-        m = res.metrics
-        if r == 0:
-            continue
-        prefill.append(n_prompt / m.ttft)
-        if len(m.token_times) > 1:
-            decode.append((len(m.token_times) - 1) / (m.token_times[-1] - m.token_times[0]))
-    return {"prefill_tok_s": statistics.median(prefill), "decode_tok_s": statistics.median(decode)}
+    [res] = llm.generate([synthetic_prompt(n_prompt, salt=salt)], params)
+    m = res.metrics
+    t = m.token_times
+    return n_prompt / m.ttft, (len(t) - 1) / (t[-1] - t[0]) if len(t) > 1 else float("nan")
+
+
+def batch1(llm, n_prompt: int, n_gen: int, repeat: int) -> dict:
+    runs = [batch1_run(llm, n_prompt, n_gen, salt=r + 1) for r in range(repeat + 1)][1:]  # run 0: warm-up
+    return {
+        "prefill_tok_s": statistics.median(r[0] for r in runs),
+        "decode_tok_s": statistics.median(r[1] for r in runs if r[1] == r[1]),
+    }
 
 
 def concurrent(llm, args: argparse.Namespace) -> dict:

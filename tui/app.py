@@ -15,6 +15,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Label, LoadingIndicator
 
+from edgellm.cpu_topology import physical_cores
 from tui.actions import ConversationActions
 from tui.backend import FRAME_INTERVAL_S, ChatBackend, env_number, with_system_prompt
 from tui.context import check_context, drop_oldest
@@ -37,7 +38,13 @@ def catalog_options() -> list[tuple[str, str]]:
     ]
 
 
-DRAW_CPU_SHARE = env_number("EDGELLM_UI_CPU_SHARE", 0.1, 0.01, 1.0)  # see ChatApp.draw_cpu_share
+# The engine's kernels run on every core, so drawing a frame costs the engine about (the UI's CPU) /
+# (cores) of its speed: the default budget keeps that near DRAWING_COST_TO_ENGINE. On 2 cores it is 7% of
+# one core (a long reply redraws every ~0.4 s); from 8 cores the 15 frames a second cap comes first.
+DRAWING_COST_TO_ENGINE = 0.035
+DRAW_CPU_SHARE = env_number(
+    "EDGELLM_UI_CPU_SHARE", min(1.0, DRAWING_COST_TO_ENGINE * physical_cores()), 0.01, 1.0
+)  # see ChatApp.draw_cpu_share
 
 
 class ChatApp(ConversationActions, App[None]):
@@ -73,10 +80,10 @@ class ChatApp(ConversationActions, App[None]):
         self.model_options = model_options if model_options is not None else catalog_options()
         self.save_interval = save_interval  # seconds between saves of a streaming reply
         # Redraws of a streaming reply: at most 15 a second, and no more often than keeps the UI's CPU
-        # (a frame of a long reply costs ~10-25 ms) under draw_cpu_share of one core. The engine's
+        # (a frame of a long reply costs ~10-30 ms) under draw_cpu_share of one core. The engine's
         # kernels run on the same cores, and each of their parallel regions that finds a core busy with
         # the UI waits for it: at 15 frames a second the chat streamed at 0.7-0.8x `edgellm bench`'s
-        # decode speed (scripts/chat_speed.py).
+        # decode speed on 2 cores (scripts/chat_speed.py); see DRAW_CPU_SHARE.
         self.draw_interval = FRAME_INTERVAL_S
         self.draw_cpu_share = DRAW_CPU_SHARE
         self.backend: ChatBackend | None = None
