@@ -1,18 +1,18 @@
-"""The chat's streaming speed in a real terminal against `edgellm bench` at the same lengths, alternating.
+"""The chat's streaming speed in a real terminal against `edgellm bench`'s batch-1 decode, reply by reply.
 
 Each round: `python -m edgellm chat MODEL` runs in tmux (WIDTHxHEIGHT), a prompt is typed, and when the
-status bar leaves "generating" its tok/s and context use are read off the screen; the reply is regenerated
-(Ctrl+R, the same lengths) until there are --replies readings, whose median is the round's figure, as
-`edgellm bench` reports the median of its --repeat runs; with the CPU seconds the UI process and the
-engine-core process used per reply. Then `edgellm bench` runs batch-1 with the chat's prompt and reply
-lengths. Prints one JSON line per round and the medians with their ratio. The chat runs on a throwaway
-data directory: default settings, and nothing added to your saved conversations.
-`--echo` also types a few keys while the reply streams and times each until the terminal shows it (what a
-user typing the next message meanwhile waits for); that typing costs the UI some CPU of its own.
-`--stop-ui` also runs each round's chat with the UI process stopped (SIGSTOP) while each reply decodes:
-the engine's speed in the chat with no drawing, so the drawing's cost and the rest can be told apart.
+status bar leaves "generating" its tok/s and context use are read off the screen; right after each reply,
+one batch-1 greedy decode of the same prompt and reply lengths runs as `edgellm bench` runs it (its own
+`LLM` in this process, so its own engine core: `edgellm.bench.batch1_run`), then the reply is regenerated
+(Ctrl+R, the same lengths) until there are --replies pairs. A pair's two runs are seconds apart, so the
+machine's speed drifting over minutes (it does, by 10-20% on a shared VM) cancels in each pair's ratio;
+the figure to quote is the median of the pairs' ratios. Prints one JSON line per round (its pairs, the
+CPU seconds the UI and its engine core used per reply) and a summary. The chat runs on a throwaway data
+directory: default settings, and nothing added to your saved conversations.
+`--echo` also types a few keys while the first reply streams and times each until the terminal shows it
+(what a user typing the next message meanwhile waits for); that typing costs the UI some CPU of its own.
 
-    python scripts/chat_speed.py smollm2-135m --rounds 3 [--echo]
+    python scripts/chat_speed.py smollm2-135m --rounds 3 [--replies 5] [--echo]
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -89,28 +88,10 @@ def reply_tok_s() -> tuple[float, int, str]:
     return float(tps), int(ctx), state
 
 
-def hold_ui_until_core_idle(ui: int, core: int) -> None:
-    """Stop the UI process (SIGSTOP) while the engine core decodes the reply, resume it once the core's
-    CPU time stops growing: the reply's speed without any drawing (its tokens keep the core's times)."""
-    start = cpu_seconds(core)
-    end = time.monotonic() + 30
-    while cpu_seconds(core) - start < 0.05 and time.monotonic() < end:  # the request reached the core
-        time.sleep(0.005)
-    os.kill(ui, signal.SIGSTOP)
-    try:
-        last, still = cpu_seconds(core), 0
-        while still < 3:
-            time.sleep(0.2)
-            now = cpu_seconds(core)
-            still = still + 1 if now - last < 0.02 else 0
-            last = now
-    finally:
-        os.kill(ui, signal.SIGCONT)
+def chat_round(model: str, llm, n_prompt: int, width: int, height: int, echo: bool, replies: int) -> dict:
+    """One chat session: its replies, each paired with a batch-1 bench decode of the same lengths."""
+    from edgellm.bench import batch1_run
 
-
-def chat_round(
-    model: str, width: int, height: int, echo: bool = False, replies: int = 3, stop_ui: bool = False
-) -> dict:
     subprocess.run(["tmux", "kill-session", "-t", SESSION], stderr=subprocess.DEVNULL)
     # the settings under test reach the chat explicitly (a running tmux server keeps its own environment)
     passed = " ".join(f"{k}={os.environ[k]}" for k in PASSED_ENV if k in os.environ)
@@ -121,26 +102,30 @@ def chat_round(
         wait_for(lambda s: "│ ready" in s, 300)
         ui = int(sh("tmux", "display", "-p", "-t", SESSION, "#{pane_pid}").strip())
         core = engine_core_pid(ui)
-        before = {ui: cpu_seconds(ui), core: cpu_seconds(core)}
-        subprocess.run(["tmux", "send-keys", "-t", SESSION, PROMPT, "Enter"])
-        wait_for(lambda s: "generating" in s, 60)
-        echo_ms = echo_latencies_ms() if echo else None
-        speeds = []
+        chat, bench, ui_cpu, core_cpu = [], [], 0.0, 0.0
+        echo_ms = None
         for i in range(replies):  # the first reply, then regenerations of it (Ctrl+R: the same lengths)
+            before = cpu_seconds(ui), cpu_seconds(core)
             if i:
                 subprocess.run(["tmux", "send-keys", "-t", SESSION, "C-r"])
-                wait_for(lambda s: "generating" in s, 60)
-            if stop_ui:
-                hold_ui_until_core_idle(ui, core)
+            else:
+                subprocess.run(["tmux", "send-keys", "-t", SESSION, PROMPT, "Enter"])
+            wait_for(lambda s: "generating" in s, 60)
+            if echo and not i:
+                echo_ms = echo_latencies_ms()
             tps, ctx, state = reply_tok_s()
-            speeds.append(tps)
+            ui_cpu += cpu_seconds(ui) - before[0]
+            core_cpu += cpu_seconds(core) - before[1]
+            chat.append(tps)
+            bench.append(round(batch1_run(llm, n_prompt, max(2, ctx - n_prompt), salt=i + 1)[1], 1))
         return {
-            "chat_tok_s": round(statistics.median(speeds), 1),
-            "reply_tok_s": speeds,
+            "chat_tok_s": chat,
+            "bench_tok_s": bench,
+            "ratios": [round(c / b, 3) for c, b in zip(chat, bench, strict=True)],
             "ctx_used": ctx,
             "state": state,
-            "ui_cpu_s_per_reply": round((cpu_seconds(ui) - before[ui]) / replies, 2),
-            "core_cpu_s_per_reply": round((cpu_seconds(core) - before[core]) / replies, 2),
+            "ui_cpu_s_per_reply": round(ui_cpu / replies, 2),
+            "core_cpu_s_per_reply": round(core_cpu / replies, 2),
             **({"echo_ms": echo_ms} if echo else {}),
         }
     finally:
@@ -149,61 +134,47 @@ def chat_round(
         subprocess.run(["tmux", "kill-session", "-t", SESSION], stderr=subprocess.DEVNULL)
 
 
-def prompt_tokens(model: str) -> int:
+def prompt_tokens(llm) -> int:
     """Tokens of the chat's prompt for PROMPT (its template, as the TUI renders it)."""
-    from edgellm import LLM
     from tui.messages import ChatMessage
     from tui.prompt import render_prompt_ids
 
-    with LLM(model) as llm:
-        return len(render_prompt_ids(llm, [ChatMessage("user", PROMPT)]))
-
-
-def bench_round(model: str, n_prompt: int, n_gen: int) -> float:
-    out = sh(
-        sys.executable, "-m", "edgellm", "bench", model, "--prompt-tokens", str(n_prompt),
-        "--gen-tokens", str(n_gen), "--json",
-    )  # fmt: skip
-    return float(json.loads(out.strip().splitlines()[-1])["decode_tok_s"])
+    return len(render_prompt_ids(llm, [ChatMessage("user", PROMPT)]))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", nargs="?", default="smollm2-135m")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--replies", type=int, default=5, help="replies per chat, each paired with a bench run")
     ap.add_argument("--width", type=int, default=160)
     ap.add_argument("--height", type=int, default=45)
-    ap.add_argument("--echo", action="store_true", help="time key echo while the reply streams")
-    ap.add_argument("--replies", type=int, default=3, help="replies per chat (median), as bench's --repeat")
-    ap.add_argument("--stop-ui", action="store_true", help="also time each round's chat with its UI stopped")
+    ap.add_argument("--echo", action="store_true", help="time key echo while the first reply streams")
     args = ap.parse_args()
-    n_prompt = prompt_tokens(args.model)
-    chats, benches, stopped = [], [], []
-    for r in range(args.rounds):
-        c = chat_round(args.model, args.width, args.height, args.echo, args.replies)
-        if args.stop_ui:
-            c["ui_stopped_tok_s"] = chat_round(
-                args.model, args.width, args.height, False, args.replies, True
-            )["chat_tok_s"]
-            stopped.append(c["ui_stopped_tok_s"])
-        n_gen = max(1, c["ctx_used"] - n_prompt)
-        b = bench_round(args.model, n_prompt, n_gen)
-        chats.append(c["chat_tok_s"])
-        benches.append(b)
-        print(json.dumps({"round": r, **c, "prompt_tokens": n_prompt, "gen_tokens": n_gen, "bench_tok_s": b}))
-    chat, bench = statistics.median(chats), statistics.median(benches)
-    per_round = statistics.median(c / b for c, b in zip(chats, benches, strict=True))
-    summary = {
-        "chat_tok_s_median": chat,
-        "bench_tok_s_median": bench,
-        "ratio": round(chat / bench, 3),
-        "per_round_ratio_median": round(per_round, 3),
-    }
-    if stopped:  # the engine's speed in the chat without the UI drawing: what the drawing costs
-        summary["ui_stopped_ratio"] = round(
-            statistics.median(s / b for s, b in zip(stopped, benches, strict=True)), 3
+    from edgellm import LLM
+    from edgellm.bench import batch1_run
+
+    with LLM(args.model) as llm:
+        n_prompt = prompt_tokens(llm)
+        batch1_run(llm, n_prompt, 16)  # warm-up, as `edgellm bench` runs one
+        chats, benches, ratios = [], [], []
+        for r in range(args.rounds):
+            c = chat_round(args.model, llm, n_prompt, args.width, args.height, args.echo, args.replies)
+            chats += c["chat_tok_s"]
+            benches += c["bench_tok_s"]
+            ratios += c["ratios"]
+            print(json.dumps({"round": r, "prompt_tokens": n_prompt, **c}), flush=True)
+    print(
+        json.dumps(
+            {
+                "pairs": len(ratios),
+                "ratio_median": round(statistics.median(ratios), 3),
+                "ratio_quartiles": [round(q, 3) for q in statistics.quantiles(ratios, n=4)],
+                "chat_tok_s_median": statistics.median(chats),
+                "bench_tok_s_median": statistics.median(benches),
+            }
         )
-    print(json.dumps(summary))
+    )
 
 
 if __name__ == "__main__":
