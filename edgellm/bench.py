@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import resource
 import statistics
 import time
@@ -59,7 +60,7 @@ def batch1(llm, n_prompt: int, n_gen: int, repeat: int) -> dict:
     runs = [batch1_run(llm, n_prompt, n_gen, salt=r + 1) for r in range(repeat + 1)][1:]  # run 0: warm-up
     return {
         "prefill_tok_s": statistics.median(r[0] for r in runs),
-        "decode_tok_s": statistics.median(r[1] for r in runs if r[1] == r[1]),
+        "decode_tok_s": statistics.median(r[1] for r in runs if not math.isnan(r[1])),
     }
 
 

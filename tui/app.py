@@ -40,7 +40,7 @@ def catalog_options() -> list[tuple[str, str]]:
 
 # The engine's kernels run on every core, so drawing a frame costs the engine about (the UI's CPU) /
 # (cores) of its speed: the default budget keeps that near DRAWING_COST_TO_ENGINE. On 2 cores it is 7% of
-# one core (a long reply redraws every ~0.4 s); from 8 cores the 15 frames a second cap comes first.
+# one core (a long reply redraws every ~0.4 s here), on 8 cores 28%.
 DRAWING_COST_TO_ENGINE = 0.035
 DRAW_CPU_SHARE = env_number(
     "EDGELLM_UI_CPU_SHARE", min(1.0, DRAWING_COST_TO_ENGINE * physical_cores()), 0.01, 1.0
