@@ -31,6 +31,7 @@ import time
 
 PROMPT = "Write a long detailed story about a dragon who learns to cook."
 STATUS = re.compile(r"ctx (\d+)/\d+ │ TTFT [^│]+│ ([\d.]+) tok/s │ (\w+)")
+LENGTH_LIMIT = re.compile(r"length limit \((\d+) tokens\)")  # the notice under a reply cut at max tokens
 SESSION = "edgellm-chat-speed"
 DATA_DIR = tempfile.mkdtemp(prefix="edgellm-chat-speed-")
 atexit.register(shutil.rmtree, DATA_DIR, ignore_errors=True)
@@ -81,11 +82,14 @@ def echo_latencies_ms(n: int = 4) -> list[int]:
     return out
 
 
-def reply_tok_s() -> tuple[float, int, str]:
-    """Wait for the reply under way to finish: the status bar's (tok/s, context used, state)."""
+def reply_tok_s(n_prompt: int) -> tuple[float, int, int, str]:
+    """Wait for the reply under way to finish: (tok/s, context used, reply tokens, state) off the screen.
+    The reply's tokens: the length-limit notice's count when it was cut there, else the context used less
+    the prompt (which also counts the end-of-turn tokens the template adds after the reply)."""
     s = wait_for(lambda s: "generating" not in s and STATUS.search(s) is not None, 600)
     ctx, tps, state = STATUS.search(s).groups()
-    return float(tps), int(ctx), state
+    cut = LENGTH_LIMIT.findall(s)
+    return float(tps), int(ctx), int(cut[-1]) if cut else int(ctx) - n_prompt, state
 
 
 def chat_round(model: str, llm, n_prompt: int, width: int, height: int, echo: bool, replies: int) -> dict:
@@ -113,16 +117,17 @@ def chat_round(model: str, llm, n_prompt: int, width: int, height: int, echo: bo
             wait_for(lambda s: "generating" in s, 60)
             if echo and not i:
                 echo_ms = echo_latencies_ms()
-            tps, ctx, state = reply_tok_s()
+            tps, ctx, n_gen, state = reply_tok_s(n_prompt)
             ui_cpu += cpu_seconds(ui) - before[0]
             core_cpu += cpu_seconds(core) - before[1]
             chat.append(tps)
-            bench.append(round(batch1_run(llm, n_prompt, max(2, ctx - n_prompt), salt=i + 1)[1], 1))
+            bench.append(round(batch1_run(llm, n_prompt, max(2, n_gen), salt=i + 1)[1], 1))
         return {
             "chat_tok_s": chat,
             "bench_tok_s": bench,
             "ratios": [round(c / b, 3) for c, b in zip(chat, bench, strict=True)],
             "ctx_used": ctx,
+            "reply_tokens": n_gen,
             "state": state,
             "ui_cpu_s_per_reply": round(ui_cpu / replies, 2),
             "core_cpu_s_per_reply": round(core_cpu / replies, 2),
