@@ -8,7 +8,15 @@ from pathlib import Path
 
 
 def physical_cores() -> int:
-    """Physical cores (SMT siblings share one FMA/load pipeline, so llama.cpp's default is the same)."""
+    """Physical cores this process may run on: SMT siblings share one FMA/load pipeline (llama.cpp's
+    default is the same), and a CPU affinity mask (taskset, a container's cpuset) caps the count."""
+    n = _physical_cores_of_machine()
+    if hasattr(os, "sched_getaffinity"):
+        n = min(n, len(os.sched_getaffinity(0)))
+    return max(1, n)
+
+
+def _physical_cores_of_machine() -> int:
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
