@@ -508,3 +508,9 @@ def test_ui_settings_from_the_environment_are_checked(monkeypatch: pytest.Monkey
         want = f"EDGELLM_TEST_SHARE must be a number in \\[0.01, 1\\], got '{bad}'"
         with pytest.raises(SystemExit, match=want):
             env_number("EDGELLM_TEST_SHARE", 0.1, 0.01, 1.0)
+    monkeypatch.setenv("EDGELLM_TEST_NICENESS", "5")
+    assert env_number("EDGELLM_TEST_NICENESS", 19, -20, 19, whole=True) == 5
+    monkeypatch.setenv("EDGELLM_TEST_NICENESS", "5.5")  # a niceness is whole: never silently rounded to 5
+    want = "EDGELLM_TEST_NICENESS must be a whole number in \\[-20, 19\\], got '5.5'"
+    with pytest.raises(SystemExit, match=want):
+        env_number("EDGELLM_TEST_NICENESS", 19, -20, 19, whole=True)

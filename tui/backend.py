@@ -14,9 +14,9 @@ from tui.messages import BackendInfo, ChatMessage, GenerationSettings, StreamEve
 FRAME_INTERVAL_S = 1 / 15
 
 
-def env_number(name: str, default: float, lo: float, hi: float) -> float:
-    """A numeric setting from the environment, in [lo, hi]; a bad value ends the program with a message
-    naming it (never a traceback, never silently the default)."""
+def env_number(name: str, default: float, lo: float, hi: float, whole: bool = False) -> float:
+    """A numeric setting from the environment, in [lo, hi] (and a whole number if `whole`); a bad value
+    ends the program with a message naming it (never a traceback, never silently the default or rounded)."""
     raw = os.environ.get(name)
     if raw is None:
         return default
@@ -24,8 +24,9 @@ def env_number(name: str, default: float, lo: float, hi: float) -> float:
         value = float(raw)
     except ValueError:
         value = float("nan")
-    if not lo <= value <= hi:
-        raise SystemExit(f"{name} must be a number in [{lo:g}, {hi:g}], got {raw!r}")
+    if not lo <= value <= hi or (whole and not value.is_integer()):
+        kind = "whole number" if whole else "number"
+        raise SystemExit(f"{name} must be a {kind} in [{lo:g}, {hi:g}], got {raw!r}")
     return value
 
 

@@ -65,7 +65,7 @@ def _run_in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future:
     return fut
 
 
-UI_NICENESS = int(env_number("EDGELLM_UI_NICENESS", 19, -20, 19))  # see yield_cpu_to_engine
+UI_NICENESS = int(env_number("EDGELLM_UI_NICENESS", 19, -20, 19, whole=True))  # see yield_cpu_to_engine
 
 
 def yield_cpu_to_engine() -> None:
