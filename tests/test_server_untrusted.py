@@ -16,15 +16,15 @@ from edgellm.cli import main as cli_main
 from edgellm.server.app import ServerConfig, ServerState, build_app, load_template, render_chat_prompt
 from edgellm.server.protocol import ApiError
 from edgellm.testing.http_attacks import (
-    BAD_AUTH,
     EVIL_HOST,
-    GOOD_AUTH,
     NEAR_MISS_PATHS,
     PERCENT_TARGETS,
     Answer,
     AsgiClient,
+    bad_auth,
     folded_requests,
     get_bytes,
+    good_auth,
     raw_request,
 )
 from tests.test_server import MODEL, _start, httpx
@@ -201,12 +201,12 @@ def test_near_miss_paths_are_404s_never_redirects(key: str | None) -> None:
                 assert a.status == 404 and a.json()["error"]["type"] == "not_found_error", (path, a)
 
 
-@pytest.mark.parametrize("value", GOOD_AUTH, ids=repr)
+@pytest.mark.parametrize("value", good_auth(b"k"), ids=repr)
 def test_authorization_values_accepted(value: bytes) -> None:
     assert _app(api_key="k").get("/v1/models", [("Authorization", value)]).status == 503  # past the key
 
 
-@pytest.mark.parametrize("value", BAD_AUTH, ids=repr)
+@pytest.mark.parametrize("value", bad_auth(b"k"), ids=repr)
 def test_authorization_values_refused(value: bytes) -> None:
     a = _app(api_key="k").get("/v1/models", [("Authorization", value)])
     assert a.status == 401 and a.json()["error"]["code"] == "invalid_api_key"

@@ -28,14 +28,22 @@ PERCENT_TARGETS = [
     ("/v1/models%2F", "/v1/models/"), ("/v1%2Fmodels", "/v1/models"), ("/%2Fmetrics", "//metrics"),
 ]  # fmt: skip
 
-# Authorization values for the key "k". Accepted: the Bearer scheme in any case, one or more spaces, the
-# key. Refused: everything else a client or proxy might send.
-GOOD_AUTH = [b"Bearer k", b"bearer k", b"BEARER k", b"bEaReR k", b"Bearer  k", b"Bearer     k"]
-BAD_AUTH = [
-    b"", b"k", b"Bearer", b"Bearer ", b"Bearerk", b"Bearer\tk", b"Bearer \tk", b"Bearer k x", b"Bearer kk",
-    b"Bearer K", b"Basic k", b"Token k", b"Bearer k\xa0", b"Bearer \xa0k", b"Bearer \x85k", b"Bearer k\x85",
-    b"Bearer\xa0k", b"Bearer k,", b"Bearer k;", b'Bearer "k"', b"Bearer =k", b"Bearer k=",
+# Authorization values, "K" standing for the key. Accepted: the Bearer scheme in any case, one or more
+# spaces, the key. Refused: everything else a client or proxy might send.
+_GOOD_AUTH = [b"Bearer K", b"bearer K", b"BEARER K", b"bEaReR K", b"Bearer  K", b"Bearer     K"]
+_BAD_AUTH = [
+    b"", b"K", b"Bearer", b"Bearer ", b"BearerK", b"Bearer\tK", b"Bearer \tK", b"Bearer K x", b"Bearer KK",
+    b"Bearer K.", b"Basic K", b"Token K", b"Bearer K\xa0", b"Bearer \xa0K", b"Bearer \x85K", b"Bearer K\x85",
+    b"Bearer\xa0K", b"Bearer K,", b"Bearer K;", b'Bearer "K"', b"Bearer =K", b"Bearer K=",
 ]  # fmt: skip
+
+
+def good_auth(key: bytes) -> list[bytes]:
+    return [v.replace(b"K", key) for v in _GOOD_AUTH]
+
+
+def bad_auth(key: bytes) -> list[bytes]:
+    return [v.replace(b"K", key) for v in _BAD_AUTH]
 
 
 def folded_requests(path: str = "/v1/models") -> dict[str, bytes]:
