@@ -7,8 +7,10 @@ correctly and that nothing leaked.
 The mix (soak_traffic.py, soak_bad_requests.py): greedy and sampled chat and completion requests,
 streaming and not, through the openai client and raw httpx; n>1 with stop strings; clients that leave
 after the first chunk, mid-stream or while waiting for a non-streamed answer; over-long prompts and
-malformed bodies (4xx expected, never 5xx); and bursts of long requests that overflow the KV cache so
-the scheduler preempts. Greedy answers are compared with references taken from the idle server first.
+malformed bodies (4xx expected, never 5xx); attacks on the HTTP layer (near-miss paths with a foreign
+Host header, folded headers, wrong Authorization values: 4xx, never a redirect); and bursts of long
+requests that overflow the KV cache so the scheduler preempts. Greedy answers are compared with
+references taken from the idle server first.
 
 At the end it waits for the server to go idle and checks /metrics (0 running, 0 waiting, KV blocks
 back to the idle count, no 5xx), /health, and the server's RSS growth after warm-up (from
@@ -16,7 +18,8 @@ back to the idle count, no 5xx), /health, and the server's RSS growth after warm
 
 Bounded: traffic goes to loopback only, the load stops after --minutes (or --max-requests), every
 request has a timeout, and a server it started is stopped on exit. The server it starts has the
-smallest KV cache that holds one context (ctx/16 + 1 blocks), through `--kv-cache-memory`.
+smallest KV cache that holds one context (ctx/16 + 1 blocks), through `--kv-cache-memory`, and a random
+`--api-key` that the good requests send.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import argparse
 import asyncio
 import math
 import random
+import secrets
 import signal
 import subprocess
 import sys
@@ -37,7 +41,15 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import openai  # noqa: E402
-from soak_bad_requests import OVERLONG_NAMES, malformed_bodies, overlong_bodies, send_bad  # noqa: E402
+from soak_bad_requests import (  # noqa: E402
+    OVERLONG_NAMES,
+    RAW,
+    http_attacks,
+    malformed_bodies,
+    overlong_bodies,
+    send_bad,
+    send_raw,
+)
 from soak_report import SoakReport, evaluate, format_summary, parse_metrics  # noqa: E402
 from soak_server import check_loopback, eog_ids, read_rss_kb, start_server, stop_server  # noqa: E402
 from soak_traffic import (  # noqa: E402
@@ -133,7 +145,8 @@ class Load:
         self.sent = 0
         self.stopped_early: str | None = None  # why the load stopped before its time
         skip = set(a.exclude)
-        self.bad = [b for b in malformed_bodies(t.model) + overlong_bodies(t) if b[0] not in skip]
+        cases = malformed_bodies(t.model) + overlong_bodies(t) + http_attacks(a.api_key)
+        self.bad = [b for b in cases if b[0] not in skip]
         kinds = {k: v for k, v in KINDS.items() if k not in skip}
         self.names = [*kinds, *(["bad"] if self.bad else [])]
         self.weights = [w for _, w in kinds.values()] + ([BAD_WEIGHT] if self.bad else [])
@@ -152,7 +165,8 @@ class Load:
         name, path, raw, accepted = case
         self.sent += 1
         kind = "overlong" if name in OVERLONG_NAMES else "malformed"
-        res = await run_one(kind, send_bad(self.t, path, raw, accepted), self.a.request_timeout)
+        send = send_raw if path == RAW else send_bad
+        res = await run_one(kind, send(self.t, path, raw, accepted), self.a.request_timeout)
         res.detail = f"{name}: {res.detail}"
         await self.record(res)
 
@@ -215,8 +229,10 @@ async def wait_idle(
 
 async def soak(a: argparse.Namespace, url: str, pid: int | None, proc: subprocess.Popen | None) -> int:
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=16)
-    http = httpx.AsyncClient(timeout=a.request_timeout, limits=limits)
-    api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="soak", max_retries=0, timeout=a.request_timeout)
+    auth = {"Authorization": f"Bearer {a.api_key}"} if a.api_key else {}
+    http = httpx.AsyncClient(timeout=a.request_timeout, limits=limits, headers=auth)
+    key = a.api_key or "soak"
+    api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=a.request_timeout)
     model = (await http.get(f"{url}/v1/models")).json()["data"][0]
     no_eos = {str(i): -100 for i in a.no_eos_ids}
     t = Traffic(
@@ -301,6 +317,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-rss-growth", type=float, default=0.05)
     p.add_argument("--rss-every", type=float, default=2.0, help="seconds between RSS samples")
     p.add_argument("--start-timeout", type=float, default=600.0, help="for the server to load (cold Numba)")
+    p.add_argument(
+        "--api-key", default=None, help="the key of the server at --url (a started server gets a random one)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--exclude",
@@ -311,9 +330,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a = p.parse_args(argv)
     if a.minutes <= 0 or a.workers < 1 or a.max_requests < 1 or a.burst < 0 or a.long_tokens < 1:
         p.error("--minutes, --workers, --max-requests and --long-tokens must be positive, --burst >= 0")
-    known = {*KINDS, "long_greedy_burst", *OVERLONG_NAMES, *(b[0] for b in malformed_bodies(""))}
+    bad = malformed_bodies("") + http_attacks("key")
+    known = {*KINDS, "long_greedy_burst", *OVERLONG_NAMES, *(b[0] for b in bad)}
     if set(a.exclude) - known:
         p.error(f"--exclude: unknown {sorted(set(a.exclude) - known)}; known: {sorted(known)}")
+    if a.url is None and a.api_key is None:
+        a.api_key = f"soak-{secrets.token_hex(8)}"
     if a.warmup is None:
         a.warmup = min(120.0, max(20.0, a.minutes * 60 * 0.2))
     return a

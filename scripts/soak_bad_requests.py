@@ -1,12 +1,28 @@
-"""Bad requests for scripts/soak.py: malformed bodies and over-long prompts. Each must get a 4xx (the
-status listed with it) and never a 5xx; the server must go on serving everyone else."""
+"""Bad requests for scripts/soak.py: malformed bodies, over-long prompts, and attacks on the HTTP layer
+(near-miss paths with a foreign Host header, percent-encoded paths, folded headers, and with a key, wrong
+Authorization values; edgellm/testing/http_attacks.py). Each must get a 4xx (the status listed with it),
+never a 5xx or a redirect; the server must go on serving everyone else."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
+from urllib.parse import urlparse
 
 from soak_traffic import Failed, Traffic
+
+from edgellm.testing.http_attacks import (
+    EVIL_HOST,
+    NEAR_MISS_PATHS,
+    PERCENT_TARGETS,
+    bad_auth,
+    folded_requests,
+    get_bytes,
+    raw_request,
+)
+
+RAW = "<raw>"  # the path of a case whose body is a whole request, sent as bytes over its own connection
 
 
 def _j(obj: Any) -> bytes:
@@ -110,3 +126,35 @@ async def send_bad(t: Traffic, path: str, raw: bytes, accepted: set[int]) -> int
     if not (isinstance(err, dict) and err.get("message")):
         raise Failed(f"a {r.status_code} without an OpenAI error body: {r.text[:300]}", r.status_code)
     return r.status_code
+
+
+def http_attacks(key: str | None) -> list[tuple[str, str, bytes, set[int]]]:
+    """(name, RAW, request bytes, accepted statuses). With the key where a route needs one, so that
+    only the path, the encoding or the header is wrong."""
+    auth = (f"Authorization: Bearer {key}".encode(),) if key else ()
+    host = EVIL_HOST.encode()
+    cases = [(f"near_miss_path:{p}", RAW, get_bytes(p, *auth, host=host), {404}) for p in NEAR_MISS_PATHS]
+    cases += [
+        (f"percent_path:{target}", RAW, get_bytes(target, *auth, host=host), {404})
+        for target, decoded in PERCENT_TARGETS
+        if decoded not in ("/metrics", "/v1/models", "/v1/models/")  # routes, answered as such
+    ]
+    cases += [(f"folded:{name}", RAW, raw, {400}) for name, raw in folded_requests().items()]
+    if key:
+        cases += [
+            (f"bad_auth:{i}", RAW, get_bytes("/v1/models", b"Authorization: " + v), {401})
+            for i, v in enumerate(bad_auth(key.encode()))
+        ]
+    return cases
+
+
+async def send_raw(t: Traffic, path: str, raw: bytes, accepted: set[int]) -> int:
+    """Send one raw request and return its status; raises Failed if it is not one of `accepted` or
+    the answer redirects."""
+    answers = await asyncio.to_thread(raw_request, urlparse(t.url).port or 80, raw)
+    if len(answers) != 1:
+        raise Failed(f"{len(answers)} answers to one request", answers[0].status if answers else None)
+    a = answers[0]
+    if a.status not in accepted or "location" in a.headers:
+        raise Failed(f"status {a.status} (expected {sorted(accepted)}), headers {a.headers}", a.status)
+    return a.status

@@ -75,7 +75,7 @@ def start_server(a: argparse.Namespace, log_file: IO[str]) -> tuple[subprocess.P
     cmd = [sys.executable, "-m", "edgellm.server", a.model, "--port", str(port)]
     cmd += ["--kv-cache-memory", str(a.kv_cache_bytes)]
     cmd += ["--ctx", str(a.ctx), "--max-num-seqs", str(a.max_num_seqs), "--max-queue", str(a.max_queue)]
-    cmd += ["--threads", str(a.threads)]
+    cmd += ["--threads", str(a.threads), "--api-key", a.api_key]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + a.start_timeout

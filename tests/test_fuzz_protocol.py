@@ -1,5 +1,7 @@
 """Fuzzing the HTTP request parser: any JSON value as a body, and bodies made of the known fields with any
-JSON values, give a request or an ApiError with status 400 - never another exception."""
+JSON values, give a request or an ApiError with status 400 - never another exception. And what comes
+before it: any Authorization headers pass only as one `Bearer KEY`, and any path, method and Host header
+without the key is a 401, 404 or 405, never a redirect."""
 
 from __future__ import annotations
 
@@ -7,9 +9,13 @@ import json
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from starlette.requests import Request
 
 from edgellm.sampling import Sampler
+from edgellm.server.app import ServerConfig, ServerState, build_app
+from edgellm.server.auth import check_api_key, has_api_key
 from edgellm.server.protocol import ApiError, check_unicode, parse_chat, parse_completion
+from edgellm.testing.http_attacks import AsgiClient
 
 FIELDS = [
     "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "stop", "logit_bias", "stream",
@@ -68,3 +74,66 @@ def test_request_bodies_parse_or_are_400s(body: dict) -> None:
 @given(json_values)
 def test_any_json_value_parses_or_is_a_400(body: object) -> None:
     _parse(body)
+
+
+# ---- the HTTP surface in front of the parser: Authorization values and paths (no model, no socket) ----
+
+KEY = b"k"
+GUARDED = AsgiClient(build_app(ServerState(ServerConfig(model="unused.gguf", api_key=KEY.decode()))))
+SCHEMES = st.sampled_from([b"Bearer", b"bearer", b"BEARER", b"bEaReR", b"Basic", b"Bearer:", b"Bear", b""])
+# separators and ends: what a lax parser (str.strip, split()) takes for spaces, and what it does not
+WHITE = [b" ", b"  ", b"\t", b" \t", b"\t ", b"\xa0", b" \xa0", b"\x85", b" \x0b", b"\x0c", b""]
+KEYS = st.sampled_from([KEY, KEY, b"K", b"kk", b"", b'"k"', b"k=", b"k k", b"k,"])
+composed = st.builds(
+    lambda *parts: b"".join(parts), SCHEMES, st.sampled_from(WHITE), KEYS, st.sampled_from(WHITE + [b"x"])
+)
+auth_values = st.one_of(composed, composed, st.binary(max_size=24))
+
+
+def _accepted(values: list[bytes]) -> bool:
+    """The README's rule, written another way than auth.py: one header, the Bearer scheme, spaces, the key."""
+    if len(values) != 1:
+        return False
+    scheme, space, rest = values[0].partition(b" ")
+    return scheme.lower() == b"bearer" and space == b" " and rest.lstrip(b" ") == KEY
+
+
+@SETTINGS
+@given(st.lists(auth_values, max_size=3))
+def test_authorization_headers_pass_only_as_one_bearer_key(values: list[bytes]) -> None:
+    request = Request({"type": "http", "headers": [(b"authorization", v) for v in values]})
+    assert has_api_key(request, KEY.decode()) == _accepted(values)
+    try:
+        check_api_key(request, KEY.decode())
+    except ApiError as e:
+        assert e.status == 401 and not _accepted(values)
+    else:
+        assert _accepted(values)
+
+
+SEGMENTS = st.sampled_from([
+    "", "v1", "metrics", "health", "models", "chat", "completions", "embeddings", "tokenize", "detokenize",
+    ".", "..", "%2F", "%", "x", "smollm2-135m", "metrics/",
+])  # fmt: skip
+paths = st.builds(
+    lambda parts, end: "/" + "/".join(parts) + end, st.lists(SEGMENTS, max_size=4), st.sampled_from(["", "/"])
+)
+hosts = st.sampled_from(["127.0.0.1", "evil.example", "", "a/b", "localhost:1", "[::1]:9"])
+methods = st.sampled_from(["GET", "POST", "HEAD", "PUT", "DELETE", "OPTIONS"])
+
+
+@SETTINGS
+@given(methods, paths, hosts, st.sampled_from([[], [("Authorization", "Bearer wrong")]]))
+def test_without_the_key_any_path_is_a_401_404_or_405_never_a_redirect(
+    method: str, path: str, host: str, headers: list
+) -> None:
+    a = GUARDED.request(method, path, headers, host=host)
+    assert not 300 <= a.status < 400 and "location" not in a.headers, (a.status, a.headers)
+    if path == "/health":
+        assert a.status == 405 if method not in ("GET", "HEAD") else a.status == 503
+        if method == "GET" and a.status == 503:
+            assert a.json() == {"status": "loading"}  # no details without the key
+        return
+    assert a.status in (401, 404, 405), (method, path, a.status)
+    if method != "HEAD":
+        assert a.json()["error"]["message"]

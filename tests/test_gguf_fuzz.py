@@ -1,14 +1,16 @@
-"""Fuzzing the GGUF loader: a mutated model loads and generates 2 tokens, or raises GGUFError. Nothing else.
+"""Fuzzing the GGUF loader: a mutated model loads, tokenizes and generates 2 tokens, or raises GGUFError at
+load. Nothing else: no other exception class, at load or after it.
 
 Structured mutations (edgellm/testing/gguf_fuzz.py) edit small synthetic models of the four architectures:
 every metadata value and value type, keys deleted and added, array element types, lengths and nesting,
 key and string length fields, tensor dimensions, dimension counts, types, offsets and names, header counts,
 the version, truncation. A second strategy writes consistent models of unusual shapes (1-wide and odd heads,
 GQA groups up to 12, contexts of 2 tokens, rope widths). Each file is loaded by `LLM` in a long-lived child
-process that also generates 2 greedy tokens; a child killed by a signal (heap corruption in a kernel),
-exiting, or silent for HANG_TIMEOUT seconds fails the test with the mutations that did it, and a fresh child
-takes over. A third test flips, inserts, deletes and cuts raw bytes of a valid file and runs reader, config,
-validator and tokenizer in process (no kernels).
+process that also encodes and decodes a probe text and every token id and generates 2 greedy tokens; a
+child killed by a signal (heap corruption in a kernel), exiting, or silent for HANG_TIMEOUT seconds fails
+the test with the mutations that did it, and a fresh child takes over. A third test flips, inserts,
+deletes and cuts raw bytes of a valid file and runs reader, config, validator and tokenizer (encoding and
+decoding) in process (no kernels).
 
 The default run takes about 20 s (1,000 + 100 child examples, 1,000 raw ones); a longer run:
 
@@ -33,8 +35,8 @@ from edgellm.gguf.config import config_from_gguf
 from edgellm.gguf.reader import GGUFError, load_gguf
 from edgellm.gguf.validation import tokenizer_from_gguf, validate_model
 from edgellm.testing.gguf_edit import read_editable, serialize
-from edgellm.testing.gguf_fuzz import LoadWorker, apply, mutations
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.testing.gguf_fuzz import LoadWorker, apply, exercise_tokenizer, mutations
+from edgellm.testing.synthetic import spm_vocab, write_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = int(os.environ.get("EDGELLM_FUZZ_EXAMPLES", "0"))
@@ -138,6 +140,19 @@ def test_worker_loads_every_base_model(worker: LoadWorker, bases, tmp_path: Path
         path.write_bytes(serialize(model))
         kind, detail = worker.load(path, timeout=600)
         assert kind == "ok", f"{name}: {kind}: {detail}"
+
+
+def test_a_tokenizer_that_loads_but_cannot_encode_is_a_gguf_error(worker: LoadWorker, tmp_path: Path) -> None:
+    """The mutant that once loaded and then raised TokenizerError on the first prompt: a vocabulary without
+    one byte-fallback token is a GGUFError at load, naming the key."""
+    tokens, types, _ = spm_vocab()
+    newline = tokens.index("<0x0A>")
+    tokens[newline], types[newline] = "<0x0A>x", 1
+    overrides = {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types}
+    path = write_tiny_model(tmp_path / "m.gguf", "gemma3", n_layers=1, metadata_overrides=overrides)
+    kind, detail = worker.load(path, timeout=600)
+    assert kind == "gguf_error", detail
+    assert detail.startswith("TokenizerMetadataError: <file>: tokenizer.ggml.tokens:") and "<0x0A>" in detail
 
 
 @settings(
@@ -252,7 +267,7 @@ def test_raw_byte_mutations_raise_only_gguf_error(valid_bytes: bytes, tmp_path: 
     try:
         g = load_gguf(path)
         validate_model(g, config_from_gguf(g))
-        tokenizer_from_gguf(g)
+        exercise_tokenizer(tokenizer_from_gguf(g))
         STATS["raw bytes"]["loaded"] += 1
     except GGUFError:
         STATS["raw bytes"]["gguf_error"] += 1

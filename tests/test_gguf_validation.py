@@ -20,8 +20,8 @@ from gguf import GGUFValueType as V
 from edgellm import LLM
 from edgellm.gguf.config import config_from_gguf
 from edgellm.gguf.reader import GGUFError, load_gguf
-from edgellm.gguf.validation import validate_model
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.gguf.validation import tokenizer_from_gguf, validate_model
+from edgellm.testing.synthetic import spm_vocab, write_tiny_model
 from tests.test_gguf import record_start, write
 
 LLM_KW = dict(n_ctx=64, kv_cache_memory=1 << 20, threads=1)
@@ -321,3 +321,23 @@ def test_head_size_limit_is_the_cuda_kernels():
     from edgellm.gguf.config import MAX_HEAD_DIM
 
     assert MAX_HEAD_DIM == CUDA_MAX_HEAD_DIM
+
+
+def test_a_vocabulary_without_byte_fallback_tokens_is_a_gguf_error_at_load(tmp_path: Path) -> None:
+    """A SentencePiece vocabulary missing a byte token used to load and then fail every encode with a bare
+    TokenizerError; it is refused at load, naming the file and the key."""
+    tokens, types, _ = spm_vocab()
+    newline = tokens.index("<0x0A>")
+    tokens[newline], types[newline] = "<0x0A>x", 1  # an ordinary piece now: no token spells byte 0x0A
+    path = write_tiny_model(
+        tmp_path / "m.gguf",
+        "gemma3",
+        n_layers=1,
+        metadata_overrides={"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types},
+    )
+    g = load_gguf(path)
+    validate_model(g, config_from_gguf(g))
+    with pytest.raises(GGUFError) as exc:
+        tokenizer_from_gguf(g)
+    assert str(path) in str(exc.value) and "tokenizer.ggml.tokens" in str(exc.value)
+    assert "lacks 1 of the 256 byte-fallback tokens (<0x0A>)" in str(exc.value)

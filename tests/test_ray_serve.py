@@ -85,7 +85,8 @@ def test_metrics_and_health_cover_every_replica_behind_the_key(ray_server: str) 
     r = httpx.post(f"{ray_server}/chat/completions", json=body, headers=AUTH, timeout=120)  # no /v1: compat
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"], r.text
     text = httpx.get(f"{ray_server}/metrics", headers=AUTH, timeout=30).text
-    health = httpx.get(f"{ray_server}/health", timeout=30).json()
+    assert httpx.get(f"{ray_server}/health", timeout=30).json() == {"status": "ok"}  # details: the key
+    health = httpx.get(f"{ray_server}/health", headers=AUTH, timeout=30).json()
     assert health["status"] == "ok" and health["replicas_ready"] == 2
     for replica in health["replicas"]:
         assert f'replica="{replica}"' in text
@@ -96,7 +97,7 @@ def test_metrics_and_health_cover_every_replica_behind_the_key(ray_server: str) 
 def test_a_killed_replica_fails_or_retries_its_requests_and_comes_back(ray_server: str) -> None:
     """The victim is killed as soon as one of its streams has sent a token: that stream must end with an
     in-band error, the victim's requests without output yet are retried elsewhere, none hangs."""
-    health = httpx.get(f"{ray_server}/health", timeout=30).json()
+    health = httpx.get(f"{ray_server}/health", headers=AUTH, timeout=30).json()
     victim, info = next(iter(health["replicas"].items()))
     killed: list[float] = []
 
@@ -124,7 +125,7 @@ def test_a_killed_replica_fails_or_retries_its_requests_and_comes_back(ray_serve
     assert all(r["error"]["code"] == "replica_failed" and r["text"] for r in failed), failed
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
-        health = httpx.get(f"{ray_server}/health", timeout=30).json()
+        health = httpx.get(f"{ray_server}/health", headers=AUTH, timeout=30).json()
         if health["replicas_ready"] == 2 and victim not in health["replicas"]:
             break
         time.sleep(2)

@@ -4,7 +4,6 @@ tokens, streaming validation; and (in process) the API-key rules for /metrics an
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +15,18 @@ from edgellm.chat_template import CHATML_TEMPLATE
 from edgellm.cli import main as cli_main
 from edgellm.server.app import ServerConfig, ServerState, build_app, load_template, render_chat_prompt
 from edgellm.server.protocol import ApiError
+from edgellm.testing.http_attacks import (
+    EVIL_HOST,
+    NEAR_MISS_PATHS,
+    PERCENT_TARGETS,
+    Answer,
+    AsgiClient,
+    bad_auth,
+    folded_requests,
+    get_bytes,
+    good_auth,
+    raw_request,
+)
 from tests.test_server import MODEL, _start, httpx
 
 # ChatML, except that the last message's content can ask for one of the fuzzing pass's hostile templates.
@@ -125,57 +136,28 @@ def test_typed_control_tokens_stay_text(hostile_server: str) -> None:
 # ---- in process: the API-key rules need no model (they answer before the loading check) ----
 
 
-class _App:
-    """Requests straight to the ASGI app (no server, no model)."""
-
-    def __init__(self, **config: object) -> None:
-        self.app = build_app(ServerState(ServerConfig(model="unused.gguf", **config)))  # type: ignore[arg-type]
-
-    def get(self, path: str, headers: list[tuple[str, str]] = ()) -> tuple[int, dict]:  # type: ignore[assignment]
-        scope = {
-            "type": "http",
-            "http_version": "1.1",
-            "method": "GET",
-            "path": path,
-            "raw_path": path.encode(),
-            "query_string": b"",
-            "root_path": "",
-            "scheme": "http",
-            "server": ("127.0.0.1", 80),
-            "client": ("127.0.0.1", 1234),
-            "headers": [(k.lower().encode(), v.encode()) for k, v in headers],
-        }
-        sent: list[dict] = []
-
-        async def receive() -> dict:
-            return {"type": "http.request", "body": b"", "more_body": False}
-
-        async def send(message: dict) -> None:
-            sent.append(message)
-
-        asyncio.run(self.app(scope, receive, send))
-        body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-        return sent[0]["status"], json.loads(body) if body.startswith(b"{") else {}
+def _app(**config: object) -> AsgiClient:
+    return AsgiClient(build_app(ServerState(ServerConfig(model="unused.gguf", **config))))  # type: ignore[arg-type]
 
 
 KEY = [("Authorization", "Bearer k")]
 
 
 def test_metrics_follow_the_api_key_unless_public() -> None:
-    guarded = _App(api_key="k")
-    assert guarded.get("/metrics")[0] == 401
-    assert guarded.get("/metrics", KEY)[0] == 503  # past the key check: the model is not loaded
-    public = _App(api_key="k", metrics_public=True)
-    assert public.get("/metrics")[0] == 503
-    assert public.get("/v1/models")[0] == 401
+    guarded = _app(api_key="k")
+    assert guarded.get("/metrics").status == 401
+    assert guarded.get("/metrics", KEY).status == 503  # past the key check: the model is not loaded
+    public = _app(api_key="k", metrics_public=True)
+    assert public.get("/metrics").status == 503
+    assert public.get("/v1/models").status == 401
 
 
 def test_duplicate_authorization_headers_are_refused() -> None:
-    guarded = _App(api_key="k")
+    guarded = _app(api_key="k")
     for pair in (["Bearer k", "Bearer wrong"], ["Bearer wrong", "Bearer k"], ["Bearer k", "Bearer k"]):
-        status, body = guarded.get("/v1/models", [("Authorization", v) for v in pair])
-        assert status == 401 and "more than one Authorization header" in body["error"]["message"]
-    assert guarded.get("/v1/models", KEY)[0] == 503
+        a = guarded.get("/v1/models", [("Authorization", v) for v in pair])
+        assert a.status == 401 and "more than one Authorization header" in a.json()["error"]["message"]
+    assert guarded.get("/v1/models", KEY).status == 503
 
 
 def test_a_broken_model_template_is_reported_at_load_and_refuses_chat(
@@ -199,3 +181,101 @@ def test_a_broken_model_template_is_reported_at_load_and_refuses_chat(
 def test_chat_refuses_the_content_flag_with_a_server_url(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["chat", "--url", "http://127.0.0.1:1/v1", "--allow-special-in-content"]) == 2
     assert "the server decides" in capsys.readouterr().err
+
+
+# ---- paths, Host headers, Authorization values, folded headers (edgellm/testing/http_attacks.py) ----
+
+
+def _no_redirect(a: Answer, what: str) -> None:
+    assert not 300 <= a.status < 400 and "location" not in a.headers, f"{what}: {a.status} {a.headers}"
+
+
+@pytest.mark.parametrize("key", [None, "k"])
+def test_near_miss_paths_are_404s_never_redirects(key: str | None) -> None:
+    app = _app(api_key=key)
+    for path in NEAR_MISS_PATHS:
+        for method in ("GET", "POST"):
+            for headers in ([], KEY):
+                a = app.request(method, path, headers, host=EVIL_HOST)
+                _no_redirect(a, f"{method} {path}")
+                assert a.status == 404 and a.json()["error"]["type"] == "not_found_error", (path, a)
+
+
+@pytest.mark.parametrize("value", good_auth(b"k"), ids=repr)
+def test_authorization_values_accepted(value: bytes) -> None:
+    assert _app(api_key="k").get("/v1/models", [("Authorization", value)]).status == 503  # past the key
+
+
+@pytest.mark.parametrize("value", bad_auth(b"k"), ids=repr)
+def test_authorization_values_refused(value: bytes) -> None:
+    a = _app(api_key="k").get("/v1/models", [("Authorization", value)])
+    assert a.status == 401 and a.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_x_api_key_is_not_a_key() -> None:
+    a = _app(api_key="k").get("/v1/models", [("x-api-key", "k")])
+    assert a.status == 401 and "Authorization: Bearer" in a.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("key", ["", " k", "k ", "a b", "k\n", "k\x00", "kë", "k\t"], ids=repr)
+def test_an_api_key_no_client_can_send_is_refused_at_start(key: str) -> None:
+    with pytest.raises(ValueError, match="--api-key: expected a non-empty key of printable ASCII"):
+        ServerConfig(model="unused.gguf", api_key=key)
+
+
+def test_health_details_need_the_key() -> None:
+    state = ServerState(ServerConfig(model="unused.gguf", api_key="k"))
+    state.load_error = RuntimeError("cannot open /home/alice/models/secret.gguf")
+    client = AsgiClient(build_app(state))
+    for headers in ([], [("Authorization", "Bearer wrong")], [("Authorization", "Bearer\tk")]):
+        a = client.get("/health", headers)
+        assert (a.status, a.json()) == (503, {"status": "error"})
+    a = client.get("/health", KEY)
+    assert a.status == 503 and "secret.gguf" in a.json()["error"]
+    open_state = ServerState(ServerConfig(model="unused.gguf"))  # no --api-key: every route is open
+    open_state.load_error = state.load_error
+    assert "secret.gguf" in AsgiClient(build_app(open_state)).get("/health").json()["error"]
+
+
+@pytest.fixture(scope="module")
+def guarded_port(smollm2_path: Path) -> Iterator[int]:
+    for url in _start(smollm2_path, "--api-key", "k"):
+        yield int(url.rsplit(":", 1)[1])
+
+
+def test_health_is_bare_without_the_key(guarded_port: int) -> None:
+    bare = raw_request(guarded_port, get_bytes("/health"))[0]
+    assert (bare.status, bare.json()) == (200, {"status": "ok"})
+    wrong = raw_request(guarded_port, get_bytes("/health", b"Authorization: Bearer kk"))[0]
+    assert (wrong.status, wrong.json()) == (200, {"status": "ok"})
+    full = raw_request(guarded_port, get_bytes("/health", b"Authorization: Bearer k"))[0].json()
+    assert full["status"] == "ok" and full["model"] == MODEL and isinstance(full["core_pid"], int)
+
+
+def test_real_server_paths_and_percent_encoding(guarded_port: int) -> None:
+    for path in NEAR_MISS_PATHS:
+        for auth in ((), (b"Authorization: Bearer k",)):
+            a = raw_request(guarded_port, get_bytes(path, *auth, host=EVIL_HOST.encode()))[0]
+            _no_redirect(a, path)
+            assert a.status == 404, (path, a)
+    for target, decoded in PERCENT_TARGETS:
+        for auth in ((), (b"Authorization: Bearer k",)):
+            a = raw_request(guarded_port, get_bytes(target, *auth, host=EVIL_HOST.encode()))[0]
+            _no_redirect(a, target)
+            if decoded in ("/metrics", "/v1/models"):  # the route itself: its own key rule
+                assert a.status == (200 if auth else 401), (target, a)
+            elif decoded == "/v1/models/":
+                assert a.status == (404 if auth else 401), (target, a)
+            else:
+                assert a.status == 404, (target, a)
+
+
+@pytest.mark.parametrize("name", sorted(folded_requests()))
+def test_folded_headers_are_400s(guarded_port: int, name: str) -> None:
+    a = raw_request(guarded_port, folded_requests()[name])
+    assert [x.status for x in a] == [400] and b"folded" in a[0].body
+    # the same request unfolded is answered, and a pipelined folded request after a good one is refused
+    good = get_bytes("/v1/models", b"Authorization: Bearer k").replace(b"Connection: close\r\n", b"")
+    both = raw_request(guarded_port, good + folded_requests()[name])
+    assert [x.status for x in both] == [200, 400]
+    assert raw_request(guarded_port, get_bytes("/health"))[0].status == 200

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import uvicorn
 
 from edgellm.server.app import DEFAULT_MAX_BODY_BYTES, ServerConfig, ServerState, build_app
+from edgellm.server.http_strict import uvicorn_config
 
 __all__ = ["ServerConfig", "build_app", "run_server"]
 
@@ -106,11 +107,7 @@ def run_server(
         threading.Thread(target=load, name="edgellm-load", daemon=True).start()
 
     app = build_app(state, on_startup=start_loading)  # before the socket opens: checks --cors-origin
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=3, lifespan="on"
-        )
-    )
+    server = uvicorn.Server(uvicorn_config(app, host, port, log_level))
 
     def request_exit() -> None:
         server.should_exit = True

@@ -9,7 +9,6 @@ new core is started; if that fails too, the server exits non-zero.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import threading
@@ -29,6 +28,7 @@ from starlette.routing import Route
 
 from edgellm.chat_template import ChatPrompt, ChatTemplate, ChatTemplateError
 from edgellm.llm import LLM
+from edgellm.server.auth import check_api_key, check_api_key_option, has_api_key
 from edgellm.server.compat import ModelNames, cors_middleware, with_unprefixed
 from edgellm.server.embeddings import embeddings
 from edgellm.server.generate import generate
@@ -58,6 +58,9 @@ class ServerConfig:
     cors_origins: tuple[str, ...] = ()  # origins browsers may call from ("*": any); none: CORS off
     speculative: str | dict | None = None  # LLM's speculative ("ngram", "draft:PATH")
     num_speculative_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        check_api_key_option(self.api_key)
 
 
 class ServerState:
@@ -173,26 +176,6 @@ def error_response(e: ApiError, state: ServerState | None = None) -> JSONRespons
     if state is not None:
         state.metrics.http_errors[e.status] += 1
     return ErrorResponse(e.body(), status_code=e.status, headers=e.headers)
-
-
-def check_api_key(request: Request, api_key: str) -> None:
-    headers = request.headers.getlist("authorization")
-    if len(headers) > 1:  # which one counts differs between proxies and servers: refuse to guess
-        raise ApiError(
-            401,
-            "more than one Authorization header; send exactly one",
-            type="authentication_error",
-            code="invalid_api_key",
-        )
-    header = headers[0] if headers else ""
-    given = header[7:].strip() if header[:7].lower() == "bearer " else ""
-    if not hmac.compare_digest(given.encode(), api_key.encode()):
-        raise ApiError(
-            401,
-            "missing or invalid API key (send 'Authorization: Bearer <key>')",
-            type="authentication_error",
-            code="invalid_api_key",
-        )
 
 
 async def render_chat_prompt(
@@ -316,18 +299,28 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
     @endpoint(state)
     async def get_model(request: Request) -> Response:
         name = request.path_params["model"]
+        if not name:  # /v1/models/ names no model
+            msg = f"GET {request.url.path}: no model named (GET /v1/models lists them)"
+            raise ApiError(404, msg, type="not_found_error", code="404")
         check_model(name)
         return JSONResponse(model_card(name if name in state.names.listed else state.model_name))
 
-    async def health(request: Request) -> Response:
+    def health_report() -> tuple[dict[str, Any], int]:
         if state.load_error is not None:
-            return JSONResponse({"status": "error", "error": repr(state.load_error)}, status_code=503)
+            return {"status": "error", "error": repr(state.load_error)}, 503
         if not state.ready.is_set():
-            return JSONResponse({"status": "loading"}, status_code=503)
+            return {"status": "loading"}, 503
         if state.core_error is not None or not state.llm.healthy:
             reason = state.core_error or state.llm.error
-            return JSONResponse({"status": "error", "error": reason, "restarting": True}, status_code=503)
-        return JSONResponse({"status": "ok", "model": state.model_name, "core_pid": state.llm.core.pid})
+            return {"status": "error", "error": reason, "restarting": True}, 503
+        return {"status": "ok", "model": state.model_name, "core_pid": state.llm.core.pid}, 200
+
+    async def health(request: Request) -> Response:
+        body, status = health_report()
+        key = state.config.api_key
+        if key is not None and not has_api_key(request, key):
+            body = {"status": body["status"]}  # the model, pid and errors only for those with the key
+        return JSONResponse(body, status_code=status)
 
     @endpoint(state, auth=not state.config.metrics_public)
     async def metrics(request: Request) -> Response:
@@ -399,9 +392,13 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
     ]
-    return Starlette(
+    app = Starlette(
         routes=with_unprefixed(routes),
         middleware=cors_middleware(state.config.cors_origins),
         exception_handlers={HTTPException: http_error, Exception: server_error},
         lifespan=lifespan,
     )
+    # No redirect from /metrics/ to /metrics: Starlette builds its Location from the Host header (an open
+    # redirect) and answers it before any key check. Paths match exactly; others are 404s.
+    app.router.redirect_slashes = False
+    return app

@@ -33,15 +33,9 @@ from starlette.types import Receive, Scope, Send
 from edgellm.catalog import resolve_model
 from edgellm.gguf.reader import load_gguf
 from edgellm.gguf.validation import tokenizer_from_gguf
-from edgellm.server.app import (
-    ServerConfig,
-    ServerState,
-    build_app,
-    check_api_key,
-    error_response,
-    load_template,
-)
+from edgellm.server.app import ServerConfig, ServerState, build_app, error_response, load_template
 from edgellm.server.asgi_relay import Relay, app_messages, portable_scope, read_body
+from edgellm.server.auth import check_api_key, has_api_key
 from edgellm.server.compat import ModelNames
 from edgellm.server.prefix_router import DECISIONS, prefix_block_hashes
 from edgellm.server.protocol import ApiError, parse_chat, parse_completion
@@ -106,7 +100,7 @@ class EngineReplica:
     async def _post_forever(self) -> None:
         while True:
             try:
-                status, health = await _get(self.app, "/health", [])
+                status, health = await _get(self.app, "/health", self.auth)  # with its details
                 _, page = await _get(self.app, "/metrics", self.auth)
                 entry = {"status": status, "health": json.loads(health), "metrics": page.decode()}
                 llm = self.state.llm
@@ -240,6 +234,8 @@ class IngressApp:
         ready = sum(e["status"] == 200 for e in entries.values())
         status = "ok" if ready else ("error" if entries else "loading")
         body = {"status": status, "model": self.model_name, "replicas_ready": ready, "replicas": replicas}
+        if self.config.api_key is not None and not has_api_key(request, self.config.api_key):
+            body = {"status": status}  # the single server's rule: details only with the key
         return JSONResponse(body, status_code=200 if ready else 503)
 
     async def metrics(self, request: Request) -> PlainTextResponse:

@@ -6,8 +6,10 @@ types, lengths and nesting, key and string-value length fields, tensor dimension
 offsets, names, dropped and duplicated tensors, header counts, the version, and truncation.
 
 `LoadWorker` loads mutated files in a long-lived child process (`python -m edgellm.testing.gguf_fuzz`),
-which checks the file as `LLM` does, builds the engine core in-process and greedily generates 2 tokens.
-The child answers "ok", "gguf_error" or "error" (any other exception, with its traceback); a child killed
+which checks the file as `LLM` does, builds the engine core in-process, tokenizes and detokenizes a probe
+text and every token id (a tokenizer that loads but cannot encode is a finding, not a usable model) and
+greedily generates 2 tokens. The child answers "ok", "gguf_error" (a GGUFError at load, its class named)
+or "error" (any other exception at load, or any exception after it, with its traceback); a child killed
 by a signal, exiting, or silent past the timeout is reported as "signal" / "exit" / "hang" and replaced
 by a fresh one: one bad file, one restart.
 """
@@ -269,11 +271,24 @@ def apply(model: EditableGGUF, muts: list[Mutation]) -> EditableGGUF:
 
 
 # ---- the child process -------------------------------------------------------------------------------------
+# Text every loaded tokenizer must encode: ASCII, whitespace, multi-byte and 4-byte UTF-8, a NUL, and text
+# that looks like special tokens.
+PROBE_TEXT = "Hello, world!\n\tÉtat 日本 🙂 <|im_end|><start_of_turn> \x00 ▁x"
+
+
+def exercise_tokenizer(tokenizer: Any) -> None:
+    """What a server does with a loaded model's tokenizer: encode a prompt and decode ids (all of them)."""
+    ids = tokenizer.encode(PROBE_TEXT, add_special=True)
+    tokenizer.decode(ids)
+    tokenizer.decode(range(tokenizer.vocab_size))
+
+
 def load_and_generate(path: str) -> tuple[str, str]:
-    """(kind, detail): the model loads and generates 2 greedy tokens ("ok"), or raises GGUFError, or
-    anything else ("error", with the traceback). The checks are LLM's front-end checks; the engine is the
-    engine core LLM would start, built in this process so that a kernel fault kills this worker (a signal
-    the parent reports) and no core process is started per example."""
+    """(kind, detail): the model loads, its tokenizer encodes and decodes, and it generates 2 greedy tokens
+    ("ok"); or loading raises GGUFError; or anything else ("error", with the traceback). The checks are
+    LLM's front-end checks; the engine is the engine core LLM would start, built in this process so that a
+    kernel fault kills this worker (a signal the parent reports) and no core process is started per
+    example."""
     from edgellm.engine.core import CoreSpec, EngineCore
     from edgellm.gguf.config import config_from_gguf
     from edgellm.gguf.reader import GGUFError, load_gguf
@@ -284,13 +299,17 @@ def load_and_generate(path: str) -> tuple[str, str]:
         gguf = load_gguf(path)
         cfg = config_from_gguf(gguf)
         validate_model(gguf, cfg)
-        tokenizer_from_gguf(gguf)
+        tokenizer = tokenizer_from_gguf(gguf)
         del gguf
         core = EngineCore(CoreSpec(path, n_ctx=64, kv_cache_memory=1 << 20, threads=1, max_num_seqs=2))
     except GGUFError as e:
-        return "gguf_error", str(e).replace(path, "<file>")
+        return "gguf_error", f"{type(e).__name__}: {e}".replace(path, "<file>")
     except Exception:  # noqa: BLE001 - reported to the parent as a finding
         return "error", traceback.format_exc()
+    try:
+        exercise_tokenizer(tokenizer)
+    except Exception:  # noqa: BLE001 - content the load let through and the tokenizer then refused
+        return "error", "tokenize: " + traceback.format_exc()
     try:
         engine = core.engine
         engine.add_request([0], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))

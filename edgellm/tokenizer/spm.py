@@ -140,6 +140,13 @@ class SpmModel:
                 # llama.cpp would throw from byte_to_token on the first unknown character.
                 tid = self.id_by_text.get(bytes([byte]).decode("latin-1"), -1)
             self.byte_ids.append(tid)
+        missing = [f"<0x{b:02X}>" for b, tid in enumerate(self.byte_ids) if tid < 0]
+        if missing:  # every fragment would need a byte this vocabulary cannot spell: refuse it at load
+            shown = ", ".join(missing[:4]) + (", ..." if len(missing) > 4 else "")
+            raise TokenizerError(
+                f"tokenizer.ggml.tokens: the SentencePiece vocabulary lacks {len(missing)} of the 256 "
+                f"byte-fallback tokens ({shown}); text cannot be encoded without them"
+            )
         # SentencePiece needs exactly one UNKNOWN piece; Gemma types its <unk> as CONTROL, so fall back to
         # the metadata's unknown id.
         unknown_ids = np.nonzero(token_types == TYPE_UNKNOWN)[0]
@@ -164,7 +171,7 @@ class SpmModel:
             unknown_id is None
             or len(self.id_by_text) != len(tokens)
             or "" in self.id_by_text
-            or any(tid < 0 or proto_types[tid] != TYPE_BYTE for tid in self.byte_ids)
+            or any(proto_types[tid] != TYPE_BYTE for tid in self.byte_ids)
         ):
             return None
         import sentencepiece
@@ -185,8 +192,6 @@ class SpmModel:
             t in text for t in self._unmergeable_texts
         )
         if self._processor is None or needs_ref:
-            if any(b < 0 for b in self.byte_ids):
-                raise TokenizerError("vocabulary has no byte-fallback tokens")
             escaped = text.replace(" ", SPACE_ESCAPE)
             return spm_tokenize_ref(escaped, self.id_by_text, self._scores, self.byte_ids)
         return self._processor.encode(text)
