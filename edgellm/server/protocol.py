@@ -12,7 +12,7 @@ import reprlib
 from dataclasses import dataclass
 from typing import Any
 
-from edgellm.grammar import GrammarError
+from edgellm.grammar import GrammarError, constrain_async
 from edgellm.sampling import PARAM_BOUNDS, SamplingParams
 from edgellm.server.tools import ToolRequest, parse_response_format, parse_tools
 
@@ -136,6 +136,10 @@ class GenerationRequest:
     messages: list[dict[str, Any]] | None = None  # chat
     prompts: list[str | list[int]] | None = None  # completions: one engine request per prompt
     tools: ToolRequest | None = None  # chat with tools that may be called
+    # What decoding is constrained to (response_format, or the tools' calls), compiled off the event loop
+    # by the server (edgellm.grammar.constrain_async) into `params`; the request field a bad one names.
+    json_schema: dict[str, Any] | bool | None = None
+    schema_param: str = "response_format"
 
 
 def _common(
@@ -143,8 +147,6 @@ def _common(
     vocab_size: int,
     max_tokens_default: int,
     top_logprobs: int | None,
-    json_schema: dict | bool | None = None,  # what decoding is constrained to (response_format, tools)
-    schema_param: str = "response_format",
 ) -> tuple:
     model = _str(body, "model")
     max_tokens = _int(body, "max_completion_tokens", lo=1)
@@ -191,19 +193,27 @@ def _common(
         "n": _int(body, "n", lo=1, hi=MAX_N),
         "top_k": None if top_k is None else max(top_k, 0),  # -1 means off, as in vLLM
     }
-    try:
-        params = SamplingParams(
-            max_tokens=max_tokens or max_tokens_default,
-            stop=stop,
-            logit_bias=logit_bias,
-            logprobs=top_logprobs,
-            json_schema=json_schema,
-            **{k: v for k, v in opt.items() if v is not None},
-        )
-    except GrammarError as e:
-        raise _bad(schema_param, str(e)) from None
+    params = SamplingParams(
+        max_tokens=max_tokens or max_tokens_default,
+        stop=stop,
+        logit_bias=logit_bias,
+        logprobs=top_logprobs,
+        **{k: v for k, v in opt.items() if v is not None},
+    )
     user = _str(body, "user")
     return model, params, stream, include_usage, user
+
+
+async def constrain(req: GenerationRequest, vocab: tuple[Any, int]) -> None:
+    """Compile the request's schema in a grammar worker, off the event loop, into its params (checked
+    against the model's vocabulary `vocab`, (tokenizer, n_vocab))."""
+    if req.json_schema is None:
+        return
+    try:
+        await constrain_async(req.params, vocab, req.json_schema)
+    except GrammarError as e:
+        prefix = "a function's parameters cannot constrain decoding: " if req.schema_param == "tools" else ""
+        raise _bad(req.schema_param, prefix + str(e)) from None
 
 
 def _messages(body: dict) -> list[dict[str, Any]]:
@@ -279,16 +289,19 @@ def parse_chat(body: dict, vocab_size: int, n_ctx: int) -> GenerationRequest:
     schema = parse_response_format(body)
     if tools is not None and schema is not None:
         raise _bad("response_format", "cannot be combined with tools (unless tool_choice is 'none')")
-    model, params, stream, include_usage, user = _common(
-        body,
-        vocab_size,
-        n_ctx,
-        (top or 0) if logprobs else None,
-        tools.json_schema() if tools is not None else schema,
-        "tools" if tools is not None else "response_format",
-    )
+    top_or_none = (top or 0) if logprobs else None
+    model, params, stream, include_usage, user = _common(body, vocab_size, n_ctx, top_or_none)
     return GenerationRequest(
-        model, params, stream, include_usage, logprobs, user, messages=_messages(body), tools=tools
+        model,
+        params,
+        stream,
+        include_usage,
+        logprobs,
+        user,
+        messages=_messages(body),
+        tools=tools,
+        json_schema=tools.json_schema() if tools is not None else schema,
+        schema_param="tools" if tools is not None else "response_format",
     )
 
 
@@ -302,7 +315,7 @@ def parse_completion(body: dict, vocab_size: int) -> GenerationRequest:
     if body.get("tools") is not None or body.get("tool_choice") is not None:
         raise _bad("tools", "tools are only supported on /v1/chat/completions")
     schema = parse_response_format(body)
-    model, params, stream, include_usage, user = _common(body, vocab_size, 16, k, schema)  # OpenAI: 16
+    model, params, stream, include_usage, user = _common(body, vocab_size, 16, k)  # OpenAI: 16
     prompt = body.get("prompt")
     prompts: list[str | list[int]]
     if isinstance(prompt, str):
@@ -324,4 +337,6 @@ def parse_completion(body: dict, vocab_size: int) -> GenerationRequest:
     for p in prompts:
         if isinstance(p, list) and any(not 0 <= t < vocab_size for t in p):
             raise _bad("prompt", f"token ids must be in 0..{vocab_size - 1}")
-    return GenerationRequest(model, params, stream, include_usage, k is not None, user, prompts=prompts)
+    return GenerationRequest(
+        model, params, stream, include_usage, k is not None, user, prompts=prompts, json_schema=schema
+    )
