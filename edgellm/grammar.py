@@ -42,9 +42,9 @@ async def compile_grammar_async(
     regex: str | None = None,
     vocab: Vocabulary | None = None,
 ) -> str | None:
-    """compile_grammar, awaited: for an event loop that must keep serving meanwhile."""
-    job = grammar_job(json_schema, grammar, regex)
-    return None if job is None else await default_pool().run_async(job, vocab)
+    """compile_grammar, awaited: for an event loop that must keep serving meanwhile (the limit checks
+    run off the loop too)."""
+    return await default_pool().off_loop(compile_grammar, json_schema, grammar, regex, vocab)
 
 
 async def constrain_async(params: Any, vocab: Vocabulary, json_schema: dict[str, Any] | bool) -> None:

@@ -23,6 +23,7 @@ import pickle
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -136,11 +137,10 @@ class GrammarPool:
             raise GrammarError(value)
         return value
 
-    async def run_async(self, job: Job, vocab: Vocabulary | None = None) -> str:
-        """`run` off the event loop (on the pool's own threads, so a flood of compiles cannot take the
-        loop's default executor)."""
-        deadline = time.monotonic() + self.timeout_s
-        return await asyncio.wrap_future(self._threads.submit(self.run, job, vocab, deadline))
+    async def off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` awaited on the pool's own threads (the limit checks, then `run`): a flood of
+        compiles cannot take the event loop or its default executor."""
+        return await asyncio.wrap_future(self._threads.submit(fn, *args))
 
     def _pickle(self, tokenizer: Any) -> bytes:
         with self._lock:

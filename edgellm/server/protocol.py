@@ -7,14 +7,16 @@ as numbers (Python's bool is an int; JSON's is not).
 
 from __future__ import annotations
 
+import json
 import math
 import reprlib
 from dataclasses import dataclass
 from typing import Any
 
 from edgellm.grammar import GrammarError, constrain_async
+from edgellm.grammar_worker import default_pool
 from edgellm.sampling import PARAM_BOUNDS, SamplingParams
-from edgellm.server.tools import ToolRequest, parse_response_format, parse_tools
+from edgellm.server.tools import ToolRequest, checked_tool_schema, parse_response_format, parse_tools
 
 MAX_N = 16  # completions per request
 MAX_TOP_LOGPROBS = 20
@@ -60,6 +62,11 @@ def _is_number(v: Any) -> bool:
 def check_unicode(body: Any) -> None:
     """Every string (and key) of a parsed JSON body must be valid Unicode: JSON's \\ud800 escapes decode
     to lone surrogates, which no tokenizer or UTF-8 encoder accepts."""
+    try:  # the common case at C speed (a 1.6 MB body would hold the event loop a second in the walk)
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+        return
+    except (UnicodeEncodeError, RecursionError, TypeError, ValueError):
+        pass  # the walk below names where (or finds nothing)
     stack = [(body, "")]
     while stack:
         value, where = stack.pop()
@@ -136,10 +143,9 @@ class GenerationRequest:
     messages: list[dict[str, Any]] | None = None  # chat
     prompts: list[str | list[int]] | None = None  # completions: one engine request per prompt
     tools: ToolRequest | None = None  # chat with tools that may be called
-    # What decoding is constrained to (response_format, or the tools' calls), compiled off the event loop
-    # by the server (edgellm.grammar.constrain_async) into `params`; the request field a bad one names.
+    # What response_format constrains decoding to; `constrain` compiles it (or the tools' calls) into
+    # `params` off the event loop.
     json_schema: dict[str, Any] | bool | None = None
-    schema_param: str = "response_format"
 
 
 def _common(
@@ -205,15 +211,19 @@ def _common(
 
 
 async def constrain(req: GenerationRequest, vocab: tuple[Any, int]) -> None:
-    """Compile the request's schema in a grammar worker, off the event loop, into its params (checked
-    against the model's vocabulary `vocab`, (tokenizer, n_vocab))."""
-    if req.json_schema is None:
-        return
+    """Check the request's tools and compile what decodes it is constrained to (response_format, or the
+    calls of tool_choice "required"/named) in a grammar worker into its params, against the model's
+    vocabulary `vocab` (tokenizer, n_vocab); all of it off the event loop."""
+    schema, param = req.json_schema, "response_format"
     try:
-        await constrain_async(req.params, vocab, req.json_schema)
+        if req.tools is not None:
+            param = "tools"
+            schema = await default_pool().off_loop(checked_tool_schema, req.tools)
+        if schema is not None:
+            await constrain_async(req.params, vocab, schema)
     except GrammarError as e:
-        prefix = "a function's parameters cannot constrain decoding: " if req.schema_param == "tools" else ""
-        raise _bad(req.schema_param, prefix + str(e)) from None
+        prefix = "a function's parameters cannot constrain decoding: " if param == "tools" else ""
+        raise _bad(param, prefix + str(e)) from None
 
 
 def _messages(body: dict) -> list[dict[str, Any]]:
@@ -300,8 +310,7 @@ def parse_chat(body: dict, vocab_size: int, n_ctx: int) -> GenerationRequest:
         user,
         messages=_messages(body),
         tools=tools,
-        json_schema=tools.json_schema() if tools is not None else schema,
-        schema_param="tools" if tools is not None else "response_format",
+        json_schema=schema,
     )
 
 

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgellm.chat_tools import HERMES_OPEN, ToolCall, could_start_call, parse_tool_calls
-from edgellm.grammar import GrammarError
 from edgellm.grammar_limits import check_schema
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -195,14 +194,14 @@ def parse_tools(body: dict) -> ToolRequest | None:
         raise _bad("tool_choice", "expected 'none', 'auto', 'required' or a {'function': {'name': ...}}")
     if choice == "none":
         return None
-    request = ToolRequest(checked, choice, True if parallel is None else parallel)
-    # The limits and $ref loops of every function's schema, here for "auto" too (nothing is compiled for
-    # it); "required" and named calls compile in a grammar worker once the request is parsed.
-    try:
-        check_schema(request.calls_schema())
-    except GrammarError as e:
-        raise _bad("tools", f"a function's parameters cannot constrain decoding: {e}") from None
-    return request
+    return ToolRequest(checked, choice, True if parallel is None else parallel)
+
+
+def checked_tool_schema(req: ToolRequest) -> dict[str, Any] | None:
+    """What decoding is constrained to (None for "auto"), once every function's schema passed the limit
+    and `$ref` loop checks, for "auto" too (nothing is compiled for it). GrammarError when one fails."""
+    check_schema(req.calls_schema())
+    return req.json_schema()
 
 
 # ---- output ----------------------------------------------------------------------------------
