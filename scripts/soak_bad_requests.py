@@ -1,5 +1,6 @@
-"""Bad requests for scripts/soak.py: malformed bodies and over-long prompts. Each must get a 4xx (the
-status listed with it) and never a 5xx; the server must go on serving everyone else."""
+"""Bad requests for scripts/soak.py: malformed bodies, over-long prompts and the grammar/tool attacks of
+edgellm.testing.grammar_attacks (schemas that crashed the compiler, 10,000 tools, $ref loops). Each must
+get a 4xx (the status listed with it) and never a 5xx; the server must go on serving everyone else."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import json
 from typing import Any
 
 from soak_traffic import Failed, Traffic
+
+from edgellm.testing.grammar_attacks import http_attacks
 
 
 def _j(obj: Any) -> bytes:
@@ -76,6 +79,9 @@ def malformed_bodies(model: str) -> list[tuple[str, str, bytes, set[int]]]:
         ("lone_surrogate_stop", cmpl, b'{"prompt": "hi", "max_tokens": 2, "stop": ["\\ud83d"]}', {400}),
         ("lone_surrogate_model", chat, b'{"model": "\\ud800", "messages": []}', {400, 404}),
         ("surrogate_pair_with_bad_n", cmpl, b'{"prompt": "\\ud83d\\ude00", "n": 0}', {400}),
+    ] + [
+        (name, chat, _j({"model": model, "messages": msg, "max_tokens": 2, **extra}), {400})
+        for name, extra, _, _ in http_attacks()
     ]
 
 
