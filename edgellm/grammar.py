@@ -117,6 +117,9 @@ def compile_source(kind: str, source: Any) -> str:
     return text
 
 
+_mask_executor: Any = None  # llguidance.LLExecutor of this compile worker
+
+
 def build_matcher(grammar: str, tokenizer: Any, n_vocab: int, check_first_mask: bool = False) -> Any:
     """The llguidance matcher of `grammar` for our tokenizer, as the engine core uses it. With
     `check_first_mask`, its first mask is computed the way the core computes masks (on an LLExecutor), and
@@ -130,8 +133,11 @@ def build_matcher(grammar: str, tokenizer: Any, n_vocab: int, check_first_mask: 
         import numpy as np
         from llguidance.numpy import fill_next_token_bitmask_par
 
+        global _mask_executor
+        if _mask_executor is None:
+            _mask_executor = llg.LLExecutor(num_threads=1)  # the engine core's MASK_THREADS
         bitmask = np.zeros((1, (n_vocab + 31) // 32), np.int32)  # [1, n_vocab / 32] bit words
-        fill_next_token_bitmask_par(llg.LLExecutor(num_threads=1), [(matcher, 0)], bitmask)
+        fill_next_token_bitmask_par(_mask_executor, [(matcher, 0)], bitmask)
         if matcher.is_error() or not bitmask.any():
             why = matcher.get_error().strip().splitlines()[0] if matcher.is_error() else "no token allowed"
             raise GrammarError(f"the grammar matches no output at all (llguidance: {why})")

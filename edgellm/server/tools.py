@@ -200,8 +200,9 @@ def parse_tools(body: dict) -> ToolRequest | None:
 def checked_tool_schema(req: ToolRequest) -> dict[str, Any] | None:
     """What decoding is constrained to (None for "auto"), once every function's schema passed the limit
     and `$ref` loop checks, for "auto" too (nothing is compiled for it). GrammarError when one fails."""
-    check_schema(req.calls_schema())
-    return req.json_schema()
+    calls = req.calls_schema()
+    check_schema(calls)
+    return calls if req.choice == "required" else req.json_schema()
 
 
 # ---- output ----------------------------------------------------------------------------------
