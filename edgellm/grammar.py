@@ -1,8 +1,11 @@
 """Grammars for constrained decoding, on llguidance (the Rust grammar engine llama.cpp and vLLM use): a JSON
-Schema, a Lark or GBNF grammar, or a regular expression becomes one llguidance grammar string, checked
-here, in the front-end, so a grammar that cannot compile is a ValueError naming the problem before the
-request reaches the engine core. The core builds one matcher per constrained sequence from that string
-and an llguidance tokenizer made from our own vocabulary (`ll_tokenizer`)."""
+Schema, a Lark or GBNF grammar, or a regular expression becomes one llguidance grammar string.
+
+The caller's process only runs the cheap limit checks (edgellm.grammar_limits); llguidance compiles in a
+worker process (edgellm.grammar_worker), so a grammar that cannot compile, or that crashes the native
+compiler, is a GrammarError naming the problem before the request reaches the engine core. The core
+builds one matcher per constrained sequence from that string and an llguidance tokenizer made from our
+own vocabulary (`ll_tokenizer`), the matcher a worker has already built once for that vocabulary."""
 
 from __future__ import annotations
 
@@ -10,66 +13,135 @@ import json
 import threading
 from typing import Any
 
+from edgellm.grammar_limits import GrammarError, check_grammar, check_regex, check_schema
+from edgellm.grammar_worker import Job, Vocabulary, default_pool, vocab_key
+
 # JSON as models write it in prose (`{"a": 1, "b": [2, 3]}`): one space after ':' and ',' and no other
 # whitespace. llguidance's default (any run of whitespace between tokens) lets a small model fill its
 # whole budget with newlines before the closing brace. A schema's own "x-guidance" options override these.
 JSON_OPTIONS = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
-# Grammar sources larger than this are refused (a request body is at most a few MiB anyway).
-MAX_GRAMMAR_CHARS = 1 << 20
-
-
-class GrammarError(ValueError):
-    """A grammar, schema or regex that cannot be compiled; the message says what is wrong."""
 
 
 def compile_grammar(
     json_schema: dict[str, Any] | str | bool | None = None,
     grammar: str | None = None,
     regex: str | None = None,
+    vocab: Vocabulary | None = None,
 ) -> str | None:
     """The llguidance grammar for at most one of the three, validated; None when none is given.
     `json_schema` is a schema (dict or JSON text); True means any JSON object. `grammar` is Lark (llguidance's
-    dialect) or llama.cpp's GBNF."""
-    import llguidance as llg
+    dialect) or llama.cpp's GBNF. With `vocab` (tokenizer, n_vocab) the matcher the engine core will build
+    is built and must allow some output. Blocks until a worker answers (COMPILE_TIMEOUT_S at most)."""
+    job = grammar_job(json_schema, grammar, regex)
+    return None if job is None else default_pool().run(job, vocab)
 
+
+async def compile_grammar_async(
+    json_schema: dict[str, Any] | str | bool | None = None,
+    grammar: str | None = None,
+    regex: str | None = None,
+    vocab: Vocabulary | None = None,
+) -> str | None:
+    """compile_grammar, awaited: for an event loop that must keep serving meanwhile (the limit checks
+    run off the loop too)."""
+    return await default_pool().off_loop(compile_grammar, json_schema, grammar, regex, vocab)
+
+
+async def constrain_async(params: Any, vocab: Vocabulary, json_schema: dict[str, Any] | bool) -> None:
+    """Constrain `params` to `json_schema`, compiled off the event loop and checked against `vocab`, as
+    SamplingParams(json_schema=...) followed by check_for_vocabulary would (without blocking the loop)."""
+    if params.ignore_eos:
+        raise GrammarError("ignore_eos cannot be combined with a grammar: a grammar ends with EOS")
+    params.compiled_grammar = await compile_grammar_async(json_schema=json_schema, vocab=vocab)
+    params.json_schema, params.grammar_vocab_key = json_schema, vocab_key(vocab)
+
+
+def check_for_vocabulary(params: Any, vocab: Vocabulary) -> None:
+    """Make sure the engine core can build `params.compiled_grammar` for `vocab` (once per params: the
+    key of the vocabulary it was checked against is kept on them)."""
+    key = vocab_key(vocab)
+    if params.compiled_grammar is not None and params.grammar_vocab_key != key:
+        default_pool().run(("compiled", params.compiled_grammar), vocab)
+        params.grammar_vocab_key = key
+
+
+def grammar_job(
+    json_schema: dict[str, Any] | str | bool | None, grammar: str | None, regex: str | None
+) -> Job | None:
+    """The source to compile, past the limit checks (GrammarError naming the limit), or None."""
     sources = (("json_schema", json_schema), ("grammar", grammar), ("regex", regex))
     given = [name for name, value in sources if value is not None]
     if not given:
         return None
     if len(given) > 1:
         raise GrammarError(f"give at most one of json_schema, grammar and regex (got {', '.join(given)})")
-    try:
-        if json_schema is not None:
-            schema = {"type": "object"} if json_schema is True else json_schema
-            if isinstance(schema, str):
+    if json_schema is not None:
+        schema = {"type": "object"} if json_schema is True else json_schema
+        if isinstance(schema, str):
+            try:
                 schema = json.loads(schema)
-            if not isinstance(schema, dict):
-                raise GrammarError(f"json_schema must be a JSON object, got {type(schema).__name__}")
-            text = llg.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
-            what = "JSON schema"
-        elif grammar is not None:
-            _check_source("grammar", grammar)
-            text = llg.grammar_from("grammar", grammar)  # Lark, or GBNF converted to Lark
-            what = "grammar"
+            except (ValueError, RecursionError) as e:
+                raise GrammarError(f"invalid json_schema: {e}") from None
+        if not isinstance(schema, dict):
+            raise GrammarError(f"json_schema must be a JSON object, got {type(schema).__name__}")
+        check_schema(schema)
+        return "json_schema", schema
+    if grammar is not None:
+        check_grammar(grammar)
+        return "grammar", grammar
+    check_regex(regex)
+    return "regex", regex
+
+
+# ---- in a compile worker ---------------------------------------------------------------------
+_WHAT = {"json_schema": "JSON schema", "grammar": "grammar", "regex": "regex"}
+
+
+def compile_source(kind: str, source: Any) -> str:
+    """The validated llguidance grammar for one checked source (`grammar_job`'s). Runs llguidance's
+    native compiler: call it in a compile worker, never in a serving process."""
+    import llguidance as llg
+
+    try:
+        if kind == "json_schema":
+            text = llg.LLMatcher.grammar_from_json_schema(source, defaults=JSON_OPTIONS)
+        elif kind == "grammar":
+            text = llg.grammar_from("grammar", source)  # Lark, or GBNF converted to Lark
         else:
-            _check_source("regex", regex)
-            text = llg.LLMatcher.grammar_from_regex(regex)
-            what = "regex"
-    except GrammarError:
-        raise
+            text = llg.LLMatcher.grammar_from_regex(source)
     except (ValueError, TypeError, RecursionError) as e:
-        raise GrammarError(f"invalid {given[0]}: {e}") from None
+        raise GrammarError(f"invalid {kind}: {e}") from None
     error = llg.LLMatcher.validate_grammar(text)
     if error:
-        raise GrammarError(f"the {what} does not compile: {error.strip()}")
+        raise GrammarError(f"the {_WHAT[kind]} does not compile: {error.strip()}")
     return text
 
 
-def _check_source(name: str, text: Any) -> None:
-    if not isinstance(text, str) or not text:
-        raise GrammarError(f"{name} must be a non-empty string")
-    if len(text) > MAX_GRAMMAR_CHARS:
-        raise GrammarError(f"{name} is longer than {MAX_GRAMMAR_CHARS} characters")
+_mask_executor: Any = None  # llguidance.LLExecutor of this compile worker
+
+
+def build_matcher(grammar: str, tokenizer: Any, n_vocab: int, check_first_mask: bool = False) -> Any:
+    """The llguidance matcher of `grammar` for our tokenizer, as the engine core uses it. With
+    `check_first_mask`, its first mask is computed the way the core computes masks (on an LLExecutor), and
+    a grammar that allows no output at all is a GrammarError."""
+    import llguidance as llg
+
+    matcher = llg.LLMatcher(ll_tokenizer(tokenizer, n_vocab), grammar, log_level=0)
+    if matcher.is_error():
+        raise GrammarError(f"the grammar does not compile for this vocabulary: {matcher.get_error()}")
+    if check_first_mask:
+        import numpy as np
+        from llguidance.numpy import fill_next_token_bitmask_par
+
+        global _mask_executor
+        if _mask_executor is None:
+            _mask_executor = llg.LLExecutor(num_threads=1)  # the engine core's MASK_THREADS
+        bitmask = np.zeros((1, (n_vocab + 31) // 32), np.int32)  # [1, n_vocab / 32] bit words
+        fill_next_token_bitmask_par(_mask_executor, [(matcher, 0)], bitmask)
+        if matcher.is_error() or not bitmask.any():
+            why = matcher.get_error().strip().splitlines()[0] if matcher.is_error() else "no token allowed"
+            raise GrammarError(f"the grammar matches no output at all (llguidance: {why})")
+    return matcher
 
 
 _tokenizers: dict[int, Any] = {}

@@ -32,6 +32,7 @@ from edgellm.engine.spec.config import SpeculativeConfig, check_draft_model, par
 from edgellm.gguf.config import ModelConfig, config_from_gguf
 from edgellm.gguf.reader import load_gguf
 from edgellm.gguf.validation import tokenizer_from_gguf, validate_model
+from edgellm.grammar import check_for_vocabulary
 from edgellm.quants.kv_cache import DEFAULT_KV_CACHE_DTYPE, get_kv_cache_type
 from edgellm.sampling import SamplingParams
 
@@ -212,6 +213,7 @@ class LLM:
         """Start one request; `deliver` gets its RequestOutput per step (or one exception), on the core
         client's thread. Returns (request id, prompt ids)."""
         ids = self.prompt_ids(prompt)
+        check_for_vocabulary(params, (self.tokenizer, self.config.n_vocab))  # in a worker, not here
         rid = request_id if request_id is not None else f"req-{next(self._rids)}"
         core = self.core
         core.add(rid, ids, params, RequestStream(core, self.tokenizer, rid, ids, params, deliver), priority)

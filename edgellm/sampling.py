@@ -50,9 +50,11 @@ class SamplingParams:
     json_schema: dict[str, Any] | str | bool | None = None
     grammar: str | None = None
     regex: str | None = None
-    # The llguidance grammar compiled from those by __post_init__ (it crosses to the engine core with the
-    # params, so the core never compiles an unchecked grammar).
+    # The llguidance grammar compiled from those by __post_init__, in a compile worker process (it crosses
+    # to the engine core with the params, so the core never compiles an unchecked grammar), and the key of
+    # the vocabulary a worker built its matcher for (edgellm.grammar.check_for_vocabulary).
     compiled_grammar: str | None = field(default=None, init=False, repr=False, compare=False)
+    grammar_vocab_key: int | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

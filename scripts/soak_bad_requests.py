@@ -1,7 +1,8 @@
-"""Bad requests for scripts/soak.py: malformed bodies, over-long prompts, and attacks on the HTTP layer
+"""Bad requests for scripts/soak.py: malformed bodies, over-long prompts, attacks on the HTTP layer
 (near-miss paths with a foreign Host header, percent-encoded paths, folded headers, and with a key, wrong
-Authorization values; edgellm/testing/http_attacks.py). Each must get a 4xx (the status listed with it),
-never a 5xx or a redirect; the server must go on serving everyone else."""
+Authorization values; edgellm/testing/http_attacks.py) and the grammar/tool attacks of
+edgellm.testing.grammar_attacks (schemas that crashed the compiler, 10,000 tools, $ref loops). Each must get
+a 4xx (the status listed with it), never a 5xx or a redirect; the server must go on serving everyone else."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from urllib.parse import urlparse
 
 from soak_traffic import Failed, Traffic
 
+from edgellm.testing.grammar_attacks import chat_body_attacks
 from edgellm.testing.http_attacks import (
     EVIL_HOST,
     NEAR_MISS_PATHS,
@@ -92,6 +94,9 @@ def malformed_bodies(model: str) -> list[tuple[str, str, bytes, set[int]]]:
         ("lone_surrogate_stop", cmpl, b'{"prompt": "hi", "max_tokens": 2, "stop": ["\\ud83d"]}', {400}),
         ("lone_surrogate_model", chat, b'{"model": "\\ud800", "messages": []}', {400, 404}),
         ("surrogate_pair_with_bad_n", cmpl, b'{"prompt": "\\ud83d\\ude00", "n": 0}', {400}),
+    ] + [
+        (name, chat, _j({"model": model, "messages": msg, "max_tokens": 2, **extra}), {400})
+        for name, extra, _, _ in chat_body_attacks()
     ]
 
 

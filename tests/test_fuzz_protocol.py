@@ -6,7 +6,9 @@ without the key is a 401, 404 or 405, never a redirect."""
 from __future__ import annotations
 
 import json
+import os
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.requests import Request
@@ -137,3 +139,78 @@ def test_without_the_key_any_path_is_a_401_404_or_405_never_a_redirect(
     assert a.status in (401, 404, 405), (method, path, a.status)
     if method != "HEAD":
         assert a.json()["error"]["message"]
+# ---- hostile schemas and tools (issue 23) ------------------------------------------------------
+GRAMMAR_EXAMPLES = int(os.environ.get("EDGELLM_FUZZ_EXAMPLES", "0")) or 60
+
+
+@st.composite
+def ref_graphs(draw: st.DrawFn) -> dict:
+    """Schemas whose $defs refer to one another: chains of any length (past the depth limit too), loops,
+    self references, through anyOf/allOf/items/properties, with some dangling pointers."""
+    n = draw(st.integers(1, 400))
+    wraps = [
+        lambda r: r,
+        lambda r: {"anyOf": [r, {"type": "integer"}]},
+        lambda r: {"allOf": [r]},
+        lambda r: {"type": "array", "items": r, "maxItems": 2},
+        lambda r: {"type": "object", "properties": {"k": r}},
+    ]
+    defs = {}
+    for i in range(n):
+        target = draw(st.sampled_from(["next", "self", "root", "back", "missing", "leaf"]))
+        ref = {
+            "next": f"#/$defs/d{i + 1}",
+            "self": f"#/$defs/d{i}",
+            "root": "#",
+            "back": f"#/$defs/d{draw(st.integers(0, i))}",
+            "missing": "#/$defs/nope",
+            "leaf": f"#/$defs/d{n}",
+        }[target]
+        defs[f"d{i}"] = draw(st.sampled_from(wraps))({"$ref": ref})
+    defs[f"d{n}"] = draw(st.sampled_from([{"type": "string"}, {"$ref": "#/$defs/d0"}, {"enum": [1, 2]}]))
+    return {"$defs": defs, "$ref": "#/$defs/d0"}
+
+
+def _check_attack(body: dict, pool) -> None:
+    from edgellm.grammar import GrammarError, grammar_job
+    from edgellm.server.tools import checked_tool_schema
+
+    try:
+        req = parse_chat(body, 100, 64)
+    except ApiError as e:
+        assert e.status == 400 and e.message
+        return
+    try:
+        schema = checked_tool_schema(req.tools) if req.tools is not None else req.json_schema
+        job = grammar_job(schema, None, None)
+        if job is not None:
+            pool.run(job)  # past the checks: compiles or is an error, never a crash
+    except GrammarError as e:
+        assert "crashed" not in str(e), e
+        assert str(e)
+
+
+@pytest.fixture(scope="module")
+def fuzz_pool():
+    from edgellm.grammar_worker import GrammarPool
+
+    pool = GrammarPool(size=1)
+    yield pool
+    pool.close()
+
+
+@settings(max_examples=GRAMMAR_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ref_graphs(), st.sampled_from(["response_format", "required", "named", "auto"]))
+def test_hostile_ref_graphs_are_400s_or_compile_without_crashing(fuzz_pool, schema: dict, where: str) -> None:
+    msgs = [{"role": "user", "content": "hi"}]
+    if where == "response_format":
+        body = {
+            "messages": msgs,
+            "response_format": {"type": "json_schema", "json_schema": {"schema": schema}},
+        }
+    else:
+        tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
+        choice = {"type": "function", "function": {"name": "f"}} if where == "named" else where
+        body = {"messages": msgs, "tools": tools, "tool_choice": choice}
+    _check_attack(body, fuzz_pool)
+    assert fuzz_pool.crashes == 0

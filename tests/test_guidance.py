@@ -95,6 +95,17 @@ def test_constrained_outputs_match_with_n_seeds_stop_strings_and_a_mixed_batch(l
     assert texts[rids[3]][1] in ("yes", "no") and results[rids[3]] == "stop"
 
 
+def test_a_grammar_that_matches_nothing_is_refused_before_it_reaches_the_engine(llm: LLM) -> None:
+    """The grammar compiles on its own; only built for the vocabulary (in a compile worker, as LLM.submit
+    has it checked) does it show that no token can ever start it. Before, the engine ended the sequence at
+    once: a "stop" with empty text."""
+    params = SamplingParams(grammar='start: start "a"', max_tokens=4)
+    with pytest.raises(GrammarError, match="matches no output at all"):
+        llm.generate(["Hi"], params)
+    [out] = llm.generate(["Hi"], SamplingParams(regex="(yes|no)", max_tokens=4))  # the engine serves on
+    assert out.text in ("yes", "no")
+
+
 def test_max_tokens_cuts_a_grammar_as_length_and_a_stop_string_still_stops(llm: LLM) -> None:
     [cut] = llm.generate([PERSON], SamplingParams(temperature=0.0, max_tokens=4, json_schema=SCHEMA))
     assert cut.finish_reason == "length" and len(cut.token_ids) == 4 and cut.text.startswith("{")

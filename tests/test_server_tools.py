@@ -14,6 +14,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
+from edgellm.testing.grammar_attacks import PYDANTIC_WEATHER, tool
 from tests.test_server import _start
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
@@ -199,6 +200,34 @@ def test_required_and_named_tool_choices_always_yield_a_valid_call(
             assert r.choices[0].message.content is None
         assert reason == "tool_calls" and len(calls) == 1
         _check_calls(calls, names)
+
+
+@pytest.mark.parametrize(
+    "choice", ["required", {"type": "function", "function": {"name": "get_weather"}}, "auto"]
+)
+def test_pydantic_style_defs_in_tool_parameters_work_for_every_tool_choice(
+    client: openai.OpenAI, choice: str | dict
+) -> None:
+    """Parameters with their own $defs/$ref (what pydantic writes for nested models): "required" used to
+    be a 400 `Pointer '/$defs/Unit' does not exist` (the per-tool schemas were nested without their
+    $defs). SmolLM2-135M does not call tools on its own, so "auto" shows only that the request is served
+    and any call it parses validates."""
+    tools = [tool("get_weather", PYDANTIC_WEATHER), ADD]
+    ask = [{"role": "user", "content": "What is the weather in Oslo, in celsius?"}]
+    for seed in (1, 2):
+        r = client.chat.completions.create(
+            model=MODEL, messages=ask, tools=tools, tool_choice=choice, max_tokens=60, temperature=0.7,
+            seed=seed, parallel_tool_calls=False,
+        )  # fmt: skip
+        calls = r.choices[0].message.tool_calls or []
+        if choice == "auto":
+            assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+        else:
+            assert r.choices[0].finish_reason == "tool_calls" and len(calls) == 1
+        for c in calls:
+            schema = PYDANTIC_WEATHER if c.function.name == "get_weather" else ADD["function"]["parameters"]
+            jsonschema.validate(json.loads(c.function.arguments), schema)
+            assert c.function.name == "get_weather" or not isinstance(choice, dict)  # named: that one
 
 
 def test_call_tool_result_answer_round_trip(client: openai.OpenAI) -> None:

@@ -15,6 +15,7 @@ from edgellm.chat_template import CHATML_TEMPLATE
 from edgellm.cli import main as cli_main
 from edgellm.server.app import ServerConfig, ServerState, build_app, load_template, render_chat_prompt
 from edgellm.server.protocol import ApiError
+from edgellm.testing.grammar_attacks import chat_body_attacks
 from edgellm.testing.http_attacks import (
     EVIL_HOST,
     NEAR_MISS_PATHS,
@@ -76,6 +77,27 @@ def test_a_spinning_template_is_a_400_and_health_answers_meanwhile(hostile_serve
     spin.join()
     assert answered_meanwhile >= 3
     _error(result[0], 400, "ran longer than its 2 s limit")
+    assert _chat(hostile_server, "Hello").status_code == 200
+
+
+ATTACKS = chat_body_attacks()
+
+
+@pytest.mark.parametrize(("extra", "param", "message"), [a[1:] for a in ATTACKS], ids=[a[0] for a in ATTACKS])
+def test_grammar_and_tool_attacks_are_400s_naming_the_problem_while_health_answers(
+    hostile_server: str, extra: dict, param: str, message: str
+) -> None:
+    """Each of these once crashed the server by SIGSEGV, blocked its event loop for tens of seconds or
+    answered 200 with empty text."""
+    result: list[httpx.Response] = []
+    attack = threading.Thread(target=lambda: result.append(_chat(hostile_server, "Hello", **extra)))
+    attack.start()
+    while attack.is_alive():
+        r = httpx.get(f"{hostile_server}/health", timeout=1)  # the event loop stays free
+        assert r.status_code == 200
+        time.sleep(0.05)
+    attack.join()
+    assert _error(result[0], 400, message)["param"] == param
     assert _chat(hostile_server, "Hello").status_code == 200
 
 

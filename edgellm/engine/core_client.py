@@ -11,16 +11,14 @@ import concurrent.futures
 import itertools
 import multiprocessing
 import queue
-import signal
-import sys
 import threading
-import types
 from collections.abc import Callable
 from typing import Any
 
 from edgellm.engine.core import CoreSpec, run_core_process
 from edgellm.engine.llm_engine import EngineStats
 from edgellm.sampling import SamplingParams
+from edgellm.spawn import describe_exit, start_without_main
 
 # A sink receives, on the receiver thread, its request's outputs from one core message as a list of
 # (wire output, step time) in step order, or one exception (the core rejected the request, or died). It
@@ -37,30 +35,7 @@ class CoreLoadError(RuntimeError):
 
 
 def _describe_exit(code: int | None) -> str:
-    if code is None:
-        return "the engine core stopped answering"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"the engine core process was killed by {name}"
-    return f"the engine core process exited with status {code}"
-
-
-def _start_without_main(process: Any) -> None:
-    """Start a spawn-context process without re-running the caller's __main__ in it: the core needs
-    nothing from it, and a script without an `if __name__ == "__main__"` guard would start a second core
-    from inside the first."""
-    main, stderr = sys.modules["__main__"], sys.stderr
-    sys.modules["__main__"] = types.ModuleType("__main__")  # no __file__ or __spec__: nothing to re-run
-    # The launcher passes sys.stderr's descriptor on; an app that captures output (Textual) replaces
-    # sys.stderr with an object whose fileno() is not a descriptor.
-    sys.stderr = sys.__stderr__ or stderr
-    try:
-        process.start()
-    finally:
-        sys.modules["__main__"], sys.stderr = main, stderr
+    return describe_exit("the engine core process", code)
 
 
 class CoreClient:
@@ -79,7 +54,7 @@ class CoreClient:
         self.process = ctx.Process(
             target=run_core_process, args=(child, spec), name="edgellm-core", daemon=True
         )
-        _start_without_main(self.process)
+        start_without_main(self.process)
         child.close()  # so that the core's death reads as EOF here
         self._on_death = on_death
         self._sinks: dict[str, Sink] = {}

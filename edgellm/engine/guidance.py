@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from edgellm.grammar import GrammarError, ll_tokenizer
+from edgellm.grammar import build_matcher
 
 MASK_THREADS = 1  # llguidance's own pool: a mask is microseconds, a step's masks well under a millisecond
 
@@ -31,13 +31,10 @@ class GuidedDecoding:
 
     # ---- sequences -----------------------------------------------------------------------------
     def add(self, seq_id: int, grammar: str) -> None:
-        """A matcher for a new constrained sequence; `grammar` comes from edgellm.grammar.compile_grammar."""
-        import llguidance as llg
-
-        matcher = llg.LLMatcher(ll_tokenizer(self.tokenizer, self.n_vocab), grammar, log_level=0)
-        if matcher.is_error():
-            raise GrammarError(f"the grammar does not compile for this vocabulary: {matcher.get_error()}")
-        self.matchers[seq_id] = matcher
+        """A matcher for a new constrained sequence. `grammar` comes from edgellm.grammar.compile_grammar,
+        and the front-end had a compile worker build this same matcher for this vocabulary first
+        (check_for_vocabulary), so building it here cannot crash the core."""
+        self.matchers[seq_id] = build_matcher(grammar, self.tokenizer, self.n_vocab)
 
     def fork(self, parent: int, child: int) -> None:
         """n > 1: the child continues from the parent's state (call before the parent consumes its token)."""

@@ -33,7 +33,7 @@ from edgellm.server.compat import ModelNames, cors_middleware, with_unprefixed
 from edgellm.server.embeddings import embeddings
 from edgellm.server.generate import generate
 from edgellm.server.metrics import ServerMetrics
-from edgellm.server.protocol import ApiError, check_unicode, parse_chat, parse_completion
+from edgellm.server.protocol import ApiError, check_unicode, constrain, parse_chat, parse_completion
 
 log = logging.getLogger("edgellm.server")
 DEFAULT_MAX_BODY_BYTES = 4 * 2**20
@@ -265,6 +265,7 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
         req = parse_chat(body, state.llm.tokenizer.vocab_size, state.llm.n_ctx)
         check_model(req.model)
         assert req.messages is not None
+        await constrain(req, (state.llm.tokenizer, state.llm.config.n_vocab))
         prompt = await render_chat_prompt(state, req.messages, tools=req.tools and req.tools.tools)
         return await generate(state, request, req, [prompt.token_ids], chat=True)
 
@@ -274,6 +275,7 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
         req = parse_completion(body, state.llm.tokenizer.vocab_size)
         check_model(req.model)
         assert req.prompts is not None
+        await constrain(req, (state.llm.tokenizer, state.llm.config.n_vocab))
         prompts = [state.llm.tokenize(p, add_special=True) if isinstance(p, str) else p for p in req.prompts]
         if any(not p for p in prompts):
             raise ApiError(400, "empty prompt: at least one token is needed", param="prompt")

@@ -7,14 +7,16 @@ as numbers (Python's bool is an int; JSON's is not).
 
 from __future__ import annotations
 
+import json
 import math
 import reprlib
 from dataclasses import dataclass
 from typing import Any
 
-from edgellm.grammar import GrammarError
+from edgellm.grammar import GrammarError, constrain_async
+from edgellm.grammar_worker import default_pool
 from edgellm.sampling import PARAM_BOUNDS, SamplingParams
-from edgellm.server.tools import ToolRequest, parse_response_format, parse_tools
+from edgellm.server.tools import ToolRequest, checked_tool_schema, parse_response_format, parse_tools
 
 MAX_N = 16  # completions per request
 MAX_TOP_LOGPROBS = 20
@@ -60,6 +62,11 @@ def _is_number(v: Any) -> bool:
 def check_unicode(body: Any) -> None:
     """Every string (and key) of a parsed JSON body must be valid Unicode: JSON's \\ud800 escapes decode
     to lone surrogates, which no tokenizer or UTF-8 encoder accepts."""
+    try:  # the common case at C speed (a 1.6 MB body would hold the event loop a second in the walk)
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+        return
+    except (UnicodeEncodeError, RecursionError, TypeError, ValueError):
+        pass  # the walk below names where (or finds nothing)
     stack = [(body, "")]
     while stack:
         value, where = stack.pop()
@@ -136,6 +143,9 @@ class GenerationRequest:
     messages: list[dict[str, Any]] | None = None  # chat
     prompts: list[str | list[int]] | None = None  # completions: one engine request per prompt
     tools: ToolRequest | None = None  # chat with tools that may be called
+    # What response_format constrains decoding to; `constrain` compiles it (or the tools' calls) into
+    # `params` off the event loop.
+    json_schema: dict[str, Any] | bool | None = None
 
 
 def _common(
@@ -143,8 +153,6 @@ def _common(
     vocab_size: int,
     max_tokens_default: int,
     top_logprobs: int | None,
-    json_schema: dict | bool | None = None,  # what decoding is constrained to (response_format, tools)
-    schema_param: str = "response_format",
 ) -> tuple:
     model = _str(body, "model")
     max_tokens = _int(body, "max_completion_tokens", lo=1)
@@ -191,19 +199,31 @@ def _common(
         "n": _int(body, "n", lo=1, hi=MAX_N),
         "top_k": None if top_k is None else max(top_k, 0),  # -1 means off, as in vLLM
     }
-    try:
-        params = SamplingParams(
-            max_tokens=max_tokens or max_tokens_default,
-            stop=stop,
-            logit_bias=logit_bias,
-            logprobs=top_logprobs,
-            json_schema=json_schema,
-            **{k: v for k, v in opt.items() if v is not None},
-        )
-    except GrammarError as e:
-        raise _bad(schema_param, str(e)) from None
+    params = SamplingParams(
+        max_tokens=max_tokens or max_tokens_default,
+        stop=stop,
+        logit_bias=logit_bias,
+        logprobs=top_logprobs,
+        **{k: v for k, v in opt.items() if v is not None},
+    )
     user = _str(body, "user")
     return model, params, stream, include_usage, user
+
+
+async def constrain(req: GenerationRequest, vocab: tuple[Any, int]) -> None:
+    """Check the request's tools and compile what decodes it is constrained to (response_format, or the
+    calls of tool_choice "required"/named) in a grammar worker into its params, against the model's
+    vocabulary `vocab` (tokenizer, n_vocab); all of it off the event loop."""
+    schema, param = req.json_schema, "response_format"
+    try:
+        if req.tools is not None:
+            param = "tools"
+            schema = await default_pool().off_loop(checked_tool_schema, req.tools)
+        if schema is not None:
+            await constrain_async(req.params, vocab, schema)
+    except GrammarError as e:
+        prefix = "a function's parameters cannot constrain decoding: " if param == "tools" else ""
+        raise _bad(param, prefix + str(e)) from None
 
 
 def _messages(body: dict) -> list[dict[str, Any]]:
@@ -279,16 +299,18 @@ def parse_chat(body: dict, vocab_size: int, n_ctx: int) -> GenerationRequest:
     schema = parse_response_format(body)
     if tools is not None and schema is not None:
         raise _bad("response_format", "cannot be combined with tools (unless tool_choice is 'none')")
-    model, params, stream, include_usage, user = _common(
-        body,
-        vocab_size,
-        n_ctx,
-        (top or 0) if logprobs else None,
-        tools.json_schema() if tools is not None else schema,
-        "tools" if tools is not None else "response_format",
-    )
+    top_or_none = (top or 0) if logprobs else None
+    model, params, stream, include_usage, user = _common(body, vocab_size, n_ctx, top_or_none)
     return GenerationRequest(
-        model, params, stream, include_usage, logprobs, user, messages=_messages(body), tools=tools
+        model,
+        params,
+        stream,
+        include_usage,
+        logprobs,
+        user,
+        messages=_messages(body),
+        tools=tools,
+        json_schema=schema,
     )
 
 
@@ -302,7 +324,7 @@ def parse_completion(body: dict, vocab_size: int) -> GenerationRequest:
     if body.get("tools") is not None or body.get("tool_choice") is not None:
         raise _bad("tools", "tools are only supported on /v1/chat/completions")
     schema = parse_response_format(body)
-    model, params, stream, include_usage, user = _common(body, vocab_size, 16, k, schema)  # OpenAI: 16
+    model, params, stream, include_usage, user = _common(body, vocab_size, 16, k)  # OpenAI: 16
     prompt = body.get("prompt")
     prompts: list[str | list[int]]
     if isinstance(prompt, str):
@@ -324,4 +346,6 @@ def parse_completion(body: dict, vocab_size: int) -> GenerationRequest:
     for p in prompts:
         if isinstance(p, list) and any(not 0 <= t < vocab_size for t in p):
             raise _bad("prompt", f"token ids must be in 0..{vocab_size - 1}")
-    return GenerationRequest(model, params, stream, include_usage, k is not None, user, prompts=prompts)
+    return GenerationRequest(
+        model, params, stream, include_usage, k is not None, user, prompts=prompts, json_schema=schema
+    )

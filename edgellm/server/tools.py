@@ -21,10 +21,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgellm.chat_tools import HERMES_OPEN, ToolCall, could_start_call, parse_tool_calls
-from edgellm.grammar import GrammarError, compile_grammar
+from edgellm.grammar_limits import check_schema
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _ANY_OBJECT = {"type": "object"}
+# OpenAI documents at most 128 tools; past these a request is refused before any of it is looked at.
+MAX_TOOLS = 512
+MAX_TOOLS_CHARS = 1 << 20  # the `tools` list as compact JSON
 
 
 def _bad(param: str, message: str) -> Exception:
@@ -87,19 +90,60 @@ class ToolRequest:
             return None
         if self.choice != "required":
             return self.schema(self.choice)
-        calls = [
-            {
-                "type": "object",
-                "properties": {"name": {"const": name}, "arguments": self.schema(name)},
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            }
-            for name in self.names
-        ]
-        array: dict[str, Any] = {"type": "array", "items": {"anyOf": calls}, "minItems": 1}
+        return self.calls_schema()
+
+    def calls_schema(self) -> dict[str, Any]:
+        """A JSON list of calls to any of the tools. Each function's schema moves under the list's `$defs`
+        as "<name>", its own `$defs`/`definitions` as "<name>.<def>", and its local `$ref`s are rewritten to
+        match: a `$ref` means the same thing inside the combined schema as in the function's own."""
+        defs: dict[str, Any] = {}
+        calls = []
+        for name in self.names:
+            defs.update(_hoisted(name, self.schema(name)))
+            calls.append(
+                {
+                    "type": "object",
+                    "properties": {"name": {"const": name}, "arguments": {"$ref": f"#/$defs/{name}"}},
+                    "required": ["name", "arguments"],
+                    "additionalProperties": False,
+                }
+            )
+        array: dict[str, Any] = {"type": "array", "items": {"anyOf": calls}, "minItems": 1, "$defs": defs}
         if not self.parallel:
             array["maxItems"] = 1
         return array
+
+
+def _hoisted(name: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema` and its top-level definitions as root `$defs` entries of a combined schema, every local
+    `$ref` in them rewritten (a copy; an iterative walk, for schemas of any depth)."""
+    own = {k: v for k, v in schema.items() if k not in ("$defs", "definitions")}
+    out = {name: own}
+    for key in ("$defs", "definitions"):
+        table = schema.get(key)
+        if isinstance(table, dict):
+            out.update({f"{name}.{d}": sub for d, sub in table.items()})
+    out = json.loads(json.dumps(out))  # a deep copy to rewrite in place
+    todo: list[Any] = list(out.values())
+    while todo:
+        node = todo.pop()
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#"):
+                node["$ref"] = _rebased(name, ref)
+            todo.extend(node.values())
+        elif isinstance(node, list):
+            todo.extend(node)
+    return out
+
+
+def _rebased(name: str, ref: str) -> str:
+    """A function schema's local pointer, pointed into the combined schema's `$defs`."""
+    parts = ref[1:].split("/")  # "#/$defs/Unit/properties/x" -> ["", "$defs", "Unit", "properties", "x"]
+    if len(parts) >= 3 and parts[1] in ("$defs", "definitions"):
+        rest = "/".join(parts[3:])
+        return f"#/$defs/{name}.{parts[2]}" + (f"/{rest}" if rest else "")
+    return f"#/$defs/{name}{ref[1:]}"
 
 
 def parse_tools(body: dict) -> ToolRequest | None:
@@ -116,6 +160,12 @@ def parse_tools(body: dict) -> ToolRequest | None:
         return None
     if not isinstance(tools, list) or not tools:
         raise _bad("tools", "expected a non-empty list of tools")
+    if len(tools) > MAX_TOOLS:
+        raise _bad("tools", f"{len(tools)} tools; the limit is {MAX_TOOLS} (MAX_TOOLS)")
+    size = len(json.dumps(tools, separators=(",", ":")))
+    if size > MAX_TOOLS_CHARS:
+        limit = f"the limit is {MAX_TOOLS_CHARS} (MAX_TOOLS_CHARS)"
+        raise _bad("tools", f"the tools are {size} characters of JSON; {limit}")
     checked, seen = [], set()
     for i, t in enumerate(tools):
         where = f"tools[{i}]"
@@ -144,13 +194,15 @@ def parse_tools(body: dict) -> ToolRequest | None:
         raise _bad("tool_choice", "expected 'none', 'auto', 'required' or a {'function': {'name': ...}}")
     if choice == "none":
         return None
-    request = ToolRequest(checked, choice, True if parallel is None else parallel)
-    if choice != "auto":
-        try:
-            compile_grammar(json_schema=request.json_schema())
-        except GrammarError as e:
-            raise _bad("tools", f"a function's parameters cannot constrain decoding: {e}") from None
-    return request
+    return ToolRequest(checked, choice, True if parallel is None else parallel)
+
+
+def checked_tool_schema(req: ToolRequest) -> dict[str, Any] | None:
+    """What decoding is constrained to (None for "auto"), once every function's schema passed the limit
+    and `$ref` loop checks, for "auto" too (nothing is compiled for it). GrammarError when one fails."""
+    calls = req.calls_schema()
+    check_schema(calls)
+    return calls if req.choice == "required" else req.json_schema()
 
 
 # ---- output ----------------------------------------------------------------------------------
