@@ -1,7 +1,9 @@
 """Write llama.cpp reference fixtures for the model tests (greedy continuations and teacher-forced logits).
 
 Needs llama-cpp-python (`pip install llama-cpp-python==0.3.36`, compiles ~10 min); never part of the
-default test run. Usage: python scripts/make_model_fixtures.py  -> tests/fixtures/model_<name>.json
+default test run. Usage: python scripts/make_model_fixtures.py [--embeddings] [NAME ...]
+-> tests/fixtures/model_<name>.json (greedy continuations, logits), or with --embeddings only
+tests/fixtures/embed_<name>.json (llama.cpp's mean-pooled, normalized embeddings of EMBED_TEXTS).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from edgellm.catalog import resolve_model  # noqa: E402
+from edgellm.testing.llamacpp import without_extra_buffer_types  # noqa: E402
 
 GREEDY_PROMPTS = [
     "The capital of France is",
@@ -46,6 +49,7 @@ SCORE_TEXT = (
     "and the 3-4-5 right triangle, a device for assuring a right angle."
 )
 TOP_K_SAVED = 20
+EMBED_TEXTS = ["Hello world", "The quick brown fox jumps over the lazy dog.", "What is an LLM?"]
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -57,6 +61,7 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 def make(name: str) -> dict:
     import llama_cpp
 
+    without_extra_buffer_types()
     path = resolve_model(name)
     llm = llama_cpp.Llama(
         model_path=str(path), n_ctx=1024, n_batch=512, n_threads=2, logits_all=True, verbose=False, seed=0
@@ -104,10 +109,38 @@ def make(name: str) -> dict:
     }
 
 
+def make_embeddings(name: str) -> dict:
+    import llama_cpp
+
+    without_extra_buffer_types()
+    ref = llama_cpp.Llama(
+        str(resolve_model(name)),
+        n_ctx=256,
+        n_threads=2,
+        embedding=True,
+        pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN,
+        verbose=False,
+    )
+    vectors = np.asarray(ref.embed(EMBED_TEXTS, normalize=True), dtype=np.float32)
+    return {
+        "model": name,
+        "generator": f"llama-cpp-python {llama_cpp.__version__}, mean pooling, L2-normalized",
+        "texts": EMBED_TEXTS,
+        "embeddings": [[round(float(v), 7) for v in row] for row in vectors],
+    }
+
+
 def main() -> None:
     out_dir = ROOT / "tests" / "fixtures"
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name in sys.argv[1:] or ["smollm2-135m", "gemma3-270m"]:
+    args = sys.argv[1:]
+    embeddings = "--embeddings" in args
+    for name in [a for a in args if a != "--embeddings"] or ["smollm2-135m", "gemma3-270m"]:
+        if embeddings:
+            dest = out_dir / f"embed_{name}.json"
+            dest.write_text(json.dumps(make_embeddings(name)) + "\n")
+            print(f"wrote {dest}")
+            continue
         data = make(name)
         dest = out_dir / f"model_{name}.json"
         dest.write_text(json.dumps(data, indent=1) + "\n")
