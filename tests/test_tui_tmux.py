@@ -32,6 +32,7 @@ EXITED = "chat process exited with status"
 STATUS_LINE = re.compile(r"│ ctx \S+ │ TTFT [^│]+│ [^│]+ tok/s │ (\w+)")
 STATUS_TPS = re.compile(r"│ ([\d.]+) tok/s │")
 ASSISTANT_HEADER = re.compile(r"█ (Assistant\b.*?)\s*$")
+SIDEBAR_BORDER, MESSAGE_BORDER = "▕", "█"  # the sidebar's right edge; a message's left edge
 PANEL_ROW = re.compile(r"│\s(.*?)\s*│\s*$")  # a row inside the loading panel's rounded border
 
 
@@ -63,9 +64,16 @@ class Screen:
         return [r for r in rows if r and not set(r) <= set("● ")]  # drop blank rows and the spinner
 
     def body_after_last_header(self) -> str:
+        """The text of the last assistant message: the rows under its header that are inside its left
+        border, read right of the sidebar (whose border glyph is no text of the reply)."""
         index = max(i for i, line in enumerate(self.lines) if ASSISTANT_HEADER.search(line))
-        below = self.lines[index + 1] if index + 1 < len(self.lines) else ""
-        return below.split("█", 1)[-1].strip()
+        body = []
+        for line in self.lines[index + 1 :]:
+            column = line.split(SIDEBAR_BORDER, 1)[-1].strip()
+            if not column.startswith(MESSAGE_BORDER):
+                break
+            body.append(column.removeprefix(MESSAGE_BORDER).strip())
+        return "\n".join(body).strip()
 
 
 class TmuxChat:
