@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from textual.widgets.markdown import MarkdownBlock
 
+from tests.test_tui import header, wait_for
 from tui.app import ChatApp
 from tui.fake_backend import ScriptedBackend
 from tui.messages import ChatMessage, GenerationSettings, StreamDelta, StreamDone, StreamEvent
@@ -62,22 +63,10 @@ def make_app(tmp_path: Path, pause_at: int) -> tuple[ChatApp, PausingBackend]:
     return app, backend
 
 
-async def wait_for(pilot, condition, timeout: float = 10.0) -> None:
-    for _ in range(int(timeout / 0.02)):
-        if condition():
-            return
-        await pilot.pause(0.02)
-    raise AssertionError("condition not reached in time")
-
-
 def drawn_text(view: MessageView) -> str:
     """The reply's text as its Markdown blocks draw it (words only: Markdown drops trailing spaces)."""
     blocks = view.query_one(MessageBody).query(MarkdownBlock)
     return " ".join(str(b.render()) for b in blocks).strip()
-
-
-def header(view: MessageView) -> str:
-    return str(view.query_one(".message-header").render())
 
 
 def words(text: str) -> list[str]:
@@ -168,6 +157,7 @@ async def test_escape_while_a_frame_is_being_drawn_keeps_that_frame(tmp_path: Pa
         assert reply.partial and reply.content == PIECES[0]
         assert words(drawn_text(view)) == words(PIECES[0])
         assert "stopped" in header(view)
+        assert backend.aborted == 1  # the stream left after the frame: the backend frees the request
 
 
 @pytest.mark.asyncio

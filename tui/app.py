@@ -90,10 +90,9 @@ class ChatApp(ConversationActions, App[None]):
         self.backend: ChatBackend | None = None
         self.info: BackendInfo | None = None
         self.state = "loading"  # on_mount starts the load; the first frame already says so
-        # A reply is asked for from start_reply on (before its worker runs: Esc right after Enter stops it
-        # too) until its worker has drawn and saved what came. reply_stop: Esc was pressed for it;
-        # reply_waiting: the worker waits for the backend's next event or the user's answer, the only
-        # places a stop may cancel it (never mid-frame); otherwise it stops at its next check.
+        # replying: from start_reply (before the worker runs) until what came is drawn and saved. A stop
+        # sets reply_stop, and cancels the worker only while reply_waiting (for the backend's next event
+        # or the user's answer), never mid-frame; otherwise the worker stops at its next check.
         self.replying = False
         self.reply_stop = asyncio.Event()
         self.reply_waiting = False
