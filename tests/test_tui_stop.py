@@ -78,8 +78,8 @@ async def start(pilot, app: ChatApp) -> None:
     await pilot.press(*"go", "enter")
 
 
-async def stopped_reply(pilot, app: ChatApp, tmp_path: Path) -> MessageView:
-    """Wait for the stopped reply to settle; it is the last message, saved as shown."""
+async def settled_reply(pilot, app: ChatApp, tmp_path: Path) -> MessageView:
+    """Wait for the reply to settle after Esc; it is the last message, saved as shown."""
     await wait_for(pilot, lambda: not app.replying)
     await pilot.pause()
     assert app.state == "ready"
@@ -91,10 +91,12 @@ async def stopped_reply(pilot, app: ChatApp, tmp_path: Path) -> MessageView:
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("pause_at", [0, 1, 5, len(PIECES)], ids=lambda n: f"after{n}pieces")
+@pytest.mark.parametrize("pause_at", [0, 1, 5, len(PIECES), len(PIECES) + 1], ids=lambda n: f"after{n}pieces")
 async def test_escape_keeps_every_piece_that_came_drawn_and_labelled(tmp_path: Path, pause_at: int) -> None:
-    """0: before the first token (the bubble stays, labelled, rather than vanishing); 1 and 5: mid-stream,
-    with 4 pieces received but not drawn yet (the frame budget holds them); len: after the last piece."""
+    """0: before the first token (the bubble stays, labelled, rather than vanishing); 1: right after the
+    first frame; 5: with 4 pieces received but not drawn yet (the frame budget holds them); len: after the
+    last piece; len + 1: after the end (the reply finished: whole, not labelled stopped)."""
+    finished = pause_at > len(PIECES)
     app, backend = make_app(tmp_path, pause_at)
     async with app.run_test(size=SIZE) as pilot:
         app.draw_interval = 3600.0  # after the first frame nothing is drawn until the reply ends
@@ -102,30 +104,16 @@ async def test_escape_keeps_every_piece_that_came_drawn_and_labelled(tmp_path: P
         await wait_for(pilot, lambda: backend.paused.is_set())
         await pilot.pause()
         await pilot.press("escape")
-        view = await stopped_reply(pilot, app, tmp_path)
+        view = await settled_reply(pilot, app, tmp_path)
         reply = app.conversation.messages[-1]
-        assert reply.partial and reply.content == "".join(PIECES[:pause_at])
+        assert reply.partial is not finished and reply.content == "".join(PIECES[:pause_at])
         assert words(drawn_text(view)) == words(reply.content)
-        assert "stopped" in header(view) and not view.streaming
-        assert backend.aborted == 1
+        assert ("stopped" in header(view)) is not finished and not view.streaming
+        assert finished == ("100.0 tok/s" in header(view))
+        assert backend.aborted == (0 if finished else 1)
         await pilot.press(*"again", "enter")  # the chat goes on after a stop
         await wait_for(pilot, lambda: len(backend.requests) == 2)
         assert [m.role for m in backend.requests[1][0]] == ["user", "assistant", "user"]
-
-
-@pytest.mark.asyncio
-async def test_escape_after_the_reply_finished_leaves_it_whole_and_not_stopped(tmp_path: Path) -> None:
-    app, backend = make_app(tmp_path, len(PIECES) + 1)
-    async with app.run_test(size=SIZE) as pilot:
-        await start(pilot, app)
-        await wait_for(pilot, lambda: backend.paused.is_set())
-        await pilot.pause()
-        await pilot.press("escape")
-        view = await stopped_reply(pilot, app, tmp_path)
-        reply = app.conversation.messages[-1]
-        assert not reply.partial and reply.content == "".join(PIECES)
-        assert words(drawn_text(view)) == words(reply.content)
-        assert "stopped" not in header(view) and "100.0 tok/s" in header(view)
 
 
 @pytest.mark.asyncio
@@ -152,7 +140,7 @@ async def test_escape_while_a_frame_is_being_drawn_keeps_that_frame(tmp_path: Pa
         await pilot.pause()
         finish_drawing.set()
         await stop
-        view = await stopped_reply(pilot, app, tmp_path)
+        view = await settled_reply(pilot, app, tmp_path)
         reply = app.conversation.messages[-1]
         assert reply.partial and reply.content == PIECES[0]
         assert words(drawn_text(view)) == words(PIECES[0])
@@ -169,7 +157,7 @@ async def test_escape_right_after_enter_stops_the_reply_before_it_starts(tmp_pat
         await wait_for(pilot, lambda: app.state == "ready")
         await app.on_prompt_input_submitted(PromptInput.Submitted("go"))  # starts the reply
         await app.action_stop()  # before the reply's worker had a turn
-        view = await stopped_reply(pilot, app, tmp_path)
+        view = await settled_reply(pilot, app, tmp_path)
         reply = app.conversation.messages[-1]
         assert reply.partial and reply.content == ""
         assert "stopped" in header(view)
