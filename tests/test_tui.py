@@ -249,6 +249,7 @@ async def test_regenerate_edit_and_copy(tmp_path: Path) -> None:
 
         app.prompt_input.focus()
         await pilot.press("ctrl+l")
+        await wait_for(pilot, lambda: app.prompt_input.text == "first")  # set once the views are removed
         assert app.prompt_input.text == "first" and app.conversation.messages == []
         await pilot.press("!", "enter")
         await wait_for(pilot, lambda: calls["n"] == 3 and not app.replying)
@@ -266,12 +267,16 @@ async def test_switch_conversations_then_reopen_after_restart(tmp_path: Path) ->
         await send(pilot, "about cats")
         first_id = app.conversation.id
         await pilot.press("ctrl+n")
-        assert app.conversation.messages == [] and len(app.query(MessageView)) == 0
+        await wait_for(pilot, lambda: app.conversation.id != first_id)  # the views change after the id
+        await wait_for(pilot, lambda: len(app.query(MessageView)) == 0)
+        assert app.conversation.messages == []
         await send(pilot, "about dogs")
         assert app.conversation.id != first_id
         await click_conversation(pilot, first_id)
         await wait_for(pilot, lambda: app.conversation.id == first_id)
         assert [m.content for m in app.conversation.messages][0] == "about cats"
+        first_view = lambda: app.query(MessageView).first().message  # noqa: E731 (the views follow the id)
+        await wait_for(pilot, lambda: first_view() is app.conversation.messages[0])
         assert "about cats" in str(app.query(MessageView).first().query_one("Markdown")._markdown)
 
     app2, _ = make_app(tmp_path)  # a fresh start over the same data directory
@@ -300,7 +305,9 @@ async def test_rename_and_delete(tmp_path: Path) -> None:
         await pilot.press("f8")
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.click("#yes")
-        await wait_for(pilot, lambda: app.conversation.messages == [])
+        # the conversation is emptied before the new one opens and the sidebar is redrawn: wait for all
+        await wait_for(pilot, lambda: app.conversation.messages == []
+                       and app.query_one(ConversationList).option_count == 0)
         assert saved(tmp_path) == [] and app.query_one(ConversationList).option_count == 0
 
 

@@ -8,10 +8,12 @@ import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 
+import tui.app
 from tui.app import ChatApp
 from tui.fake_backend import ScriptedBackend
 from tui.messages import ChatMessage
 from tui.storage import ConversationStore
+from tui.widgets import PromptInput
 
 SIZE = (100, 30)
 MODELS = [("scripted  1 MB Q4_1", "scripted"), ("other  2 MB Q8_0  (not downloaded)", "other")]
@@ -30,9 +32,20 @@ def markdown_reply(messages: Sequence[ChatMessage]) -> str:
     return CODE_REPLY if "function" in messages[-1].content else f"You said: *{messages[-1].content}*"
 
 
+class SteadyCursorApp(ChatApp):
+    """The prompt's cursor does not blink: a capture in the blink's dark half (a busy host, where a screen
+    takes longer than the half-second blink to settle) differed from the snapshot by the cursor alone."""
+
+    CSS_PATH = Path(tui.app.__file__).with_name(ChatApp.CSS_PATH)  # a relative path is read beside this file
+
+    async def on_mount(self) -> None:
+        self.query_one(PromptInput).cursor_blink = False
+        await super().on_mount()
+
+
 def make_app(tmp_path: Path, **backend_kwargs) -> ChatApp:
     backend_kwargs.setdefault("reply_for", markdown_reply)
-    return ChatApp(lambda m: ScriptedBackend(m, **backend_kwargs), "scripted",
+    return SteadyCursorApp(lambda m: ScriptedBackend(m, **backend_kwargs), "scripted",
                    store=ConversationStore(tmp_path), model_options=MODELS)
 
 

@@ -32,6 +32,7 @@ EXITED = "chat process exited with status"
 STATUS_LINE = re.compile(r"│ ctx \S+ │ TTFT [^│]+│ [^│]+ tok/s │ (\w+)")
 STATUS_TPS = re.compile(r"│ ([\d.]+) tok/s │")
 ASSISTANT_HEADER = re.compile(r"█ (Assistant\b.*?)\s*$")
+SIDEBAR_BORDER, MESSAGE_BORDER = "▕", "█"  # the sidebar's right edge; a message's left edge
 PANEL_ROW = re.compile(r"│\s(.*?)\s*│\s*$")  # a row inside the loading panel's rounded border
 
 
@@ -63,9 +64,16 @@ class Screen:
         return [r for r in rows if r and not set(r) <= set("● ")]  # drop blank rows and the spinner
 
     def body_after_last_header(self) -> str:
+        """The text of the last assistant message: the rows under its header that are inside its left
+        border, read right of the sidebar (whose border glyph is no text of the reply)."""
         index = max(i for i, line in enumerate(self.lines) if ASSISTANT_HEADER.search(line))
-        below = self.lines[index + 1] if index + 1 < len(self.lines) else ""
-        return below.split("█", 1)[-1].strip()
+        body = []
+        for line in self.lines[index + 1 :]:
+            column = line.split(SIDEBAR_BORDER, 1)[-1].strip()
+            if not column.startswith(MESSAGE_BORDER):
+                break
+            body.append(column.removeprefix(MESSAGE_BORDER).strip())
+        return "\n".join(body).strip()
 
 
 class TmuxChat:
@@ -120,16 +128,25 @@ class TmuxChat:
         condition: Callable[[Screen], bool],
         timeout: float,
         on_frame: Callable[[Screen], None] | None = None,
+        stall: tuple[float, Callable[[Screen], object]] | None = None,
     ) -> Screen:
-        """Poll the screen until `condition` holds; `on_frame` checks every frame seen on the way."""
+        """Poll the screen until `condition` holds; `on_frame` checks every frame seen on the way.
+        `stall`: (seconds, progress): also fail once progress(screen) has not changed for that long, so a
+        wait that takes long on a slow host but shows progress all along is bounded by the progress."""
         deadline = time.monotonic() + timeout
+        last_progress, changed_at = None, time.monotonic()
         while True:
             screen = self.capture()
             if on_frame is not None:
                 on_frame(screen)
             if condition(screen):
                 return screen
-            if EXITED in screen.text or time.monotonic() > deadline:
+            now = time.monotonic()
+            if stall is not None and stall[1](screen) != last_progress:
+                last_progress, changed_at = stall[1](screen), now
+            if stall is not None and now - changed_at > stall[0]:
+                raise AssertionError(f"no progress for {stall[0]:.0f} s towards {what}:\n{screen.text}")
+            if EXITED in screen.text or now > deadline:
                 raise AssertionError(f"not seen within {timeout:.0f} s: {what}. The screen:\n{screen.text}")
             time.sleep(0.05)
 
@@ -163,7 +180,10 @@ def test_chat_repaints_every_state_change_in_a_real_terminal(chat: TmuxChat) -> 
         if rows is not None:
             progress_seen.append(len(rows) - 1)  # rows below the title
 
-    ready = chat.wait_for("status ready after the load", lambda s: s.state == "ready", 600, panel_lines)
+    # A cold Numba cache compiles for minutes on a slow host; the panel's progress lines (a "still
+    # compiling... N s" every 5 s) show it going on: the bound is on 120 s without a new line.
+    ready = chat.wait_for("status ready after the load", lambda s: s.state == "ready", 3600, panel_lines,
+                          stall=(120, Screen.loading_panel))
     assert max(progress_seen, default=0) >= 2, "the load thread's progress lines never showed"
     assert ready.loading_panel() is None, f"loading panel still shown once ready:\n{ready.text}"
     assert re.search(r"│ ctx \d+/\d+ │", ready.text), f"context size not shown once ready:\n{ready.text}"

@@ -28,7 +28,7 @@ class ConversationActions(_Base):
             conv.messages.pop()
             await self.chat.message_views()[-1].remove()
         if conv.messages and conv.messages[-1].role == "user":
-            self.reply()
+            self.start_reply()
 
     async def action_edit_last(self) -> None:
         """Put the last user message back in the box and forget it and its reply; Enter resends."""

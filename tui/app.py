@@ -14,6 +14,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Label, LoadingIndicator
+from textual.worker import Worker
 
 from edgellm.cpu_topology import physical_cores
 from tui.actions import ConversationActions
@@ -89,7 +90,13 @@ class ChatApp(ConversationActions, App[None]):
         self.backend: ChatBackend | None = None
         self.info: BackendInfo | None = None
         self.state = "loading"  # on_mount starts the load; the first frame already says so
+        # replying: from start_reply (before the worker runs) until what came is drawn and saved. A stop
+        # sets reply_stop, and cancels the worker only while reply_waiting (for the backend's next event
+        # or the user's answer), never mid-frame; otherwise the worker stops at its next check.
         self.replying = False
+        self.reply_stop = asyncio.Event()
+        self.reply_waiting = False
+        self.reply_worker: Worker | None = None
         self.conversation = Conversation.new(model)
         self.last_ttft: float | None = None
         self.last_tps: float | None = None
@@ -218,7 +225,7 @@ class ChatApp(ConversationActions, App[None]):
         await self.chat.add(message)
         self.save_conversation(conv)
         await self.refresh_sidebar()
-        self.reply()
+        self.start_reply()
 
     async def _ask_to_drop(self, conv: Conversation) -> bool:
         """True when the conversation fits (possibly after the user agreed to drop old turns)."""
@@ -239,7 +246,12 @@ class ChatApp(ConversationActions, App[None]):
             f"no longer fits the context window of {check.n_ctx} tokens.\n\nDrop the {check.drop} oldest "
             "messages from what the model sees? They stay saved and visible, dimmed."
         )
-        if not await self.push_screen_wait(ConfirmScreen(question, yes="Drop oldest", no="Cancel")):
+        self.reply_waiting = True
+        try:
+            agreed = await self.push_screen_wait(ConfirmScreen(question, yes="Drop oldest", no="Cancel"))
+        finally:
+            self.reply_waiting = False
+        if not agreed:
             await self.chat.add_notice(
                 "Not sent: the conversation is longer than the context window. Start a new chat (Ctrl+N), "
                 "or press Ctrl+R to be asked again."
@@ -251,25 +263,32 @@ class ChatApp(ConversationActions, App[None]):
         self.save_conversation(conv)
         return True
 
-    @work(group="reply", exclusive=True, exit_on_error=False)
-    async def reply(self) -> None:
-        conv, backend = self.conversation, self.backend
-        if backend is None or self.replying:
+    def start_reply(self) -> None:
+        """Reply to the open conversation; from now on Esc stops the reply, whatever stage it is at."""
+        if self.replying or self.backend is None:
             return
         self.replying = True
+        self.reply_stop = asyncio.Event()
+        self.reply_worker = self.reply(self.reply_stop)
+
+    @work(group="reply", exclusive=True, exit_on_error=False)
+    async def reply(self, stop: asyncio.Event) -> None:
+        conv, backend = self.conversation, self.backend
         try:
-            if not await self._ask_to_drop(conv):
+            if backend is None or not (stop.is_set() or await self._ask_to_drop(conv)):
                 return
             self.state = "generating"
             self.update_status()
-            await self._stream_reply(conv, backend)
+            await self._stream_reply(conv, backend, stop)
         finally:
-            self.replying = False
+            self.replying = self.reply_waiting = False
             if self.state == "generating":
                 self.state = "ready"
             self.update_status()
 
-    async def _stream_reply(self, conv: Conversation, backend: ChatBackend) -> None:
+    async def _stream_reply(self, conv: Conversation, backend: ChatBackend, stop: asyncio.Event) -> None:
+        """Stream the reply into a new bubble until it ends or `stop` is set; whatever came is drawn and
+        saved, a stopped reply (even one stopped before its first token) labelled so."""
         messages = self.prompt_messages(conv)
         reply = StoredMessage("assistant", "", partial=True)
         conv.messages.append(reply)
@@ -281,8 +300,12 @@ class ChatApp(ConversationActions, App[None]):
         cpu_at_draw = time.process_time()
         undrawn = ""
         try:
+            if stop.is_set():  # stopped before the request went out: nothing to ask the backend for
+                return
             async with aclosing(backend.stream(messages, self.settings)) as events:
-                async for event in events:
+                self.reply_waiting = True
+                async for event in events:  # a stop while waiting here cancels the wait (stop_reply)
+                    self.reply_waiting = False
                     if isinstance(event, StreamDelta):
                         reply.content += event.text
                         undrawn += event.text
@@ -302,11 +325,15 @@ class ChatApp(ConversationActions, App[None]):
                             last_save = time.monotonic()
                     else:
                         done = event
+                    if stop.is_set():  # pressed while this event was drawn: it is kept, the rest is not
+                        break
+                    self.reply_waiting = True
         except BackendError as e:
             error = str(e)
         except Exception as e:  # shown in the app, never as a traceback on the terminal
             error = f"{type(e).__name__}: {e}"
-        finally:  # also on Esc (cancellation): keep the partial reply
+        finally:  # also on a stop (maybe a cancellation): keep the partial reply
+            self.reply_waiting = False
             reply.partial = done is None
             if done is not None:
                 reply.ttft, reply.tokens_per_s = done.ttft, done.tokens_per_s
@@ -315,7 +342,8 @@ class ChatApp(ConversationActions, App[None]):
                     self.last_usage = done.prompt_tokens + done.completion_tokens
             await view.end_stream()
             self.chat.call_after_refresh(self.chat.follow)  # a user who scrolled up to read stays there
-            if not reply.content:  # nothing came: no empty bubble
+            if not reply.content and not (reply.partial and error is None):
+                # it failed or was empty: no empty bubble (a stopped one stays, to say the stop took)
                 conv.messages.remove(reply)
                 await view.remove()
             self.save_conversation(conv)
@@ -330,15 +358,21 @@ class ChatApp(ConversationActions, App[None]):
             )
 
     async def stop_reply(self) -> None:
-        """Stop the streaming reply (if any) and wait until its partial text is saved."""
-        self.workers.cancel_group(self, "reply")
+        """Stop the reply (if any) and wait until what came of it is drawn and saved. A worker drawing a
+        frame finishes it (cancelling it there would lose the frame); one waiting is cancelled at once."""
+        if not self.replying:
+            return
+        self.reply_stop.set()
+        if self.reply_waiting and self.reply_worker is not None:
+            self.reply_worker.cancel()
         while self.replying:  # the worker's finally saves the partial text, then clears the flag
             await asyncio.sleep(0.01)
 
     async def action_stop(self) -> None:
         if self.replying:
             await self.stop_reply()
-            self.notify("Reply stopped; the partial text is kept.", timeout=2)
+            if self.conversation.messages and self.conversation.messages[-1].partial:
+                self.notify("Reply stopped; the partial text is kept.", timeout=2)
 
 
 def loading_title(model: str) -> str:

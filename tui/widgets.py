@@ -47,6 +47,7 @@ class MessageView(Vertical, can_focus=True):
         super().__init__(classes=f"message {message.role}")
         self.message = message
         self.streaming = streaming
+        self.drawn = message.content  # what the body has finished drawing (append can be interrupted)
 
     def compose(self) -> ComposeResult:
         yield Static(self.header_text(), classes="message-header")
@@ -60,7 +61,7 @@ class MessageView(Vertical, can_focus=True):
         if m.tokens_per_s is not None:
             parts.append(f"{m.tokens_per_s:.1f} tok/s")
         if m.partial and not self.streaming:
-            parts.append("stopped")
+            parts.append("stopped" if m.content else "stopped before its first token")
         if not m.in_context:
             parts.append("outside the context window")
         return " · ".join(parts)
@@ -80,11 +81,15 @@ class MessageView(Vertical, can_focus=True):
     async def append(self, text: str) -> None:
         """Add a piece of the streaming reply: Markdown re-parses from its last block only."""
         await self.query_one(MessageBody).append(text)
+        self.drawn += text
 
     async def end_stream(self) -> None:
+        """Draw the whole reply. Also what an interrupted append left out: Markdown.append takes the text
+        as its source before it mounts the blocks that show it, so the body's source is no proof."""
         body = self.query_one(MessageBody)
-        if body.source != self.message.content:  # text not drawn yet
+        if self.drawn != self.message.content:
             await body.update(self.message.content)
+            self.drawn = self.message.content
         body.mark_last_block()
         self.streaming = False
         self.refresh_header()
