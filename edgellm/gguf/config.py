@@ -46,7 +46,7 @@ class ModelConfig:
     rope_base_swa: float = 10000.0
     embd_scale: float = 1.0  # Gemma multiplies token embeddings by sqrt(n_embd)
     qk_norm: bool = False  # per-head RMSNorm of Q and K (Gemma 3, Qwen 3)
-    qkv_bias: bool = False  # Qwen 2
+    qkv_bias: bool = False  # Q|K|V biases required (Qwen 2); any arch applies those its file has
     post_norms: bool = False  # Gemma's extra norms after attention and after the FFN
     activation: str = "silu"  # gated FFN: silu (SwiGLU) or gelu (GeGLU, tanh form)
     final_logit_softcap: float = 0.0
