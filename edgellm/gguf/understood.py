@@ -76,7 +76,8 @@ ARCH_KEYS: dict[str, frozenset[str]] = {
     "llama": _COMMON_KEYS,
     "qwen2": _COMMON_KEYS,
     "qwen3": _COMMON_KEYS,
-    "gemma3": _COMMON_KEYS | {"attention.sliding_window", "final_logit_softcapping"},
+    "gemma3": _COMMON_KEYS
+    | {"attention.sliding_window", "attention.sliding_window_pattern", "final_logit_softcapping"},
 }
 # Keys llama.cpp's common loader reads for every architecture, accepted at the values that leave the
 # model a dense, causal, text-only transformer (llama-model.cpp load_hparams).

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType
+from gguf import GGMLQuantizationType, GGUFValueType
 
-from edgellm.testing.synthetic import DEFAULT_QTYPES, write_tiny_model
+from edgellm.testing.synthetic import DEFAULT_QTYPES, Typed, write_tiny_model
 
 T = GGMLQuantizationType
 FLOAT_TYPES = frozenset({T.F32, T.F16, T.BF16})
@@ -176,6 +176,10 @@ def _quant_cases() -> dict[str, OracleCase]:
     return cases
 
 
+SWA_PATTERN = "gemma3.attention.sliding_window_pattern"
+U32 = GGUFValueType.UINT32
+SWA_FLAGS = Typed([True, False, True, True, False, False, True], GGUFValueType.ARRAY, GGUFValueType.BOOL)
+
 # fmt: off
 CASES: dict[str, OracleCase] = {
     # ---- architectures, F32 weights and the default mix of block-32 types
@@ -200,5 +204,12 @@ CASES: dict[str, OracleCase] = {
                                   note="llama, K, up and output biases only (the others zero)"),
     "qwen3_qkv_bias": OracleCase("qwen3", extra_tensors=bias_tensors(SMALL, QKV_BIASES),
                                  note="qwen3 with Q/K/V biases"),
+    # ---- Gemma 3's local/global layers from gemma3.attention.sliding_window_pattern (a period, or flags)
+    "gemma3_pattern_3": OracleCase("gemma3", model=GEMMA3, metadata={SWA_PATTERN: Typed(3, U32)},
+                                   note="gemma3, pattern 3: local, local, global, ..."),
+    "gemma3_pattern_flags": OracleCase("gemma3", model=GEMMA3, metadata={SWA_PATTERN: SWA_FLAGS},
+                                       note="gemma3, per-layer flags 1011001"),
+    "gemma3_all_local": OracleCase("gemma3", model=GEMMA3, metadata={SWA_PATTERN: Typed(0, U32)},
+                                   note="gemma3, pattern 0: every layer local"),
 }
 # fmt: on
