@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from edgellm.catalog import resolve_model  # noqa: E402
-from edgellm.testing.llamacpp import without_extra_buffer_types  # noqa: E402
+from edgellm.testing.llamacpp_oracle import without_extra_buffer_types  # noqa: E402
 
 GREEDY_PROMPTS = [
     "The capital of France is",

@@ -1,13 +1,14 @@
-"""The oracle, llama.cpp (llama-cpp-python 0.3.36), as the fixture scripts load it. Never imported by the
-default test run: only scripts that write the committed fixtures use it."""
+"""Using llama-cpp-python (the oracle of the fixtures) where it runs: only the scripts that write the
+committed fixtures import it, never the default test run."""
 
 from __future__ import annotations
 
 
 def without_extra_buffer_types() -> None:
-    """llama.cpp's CPU "extra" buffer types (the AMX and repacked-weight matmuls) off: on a VM whose CPU
-    reports AMX the kernel may not grant it (Illegal instruction on the first block-quantized matmul), and
-    the plain ggml-cpu kernels are the reference the fixtures are compared against anyway."""
+    """Make every llama_cpp.Llama load with llama.cpp's CPU "extra" buffer types off (the AMX and
+    repacked-weight matmuls): on a VM whose CPU reports AMX the kernel may not grant it, and the first
+    block-quantized matmul through the AMX buffer type dies with SIGILL. The plain ggml-cpu kernels remain.
+    Idempotent."""
     import llama_cpp.llama_cpp as low_level  # the module llama_cpp.Llama takes its default params from
 
     default = low_level.llama_model_default_params
