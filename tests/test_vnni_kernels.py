@@ -100,14 +100,19 @@ def test_vnni_extreme_quants_are_exact(qtype: T) -> None:
 @pytest.mark.parametrize("qtype", list(TILE_LAYOUTS), ids=lambda t: t.name)
 def test_tiles_keep_the_gguf_bit_width(qtype: T) -> None:
     """The tiles stream at most 5% more bytes than the GGUF's blocks (the K-quants' 6-bit scales as
-    bytes); only the types repacked through int8 rows (Q2_K, Q3_K) are larger. The group and activation
-    quantization agree with the traits table."""
+    bytes); the types repacked through int8 rows (a byte plane, 0x80-offset) stream a byte a weight and
+    4-byte f32 scales (and mins) per group. The group and activation quantization agree with the traits."""
     rows, cols = 48, 512
     raw = random_raw(qtype, rows, cols, np.random.default_rng(4))
     w = pack_weight_tiled(qtype, raw, rows, cols)
-    assert w.tiles is not None and w.q is None and w.group == get_traits(qtype).group
-    limit = 1.05 if TILE_LAYOUTS[qtype].lo_split or qtype == T.Q8_0 else 5.0
-    assert w.nbytes <= limit * raw.nbytes, (w.nbytes, raw.nbytes)
+    traits = get_traits(qtype)
+    assert w.tiles is not None and w.q is None and w.group == traits.group
+    lay = TILE_LAYOUTS[qtype]
+    if lay.lo_split or qtype == T.Q8_0:
+        assert w.nbytes <= 1.05 * raw.nbytes, (w.nbytes, raw.nbytes)
+    else:
+        per_group = 4 * (1 + traits.has_min)
+        assert w.nbytes == rows * cols + rows * cols // traits.group * per_group
 
 
 @needs_vnni

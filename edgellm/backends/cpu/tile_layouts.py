@@ -18,7 +18,8 @@ with 4 activation bytes broadcast to every lane adds 4 products to each of 16 ro
 
 The kernel computes, per group, exactly the float expression of the portable kernels over the int8 rows
 (scale = f32(d) * f32(sub), min = -(f32(dmin) * f32(mn)) or f32(m)), so outputs are bit-identical.
-Q2_K/Q3_K (rare) go through the int8 rows (`unpack_ref`) into a byte plane with f32 scales.
+Q2_K/Q3_K (rare), the i-quants, MXFP4 and the ternary types go through the int8 rows (`unpack_ref`) into
+a byte plane with f32 scales: exact, at 8 bits a weight.
 """
 
 from __future__ import annotations
@@ -149,7 +150,7 @@ def _planes_q6_k(raw: np.ndarray) -> Planes:
 
 
 def _planes_via_int8(qtype: GGMLQuantizationType) -> Callable[[np.ndarray], Planes]:
-    """Types kept as int8 rows + f32 scales (Q2_K, Q3_K): the reference unpacker's output as planes."""
+    """Types kept as int8 rows + f32 scales (Q2_K, Q3_K, ...): the reference unpacker's output as planes."""
 
     def planes(raw: np.ndarray) -> Planes:
         q, scale, minv = get_traits(qtype).unpack_ref(raw)
@@ -158,10 +159,22 @@ def _planes_via_int8(qtype: GGMLQuantizationType) -> Callable[[np.ndarray], Plan
     return planes
 
 
+def _via_int8(qtype: GGMLQuantizationType) -> TileLayout:
+    """A type without a min kept as int8 bytes and one f32 scale per group (the traits' group)."""
+    g = get_traits(qtype).group
+    return TileLayout(0, 0, 4, 128, g, g, g, F32, 0, 0, False, _planes_via_int8(qtype))
+
+
 def _legacy(planes, split: int, hi_bits: int, offset: int, m_kind: int) -> TileLayout:
     """Q4_0 .. Q8_0: blocks of 32 with one f16 d (and m) each."""
     return TileLayout(split, hi_bits, 4, offset, 32, 32, 32, F16, 0, m_kind, False, planes)
 
+
+# The i-quants, MXFP4 and the ternary types: no layout at their own bit width (yet), int8 bytes instead
+_GRID_AND_TABLE_TYPES = (
+    T.IQ4_NL, T.IQ4_XS, T.MXFP4, T.IQ3_S, T.IQ3_XXS, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S,
+    T.IQ1_S, T.IQ1_M, T.TQ1_0, T.TQ2_0,
+)  # fmt: skip
 
 TILE_LAYOUTS: dict[GGMLQuantizationType, TileLayout] = {
     T.Q4_0: _legacy(_planes_q4_0, 16, 0, 8, 0),
@@ -173,7 +186,8 @@ TILE_LAYOUTS: dict[GGMLQuantizationType, TileLayout] = {
     T.Q5_K: TileLayout(32, 1, 32, 0, 32, 256, 256, F16, U8, F16, True, _planes_q5_k),
     T.Q6_K: TileLayout(64, 2, 32, 32, 16, 128, 256, F16, I8, 0, False, _planes_q6_k),
     T.Q2_K: TileLayout(0, 0, 4, 128, 16, 16, 16, F32, 0, F32, False, _planes_via_int8(T.Q2_K)),
-    T.Q3_K: TileLayout(0, 0, 4, 128, 16, 16, 16, F32, 0, 0, False, _planes_via_int8(T.Q3_K)),
+    T.Q3_K: _via_int8(T.Q3_K),
+    **{qtype: _via_int8(qtype) for qtype in _GRID_AND_TABLE_TYPES},
 }
 
 # Distinct kernel layouts in a fixed order: the kernels' variant ids.
