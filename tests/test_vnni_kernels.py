@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType as T
 from edgellm.backends.cpu import vnni
 from edgellm.backends.cpu.backend import CpuBackend
 from edgellm.backends.cpu.matmul import matmul_cpu
-from edgellm.backends.cpu.packed import pack_tiles, pack_weight, pack_weight_tiled
+from edgellm.backends.cpu.packed import dequantize_rows_cpu, pack_tiles, pack_weight, pack_weight_tiled
 from edgellm.backends.cpu.tile_layouts import TILE_LAYOUTS
 from edgellm.gguf.reader import TensorInfo
 from edgellm.quants import BLOCK_DTYPES, QUANT_TRAITS, get_traits
@@ -94,6 +94,23 @@ def test_vnni_extreme_quants_are_exact(qtype: T) -> None:
     x[1] = 1.0
     x[2, ::2] = 1.0
     portable, fast = both_layouts(x, qtype, raw)
+    np.testing.assert_array_equal(fast, portable)
+
+
+@needs_vnni
+def test_mxfp4_exponents_widen_exactly() -> None:
+    """MXFP4's E8M0 scale byte, widened in the kernel and the row gather: every exponent from the two
+    subnormal ones (e < 2) up, the same bits as gguf's e8m0_to_fp32_half."""
+    rows, cols = 32, 1024  # 1,024 blocks of 32: exponents 0..199 (past that the products overflow)
+    raw = random_raw(T.MXFP4, rows, cols, np.random.default_rng(5))
+    blocks = raw.view(BLOCK_DTYPES[T.MXFP4])
+    blocks["e"] = (np.arange(blocks.size) % 200).reshape(blocks.shape)
+    tiled = pack_weight_tiled(T.MXFP4, raw, rows, cols)
+    ids = np.arange(rows)
+    want = get_traits(T.MXFP4).dequantize_ref(raw).reshape(rows, cols)
+    np.testing.assert_array_equal(dequantize_rows_cpu(tiled, ids), want)
+    x = np.random.default_rng(6).standard_normal((2, cols)).astype(np.float32)
+    portable, fast = both_layouts(x, T.MXFP4, raw)
     np.testing.assert_array_equal(fast, portable)
 
 

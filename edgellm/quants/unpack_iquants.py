@@ -56,13 +56,19 @@ def unpack_iq4_nl_ref(raw: np.ndarray) -> Unpacked:
     return _flat(_KVALUES_IQ4NL[_nibbles(b["qs"], 16)], len(b)), b["d"].astype(np.float32), None
 
 
-def unpack_iq4_xs_ref(raw: np.ndarray) -> Unpacked:
-    b = view_blocks(raw, T.IQ4_XS)
+def iq4_xs_sub_scales(b: np.ndarray) -> np.ndarray:
+    """IQ4_XS blocks [rows, nb] -> int8 [rows, nb, 8]: the six-bit scale of each 32 values, less 32 (low
+    nibbles in scales_l, high 2 bits in scales_h)."""
     rows, nb = b.shape
     low = (b["scales_l"][..., None] >> np.array([0, 4], np.uint8)).reshape(rows, nb, 8) & np.uint8(0x0F)
     high = (b["scales_h"][..., None] >> (2 * np.arange(8, dtype=np.uint16))).astype(np.uint8) & np.uint8(3)
-    sc = (low | (high << np.uint8(4))).astype(np.int8) - np.int8(32)  # [rows, nb, 8] six-bit, offset 32
-    scale = b["d"].astype(np.float32)[..., None] * sc.astype(np.float32)
+    return (low | (high << np.uint8(4))).astype(np.int8) - np.int8(32)
+
+
+def unpack_iq4_xs_ref(raw: np.ndarray) -> Unpacked:
+    b = view_blocks(raw, T.IQ4_XS)
+    rows = len(b)
+    scale = b["d"].astype(np.float32)[..., None] * iq4_xs_sub_scales(b).astype(np.float32)
     q = _KVALUES_IQ4NL[_nibbles(b["qs"], 16)]
     return _flat(q, rows), scale.reshape(rows, -1), None
 
