@@ -39,15 +39,18 @@ _LLAMA_BLOCK = frozenset(
         "ffn_down.weight",
     }
 )
+# Optional Q/K/V biases: llama.cpp's create_tensor_qkv reads them for every architecture (required here
+# for qwen2 only, whose converter always writes them); output-projection and FFN biases: llama only.
 _QKV_BIASES = frozenset({"attn_q.bias", "attn_k.bias", "attn_v.bias"})
+_LLAMA_BIASES = frozenset({"attn_output.bias", "ffn_gate.bias", "ffn_up.bias", "ffn_down.bias"})
 _QK_NORMS = frozenset({"attn_q_norm.weight", "attn_k_norm.weight"})
 _POST_NORMS = frozenset({"post_attention_norm.weight", "post_ffw_norm.weight"})
 
 BLOCK_TENSORS: dict[str, frozenset[str]] = {
-    "llama": _LLAMA_BLOCK,
+    "llama": _LLAMA_BLOCK | _QKV_BIASES | _LLAMA_BIASES,
     "qwen2": _LLAMA_BLOCK | _QKV_BIASES,
-    "qwen3": _LLAMA_BLOCK | _QK_NORMS,
-    "gemma3": _LLAMA_BLOCK | _QK_NORMS | _POST_NORMS,
+    "qwen3": _LLAMA_BLOCK | _QKV_BIASES | _QK_NORMS,
+    "gemma3": _LLAMA_BLOCK | _QKV_BIASES | _QK_NORMS | _POST_NORMS,
 }
 _GLOBAL = frozenset({"token_embd.weight", "output_norm.weight", "output.weight"})
 GLOBAL_TENSORS: dict[str, frozenset[str]] = {arch: _GLOBAL for arch in BLOCK_TENSORS}
@@ -73,7 +76,8 @@ ARCH_KEYS: dict[str, frozenset[str]] = {
     "llama": _COMMON_KEYS,
     "qwen2": _COMMON_KEYS,
     "qwen3": _COMMON_KEYS,
-    "gemma3": _COMMON_KEYS | {"attention.sliding_window", "final_logit_softcapping"},
+    "gemma3": _COMMON_KEYS
+    | {"attention.sliding_window", "attention.sliding_window_pattern", "final_logit_softcapping"},
 }
 # Keys llama.cpp's common loader reads for every architecture, accepted at the values that leave the
 # model a dense, causal, text-only transformer (llama-model.cpp load_hparams).
@@ -93,6 +97,7 @@ ROPE_TENSORS: frozenset[str] = frozenset()  # global tensors (llama3's rope_freq
 # Rope keys accepted only at the value where llama.cpp's rotation is unscaled: no scaling ("linear" is
 # llama.cpp's default type; with a factor of 1 it is the identity), factor 1 (0 means 1), attention
 # factor 1. original_context_length and finetuned change nothing without YaRN / LongRoPE.
+# Entries here and the tests of test_gguf_understood.py's rope section move as variants are implemented.
 ROPE_HARMLESS_AT: dict[str, tuple[Any, ...] | None] = {
     "rope.scaling.type": ("none", "linear"),
     "rope.scaling.factor": (0.0, 1.0),
@@ -100,6 +105,7 @@ ROPE_HARMLESS_AT: dict[str, tuple[Any, ...] | None] = {
     "rope.scaling.attn_factor": (1.0,),
     "rope.scaling.original_context_length": None,  # None: any value
     "rope.scaling.finetuned": None,
+    "rope.freq_base_swa": (10000.0,),  # Gemma 3's local layers: the base config.py gives them
 }
 
 # ---- keys outside {arch}.* -----------------------------------------------------------------------------
