@@ -22,6 +22,7 @@ from edgellm.backends.cpu.matmul import ACT_MODES, matmul_cpu, quantize_act_cpu
 from edgellm.backends.cpu.packed import dequantize_rows_cpu, pack_weight, pack_weight_tiled
 from edgellm.quants import BLOCK_DTYPES, QUANT_TRAITS, UnsupportedQuantError, get_traits
 from edgellm.quants.activations import quantize_act_ref
+from edgellm.testing.encode import scale_fields
 
 FLOAT_TYPES = (T.F32, T.F16, T.BF16)
 NMSE_LIMIT = {qtype: (1e-10 if qtype in FLOAT_TYPES else 2e-4) for qtype in QUANT_TRAITS}
@@ -41,9 +42,8 @@ def random_raw(qtype: T, rows: int, cols: int, rng: np.random.Generator) -> np.n
         return w.view(np.uint8)
     raw = rng.integers(0, 256, (rows, traits.row_bytes(cols)), dtype=np.uint8)
     blocks = raw.view(BLOCK_DTYPES[qtype])
-    for field in blocks.dtype.names:
-        if blocks.dtype[field].base == np.dtype("<f2"):
-            blocks[field] = rng.uniform(-0.05, 0.05, blocks[field].shape).astype(np.float16)
+    for field in scale_fields(qtype):
+        field.set(blocks, rng.uniform(-0.05, 0.05, blocks.shape))
     return raw
 
 
@@ -143,8 +143,8 @@ def test_matmul_is_batch_invariant(qtype: T) -> None:
 
 
 def test_unsupported_type_raises_clear_error() -> None:
-    with pytest.raises(UnsupportedQuantError, match=r"IQ2_XXS in tensor blk\.0\.attn_q\.weight"):
-        pack_weight(T.IQ2_XXS, np.zeros((4, 66), np.uint8), 4, 256, name="blk.0.attn_q.weight")
+    with pytest.raises(UnsupportedQuantError, match=r"NVFP4 in tensor blk\.0\.attn_q\.weight"):
+        pack_weight(T.NVFP4, np.zeros((4, 144), np.uint8), 4, 256, name="blk.0.attn_q.weight")
     assert issubclass(UnsupportedQuantError, ValueError)
 
 

@@ -65,6 +65,25 @@ def test_fused_layer_matches_blocks_bit_for_bit(tmp_path, arch: str) -> None:
         np.testing.assert_array_equal(g, w)
 
 
+# The table types at their file width (IQ4_NL, MXFP4: blocks of 32) and, 256 wide, IQ4_XS beside the grid
+# and ternary types through their int8 rows: Q|K|V of three layouts, gate|up of two
+TABLE_QTYPES = {"*": "IQ4_NL", "attn_k": "MXFP4", "attn_v": "Q4_0", "ffn_up": "MXFP4", "ffn_down": "MXFP4"}
+WIDE_QTYPES = {"*": "IQ4_XS", "attn_k": "IQ2_S", "attn_v": "IQ1_M", "ffn_up": "TQ2_0", "ffn_down": "IQ3_XXS"}
+
+
+@pytest.mark.parametrize("qtypes", [TABLE_QTYPES, WIDE_QTYPES], ids=["table32", "wide"])
+def test_fused_layer_runs_the_new_quant_types_bit_for_bit(tmp_path, qtypes: dict) -> None:
+    wide = qtypes is WIDE_QTYPES
+    shape = dict(n_embd=256, head_dim=64, n_ff=256) if wide else {}
+    path = write_tiny_model(tmp_path / "m.gguf", "llama", qtypes, **shape)
+    fused_model, fused = _load(path, True)
+    assert all(f is not None for f in fused_model.fused)
+    _, plain = _load(path, False)
+    got, want = _logits(fused, np.random.default_rng(3)), _logits(plain, np.random.default_rng(3))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
 @pytest.mark.parametrize("roles, n_biased", [(LLAMA_BIASES, 4), (SOME_BIASES, 3)], ids=["all", "some"])
 def test_fused_layer_applies_biases_as_the_blocks_do(tmp_path, roles: tuple, n_biased: int) -> None:
     """llama's optional biases (Q|K|V, output, gate|up, down; a stacked matrix partly biased): the fused

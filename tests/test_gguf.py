@@ -213,11 +213,11 @@ def test_missing_architecture_key(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "qtype,tensor",
-    [(T.IQ4_NL, "blk.1.attn_q.weight"), (T.Q8_1, "blk.0.ffn_down.weight"), (T.MXFP4, "output.weight")],
+    [(T.NVFP4, "blk.1.attn_q.weight"), (T.Q8_1, "blk.0.ffn_down.weight"), (T.NVFP4, "output.weight")],
     ids=lambda v: v.name if isinstance(v, T) else v,
 )
 def test_unsupported_tensor_type(tmp_path: Path, qtype: T, tensor: str) -> None:
-    """Block-32 types the runtime does not run, written as raw blocks (they fit a 64-wide model)."""
+    """Block-32/64 types the runtime does not run, written as raw blocks (they fit a 64-wide model)."""
     path = write_tiny_model(tmp_path / "m.gguf", "llama", {tensor: qtype, "*": T.Q8_0})
     assert load_gguf(path).tensors[tensor].qtype == qtype  # the file itself is fine
     with pytest.raises(
@@ -227,11 +227,11 @@ def test_unsupported_tensor_type(tmp_path: Path, qtype: T, tensor: str) -> None:
 
 
 def test_unsupported_k_quant_sized_type(tmp_path: Path) -> None:
-    """IQ2_XXS (blocks of 256) on a 256-wide model."""
+    """Q8_K (blocks of 256, llama.cpp's activation type, never a weight) on a 256-wide model."""
     path = write_tiny_model(
-        tmp_path / "m.gguf", "llama", {"attn_k": T.IQ2_XXS, "*": T.Q4_K}, n_embd=256, head_dim=64, n_ff=256
+        tmp_path / "m.gguf", "llama", {"attn_k": T.Q8_K, "*": T.Q4_K}, n_embd=256, head_dim=64, n_ff=256
     )
-    with pytest.raises(UnsupportedQuantError, match=r"IQ2_XXS in tensor blk\.0\.attn_k\.weight"):
+    with pytest.raises(UnsupportedQuantError, match=r"Q8_K in tensor blk\.0\.attn_k\.weight"):
         LLM(path, **LLM_KW)
 
 

@@ -273,8 +273,8 @@ def test_per_layer_kv_head_arrays(tmp_path: Path) -> None:
 
 # ---- tensors and types -------------------------------------------------------------------------------------
 def test_unsupported_tensor_type_is_a_gguf_error(tmp_path: Path) -> None:
-    path = write_tiny_model(tmp_path / "m.gguf", "llama", {"blk.0.attn_v.weight": T.IQ4_NL, "*": T.Q8_0})
-    with pytest.raises(GGUFError, match=r"unsupported tensor type IQ4_NL in tensor blk\.0\.attn_v\.weight"):
+    path = write_tiny_model(tmp_path / "m.gguf", "llama", {"blk.0.attn_v.weight": T.NVFP4, "*": T.Q8_0})
+    with pytest.raises(GGUFError, match=r"unsupported tensor type NVFP4 in tensor blk\.0\.attn_v\.weight"):
         LLM(path, **LLM_KW)
 
 

@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType as T
 from edgellm.backends.cpu import vnni
 from edgellm.backends.cpu.backend import CpuBackend
 from edgellm.backends.cpu.matmul import matmul_cpu
-from edgellm.backends.cpu.packed import pack_tiles, pack_weight, pack_weight_tiled
+from edgellm.backends.cpu.packed import dequantize_rows_cpu, pack_tiles, pack_weight, pack_weight_tiled
 from edgellm.backends.cpu.tile_layouts import TILE_LAYOUTS
 from edgellm.gguf.reader import TensorInfo
 from edgellm.quants import BLOCK_DTYPES, QUANT_TRAITS, get_traits
@@ -97,17 +97,39 @@ def test_vnni_extreme_quants_are_exact(qtype: T) -> None:
     np.testing.assert_array_equal(fast, portable)
 
 
+@needs_vnni
+def test_mxfp4_exponents_widen_exactly() -> None:
+    """MXFP4's E8M0 scale byte, widened in the kernel and the row gather: every exponent from the two
+    subnormal ones (e < 2) up, the same bits as gguf's e8m0_to_fp32_half."""
+    rows, cols = 32, 1024  # 1,024 blocks of 32: exponents 0..199 (past that the products overflow)
+    raw = random_raw(T.MXFP4, rows, cols, np.random.default_rng(5))
+    blocks = raw.view(BLOCK_DTYPES[T.MXFP4])
+    blocks["e"] = (np.arange(blocks.size) % 200).reshape(blocks.shape)
+    tiled = pack_weight_tiled(T.MXFP4, raw, rows, cols)
+    ids = np.arange(rows)
+    want = get_traits(T.MXFP4).dequantize_ref(raw).reshape(rows, cols)
+    np.testing.assert_array_equal(dequantize_rows_cpu(tiled, ids), want)
+    x = np.random.default_rng(6).standard_normal((2, cols)).astype(np.float32)
+    portable, fast = both_layouts(x, T.MXFP4, raw)
+    np.testing.assert_array_equal(fast, portable)
+
+
 @pytest.mark.parametrize("qtype", list(TILE_LAYOUTS), ids=lambda t: t.name)
 def test_tiles_keep_the_gguf_bit_width(qtype: T) -> None:
     """The tiles stream at most 5% more bytes than the GGUF's blocks (the K-quants' 6-bit scales as
-    bytes); only the types repacked through int8 rows (Q2_K, Q3_K) are larger. The group and activation
-    quantization agree with the traits table."""
+    bytes); the types repacked through int8 rows (a byte plane, 0x80-offset) stream a byte a weight and
+    4-byte f32 scales (and mins) per group. The group and activation quantization agree with the traits."""
     rows, cols = 48, 512
     raw = random_raw(qtype, rows, cols, np.random.default_rng(4))
     w = pack_weight_tiled(qtype, raw, rows, cols)
-    assert w.tiles is not None and w.q is None and w.group == get_traits(qtype).group
-    limit = 1.05 if TILE_LAYOUTS[qtype].lo_split or qtype == T.Q8_0 else 5.0
-    assert w.nbytes <= limit * raw.nbytes, (w.nbytes, raw.nbytes)
+    traits = get_traits(qtype)
+    assert w.tiles is not None and w.q is None and w.group == traits.group
+    lay = TILE_LAYOUTS[qtype]
+    if lay.lo_split or qtype == T.Q8_0:
+        assert w.nbytes <= 1.05 * raw.nbytes, (w.nbytes, raw.nbytes)
+    else:
+        per_group = 4 * (1 + traits.has_min)
+        assert w.nbytes == rows * cols + rows * cols // traits.group * per_group
 
 
 @needs_vnni

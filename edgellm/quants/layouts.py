@@ -38,6 +38,38 @@ BLOCK_DTYPES: dict[GGMLQuantizationType, np.dtype] = {
     T.Q6_K: np.dtype(
         [("ql", "u1", QK_K // 2), ("qh", "u1", QK_K // 4), ("scales", "i1", QK_K // 16), ("d", "<f2")]
     ),
+    # The i-quants, MXFP4 and the ternary types (ggml-common.h's block_iq2_xxs, ...): field names as ggml's.
+    T.IQ4_NL: np.dtype([("d", "<f2"), ("qs", "u1", 16)]),
+    T.IQ4_XS: np.dtype(
+        [("d", "<f2"), ("scales_h", "<u2"), ("scales_l", "u1", QK_K // 64), ("qs", "u1", QK_K // 2)]
+    ),
+    T.MXFP4: np.dtype([("e", "u1"), ("qs", "u1", 16)]),  # e: E8M0 exponent, no f16 field
+    T.IQ2_XXS: np.dtype([("d", "<f2"), ("qs", "<u2", QK_K // 8)]),
+    T.IQ2_XS: np.dtype([("d", "<f2"), ("qs", "<u2", QK_K // 8), ("scales", "u1", QK_K // 32)]),
+    T.IQ2_S: np.dtype(
+        [
+            ("d", "<f2"),
+            ("qs", "u1", QK_K // 8),
+            ("signs", "u1", QK_K // 8),
+            ("qh", "u1", QK_K // 32),
+            ("scales", "u1", QK_K // 32),
+        ]
+    ),
+    T.IQ3_XXS: np.dtype([("d", "<f2"), ("qs", "u1", QK_K // 4), ("scales_signs", "<u4", QK_K // 32)]),
+    T.IQ3_S: np.dtype(
+        [
+            ("d", "<f2"),
+            ("qs", "u1", QK_K // 4),
+            ("qh", "u1", QK_K // 32),
+            ("signs", "u1", QK_K // 8),
+            ("scales", "u1", QK_K // 64),
+        ]
+    ),
+    T.IQ1_S: np.dtype([("d", "<f2"), ("qs", "u1", QK_K // 8), ("qh", "<u2", QK_K // 32)]),
+    # IQ1_M's f16 super-scale is split over the top nibbles of its four scales words
+    T.IQ1_M: np.dtype([("qs", "u1", QK_K // 8), ("qh", "u1", QK_K // 16), ("scales", "<u2", QK_K // 64)]),
+    T.TQ1_0: np.dtype([("qs", "u1", (QK_K - 4 * QK_K // 64) // 5), ("qh", "u1", QK_K // 64), ("d", "<f2")]),
+    T.TQ2_0: np.dtype([("qs", "u1", QK_K // 4), ("d", "<f2")]),
 }
 
 for _qtype, _dtype in BLOCK_DTYPES.items():

@@ -13,7 +13,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
-from edgellm.quants import unpack
+from edgellm.quants import unpack, unpack_iquants
 
 T = GGMLQuantizationType
 
@@ -87,6 +87,19 @@ QUANT_TRAITS: dict[GGMLQuantizationType, QuantTraits] = {
         _row(T.Q4_K, 32, True, unpack.unpack_q4_k_ref, "q8_K"),
         _row(T.Q5_K, 32, True, unpack.unpack_q5_k_ref, "q8_K"),
         _row(T.Q6_K, 16, False, unpack.unpack_q6_k_ref, "q8_K"),
+        # vec_dot as ggml-cpu's type_traits_cpu: q8_0 for the block-32 IQ4_NL and MXFP4, q8_K for the rest
+        _row(T.IQ4_NL, 32, False, unpack_iquants.unpack_iq4_nl_ref, "q8_0"),
+        _row(T.IQ4_XS, 32, False, unpack_iquants.unpack_iq4_xs_ref, "q8_K"),
+        _row(T.MXFP4, 32, False, unpack_iquants.unpack_mxfp4_ref, "q8_0"),
+        _row(T.IQ3_S, 32, False, unpack_iquants.unpack_iq3_s_ref, "q8_K"),
+        _row(T.IQ3_XXS, 32, False, unpack_iquants.unpack_iq3_xxs_ref, "q8_K"),
+        _row(T.IQ2_XXS, 32, False, unpack_iquants.unpack_iq2_xxs_ref, "q8_K"),
+        _row(T.IQ2_XS, 16, False, unpack_iquants.unpack_iq2_xs_ref, "q8_K"),
+        _row(T.IQ2_S, 16, False, unpack_iquants.unpack_iq2_s_ref, "q8_K"),
+        _row(T.IQ1_S, 32, False, unpack_iquants.unpack_iq1_s_ref, "q8_K"),
+        _row(T.IQ1_M, 16, False, unpack_iquants.unpack_iq1_m_ref, "q8_K"),
+        _row(T.TQ1_0, 256, False, unpack_iquants.unpack_tq1_0_ref, "q8_K"),
+        _row(T.TQ2_0, 256, False, unpack_iquants.unpack_tq2_0_ref, "q8_K"),
     )
 }
 

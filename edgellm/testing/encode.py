@@ -94,28 +94,103 @@ KQUANT_REF: dict[GGMLQuantizationType, Callable[[np.ndarray], np.ndarray]] = {
 }
 
 
+class ScaleField:
+    """A block field that multiplies every weight of the block: an f16 field (d, dmin, ...) by default."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def get(self, blocks: np.ndarray) -> np.ndarray:
+        return blocks[self.name].astype(np.float32)
+
+    def set(self, blocks: np.ndarray, value: np.ndarray) -> None:
+        blocks[self.name] = np.asarray(value).astype(np.float16)
+
+
+class E8M0Scale(ScaleField):
+    """MXFP4's `e`: a power of two (gguf's e8m0_to_fp32_half: 2^(e - 128)); set rounds to the nearest
+    power, and drops the sign (the format has none)."""
+
+    def get(self, blocks: np.ndarray) -> np.ndarray:
+        return gguf.quants.MXFP4.e8m0_to_fp32_half(blocks[self.name].astype(np.uint32)).astype(np.float32)
+
+    def set(self, blocks: np.ndarray, value: np.ndarray) -> None:
+        with np.errstate(divide="ignore"):
+            e = np.rint(np.log2(np.abs(np.asarray(value, np.float64)))) + 128
+        blocks[self.name] = np.clip(np.nan_to_num(e, neginf=2), 2, 254).astype(np.uint8)
+
+
+class SplitF16Scale(ScaleField):
+    """IQ1_M's f16 d, held in the top nibbles of its four `scales` words (nibble i = bits 4i..4i+3)."""
+
+    _SHIFTS = np.array([0, 4, 8, 12], np.uint16)
+
+    def get(self, blocks: np.ndarray) -> np.ndarray:
+        nibbles = (blocks[self.name] >> np.uint16(12)) << self._SHIFTS
+        return np.bitwise_or.reduce(nibbles, axis=-1).view(np.float16).astype(np.float32)
+
+    def set(self, blocks: np.ndarray, value: np.ndarray) -> None:
+        bits = np.asarray(value).astype(np.float16).view(np.uint16)
+        words = blocks[self.name] & np.uint16(0x0FFF)
+        blocks[self.name] = words | (((bits[..., None] >> self._SHIFTS) & np.uint16(0xF)) << np.uint16(12))
+
+
+_SPECIAL_SCALES: dict[GGMLQuantizationType, list[ScaleField]] = {
+    T.MXFP4: [E8M0Scale("e")],
+    T.IQ1_M: [SplitF16Scale("scales")],
+}
+
+
+def scale_fields(qtype: GGMLQuantizationType) -> list[ScaleField]:
+    """The fields of `qtype`'s block that scale its weights (every f16 field, or the type's own form)."""
+    if qtype in _SPECIAL_SCALES:
+        return _SPECIAL_SCALES[qtype]
+    dtype = BLOCK_DTYPES[qtype]
+    return [ScaleField(f) for f in dtype.names if dtype[f].base == np.dtype("<f2")]
+
+
+def _ternary_rows(
+    qtype: GGMLQuantizationType, rows: int, cols: int, std: float, rng: np.random.Generator
+) -> np.ndarray:
+    """TQ1_0 / TQ2_0 rows of uniform random trits times a per-block scale, through gguf's own quantizer
+    (exact for such input: its d is the block's largest magnitude), so every byte is one it writes."""
+    trits = rng.integers(-1, 2, (rows * cols // QK_K, QK_K)).astype(np.float32)
+    scale = rng.uniform(0.5, 1.0, (len(trits), 1)).astype(np.float16).astype(np.float32)
+    w = trits * scale * np.float32(std / np.sqrt(2 / 3) / 0.75)
+    return gguf.quants.quantize(w.reshape(rows, cols), qtype)
+
+
+# Types whose random blocks need more than random bits and scales (every byte pattern of the others is valid)
+_RAW_WRITERS: dict[GGMLQuantizationType, Callable[..., np.ndarray]] = {
+    T.TQ1_0: _ternary_rows,
+    T.TQ2_0: _ternary_rows,
+}
+
+
 def random_raw_blocks(
     qtype: GGMLQuantizationType, rows: int, cols: int, std: float, rng: np.random.Generator
 ) -> np.ndarray:
     """Random but valid raw rows (rows, row_bytes) of a block type gguf cannot quantize: random quant bits,
-    f16 scales rescaled so the dequantized weights have standard deviation ~`std` (every f16 field of a
-    block (d, dmin) multiplies the weights, so scaling them all scales the weights)."""
+    scales (`scale_fields`) rescaled so the dequantized weights have standard deviation ~`std` (every such
+    field of a block (d, dmin) multiplies the weights, so scaling them all scales the weights)."""
     block, type_size = GGML_QUANT_SIZES[qtype]
     if cols % block:
         raise ValueError(f"{qtype.name} needs rows of a multiple of {block} values, got {cols}")
+    if qtype in _RAW_WRITERS:
+        return _RAW_WRITERS[qtype](qtype, rows, cols, std, rng)
     raw = rng.integers(0, 256, (rows, cols // block * type_size), dtype=np.uint8)
     dtype = BLOCK_DTYPES.get(qtype)
     if dtype is None:  # a type we do not run: any bytes of the right size will do (error-path tests)
         return raw
     blocks = raw.view(dtype)
-    f16_fields = [f for f in dtype.names if dtype[f].base == np.dtype("<f2")]
-    for f in f16_fields:
-        blocks[f] = rng.uniform(0.5, 1.0, blocks[f].shape).astype(np.float16)
+    fields = scale_fields(qtype)
+    for f in fields:
+        f.set(blocks, rng.uniform(0.5, 1.0, blocks.shape))
     if qtype in _MEAN_QUANT_LEVEL:  # w = d*sc*q - dmin*m: centre the weights (sc and m share a range)
         blocks["dmin"] = (blocks["d"].astype(np.float32) * _MEAN_QUANT_LEVEL[qtype]).astype(np.float16)
     got = float(gguf.quants.dequantize(raw, qtype).std()) or 1.0
-    for f in f16_fields:
-        blocks[f] = (blocks[f].astype(np.float32) * (std / got)).astype(np.float16)
+    for f in fields:
+        f.set(blocks, f.get(blocks) * (std / got))
     return raw
 
 

@@ -169,7 +169,7 @@ def _quant_cases() -> dict[str, OracleCase]:
         cases[f"llama_{qtype.name.lower()}"] = OracleCase(
             "llama",
             qtype.name,
-            model=WIDE if k_quant else SMALL,
+            model=WIDE if QUANT_TRAITS[qtype].block_size == 256 else SMALL,
             writer={"quantize_kquants": True} if k_quant else {},
             note=f"every matrix {qtype.name}",
         )

@@ -18,20 +18,21 @@ from numba import njit, prange
 
 from edgellm.backends.cpu import vnni
 from edgellm.backends.cpu.matmul import ORDERED_MATH, U
-from edgellm.backends.cpu.tile_layouts import F16, LAYOUT_KEYS, TILE, TILE_LAYOUTS, TileLayout
+from edgellm.backends.cpu.tile_layouts import E8M0, F16, F32, LAYOUT_KEYS, TILE, TILE_LAYOUTS, TileLayout
 from edgellm.gguf.reader import release_mapped_pages
 from edgellm.quants.packing import ACT_MODES, PackedWeight, Tiles, pack_weight
 from edgellm.quants.traits import get_traits
 
 __all__ = ["dequantize_rows_cpu", "pack_tiles", "pack_weight", "pack_weight_tiled"]
 
+SCALE_BYTES = {F16: 2, F32: 4, E8M0: 1}  # bytes of one d of each kind
 TILED_CHUNK_ROWS = 1024  # rows repacked at a time (a multiple of TILE): bounds the temporaries
 
 
 def _plane_widths(lay: TileLayout, cols: int) -> list[int]:
     """Bytes per tile of each plane (lo, hi, d, sub, m, msub); 0 for a plane the layout has not."""
     n_d, n_g = cols // lay.d_cols, cols // lay.group
-    scale_bytes = 2 if lay.d_kind == F16 else 4
+    scale_bytes = SCALE_BYTES[lay.d_kind]
     return [
         TILE * lay.lo_bytes(cols),
         TILE * lay.hi_bytes(cols),

@@ -5,7 +5,10 @@ Every plane of a weight is tiled the same way: rows are taken 16 at a time (a ti
 4-byte words, so one 64-byte load holds the same word of 16 rows (one int32 lane each) and a `vpdpbusd`
 with 4 activation bytes broadcast to every lane adds 4 products to each of 16 row sums at once.
 
-- lo plane: the GGUF's own quant bytes, in the file's order. Nibble types (`lo_split` B > 0): within
+- lo plane: the GGUF's own quant bytes, in the file's order. Table types (IQ4_NL, IQ4_XS, MXFP4: `lut`)
+  keep their 4-bit codes there; the kernel turns each nibble into its table value + 128 with one byte
+  shuffle (`vpshufb`), so they run the same int8 dot products as Q4_0 at the file's bit width.
+  Nibble types (`lo_split` B > 0): within
   each run of 2B columns, byte o holds column o in its low nibble and column B + o in its high nibble
   (ggml's order for Q4_0/Q4_1/Q5_* (B=16), Q4_K/Q5_K (B=32) and Q6_K (B=64)). Byte types (B = 0): one
   byte per column, offset by 128 (Q8_0's int8 ^ 0x80) because `vpdpbusd` multiplies unsigned weights.
@@ -18,7 +21,8 @@ with 4 activation bytes broadcast to every lane adds 4 products to each of 16 ro
 
 The kernel computes, per group, exactly the float expression of the portable kernels over the int8 rows
 (scale = f32(d) * f32(sub), min = -(f32(dmin) * f32(mn)) or f32(m)), so outputs are bit-identical.
-Q2_K/Q3_K (rare) go through the int8 rows (`unpack_ref`) into a byte plane with f32 scales.
+Q2_K/Q3_K (rare), the grid i-quants (IQ1/IQ2/IQ3) and the ternary types go through the int8 rows
+(`unpack_ref`) into a byte plane with f32 scales: exact, at 8 bits a weight.
 """
 
 from __future__ import annotations
@@ -28,15 +32,17 @@ from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGMLQuantizationType
+from gguf import quants as gguf_quants
 
 from edgellm.quants.layouts import view_blocks
 from edgellm.quants.traits import get_traits
+from edgellm.quants.unpack_iquants import iq4_xs_sub_scales
 
 T = GGMLQuantizationType
 TILE = 16  # weight rows per tile = int32 lanes of a zmm
 
 # Scale element kinds (kernel and gather switch on these small ints).
-F16, F32 = 1, 2  # d / m: f16 bits, or f32
+F16, F32, E8M0 = 1, 2, 3  # d / m: f16 bits, f32, or MXFP4's exponent byte (2^(e - 128), gguf's "half")
 U8, I8 = 1, 2  # sub-scales: unsigned or signed bytes
 
 
@@ -54,13 +60,15 @@ class TileLayout:
     m_kind: int  # 0 (no min term), F16 or F32
     m_neg_sub: bool  # min = -(m * msub) (K-quants) instead of m
     planes: Callable[[np.ndarray], Planes]  # raw rows uint8 [N, row_bytes] -> the planes, row-major
+    lut: tuple[int, ...] = ()  # 16 stored values a nibble selects (table types), or () for the nibble itself
 
     @property
     def key(self) -> tuple:
-        """What the kernel's code depends on (types sharing it share one compiled variant)."""
+        """What the kernel's code depends on (types sharing it share one compiled variant): 11 ints, then
+        the 16 table entries for a table type."""
         return (
             self.lo_split, self.hi_bits, self.hi_stride, self.offset, self.group, self.unit,
-            self.d_cols, self.d_kind, self.sub_kind, self.m_kind, self.m_neg_sub,
+            self.d_cols, self.d_kind, self.sub_kind, self.m_kind, self.m_neg_sub, *self.lut,
         )  # fmt: skip
 
     def lo_bytes(self, cols: int) -> int:
@@ -77,7 +85,7 @@ class Planes:
 
     lo: np.ndarray  # uint8 [N, ..., lo bytes]
     hi: np.ndarray | None  # uint8 [N, ..., hi bytes]
-    d: np.ndarray  # uint16 (f16 bits) or f32 [N, K // d_cols]
+    d: np.ndarray  # uint16 (f16 bits), f32 or uint8 (E8M0) [N, K // d_cols]
     sub: np.ndarray | None  # uint8 / int8 [N, ..., K // group]
     m: np.ndarray | None  # like d
     msub: np.ndarray | None  # uint8 [N, ..., K // group]
@@ -148,8 +156,32 @@ def _planes_q6_k(raw: np.ndarray) -> Planes:
     return Planes(b["ql"], b["qh"], _f16_bits(b["d"]), b["scales"], None, None)
 
 
+def _stored_table(values: tuple[int, ...]) -> tuple[int, ...]:
+    """A type's 16 signed table values as the unsigned bytes the kernel multiplies (offset 128)."""
+    return tuple(int(v) + 128 for v in values)
+
+
+_IQ4NL_LUT = _stored_table(gguf_quants.IQ4_NL.kvalues)
+_MXFP4_LUT = _stored_table(gguf_quants.MXFP4.kvalues)
+
+
+def _planes_iq4_nl(raw: np.ndarray) -> Planes:
+    b = view_blocks(raw, T.IQ4_NL)
+    return Planes(b["qs"], None, _f16_bits(b["d"]), None, None, None)
+
+
+def _planes_iq4_xs(raw: np.ndarray) -> Planes:
+    b = view_blocks(raw, T.IQ4_XS)
+    return Planes(b["qs"], None, _f16_bits(b["d"]), iq4_xs_sub_scales(b), None, None)
+
+
+def _planes_mxfp4(raw: np.ndarray) -> Planes:
+    b = view_blocks(raw, T.MXFP4)
+    return Planes(b["qs"], None, b["e"], None, None, None)
+
+
 def _planes_via_int8(qtype: GGMLQuantizationType) -> Callable[[np.ndarray], Planes]:
-    """Types kept as int8 rows + f32 scales (Q2_K, Q3_K): the reference unpacker's output as planes."""
+    """Types kept as int8 rows + f32 scales (Q2_K, Q3_K, ...): the reference unpacker's output as planes."""
 
     def planes(raw: np.ndarray) -> Planes:
         q, scale, minv = get_traits(qtype).unpack_ref(raw)
@@ -158,10 +190,19 @@ def _planes_via_int8(qtype: GGMLQuantizationType) -> Callable[[np.ndarray], Plan
     return planes
 
 
+def _via_int8(qtype: GGMLQuantizationType) -> TileLayout:
+    """A type without a min kept as int8 bytes and one f32 scale per group (the traits' group)."""
+    g = get_traits(qtype).group
+    return TileLayout(0, 0, 4, 128, g, g, g, F32, 0, 0, False, _planes_via_int8(qtype))
+
+
 def _legacy(planes, split: int, hi_bits: int, offset: int, m_kind: int) -> TileLayout:
     """Q4_0 .. Q8_0: blocks of 32 with one f16 d (and m) each."""
     return TileLayout(split, hi_bits, 4, offset, 32, 32, 32, F16, 0, m_kind, False, planes)
 
+
+# The grid i-quants and the ternary types: no layout at their own bit width (yet), int8 bytes instead
+_GRID_TYPES = (T.IQ3_S, T.IQ3_XXS, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ1_S, T.IQ1_M, T.TQ1_0, T.TQ2_0)
 
 TILE_LAYOUTS: dict[GGMLQuantizationType, TileLayout] = {
     T.Q4_0: _legacy(_planes_q4_0, 16, 0, 8, 0),
@@ -173,7 +214,11 @@ TILE_LAYOUTS: dict[GGMLQuantizationType, TileLayout] = {
     T.Q5_K: TileLayout(32, 1, 32, 0, 32, 256, 256, F16, U8, F16, True, _planes_q5_k),
     T.Q6_K: TileLayout(64, 2, 32, 32, 16, 128, 256, F16, I8, 0, False, _planes_q6_k),
     T.Q2_K: TileLayout(0, 0, 4, 128, 16, 16, 16, F32, 0, F32, False, _planes_via_int8(T.Q2_K)),
-    T.Q3_K: TileLayout(0, 0, 4, 128, 16, 16, 16, F32, 0, 0, False, _planes_via_int8(T.Q3_K)),
+    T.Q3_K: _via_int8(T.Q3_K),
+    T.IQ4_NL: TileLayout(16, 0, 4, 128, 32, 32, 32, F16, 0, 0, False, _planes_iq4_nl, _IQ4NL_LUT),
+    T.IQ4_XS: TileLayout(16, 0, 4, 128, 32, 64, 256, F16, I8, 0, False, _planes_iq4_xs, _IQ4NL_LUT),
+    T.MXFP4: TileLayout(16, 0, 4, 128, 32, 32, 32, E8M0, 0, 0, False, _planes_mxfp4, _MXFP4_LUT),
+    **{qtype: _via_int8(qtype) for qtype in _GRID_TYPES},
 }
 
 # Distinct kernel layouts in a fixed order: the kernels' variant ids.

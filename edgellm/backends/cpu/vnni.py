@@ -10,6 +10,7 @@ the portable path.
 
 from __future__ import annotations
 
+import math
 import os
 
 import llvmlite.binding as llb
@@ -19,7 +20,7 @@ from numba import njit, prange
 from edgellm.backends.cpu.fp16 import f16_bits_to_f32
 from edgellm.backends.cpu.ir_util import switch_intrinsic
 from edgellm.backends.cpu.numba_cache import follow_sources
-from edgellm.backends.cpu.tile_layouts import F16, I8, LAYOUT_KEYS, TILE
+from edgellm.backends.cpu.tile_layouts import E8M0, F16, I8, LAYOUT_KEYS, TILE
 from edgellm.backends.cpu.vnni_ir import N_ARGS, build_tile_kernel
 
 
@@ -124,6 +125,8 @@ def _scale(plane, t, lane, index, kind):
     """Element `index` of row (t, lane) of a [.., 16] d/m plane as f32 (f16 bits or f32)."""
     if kind == F16:
         return f16_bits_to_f32(plane[t].view(np.uint16)[index * TILE + lane])
+    if kind == E8M0:  # gguf's e8m0_to_fp32_half: exactly 2^(e - 128) (e < 2 are f32 subnormals)
+        return np.float32(math.ldexp(1.0, np.int64(plane[t, index * TILE + lane]) - 128))
     return plane[t].view(np.float32)[index * TILE + lane]
 
 
@@ -131,10 +134,11 @@ def _scale(plane, t, lane, index, kind):
 def gather_tiles_cpu(planes, lay, ids, out) -> None:
     """Embedding lookup from the tile16 layout: out[i] = dequantized row ids[i], with the float ops of the
     kernels (scale = f32(d) * f32(sub), + min), so the same bits as gguf's dequantize. lay: the layout's
-    key as an int64 array (TileLayout.key)."""
+    key as an int64 array (TileLayout.key, table entries included)."""
     lo, hi, d, sub, m_pl, msub = planes
     split, hi_bits, hi_stride, offset, group, unit = lay[0], lay[1], lay[2], lay[3], lay[4], lay[5]
     d_cols, d_kind, sub_kind, m_kind, m_neg_sub = lay[6], lay[7], lay[8], lay[9], lay[10]
+    has_lut = lay.shape[0] > 11  # a table type: lay[11 + nibble] is the stored value
     k_cols = out.shape[1]
     for i in prange(ids.shape[0]):
         t, lane = ids[i] // TILE, ids[i] % TILE
@@ -145,6 +149,8 @@ def gather_tiles_cpu(planes, lay, ids, out) -> None:
                 high = within >= split
                 byte = _plane_byte(lo, t, lane, un * (unit // 2) + run * split + within - split * high)
                 v = np.int32((byte >> 4) if high else (byte & 15))
+                if has_lut:
+                    v = np.int32(lay[11 + v])
             else:
                 v = np.int32(_plane_byte(lo, t, lane, k))
             if hi_bits:

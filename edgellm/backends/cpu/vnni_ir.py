@@ -2,8 +2,9 @@
 
 For one tile (16 weight rows) and rm activation rows it walks the row in units (tile_layouts.TileLayout
 .unit columns). Per group of the unit and per 4-column word: take the word's 64-byte vector of the lo
-plane (its low or high nibbles, or its bytes), OR in the high bits from the hi plane shifted to bit 4,
-and `vpdpbusd` it with the 4 activation bytes broadcast, into the group's int32 sums (16 rows at once).
+plane (its low or high nibbles, or its bytes), OR in the high bits from the hi plane shifted to bit 4 (a
+table type instead replaces each nibble by its table byte with `vpshufb`), and `vpdpbusd` it with the 4
+activation bytes broadcast, into the group's int32 sums (16 rows at once).
 The sums start at -offset * sum(x over the group), which removes the unsigned storage offset exactly,
 so each is the exact integer dot product of the row layout's signed quants with the int8 activations.
 Then the float part, lane-wise and in matmul._row_dot's order (acc += (xs * scale) * isum;
@@ -21,7 +22,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from edgellm.backends.cpu.ir_util import declare, splat
-from edgellm.backends.cpu.tile_layouts import F16, I8, TILE
+from edgellm.backends.cpu.tile_layouts import E8M0, F16, I8, TILE
 
 _I8, _I16, _I32, _I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 _F32 = ir.FloatType()
@@ -29,9 +30,11 @@ _V16I32 = ir.VectorType(_I32, TILE)
 _V16F32 = ir.VectorType(_F32, TILE)
 _V16I16 = ir.VectorType(_I16, TILE)
 _V16I8 = ir.VectorType(_I8, TILE)
+_V64I8 = ir.VectorType(_I8, 4 * TILE)
 _V16F16 = ir.VectorType(ir.HalfType(), TILE)
 _FLAGS = ("nsz", "arcp", "afn")  # matmul.ORDERED_MATH: each lane rounds exactly as the scalar code
 _DPBUSD = "llvm.x86.avx512.vpdpbusd.512"
+_PSHUFB = "llvm.x86.avx512.pshuf.b.512"
 _PREFETCH = "llvm.prefetch.p0"
 PREFETCH_VECTORS = 64  # weight vectors (64 B) ahead
 N_ARGS = 15
@@ -50,8 +53,11 @@ def build_tile_kernel(module: ir.Module, name: str, key: tuple, rm: int) -> ir.F
     out_stride), all i64: addresses of the tile's planes, rm activation rows (int8, x_stride bytes apart),
     their per-group scales, sums and int sums (f32/f32/i32, a_stride elements apart), and rm output rows
     of 16 floats (out_stride floats apart). `key` is a TileLayout.key."""
-    split, hi_bits, hi_stride, offset, group, unit, d_cols, d_kind, sub_kind, m_kind, m_neg_sub = key
+    split, hi_bits, hi_stride, offset, group, unit, d_cols, d_kind, sub_kind, m_kind, m_neg_sub = key[:11]
+    lut = key[11:]
     dp = declare(module, _DPBUSD, _V16I32, [_V16I32] * 3)
+    shuf = declare(module, _PSHUFB, _V64I8, [_V64I8] * 2) if lut else None
+    lut_vec = ir.Constant(_V64I8, list(lut) * 4) if lut else None  # the table in each 128-bit lane
     pf = declare(module, _PREFETCH, ir.VoidType(), [_I8.as_pointer(), _I32, _I32, _I32])
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [_I64] * N_ARGS), name)
     fn.linkage = "internal"
@@ -119,6 +125,8 @@ def build_tile_kernel(module: ir.Module, name: str, key: tuple, rm: int) -> ir.F
             high = within >= split
             v = lo_vec((run * split + within - split * high) // 4)
             w = b.and_(b.lshr(v, _vconst(4)) if high else v, _vconst(0x0F0F0F0F))
+            if lut_vec is not None:  # each nibble (a byte 0..15) picks its table value
+                w = b.bitcast(b.call(shuf, [lut_vec, b.bitcast(w, _V64I8)]), _V16I32)
         else:
             w = lo_vec(col // 4)
         if hi_bits:
@@ -130,10 +138,16 @@ def build_tile_kernel(module: ir.Module, name: str, key: tuple, rm: int) -> ir.F
         return w
 
     def widen_scale(addr: ir.Value, index: ir.Value, kind: int) -> ir.Value:
-        """16 lanes of a [.., 16] d/m plane at element `index`, as f32: f16 bits widened, or f32."""
+        """16 lanes of a [.., 16] d/m plane at element `index`, as f32: f16 bits widened, E8M0 exponents
+        made into their power of two (gguf's e8m0_to_fp32_half), or f32."""
         if kind == F16:
             raw = b.load(b.gep(b.inttoptr(addr, _V16I16.as_pointer()), [index]), align=2)
             return b.fpext(b.bitcast(raw, _V16F16), _V16F32)
+        if kind == E8M0:  # e < 2: the subnormal 2^(e - 128) = 0x00200000 << e; else the exponent field e - 1
+            e = b.zext(b.load(b.gep(b.inttoptr(addr, _V16I8.as_pointer()), [index]), align=1), _V16I32)
+            tiny = b.icmp_unsigned("<", e, _vconst(2))
+            bits = b.select(tiny, b.shl(_vconst(0x00200000), e), b.shl(b.sub(e, _vconst(1)), _vconst(23)))
+            return b.bitcast(bits, _V16F32)
         return b.load(b.gep(b.inttoptr(addr, _V16F32.as_pointer()), [index]), align=4)
 
     def widen_bytes(addr: ir.Value, index: ir.Value, signed: bool) -> ir.Value:
