@@ -64,6 +64,7 @@ else:
     from edgellm.backends.cuda import get_cuda_backend
     from edgellm.backends.cuda.devarray import DeviceTensor
     from edgellm.backends.cuda.matmul import quantize_act, upload_weight
+    from edgellm.gguf.rope import RopeParams
     from edgellm.quants import QUANT_TRAITS
     from edgellm.quants.activations import quantize_act_ref
     from edgellm.quants.packing import pack_weight
@@ -186,9 +187,10 @@ else:
             ref[:, n : 2 * n] = (k / np.sqrt((k**2).mean(-1, keepdims=True) + 1e-6) * w[:d]).reshape(T_, n)
         elif op.startswith("rope"):
             pos = np.array([0, 5, 17][:T_] if T_ == 3 else [1000], np.int32)
-            BE.rope(k_view, BE.from_host(pos), d, 10000.0, op == "rope_neox")
+            rope = RopeParams(n_rot=d, neox=op == "rope_neox")
+            BE.rope(k_view, BE.from_host(pos), rope)
             k = x[:, n : 2 * n].reshape(T_, H, d).copy()
-            cpu_ops.rope_cpu(k, pos, d, 10000.0, op == "rope_neox")
+            cpu_ops.rope_cpu(k, pos, rope)
             ref[:, n : 2 * n] = k.reshape(T_, n)
         elif op in ("swiglu", "geglu"):
             ff = n
@@ -345,8 +347,9 @@ else:
             k = x[:, H * d : (H + n_kv) * d].reshape(T, n_kv, d)
             v = x[:, (H + n_kv) * d :].reshape(T, n_kv, d)
             kv = BE.alloc_kv(1, 3, 4, n_kv, d, d, dtype)
-            BE.rope(q, pos, d, 10000.0, True)
-            BE.rope(k, pos, d, 10000.0, True)
+            rope = RopeParams(n_rot=d, neox=True)
+            BE.rope(q, pos, rope)
+            BE.rope(k, pos, rope)
             BE.write_kv(kv, 0, k, v, slots)
             caches = [BE.to_host(a) for a in kv.layers[0].blocks]
             results.append((caches, BE.to_host(x), dict(BE.stats.launches)))
