@@ -12,8 +12,11 @@ as random raw blocks scaled to the intended spread. Read the weights back with `
 (or `gguf.GGUFReader`) to build a reference. `n_vocab` pads the vocabulary with control tokens to a real
 model's size (the LM head and the argmax then have real shapes: see real_shapes.py).
 
-Hooks for error-path tests: `metadata_overrides` (a value of None deletes the key), `skip_tensors`,
-`shape_overrides` (writes a tensor with another shape) and per-tensor `qtypes`.
+Hooks for error-path tests and oracle cases (testing/oracle_cases.py): `metadata_overrides` (a value of None
+deletes the key; `Typed` gives a new key its GGUF type), `extra_tensors` (biases, `rope_freqs.weight`, or any
+tensor the architecture does not write), `skip_tensors`, `shape_overrides` (writes a tensor with another
+shape) and per-tensor `qtypes`. The bytes are a function of the arguments alone (same arguments and seed,
+same file), so a fixture can record the file's sha256.
 
 Example:
     path = write_tiny_model(tmp_path / "tiny.gguf", "qwen3", qtypes={"*": "Q8_0", "ffn_down": "F16"})
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +36,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType
 
 from edgellm.testing.encode import encode_tensor
+from edgellm.testing.tiny_vocab import CONTROL, bpe_vocab, spm_vocab
 
 T = GGMLQuantizationType
 ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
@@ -50,65 +55,15 @@ DEFAULT_QTYPES: dict[str, GGMLQuantizationType] = {
     "output": T.Q8_0,
 }
 
-# Token type ids of tokenizer.ggml.token_type.
-NORMAL, CONTROL, BYTE = 1, 3, 6
 
-# Common English fragments for the merges / pieces of the tiny vocabularies (the text they cover encodes
-# into multi-byte tokens; everything else falls back to single bytes).
-# fmt: off
-_MERGES = [
-    ("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "a"), ("e", "r"), ("o", "n"), ("Ġ", "s"),
-    ("r", "e"), ("a", "n"), ("Ġ", "w"), ("o", "r"), ("l", "l"), ("Ġw", "or"), ("Ġwor", "l"),
-    ("Ġworl", "d"), ("he", "ll"), ("hell", "o"), ("H", "e"), ("He", "ll"), ("Hell", "o"), ("Ġa", "n"),
-    ("Ġan", "d"), ("Ġ", "i"), ("Ġi", "s"), ("Ġ", "c"), ("a", "t"), ("Ġc", "at"), ("in", "g"),
-]
-_SPM_PIECES = [
-    "▁", "▁the", "▁a", "▁and", "▁is", "▁cat", "▁world", "▁hello", "he", "ll", "o", "in", "er", "on",
-    "an", "re", "at", "ing", "e", "t", "a", "h", "l", "w", "r", "d", "s", "i", "n", "c", "g", "H",
-]
-# fmt: on
+@dataclass(frozen=True)
+class Typed:
+    """A metadata value with its GGUF type, for keys the writer does not know (llama.cpp refuses a key of
+    the wrong type: a UINT32 key written as the INT32 a Python int infers fails to load)."""
 
-
-def gpt2_byte_chars() -> list[str]:
-    """GPT-2's printable stand-in character for each byte 0..255 (byte-level BPE alphabet)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
-    printable += range(ord("®"), ord("ÿ") + 1)
-    chars = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return [chars[b] for b in range(256)]
-
-
-def bpe_vocab(specials: Iterable[str]) -> tuple[list[str], list[int], list[str]]:
-    """(tokens, token types, merges) of a byte-level BPE vocabulary: specials, the 256 byte symbols, and
-    one token per merge result."""
-    tokens = list(specials)
-    types = [CONTROL] * len(tokens)
-    tokens += gpt2_byte_chars()
-    types += [NORMAL] * 256
-    for left, right in _MERGES:
-        tokens.append(left + right)
-        types.append(NORMAL)
-    return tokens, types, [f"{left} {right}" for left, right in _MERGES]
-
-
-def spm_vocab() -> tuple[list[str], list[int], list[float]]:
-    """(tokens, token types, scores) of a Gemma-style SentencePiece vocabulary: <pad> <eos> <bos> <unk>,
-    byte tokens <0x00>..<0xFF>, then pieces whose scores favour longer merges."""
-    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
-    types = [CONTROL] * len(tokens)
-    scores = [-1000.0] * len(tokens)
-    tokens += [f"<0x{b:02X}>" for b in range(256)]
-    types += [BYTE] * 256
-    scores += [0.0] * 256
-    for i, piece in enumerate(_SPM_PIECES):
-        tokens.append(piece)
-        types.append(NORMAL)
-        scores.append(-float(i) if len(piece) > 1 else -100.0 - i)
-    return tokens, types, scores
+    value: Any
+    vtype: GGUFValueType
+    sub_type: GGUFValueType | None = None  # element type of an ARRAY
 
 
 def tensor_shapes(
@@ -297,6 +252,7 @@ def write_tiny_model(
     n_vocab: int | None = None,
     quantize_kquants: bool = False,
     metadata_overrides: Mapping[str, Any] | None = None,
+    extra_tensors: Mapping[str, np.ndarray | tuple[int, ...]] | None = None,
     skip_tensors: Iterable[str] = (),
     shape_overrides: Mapping[str, tuple[int, ...]] | None = None,
 ) -> Path:
@@ -313,7 +269,10 @@ def write_tiny_model(
     quantize_kquants: Q4_K / Q6_K matrices quantized from normal weights (encode.KQUANT_REF) rather than
         random blocks.
     metadata_overrides: key -> value replacing or adding metadata (None deletes the key); the value type is
-        the replaced key's, else inferred. "general.architecture" can be overridden too.
+        the replaced key's, else inferred (a `Typed` value sets it). "general.architecture" can be overridden.
+    extra_tensors: name -> array (written as F32, values as given) or numpy-order shape (random weights of
+        the name's role, typed by `qtypes` as the standard tensors are: biases F32 ~N(0, 0.1^2)). Written
+        after the standard tensors and drawn after them, so adding one leaves every other weight unchanged.
     skip_tensors / shape_overrides: leave tensors out / write them with another (numpy-order) shape.
     """
     if arch not in ARCHS:
@@ -341,6 +300,8 @@ def write_tiny_model(
     for key, value in (metadata_overrides or {}).items():
         if value is None:
             md.pop(key, None)
+        elif isinstance(value, Typed):
+            md[key] = (value.value, value.vtype, value.sub_type)
         elif key in md:
             md[key] = (value, md[key][1], md[key][2])
         elif isinstance(value, list | tuple):
@@ -353,11 +314,21 @@ def write_tiny_model(
     for key, (value, vtype, sub_type) in md.items():
         writer.add_key_value(key, value, vtype, sub_type)
 
-    shapes = tensor_shapes(arch, n_layers, n_embd, n_heads, n_kv_heads, head_dim, n_ff, n_vocab, tied)
+    shapes: dict[str, tuple[int, ...] | np.ndarray] = dict(
+        tensor_shapes(arch, n_layers, n_embd, n_heads, n_kv_heads, head_dim, n_ff, n_vocab, tied)
+    )
+    for name, spec in (extra_tensors or {}).items():
+        if name in shapes:
+            raise ValueError(f"extra tensor {name!r} is one the writer already writes (use shape_overrides)")
+        shapes[name] = spec
     skip = set(skip_tensors)
-    for name, shape in shapes.items():
-        shape = tuple((shape_overrides or {}).get(name, shape))
-        qtype = pick_qtype(name, qtypes)
+    for name, spec in shapes.items():
+        if isinstance(spec, np.ndarray):
+            if name not in skip:
+                writer.add_tensor(name, np.ascontiguousarray(spec, np.float32))
+            continue
+        shape = tuple((shape_overrides or {}).get(name, spec))
+        qtype = T.F32 if len(shape) == 1 else pick_qtype(name, qtypes)  # vectors F32, as llama.cpp writes
         role = tensor_role(name)
         # Norm weights near 1 (Gemma's files store 1 + w), small biases, embeddings ~N(0, 1), matrices
         # ~N(0, 1/cols) so activations stay O(1) through the layers.

@@ -1,0 +1,179 @@
+"""Oracle cases: tiny random-weight GGUFs whose logits llama.cpp computed (tests/fixtures/oracle/<case>.npz).
+
+Each `OracleCase` says how to write one file with `write_tiny_model` (architecture, tensor types, shape,
+metadata overrides, extra tensors) and which tokens to score: a sequence long enough that positions past
+1,000 are covered, since rope scaling (frequency factors, linear, YaRN) shows only at long range.
+scripts/make_oracle_fixtures.py runs llama.cpp on each and saves its logits at `fixture_positions`;
+tests/test_oracle_cases.py rewrites the file (checking its sha256 against the fixture's, so a change of the
+writer is caught rather than compared against stale logits) and compares edgellm's logits with them.
+
+Tolerances (the issue's bar): NMSE = sum((x - ref)^2) / sum(ref^2) (ggml's test-backend-ops measure) below
+NMSE_FLOAT for F32/F16/BF16 weights and NMSE_QUANT when any matrix is block-quantized, and the same top-1
+token wherever llama.cpp's own top-1/top-2 gap exceeds TOP1_MIN_GAP.
+
+Adding a case: one entry in CASES (a feature's cases next to each other, named `<arch>_<feature>`), then
+`python scripts/make_oracle_fixtures.py <case>` where llama-cpp-python is installed, and commit the .npz.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from edgellm.testing.synthetic import DEFAULT_QTYPES, write_tiny_model
+
+T = GGMLQuantizationType
+FLOAT_TYPES = frozenset({T.F32, T.F16, T.BF16})
+NMSE_FLOAT = 1e-4
+NMSE_QUANT = 1e-3
+TOP1_MIN_GAP = 0.05
+N_FIXTURE_POSITIONS = 24
+
+# Shape of the default case: 2 layers, 64 wide (a few hundred KiB; llama.cpp and edgellm score 1,100
+# tokens in about a second). k-quant matrices need 256-value rows: every matrix's row width
+# (n_embd, n_heads * head_dim, n_ff) a multiple of 256.
+SMALL: dict[str, int] = dict(n_layers=2, n_embd=64, n_heads=4, n_kv_heads=2, head_dim=16, n_ff=128)
+WIDE: dict[str, int] = dict(n_layers=2, n_embd=256, n_heads=4, n_kv_heads=2, head_dim=64, n_ff=256)
+# Gemma 3's pattern (five sliding-window layers, then a global one) needs 7 layers to hold both kinds twice
+# over the first block; the window is far shorter than the sequence so that it matters.
+GEMMA3: dict[str, int] = dict(SMALL, n_layers=7)
+
+
+@dataclass(frozen=True)
+class OracleCase:
+    arch: str
+    qtypes: Mapping[str, Any] | str = "F32"  # write_tiny_model's qtypes
+    model: Mapping[str, int] = field(default_factory=lambda: SMALL)  # write_tiny_model's shape arguments
+    metadata: Mapping[str, Any] = field(default_factory=dict)  # metadata_overrides (Typed for new keys)
+    # extra_tensors: name -> numpy-order shape (random) or array; a "{il}" in the name is every layer's
+    extra_tensors: Mapping[str, Any] = field(default_factory=dict)
+    writer: Mapping[str, Any] = field(default_factory=dict)  # any other write_tiny_model keyword
+    n_ctx: int = 1200
+    n_tokens: int = 1100
+    seed: int = 0
+    note: str = ""  # what the case covers, for the report
+
+    def write(self, path: str | Path) -> Path:
+        n_layers = self.model["n_layers"]
+        extra: dict[str, Any] = {}
+        for name, spec in self.extra_tensors.items():
+            names = [name.format(il=il) for il in range(n_layers)] if "{il}" in name else [name]
+            extra.update(dict.fromkeys(names, spec))
+        return write_tiny_model(
+            path,
+            self.arch,
+            self.qtypes,
+            seed=self.seed,
+            context_length=max(self.n_ctx, 2048),
+            metadata_overrides=dict(self.metadata),
+            extra_tensors=extra,
+            **self.model,
+            **self.writer,
+        )
+
+    @property
+    def quantized(self) -> bool:
+        """Whether any matrix of the file is block-quantized (the looser NMSE bound applies)."""
+        types = [self.qtypes] if isinstance(self.qtypes, str) else list(self.qtypes.values())
+        return any(T[t.upper()] not in FLOAT_TYPES if isinstance(t, str) else T(t) not in FLOAT_TYPES
+                   for t in types)  # fmt: skip
+
+    @property
+    def nmse_limit(self) -> float:
+        return NMSE_QUANT if self.quantized else NMSE_FLOAT
+
+    def tokens(self, n_vocab: int) -> np.ndarray:
+        """[n_tokens] int32: the scored sequence, random ids over the whole vocabulary (seeded)."""
+        rng = np.random.default_rng(10_000 + self.seed)
+        return rng.integers(0, n_vocab, self.n_tokens).astype(np.int32)
+
+    def fixture_positions(self) -> np.ndarray:
+        """[N_FIXTURE_POSITIONS] int32, ascending: the first 4 tokens, 8 spread over the sequence, and 12
+        over its last 100 positions (past 1,000 for the default length), the last 4 included."""
+        n = self.n_tokens
+        tail = min(100, n // 2)
+        spread = np.linspace(4, n - tail - 1, 8)
+        last = np.concatenate([np.linspace(n - tail, n - 5, 8), np.arange(n - 4, n)])
+        pos = np.unique(np.concatenate([np.arange(4), spread, last]).round().astype(np.int64))
+        return pos.astype(np.int32)
+
+
+def score_edgellm(
+    path: str | Path, tokens: np.ndarray, positions: np.ndarray, chunk: int = 512
+) -> np.ndarray:
+    """edgellm's logits [len(positions), n_vocab] float32 for the teacher-forced `tokens`, on the CPU
+    backend, in process: the file goes through the same checks as LLM() (config, then validate_model), and
+    the prompt through prefill chunks as the engine schedules them."""
+    from edgellm.arch import ARCHITECTURES
+    from edgellm.backends.cpu.backend import CpuBackend
+    from edgellm.engine.model_runner import ModelRunner, RunItem
+    from edgellm.gguf.config import config_from_gguf
+    from edgellm.gguf.reader import load_gguf
+    from edgellm.gguf.validation import validate_model
+
+    g = load_gguf(str(path))
+    cfg = config_from_gguf(g)
+    validate_model(g, cfg)
+    be = CpuBackend()
+    block_size = 16
+    n_blocks = -(-len(tokens) // block_size)
+    runner = ModelRunner(ARCHITECTURES[cfg.arch](cfg, g, be), cfg, be, n_blocks, block_size)
+    table, ids, rows = list(range(n_blocks)), [int(t) for t in tokens], []
+    for start in range(0, len(ids), chunk):
+        rows += runner.run([RunItem(table, ids[start : start + chunk], start, all_logits=True)])
+    return np.concatenate(rows)[positions].astype(np.float32)
+
+
+def nmse(x: np.ndarray, ref: np.ndarray) -> float:
+    """sum((x - ref)^2) / sum(ref^2), in float64."""
+    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
+    return float(((x - ref) ** 2).sum() / (ref**2).sum())
+
+
+def top1_agreement(x: np.ndarray, ref: np.ndarray, min_gap: float = TOP1_MIN_GAP) -> tuple[int, int]:
+    """(agreeing rows, rows where ref's top-1/top-2 gap exceeds min_gap): x, ref [P, n_vocab]."""
+    top2 = np.sort(ref, axis=-1)[:, -2:]
+    decided = (top2[:, 1] - top2[:, 0]) > min_gap
+    agree = x.argmax(-1) == ref.argmax(-1)
+    return int((agree & decided).sum()), int(decided.sum())
+
+
+def _quant_cases() -> dict[str, OracleCase]:
+    """llama with every matrix in one type, for each type edgellm runs (quants/traits.py)."""
+    from edgellm.quants.traits import QUANT_TRAITS
+
+    cases = {}
+    for qtype in QUANT_TRAITS:
+        if qtype == T.F32:
+            continue
+        k_quant = qtype.name.endswith("_K")
+        cases[f"llama_{qtype.name.lower()}"] = OracleCase(
+            "llama",
+            qtype.name,
+            model=WIDE if k_quant else SMALL,
+            writer={"quantize_kquants": True} if k_quant else {},
+            note=f"every matrix {qtype.name}",
+        )
+    return cases
+
+
+# fmt: off
+CASES: dict[str, OracleCase] = {
+    # ---- architectures, F32 weights and the default mix of block-32 types
+    "llama_f32": OracleCase("llama", note="llama, F32"),
+    "qwen2_f32": OracleCase("qwen2", note="qwen2 (QKV biases), F32"),
+    "qwen3_f32": OracleCase("qwen3", note="qwen3 (Q/K norms), F32"),
+    "gemma3_f32": OracleCase("gemma3", model=GEMMA3, note="gemma3, 7 layers (5 local, 1 global, 1 local)"),
+    "llama_mix": OracleCase("llama", DEFAULT_QTYPES, note="llama, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/F16 mix"),
+    "qwen2_mix": OracleCase("qwen2", DEFAULT_QTYPES, note="qwen2, block-32 mix"),
+    "qwen3_mix": OracleCase("qwen3", DEFAULT_QTYPES, note="qwen3, block-32 mix"),
+    "gemma3_mix": OracleCase("gemma3", DEFAULT_QTYPES, model=GEMMA3, note="gemma3, block-32 mix"),
+    # ---- every quant type edgellm runs, one at a time
+    **_quant_cases(),
+}
+# fmt: on
