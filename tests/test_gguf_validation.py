@@ -111,11 +111,12 @@ def test_zero_tensor_dim(tmp_path: Path) -> None:
 
 
 def insert_metadata(raw: bytes, key: str, vtype: int, payload: bytes) -> bytes:
-    """A copy of a GGUF file with one more metadata record first, and a string record "pad" after it sized
-    so that the tensor data keeps its alignment (32)."""
+    """A copy of a GGUF file with one more metadata record first, and a string record "general.pad" after it
+    sized so that the tensor data keeps its alignment (32)."""
     record = struct.pack("<Q", len(key)) + key.encode() + struct.pack("<I", vtype) + payload
-    pad_len = -(len(record) + 8 + 3 + 4 + 8) % 32
-    record += struct.pack("<Q", 3) + b"pad" + struct.pack("<IQ", V.STRING, pad_len) + b"p" * pad_len
+    pad_key = b"general.pad"
+    pad_len = -(len(record) + 8 + len(pad_key) + 4 + 8) % 32
+    record += struct.pack("<Q", len(pad_key)) + pad_key + struct.pack("<IQ", V.STRING, pad_len) + b"p" * pad_len
     (n_kv,) = struct.unpack_from("<Q", raw, 16)
     return raw[:16] + struct.pack("<Q", n_kv + 2) + record + raw[24:]
 
@@ -134,8 +135,8 @@ def test_arrays_nested_5000_deep(tmp_path: Path) -> None:
 
 def test_arrays_nested_a_few_deep_still_load(tmp_path: Path) -> None:
     raw = write_tiny_model(tmp_path / "ok.gguf", "llama").read_bytes()
-    g = load_gguf(write(tmp_path, insert_metadata(raw, "x.nested", V.ARRAY, nested_array(3))))
-    assert len(g.metadata["x.nested"][0][0]) == 0
+    g = load_gguf(write(tmp_path, insert_metadata(raw, "general.nested", V.ARRAY, nested_array(3))))
+    assert len(g.metadata["general.nested"][0][0]) == 0
     validate_model(g, config_from_gguf(g))
 
 

@@ -5,6 +5,9 @@ indexes writes past an array and corrupts the heap (a rope.dimension_count large
 `validate_model` runs right after `config_from_gguf` (which has already checked each key's type and range)
 and checks what the kernels and the model code take for granted:
 
+- nothing the runtime does not implement: every tensor and metadata key is one the architecture's tables
+  in understood.py list (or a key at a value that changes nothing), so a file whose math differs from what
+  runs is refused rather than silently mis-run;
 - heads: head sizes 1..MAX_HEAD_DIM (CUDA holds a query head in shared memory of that size), the rotary
   width even and within the head (rope_cached_cpu rotates pairs i, i + n_rot/2 of each head), query heads a
   multiple of KV heads (attention groups query heads by KV head);
@@ -28,6 +31,7 @@ from gguf import GGMLQuantizationType
 from edgellm.gguf.config import MAX_HEAD_DIM, ModelConfig
 from edgellm.gguf.metadata import describe, get_bool, get_str, is_int
 from edgellm.gguf.reader import GGUFError, GGUFFile
+from edgellm.gguf.understood import check_understood
 from edgellm.quants.traits import QUANT_TRAITS, UnsupportedQuantError
 from edgellm.tokenizer import Tokenizer
 from edgellm.tokenizer.bpe import PRE_TYPES
@@ -96,6 +100,7 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 def validate_model(g: GGUFFile, cfg: ModelConfig) -> None:
     """Raise GGUFError unless every shape the kernels will assume for this file holds (see the module doc)."""
     _check_heads(g, cfg)
+    check_understood(g, cfg)  # first: a tensor or key it does not implement explains a shape error after
     shapes = expected_tensors(cfg)
     if "output.weight" in g.tensors:
         shapes["output.weight"] = (cfg.n_vocab, cfg.n_embd)

@@ -1,0 +1,230 @@
+"""What a GGUF file may carry: per architecture, the tensors and metadata keys edgellm implements.
+
+A file is refused at load, naming the tensor or key, when it holds anything else: llama.cpp's loaders read
+optional tensors (biases, rope factors) and keys (rope scaling, attention variants) that change the logits,
+and a loader that ignored what it does not know would give wrong logits with no complaint. So the rule is
+an allowlist, not a list of known-bad names: a tensor is accepted only when its architecture's table
+lists it, a `{arch}.*` key only when the architecture's table lists it (config.py reads it) or it holds the
+value at which llama.cpp's math is unchanged (HARMLESS_AT, ROPE_HARMLESS_AT), and every other key only when
+it is bookkeeping or tokenizer metadata (OTHER_KEYS, OTHER_PREFIXES).
+
+Rope keys and tensors are kept apart (the ROPE_* tables): rotary scaling is implemented one variant at a
+time, each moving its keys from ROPE_HARMLESS_AT (accepted only at the no-op value) to ROPE_KEYS.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from edgellm.gguf.config import ModelConfig
+from edgellm.gguf.metadata import describe
+from edgellm.gguf.reader import GGUFError, GGUFFile
+
+# ---- tensors --------------------------------------------------------------------------------------------
+# Per-layer tensors (the name after "blk.N."), as llama.cpp's src/models/<arch>.cpp creates them.
+_LLAMA_BLOCK = frozenset(
+    {
+        "attn_norm.weight",
+        "attn_q.weight",
+        "attn_k.weight",
+        "attn_v.weight",
+        "attn_output.weight",
+        "ffn_norm.weight",
+        "ffn_gate.weight",
+        "ffn_up.weight",
+        "ffn_down.weight",
+    }
+)
+_QKV_BIASES = frozenset({"attn_q.bias", "attn_k.bias", "attn_v.bias"})
+_QK_NORMS = frozenset({"attn_q_norm.weight", "attn_k_norm.weight"})
+_POST_NORMS = frozenset({"post_attention_norm.weight", "post_ffw_norm.weight"})
+
+BLOCK_TENSORS: dict[str, frozenset[str]] = {
+    "llama": _LLAMA_BLOCK,
+    "qwen2": _LLAMA_BLOCK | _QKV_BIASES,
+    "qwen3": _LLAMA_BLOCK | _QK_NORMS,
+    "gemma3": _LLAMA_BLOCK | _QK_NORMS | _POST_NORMS,
+}
+_GLOBAL = frozenset({"token_embd.weight", "output_norm.weight", "output.weight"})
+GLOBAL_TENSORS: dict[str, frozenset[str]] = {arch: _GLOBAL for arch in BLOCK_TENSORS}
+
+# ---- {arch}.* keys ------------------------------------------------------------------------------------
+# Keys config.py reads (the suffix after "{arch}.").
+_COMMON_KEYS = frozenset(
+    {
+        "block_count",
+        "context_length",
+        "embedding_length",
+        "feed_forward_length",
+        "vocab_size",  # llama.cpp reads it only to name the model size; the vocabulary is the tokens'
+        "attention.head_count",
+        "attention.head_count_kv",
+        "attention.key_length",
+        "attention.value_length",
+        "attention.layer_norm_rms_epsilon",
+        "pooling_type",  # read for embeddings (engine/pooling.py refuses a type it does not pool)
+    }
+)
+ARCH_KEYS: dict[str, frozenset[str]] = {
+    "llama": _COMMON_KEYS,
+    "qwen2": _COMMON_KEYS,
+    "qwen3": _COMMON_KEYS,
+    "gemma3": _COMMON_KEYS | {"attention.sliding_window", "final_logit_softcapping"},
+}
+# Keys llama.cpp's common loader reads for every architecture, accepted at the values that leave the
+# model a dense, causal, text-only transformer (llama-model.cpp load_hparams).
+HARMLESS_AT: dict[str, tuple[Any, ...]] = {
+    "expert_count": (0,),
+    "expert_used_count": (0,),
+    "expert_group_count": (0,),
+    "expert_group_used_count": (0,),
+    "nextn_predict_layers": (0,),
+    "attention.causal": (True,),
+}
+
+# ---- rope -----------------------------------------------------------------------------------------------
+# Rotary-embedding keys (after "{arch}.") and tensors edgellm implements, for every architecture here.
+ROPE_KEYS = frozenset({"rope.freq_base", "rope.dimension_count"})
+ROPE_TENSORS: frozenset[str] = frozenset()  # global tensors (llama3's rope_freqs.weight is one)
+# Rope keys accepted only at the value where llama.cpp's rotation is unscaled: no scaling ("linear" is
+# llama.cpp's default type; with a factor of 1 it is the identity), factor 1 (0 means 1), attention
+# factor 1. original_context_length and finetuned change nothing without YaRN / LongRoPE.
+ROPE_HARMLESS_AT: dict[str, tuple[Any, ...] | None] = {
+    "rope.scaling.type": ("none", "linear"),
+    "rope.scaling.factor": (0.0, 1.0),
+    "rope.scale_linear": (0.0, 1.0),
+    "rope.scaling.attn_factor": (1.0,),
+    "rope.scaling.original_context_length": None,  # None: any value
+    "rope.scaling.finetuned": None,
+}
+
+# ---- keys outside {arch}.* -----------------------------------------------------------------------------
+# general.* describes the file (name, license, file type, alignment: read by the reader). quantize.* is the
+# quantizer's bookkeeping (imatrix file, dataset, counts).
+OTHER_PREFIXES = ("general.", "quantize.", "tokenizer.chat_template.")
+OTHER_KEYS: dict[str, tuple[Any, ...] | None] = {
+    # the tokenizer reads these (tokenizer/, validation.py)
+    "tokenizer.ggml.model": None,
+    "tokenizer.ggml.pre": None,
+    "tokenizer.ggml.tokens": None,
+    "tokenizer.ggml.token_type": None,
+    "tokenizer.ggml.scores": None,
+    "tokenizer.ggml.merges": None,
+    "tokenizer.ggml.bos_token_id": None,
+    "tokenizer.ggml.eos_token_id": None,
+    "tokenizer.ggml.eot_token_id": None,
+    "tokenizer.ggml.eom_token_id": None,
+    "tokenizer.ggml.unknown_token_id": None,
+    "tokenizer.ggml.padding_token_id": None,
+    "tokenizer.ggml.add_bos_token": None,
+    "tokenizer.ggml.add_eos_token": None,
+    "tokenizer.ggml.add_space_prefix": None,
+    "tokenizer.chat_template": None,
+    # special-token ids for infilling and encoders: they name tokens, they do not change tokenization
+    **dict.fromkeys(
+        (
+            f"tokenizer.ggml.{k}_token_id"
+            for k in ("seperator", "cls", "mask", "prefix", "suffix", "middle")
+            + tuple(f"fim_{f}" for f in ("pre", "suf", "mid", "pad", "rep", "sep"))
+        ),
+        None,
+    ),
+    "tokenizer.ggml.token_type_count": None,  # BERT's segment types
+    "tokenizer.huggingface.json": None,  # the source tokenizer.json, which llama.cpp does not read
+    # tokenization variants, accepted where they are off
+    "tokenizer.ggml.add_sep_token": (False,),
+    "tokenizer.ggml.remove_extra_whitespaces": (False,),
+    "tokenizer.ggml.normalizer.lowercase": (False,),
+    "tokenizer.ggml.normalizer.strip_accents": (False,),
+    "tokenizer.ggml.suppress_tokens": ((),),  # () : an empty array
+    # one file of a split model holds every tensor only when it is the only one
+    "split.no": (0,),
+    "split.count": (0, 1),
+    "split.tensors.count": None,
+}
+
+_BLOCK_TENSOR = re.compile(r"blk\.(\d+)\.(.+)")
+
+
+def check_understood(g: GGUFFile, cfg: ModelConfig) -> None:
+    """GGUFError naming the first tensor or metadata key of `g` that edgellm does not implement for its
+    architecture (see the module doc)."""
+    arch = cfg.arch
+    for name in g.tensors:
+        _check_tensor_name(g, arch, cfg.n_layers, name)
+    arch_keys = ARCH_KEYS[arch] | ROPE_KEYS
+    harmless = {**HARMLESS_AT, **ROPE_HARMLESS_AT}
+    for key, value in g.metadata.items():
+        if key.startswith(arch + "."):
+            suffix = key[len(arch) + 1 :]
+            if suffix in arch_keys:
+                continue
+            _check_value(g, key, value, harmless, suffix, f"architecture {arch}")
+        elif not key.startswith(OTHER_PREFIXES):
+            _check_value(g, key, value, OTHER_KEYS, key, "a model file")
+
+
+def _check_tensor_name(g: GGUFFile, arch: str, n_layers: int, name: str) -> None:
+    m = _BLOCK_TENSOR.fullmatch(name)
+    if m is None:
+        if name in GLOBAL_TENSORS[arch] or name in ROPE_TENSORS:
+            return
+        known = sorted(GLOBAL_TENSORS[arch] | ROPE_TENSORS)
+        raise GGUFError(
+            f"{g.path}: tensor {name!r} is not one edgellm implements for {arch} (it would change the "
+            f"logits if applied and cannot be ignored; global tensors implemented: {', '.join(known)})"
+        )
+    il, role = int(m.group(1)), m.group(2)
+    if il >= n_layers:
+        raise GGUFError(
+            f"{g.path}: tensor {name!r} belongs to layer {il}, but {arch}.block_count is {n_layers} "
+            "(extra layers, e.g. for multi-token prediction, are not implemented)"
+        )
+    if role not in BLOCK_TENSORS[arch]:
+        raise GGUFError(
+            f"{g.path}: tensor {name!r} ({role}) is not one edgellm implements for {arch} layers (it would "
+            f"change the logits if applied and cannot be ignored; layer tensors implemented: "
+            f"{', '.join(sorted(BLOCK_TENSORS[arch]))})"
+        )
+
+
+def _check_value(
+    g: GGUFFile, key: str, value: Any, table: Mapping[str, tuple[Any, ...] | None], entry: str, what: str
+) -> None:
+    if entry not in table:
+        raise GGUFError(
+            f"{g.path}: metadata key {key!r} (= {_show(value)}) is not one edgellm implements for {what}: "
+            "it may change how the model computes, so the file is refused rather than run differently "
+            "from llama.cpp"
+        )
+    allowed = table[entry]
+    if allowed is None or any(_same(value, a) for a in allowed):
+        return
+    raise GGUFError(
+        f"{g.path}: metadata key {key!r} = {_show(value)} is not implemented (accepted only as "
+        f"{' or '.join(_show(a) for a in allowed)}, where it changes nothing)"
+    )
+
+
+def _same(value: Any, allowed: Any) -> bool:
+    if isinstance(allowed, tuple):  # an empty array
+        return isinstance(value, list | np.ndarray) and len(value) == 0
+    if isinstance(allowed, str):
+        return isinstance(value, str) and value == allowed
+    return not isinstance(value, str | list | np.ndarray) and value == allowed
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, float):
+        return str(np.float32(value))  # the shortest form of the file's float32, not of its float64 widening
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, tuple):
+        return "an empty array"
+    if isinstance(value, list | np.ndarray):
+        return describe(value)
+    return str(value)
