@@ -108,14 +108,10 @@ def yarn_ramp(corr: tuple[float, float], half: int) -> np.ndarray:
 
 
 def _freq_factors(g: GGUFFile, arch: str, n_rot: int) -> tuple[float, ...]:
+    """rope_freqs.weight where the architecture reads it (understood.py refuses it elsewhere)."""
     t = g.tensors.get(FREQ_FACTORS_TENSOR)
-    if t is None:
+    if t is None or arch not in FREQ_FACTOR_ARCHS:
         return ()
-    if arch not in FREQ_FACTOR_ARCHS:
-        raise GGUFError(
-            f"{g.path}: tensor {FREQ_FACTORS_TENSOR!r} (llama3 rope frequency factors) is not used by "
-            f"architecture {arch!r} (llama.cpp reads it for {', '.join(FREQ_FACTOR_ARCHS)} only)"
-        )
     if t.qtype != GGMLQuantizationType.F32 or tuple(t.shape) != (n_rot // 2,):
         raise GGUFError(
             f"{g.path}: tensor {FREQ_FACTORS_TENSOR!r} is {t.qtype.name} of shape {t.shape}: must be F32 of "
