@@ -166,6 +166,8 @@ def llama3_rope_factors(
 def _rope_cases() -> dict[str, OracleCase]:
     """Rope scaling: llama3 frequency factors, linear, YaRN, Gemma 3's local-layer base."""
     U32 = GGUFValueType.UINT32
+    # Gemma 3's local layers see keys up to the window away: a wide one lets their rope matter.
+    wide_window = {"sliding_window": 512}
     yarn = {"qwen3.rope.scaling.type": "yarn", "qwen3.rope.scaling.factor": 4.0,
             "qwen3.rope.scaling.original_context_length": Typed(32768, U32)}  # fmt: skip
     return {
@@ -200,12 +202,14 @@ def _rope_cases() -> dict[str, OracleCase]:
             "gemma3",
             model=GEMMA3,
             metadata={"gemma3.rope.scaling.type": "linear", "gemma3.rope.scaling.factor": 8.0},
+            writer=wide_window,
             note="gemma3, linear x8 (global layers only, as the 4B-27B files)",
         ),
         "gemma3_rope_base_swa": OracleCase(
             "gemma3",
             model=GEMMA3,
             metadata={"gemma3.rope.freq_base_swa": 100.0},
+            writer=wide_window,
             note="gemma3, local layers' rope base 100 (rope.freq_base_swa)",
         ),
     }
