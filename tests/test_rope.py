@@ -169,13 +169,13 @@ def test_gemma3_local_layers_have_their_own_base_and_no_scaling(tmp_path) -> Non
         ({"llama.rope.scaling.type": 3}, r"llama.rope.scaling.type must be a string"),
         ({"llama.rope.scaling.factor": -2.0}, r"llama.rope.scaling.factor = -2.0 is out of range"),
         ({"llama.rope.scaling.attn_factor": 0.0}, r"llama.rope.scaling.attn_factor = 0.0 is out of range"),
-        ({"llama.rope.scaling.original_context_length": 0}, r"original_context_length = 0 is out of range"),
+        ({"llama.rope.scaling.original_context_length": -5}, r"original_context_length = -5 is out of range"),
         ({"llama.rope.scaling.yarn_beta_fast": 16.0}, r"yarn_beta_fast = 16.0 is not supported"),
         ({"llama.rope.scaling.yarn_log_multiplier": 0.1}, r"yarn_log_multiplier = 0.1"),
         ({"llama.rope.scaling.alpha": 1000.0}, r"llama.rope.scaling.alpha = 1000.0 \(NTK"),
     ],
-    ids=["longrope", "dynamic", "type-int", "factor-negative", "attn-zero", "orig-ctx-0", "beta", "log-mul",
-         "alpha"],
+    ids=["longrope", "dynamic", "type-int", "factor-negative", "attn-zero", "orig-ctx-negative", "beta",
+         "log-mul", "alpha"],
 )  # fmt: skip
 def test_rope_metadata_refusals_name_the_key(tmp_path, overrides, match) -> None:  # noqa: ANN001
     with pytest.raises(GGUFError, match=match):
@@ -189,3 +189,7 @@ def test_yarn_keys_equal_to_llamacpps_values_load(tmp_path) -> None:  # noqa: AN
            "llama.rope.scaling.yarn_beta_fast": 32.0, "llama.rope.scaling.yarn_ext_factor": 1.0},
     ).rope  # fmt: skip
     assert (r.freq_scale, r.ext_factor) == (0.5, 1.0)
+    # no original context (or 0, as llama.cpp reads it): the training context
+    assert r.n_ctx_orig == 256
+    zero = {"llama.rope.scaling.type": "yarn", "llama.rope.scaling.original_context_length": 0}
+    assert _config(tmp_path, **zero).rope.n_ctx_orig == 256

@@ -146,6 +146,14 @@ def _check_unread_yarn_keys(g: GGUFFile, p: str, ext_factor: float) -> None:
             )
 
 
+def _yarn_attn_factor(freq_scale: float) -> float:
+    """llama-context.cpp's yarn_attn_factor under YaRN (before rope.scaling.attn_factor): get_mscale(factor)
+    divided by the 1 + 0.1 ln(factor) that ggml's rope_yarn multiplies back in, in float32."""
+    f = np.float32(1.0) / np.float32(freq_scale)
+    get_mscale = np.float32(1.0) if f <= 1 else np.float32(0.1) * np.log(f) + np.float32(1.0)
+    return float(get_mscale * (np.float32(1.0) / (np.float32(1.0) + np.float32(0.1) * np.log(f))))
+
+
 def rope_from_gguf(
     g: GGUFFile, arch: str, n_rot: int, neox: bool, n_ctx_train: int, swa: bool
 ) -> tuple[RopeParams, RopeParams]:
@@ -172,13 +180,11 @@ def rope_from_gguf(
         raise GGUFError(
             f"{g.path}: metadata {alpha_key} = {g.metadata[alpha_key]} (NTK-aware alpha) is not supported"
         )
-    attn_factor = 1.0
-    if ext_factor != 0.0:  # llama-context.cpp: get_mscale(factor) / (1 + 0.1 ln factor), f32
-        f = np.float32(1.0) / np.float32(freq_scale)
-        mscale = np.float32(1.0) if f <= 1 else np.float32(0.1) * np.log(f) + np.float32(1.0)
-        attn_factor = float(mscale * (np.float32(1.0) / (np.float32(1.0) + np.float32(0.1) * np.log(f))))
-    attn_factor = float(np.float32(attn_factor) * np.float32(rope_attn))
-    n_ctx_orig = get_int(g, p + "rope.scaling.original_context_length", n_ctx_train, lo=1, hi=INT32_MAX)
+    attn_factor = float(
+        np.float32(_yarn_attn_factor(freq_scale) if ext_factor else 1.0) * np.float32(rope_attn)
+    )
+    # 0, as a missing key, means the training context (llama-context.cpp)
+    n_ctx_orig = get_int(g, p + "rope.scaling.original_context_length", 0, hi=INT32_MAX) or n_ctx_train
     base = get_float(g, p + "rope.freq_base", 10000.0, lo=0.0, lo_open=True)
     common = dict(
         n_rot=n_rot, neox=neox, ext_factor=ext_factor, attn_factor=attn_factor, n_ctx_orig=n_ctx_orig
