@@ -116,7 +116,8 @@ def insert_metadata(raw: bytes, key: str, vtype: int, payload: bytes) -> bytes:
     record = struct.pack("<Q", len(key)) + key.encode() + struct.pack("<I", vtype) + payload
     pad_key = b"general.pad"
     pad_len = -(len(record) + 8 + len(pad_key) + 4 + 8) % 32
-    record += struct.pack("<Q", len(pad_key)) + pad_key + struct.pack("<IQ", V.STRING, pad_len) + b"p" * pad_len
+    record += struct.pack("<Q", len(pad_key)) + pad_key
+    record += struct.pack("<IQ", V.STRING, pad_len) + b"p" * pad_len
     (n_kv,) = struct.unpack_from("<Q", raw, 16)
     return raw[:16] + struct.pack("<Q", n_kv + 2) + record + raw[24:]
 
