@@ -170,14 +170,23 @@ def _rope_cases() -> dict[str, OracleCase]:
     wide_window = {"sliding_window": 512}
     yarn = {"qwen3.rope.scaling.type": "yarn", "qwen3.rope.scaling.factor": 4.0,
             "qwen3.rope.scaling.original_context_length": Typed(32768, U32)}  # fmt: skip
+    # Llama 3.2 1B / 3B: head size 64, base 500000, factor 32, low / high 1 / 4, original 8192
+    llama32 = {"rope_freqs.weight": llama3_rope_factors(64, 500000.0, 32.0)}
     return {
         "llama_rope_freqs_llama32": OracleCase(
             "llama",
             model=WIDE,
             writer={"rope_base": 500000.0},
-            # Llama 3.2 1B / 3B: head size 64, base 500000, factor 32, low / high 1 / 4, original 8192
-            extra_tensors={"rope_freqs.weight": llama3_rope_factors(64, 500000.0, 32.0)},
+            extra_tensors=llama32,
             note="llama, Llama 3.2's rope_freqs.weight (head 64, base 5e5)",
+        ),
+        "llama_rope_freqs_llama32_q4_k": OracleCase(
+            "llama",
+            "Q4_K",
+            model=WIDE,
+            writer={"rope_base": 500000.0, "quantize_kquants": True},
+            extra_tensors=llama32,
+            note="llama, Llama 3.2's rope_freqs.weight, Q4_K matrices",
         ),
         "llama_rope_freqs_strong": OracleCase(
             "llama",
