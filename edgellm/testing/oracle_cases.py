@@ -166,27 +166,27 @@ def llama3_rope_factors(
 def _rope_cases() -> dict[str, OracleCase]:
     """Rope scaling: llama3 frequency factors, linear, YaRN, Gemma 3's local-layer base."""
     U32 = GGUFValueType.UINT32
-    # Gemma 3's local layers see keys up to the window away: a wide one lets their rope matter.
-    wide_window = {"sliding_window": 512}
     yarn = {"qwen3.rope.scaling.type": "yarn", "qwen3.rope.scaling.factor": 4.0,
             "qwen3.rope.scaling.original_context_length": Typed(32768, U32)}  # fmt: skip
-    # Llama 3.2 1B / 3B: head size 64, base 500000, factor 32, low / high 1 / 4, original 8192
-    llama32 = {"rope_freqs.weight": llama3_rope_factors(64, 500000.0, 32.0)}
+
+    def llama32(qtypes: str, note: str, **writer: Any) -> OracleCase:
+        """Llama 3.2 1B / 3B's rope: head size 64, base 500000, factors for 32x, low / high 1 / 4, 8192."""
+        factors = {"rope_freqs.weight": llama3_rope_factors(64, 500000.0, 32.0)}
+        return OracleCase("llama", qtypes, model=WIDE, writer={"rope_base": 500000.0, **writer},
+                          extra_tensors=factors, note=note)  # fmt: skip
+
+    def gemma3(metadata: dict[str, Any], note: str) -> OracleCase:
+        """Gemma 3's local layers see keys up to the window away: a wide one lets their rope matter."""
+        return OracleCase(
+            "gemma3", model=GEMMA3, metadata=metadata, writer={"sliding_window": 512}, note=note
+        )
+
     return {
-        "llama_rope_freqs_llama32": OracleCase(
-            "llama",
-            model=WIDE,
-            writer={"rope_base": 500000.0},
-            extra_tensors=llama32,
-            note="llama, Llama 3.2's rope_freqs.weight (head 64, base 5e5)",
+        "llama_rope_freqs_llama32": llama32(
+            "F32", "llama, Llama 3.2's rope_freqs.weight (head 64, base 5e5)"
         ),
-        "llama_rope_freqs_llama32_q4_k": OracleCase(
-            "llama",
-            "Q4_K",
-            model=WIDE,
-            writer={"rope_base": 500000.0, "quantize_kquants": True},
-            extra_tensors=llama32,
-            note="llama, Llama 3.2's rope_freqs.weight, Q4_K matrices",
+        "llama_rope_freqs_llama32_q4_k": llama32(
+            "Q4_K", "llama, Llama 3.2's rope_freqs.weight, Q4_K matrices", quantize_kquants=True
         ),
         "llama_rope_freqs_strong": OracleCase(
             "llama",
@@ -207,19 +207,12 @@ def _rope_cases() -> dict[str, OracleCase]:
             writer={"rope_base": 1e6},
             note="qwen3, YaRN x4 and rope.scaling.attn_factor 0.8",
         ),
-        "gemma3_rope_linear8": OracleCase(
-            "gemma3",
-            model=GEMMA3,
-            metadata={"gemma3.rope.scaling.type": "linear", "gemma3.rope.scaling.factor": 8.0},
-            writer=wide_window,
-            note="gemma3, linear x8 (global layers only, as the 4B-27B files)",
+        "gemma3_rope_linear8": gemma3(
+            {"gemma3.rope.scaling.type": "linear", "gemma3.rope.scaling.factor": 8.0},
+            "gemma3, linear x8 (global layers only, as the 4B-27B files)",
         ),
-        "gemma3_rope_base_swa": OracleCase(
-            "gemma3",
-            model=GEMMA3,
-            metadata={"gemma3.rope.freq_base_swa": 100.0},
-            writer=wide_window,
-            note="gemma3, local layers' rope base 100 (rope.freq_base_swa)",
+        "gemma3_rope_base_swa": gemma3(
+            {"gemma3.rope.freq_base_swa": 100.0}, "gemma3, local layers' rope base 100 (rope.freq_base_swa)"
         ),
     }
 
