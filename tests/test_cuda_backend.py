@@ -277,6 +277,27 @@ else:
         assert cuda_tokens == cpu_tokens
         assert nmse(cuda_logits, cpu_logits.astype(np.float64)) < 1e-8
 
+    def test_cuda_llama_biases_equal_cpu(tmp_path: Path) -> None:
+        """llama's optional biases (Q|K|V partly, output, gate|up, down) through the CUDA blocks: the CPU's
+        logits and greedy tokens, and the biases do change them."""
+        from edgellm.testing.oracle_cases import bias_tensors
+        from edgellm.testing.synthetic import write_tiny_model
+
+        shape = dict(n_layers=2, n_embd=32, n_heads=4, n_kv_heads=2, head_dim=8, n_ff=64)
+        roles = ("attn_q", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+        biased = write_tiny_model(
+            tmp_path / "b.gguf", "llama", extra_tensors=bias_tensors(shape, roles), **shape
+        )
+        prompt = [1, 17, 42, 99]
+        cpu_tokens, cpu_logits = greedy_tokens(biased, "cpu", prompt, 3)
+        cuda_tokens, cuda_logits = greedy_tokens(biased, "cuda", prompt, 3)
+        assert cuda_tokens == cpu_tokens
+        assert nmse(cuda_logits, cpu_logits.astype(np.float64)) < 1e-8
+        _, plain_logits = greedy_tokens(
+            write_tiny_model(tmp_path / "p.gguf", "llama", **shape), "cpu", prompt, 1
+        )
+        assert nmse(plain_logits, cpu_logits.astype(np.float64)) > 1e-3
+
     @pytest.mark.parametrize("dtype", ["f16", "q8_0"])
     def test_cuda_kv_write_and_attention_match_reference(dtype: str) -> None:
         """K/V written from strided views of a guarded QKV buffer hold the table's reference bits (f16, or

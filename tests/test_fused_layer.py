@@ -14,6 +14,7 @@ from edgellm.backends.cpu.fp16 import HOST_F16C
 from edgellm.engine.model_runner import ModelRunner, RunItem
 from edgellm.gguf.config import config_from_gguf
 from edgellm.gguf.reader import load_gguf
+from edgellm.testing.oracle_cases import LLAMA_BIASES, SMALL, SOME_BIASES, bias_tensors
 from edgellm.testing.synthetic import ARCHS, DEFAULT_QTYPES, write_tiny_model
 
 pytestmark = pytest.mark.skipif(
@@ -62,6 +63,23 @@ def test_fused_layer_matches_blocks_bit_for_bit(tmp_path, arch: str) -> None:
     assert len(got) == len(want) == 9
     for g, w in zip(got, want, strict=True):
         np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("roles, n_biased", [(LLAMA_BIASES, 4), (SOME_BIASES, 3)], ids=["all", "some"])
+def test_fused_layer_applies_biases_as_the_blocks_do(tmp_path, roles: tuple, n_biased: int) -> None:
+    """llama's optional biases (Q|K|V, output, gate|up, down; a stacked matrix partly biased): the fused
+    layer adds each where the blocks do, bit for bit, and the biases change the logits."""
+    biases = bias_tensors(SMALL, roles)
+    path = write_tiny_model(tmp_path / "b.gguf", "llama", QTYPES, extra_tensors=biases, **SMALL)
+    fused_model, fused = _load(path, True)
+    assert all(f is not None for f in fused_model.fused)
+    assert [b.shape[0] > 0 for b in fused_model.fused[0].biases].count(True) == n_biased
+    _, plain = _load(path, False)
+    got, want = _logits(fused, np.random.default_rng(3)), _logits(plain, np.random.default_rng(3))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+    _, unbiased = _load(write_tiny_model(tmp_path / "u.gguf", "llama", QTYPES, **SMALL), True)
+    assert np.abs(_logits(unbiased, np.random.default_rng(3))[0] - got[0]).max() > 0.1
 
 
 def test_fallbacks(tmp_path) -> None:

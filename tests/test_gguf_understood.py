@@ -194,3 +194,41 @@ def test_llm_refuses_before_starting_a_process(tmp_path: Path) -> None:
 def test_real_models_carry_nothing_refused(smollm2_path: Path, gemma3_path: Path) -> None:
     load(smollm2_path)
     load(gemma3_path)
+
+
+@pytest.mark.parametrize(
+    "pattern, local",
+    [
+        (None, "1111101"),  # llama.cpp's default period 6
+        (Typed(3, GGUFValueType.UINT32), "1101101"),
+        (Typed(0, GGUFValueType.UINT32), "1111111"),
+        (Typed([False, True] * 3 + [True], GGUFValueType.ARRAY, GGUFValueType.BOOL), "0101011"),
+    ],
+)
+def test_gemma3_local_layers_follow_the_sliding_window_pattern(
+    tmp_path: Path, pattern: object, local: str
+) -> None:
+    key = "gemma3.attention.sliding_window_pattern"
+    overrides = {} if pattern is None else {key: pattern}
+    g = load_gguf(
+        str(write_tiny_model(tmp_path / "m.gguf", "gemma3", n_layers=7, metadata_overrides=overrides))
+    )
+    cfg = config_from_gguf(g)
+    validate_model(g, cfg)
+    assert "".join(str(int(f)) for f in cfg.swa_layers) == local
+
+
+def test_gemma3_pattern_flags_for_other_layers_are_refused(tmp_path: Path) -> None:
+    flags = Typed([True, False, True], GGUFValueType.ARRAY, GGUFValueType.BOOL)
+    key = "gemma3.attention.sliding_window_pattern"
+    path = write_tiny_model(tmp_path / "m.gguf", "gemma3", n_layers=7, metadata_overrides={key: flags})
+    with pytest.raises(GGUFError, match=rf"{key} has 3 per-layer flags for 7 layers"):
+        load(path)
+
+
+def test_gemma3_without_a_window_has_no_local_layers(tmp_path: Path) -> None:
+    overrides = {"gemma3.attention.sliding_window": None}
+    g = load_gguf(
+        str(write_tiny_model(tmp_path / "m.gguf", "gemma3", n_layers=7, metadata_overrides=overrides))
+    )
+    assert config_from_gguf(g).swa_layers == [False] * 7

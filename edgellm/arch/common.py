@@ -54,7 +54,8 @@ class AttentionWeights:
     norm: Any  # [n_embd]
     wqkv: Any  # [(H + 2*Hkv) * d, n_embd] fused Q|K|V
     wo: Any  # [n_embd, H * dv]
-    bqkv: Any = None  # [(H + 2*Hkv) * d] (Qwen 2)
+    bqkv: Any = None  # [(H + 2*Hkv) * d] Q|K|V biases (Qwen 2; optional on llama, Qwen 3, Gemma 3)
+    bo: Any = None  # [n_embd] output-projection bias (optional on llama)
     q_norm: Any = None  # [d] (Gemma 3, Qwen 3)
     k_norm: Any = None  # [d]
     post_norm: Any = None  # [n_embd] (Gemma)
@@ -66,6 +67,8 @@ class FeedForwardWeights:
     w_gate_up: Any  # [2 * n_ff, n_embd] fused gate|up
     w_down: Any  # [n_embd, n_ff]
     post_norm: Any = None  # [n_embd] (Gemma)
+    b_gate_up: Any = None  # [2 * n_ff] gate|up biases (optional on llama)
+    b_down: Any = None  # [n_embd] (optional on llama)
 
 
 def load_attention(be: Backend, src: TensorSource, cfg: ModelConfig, il: int) -> AttentionWeights:
@@ -79,12 +82,9 @@ def load_attention(be: Backend, src: TensorSource, cfg: ModelConfig, il: int) ->
         wqkv=be.load_matrix([q, k, v]),
         wo=be.load_matrix([src.get(p + "attn_output.weight", (e, cfg.n_heads * dv))]),
     )
-    if cfg.qkv_bias:
-        parts = [
-            be.to_host(be.load_vector(src.get(p + f"attn_{n}.bias", (rows,))))
-            for n, rows in (("q", cfg.n_heads * d), ("k", cfg.n_kv_heads * d), ("v", cfg.n_kv_heads * dv))
-        ]
-        w.bqkv = be.from_host(np.concatenate(parts))
+    qkv_rows = {"q": cfg.n_heads * d, "k": cfg.n_kv_heads * d, "v": cfg.n_kv_heads * dv}
+    w.bqkv = load_biases(be, src, [(p + f"attn_{n}.bias", rows) for n, rows in qkv_rows.items()])
+    w.bo = load_biases(be, src, [(p + "attn_output.bias", e)])
     if cfg.qk_norm:
         w.q_norm = be.load_vector(src.get(p + "attn_q_norm.weight", (d,)))
         w.k_norm = be.load_vector(src.get(p + "attn_k_norm.weight", (d,)))
@@ -105,7 +105,21 @@ def load_feed_forward(be: Backend, src: TensorSource, cfg: ModelConfig, il: int)
     )
     if cfg.post_norms:
         w.post_norm = be.load_vector(src.get(p + "post_ffw_norm.weight", (e,)))
+    w.b_gate_up = load_biases(be, src, [(p + "ffn_gate.bias", f), (p + "ffn_up.bias", f)])
+    w.b_down = load_biases(be, src, [(p + "ffn_down.bias", e)])
     return w
+
+
+def load_biases(be: Backend, src: TensorSource, parts: list[tuple[str, int]]) -> Any:
+    """The biases of a (stacked) matrix's parts as one vector, zeros for a part without one (llama.cpp
+    reads each as optional); None when no part has one. parts: (tensor name, rows)."""
+    if not any(src.has(name) for name, _ in parts):
+        return None
+    vectors = [
+        be.to_host(be.load_vector(src.get(name, (rows,)))) if src.has(name) else np.zeros(rows, np.float32)
+        for name, rows in parts
+    ]
+    return be.from_host(np.concatenate(vectors))
 
 
 def attention_block(
@@ -147,6 +161,8 @@ def attention_block(
     be.attention(q, kv, il, block_tables, seq_index, positions, window, cfg.attn_scale, attn)
     o = be.empty((T, cfg.n_embd))
     be.matmul(attn.reshape(T, H * dv), w.wo, o)  # [T, n_embd]
+    if w.bo is not None:
+        be.add_bias(o, w.bo)
     if w.post_norm is not None:
         be.rmsnorm(o, w.post_norm, cfg.rms_eps, o)
     be.add(x, o)
@@ -158,10 +174,14 @@ def feed_forward_block(be: Backend, cfg: ModelConfig, w: FeedForwardWeights, x: 
     be.rmsnorm(x, w.norm, cfg.rms_eps, h)
     gate_up = be.empty((T, 2 * cfg.n_ff))
     be.matmul(h, w.w_gate_up, gate_up)  # [T, 2*n_ff]
+    if w.b_gate_up is not None:
+        be.add_bias(gate_up, w.b_gate_up)
     act = be.empty((T, cfg.n_ff))
     be.gated_act(gate_up, act, cfg.activation)  # [T, n_ff]
     out = be.empty((T, cfg.n_embd))
     be.matmul(act, w.w_down, out)
+    if w.b_down is not None:
+        be.add_bias(out, w.b_down)
     if w.post_norm is not None:
         be.rmsnorm(out, w.post_norm, cfg.rms_eps, out)
     be.add(x, out)

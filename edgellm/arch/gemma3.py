@@ -1,7 +1,8 @@
 """Gemma 3 decoder (text).
 
     x = embed(tokens) * sqrt(n_embd)                   # [T, n_embd]
-    for each layer (5 sliding-window layers with rope base 10k, then 1 global layer):
+    for each layer (local: sliding window, rope base 10k; by default 5 local then 1 global layer, else as
+    gemma3.attention.sliding_window_pattern says):
         a = Wo @ attention(rope(qnorm(Wq h)), rope(knorm(Wk h)), Wv h),  h = rmsnorm(x) * attn_norm
         x += rmsnorm(a) * post_attention_norm
         f = W_down @ (gelu(W_gate h) * (W_up h)),                          h = rmsnorm(x) * ffn_norm

@@ -47,7 +47,7 @@ class ModelConfig:
     swa_layers: list[bool] = field(default_factory=list)
     embd_scale: float = 1.0  # Gemma multiplies token embeddings by sqrt(n_embd)
     qk_norm: bool = False  # per-head RMSNorm of Q and K (Gemma 3, Qwen 3)
-    qkv_bias: bool = False  # Qwen 2
+    qkv_bias: bool = False  # Q|K|V biases required (Qwen 2); any arch applies those its file has
     post_norms: bool = False  # Gemma's extra norms after attention and after the FFN
     activation: str = "silu"  # gated FFN: silu (SwiGLU) or gelu (GeGLU, tanh form)
     final_logit_softcap: float = 0.0
@@ -173,10 +173,25 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
         cfg.activation = "gelu"
         cfg.embd_scale = math.sqrt(n_embd)
         cfg.sliding_window = sliding_window
-        # llama.cpp: five local (sliding-window, rope_swa) layers, then one global layer.
-        cfg.swa_layers = [cfg.sliding_window > 0 and il % 6 < 5 for il in range(n_layers)]
+        if cfg.sliding_window > 0:  # else every layer is global, as in llama.cpp
+            cfg.swa_layers = swa_pattern(g, p + "attention.sliding_window_pattern", n_layers, 6)
         cfg.final_logit_softcap = get_float(g, p + "final_logit_softcapping", 0.0, lo=0.0)
         # Gemma 3 27B scales by the model width per head; the others by the head size (llama.cpp).
         if n_layers == 62:
             cfg.attn_scale = 1.0 / math.sqrt(n_embd / n_heads)
     return cfg
+
+
+def swa_pattern(g: GGUFFile, key: str, n_layers: int, default: int) -> list[bool]:
+    """Which layers use the sliding window, as llama.cpp's load_swa_pattern reads `key`: an array of one
+    flag per layer, or a period n (default `default`: Gemma 3's five local layers, then a global one) where
+    layer il is local when il % n < n - 1, every layer when n is 0."""
+    value = g.get(key, default)
+    if isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype.kind in "biu":
+        if len(value) != n_layers:
+            raise GGUFError(
+                f"{g.path}: metadata {key} has {len(value)} per-layer flags for {n_layers} layers"
+            )
+        return [bool(v) for v in value]
+    n = get_int(g, key, default, lo=0, hi=INT32_MAX)
+    return [n == 0 or il % n < n - 1 for il in range(n_layers)]

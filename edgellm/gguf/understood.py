@@ -39,15 +39,18 @@ _LLAMA_BLOCK = frozenset(
         "ffn_down.weight",
     }
 )
+# Optional Q/K/V biases: llama.cpp's create_tensor_qkv reads them for every architecture (required here
+# for qwen2 only, whose converter always writes them); output-projection and FFN biases: llama only.
 _QKV_BIASES = frozenset({"attn_q.bias", "attn_k.bias", "attn_v.bias"})
+_LLAMA_BIASES = frozenset({"attn_output.bias", "ffn_gate.bias", "ffn_up.bias", "ffn_down.bias"})
 _QK_NORMS = frozenset({"attn_q_norm.weight", "attn_k_norm.weight"})
 _POST_NORMS = frozenset({"post_attention_norm.weight", "post_ffw_norm.weight"})
 
 BLOCK_TENSORS: dict[str, frozenset[str]] = {
-    "llama": _LLAMA_BLOCK,
+    "llama": _LLAMA_BLOCK | _QKV_BIASES | _LLAMA_BIASES,
     "qwen2": _LLAMA_BLOCK | _QKV_BIASES,
-    "qwen3": _LLAMA_BLOCK | _QK_NORMS,
-    "gemma3": _LLAMA_BLOCK | _QK_NORMS | _POST_NORMS,
+    "qwen3": _LLAMA_BLOCK | _QKV_BIASES | _QK_NORMS,
+    "gemma3": _LLAMA_BLOCK | _QKV_BIASES | _QK_NORMS | _POST_NORMS,
 }
 _GLOBAL = frozenset({"token_embd.weight", "output_norm.weight", "output.weight"})
 GLOBAL_TENSORS: dict[str, frozenset[str]] = {arch: _GLOBAL for arch in BLOCK_TENSORS}
@@ -73,7 +76,8 @@ ARCH_KEYS: dict[str, frozenset[str]] = {
     "llama": _COMMON_KEYS,
     "qwen2": _COMMON_KEYS,
     "qwen3": _COMMON_KEYS,
-    "gemma3": _COMMON_KEYS | {"attention.sliding_window", "final_logit_softcapping"},
+    "gemma3": _COMMON_KEYS
+    | {"attention.sliding_window", "attention.sliding_window_pattern", "final_logit_softcapping"},
 }
 # Keys llama.cpp's common loader reads for every architecture, accepted at the values that leave the
 # model a dense, causal, text-only transformer (llama-model.cpp load_hparams).

@@ -97,13 +97,32 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def optional_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Tensors the model code reads when the file has them -> their numpy-order shape: the untied output
+    and the biases (understood.py says which of them an architecture may carry)."""
+    e, f = cfg.n_embd, cfg.n_ff
+    H, Hkv, d, dv = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v
+    shapes: dict[str, tuple[int, ...]] = {"output.weight": (cfg.n_vocab, e)}
+    biases = {
+        "attn_q.bias": (H * d,),
+        "attn_k.bias": (Hkv * d,),
+        "attn_v.bias": (Hkv * dv,),
+        "attn_output.bias": (e,),
+        "ffn_gate.bias": (f,),
+        "ffn_up.bias": (f,),
+        "ffn_down.bias": (e,),
+    }
+    for il in range(cfg.n_layers):
+        shapes.update({f"blk.{il}.{name}": shape for name, shape in biases.items()})
+    return shapes
+
+
 def validate_model(g: GGUFFile, cfg: ModelConfig) -> None:
     """Raise GGUFError unless every shape the kernels will assume for this file holds (see the module doc)."""
     _check_heads(g, cfg)
     check_understood(g, cfg)  # first: a tensor or key it does not implement explains a shape error after
     shapes = expected_tensors(cfg)
-    if "output.weight" in g.tensors:
-        shapes["output.weight"] = (cfg.n_vocab, cfg.n_embd)
+    shapes.update({n: s for n, s in optional_tensors(cfg).items() if n in g.tensors and n not in shapes})
     for name, shape in shapes.items():
         _check_tensor(g, name, shape)
     _check_tokenizer_metadata(g, cfg)

@@ -51,8 +51,7 @@ class OracleCase:
     qtypes: Mapping[str, Any] | str = "F32"  # write_tiny_model's qtypes
     model: Mapping[str, int] = field(default_factory=lambda: SMALL)  # write_tiny_model's shape arguments
     metadata: Mapping[str, Any] = field(default_factory=dict)  # metadata_overrides (Typed for new keys)
-    # extra_tensors: name -> numpy-order shape (random) or array; a "{il}" in the name is every layer's
-    extra_tensors: Mapping[str, Any] = field(default_factory=dict)
+    extra_tensors: Mapping[str, Any] = field(default_factory=dict)  # name -> shape (random) or array
     writer: Mapping[str, Any] = field(default_factory=dict)  # any other write_tiny_model keyword
     n_ctx: int = 1200
     n_tokens: int = 1100
@@ -60,11 +59,6 @@ class OracleCase:
     note: str = ""  # what the case covers, for the report
 
     def write(self, path: str | Path) -> Path:
-        n_layers = self.model["n_layers"]
-        extra: dict[str, Any] = {}
-        for name, spec in self.extra_tensors.items():
-            names = [name.format(il=il) for il in range(n_layers)] if "{il}" in name else [name]
-            extra.update(dict.fromkeys(names, spec))
         return write_tiny_model(
             path,
             self.arch,
@@ -72,7 +66,7 @@ class OracleCase:
             seed=self.seed,
             context_length=max(self.n_ctx, 2048),
             metadata_overrides=dict(self.metadata),
-            extra_tensors=extra,
+            extra_tensors=dict(self.extra_tensors),
             **self.model,
             **self.writer,
         )
@@ -165,7 +159,6 @@ def llama3_rope_factors(
 
 def _rope_cases() -> dict[str, OracleCase]:
     """Rope scaling: llama3 frequency factors, linear, YaRN, Gemma 3's local-layer base."""
-    U32 = GGUFValueType.UINT32
     yarn = {"qwen3.rope.scaling.type": "yarn", "qwen3.rope.scaling.factor": 4.0,
             "qwen3.rope.scaling.original_context_length": Typed(32768, U32)}  # fmt: skip
 
@@ -217,6 +210,26 @@ def _rope_cases() -> dict[str, OracleCase]:
     }
 
 
+def bias_tensors(model: Mapping[str, int], roles: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
+    """Every layer's bias of each role ("attn_q", "ffn_down", ...) -> its shape (OracleCase.extra_tensors)."""
+    m = model
+    rows = {
+        "attn_q": m["n_heads"] * m["head_dim"],
+        "attn_k": m["n_kv_heads"] * m["head_dim"],
+        "attn_v": m["n_kv_heads"] * m["head_dim"],
+        "attn_output": m["n_embd"],
+        "ffn_gate": m["n_ff"],
+        "ffn_up": m["n_ff"],
+        "ffn_down": m["n_embd"],
+    }
+    return {f"blk.{il}.{role}.bias": (rows[role],) for il in range(m["n_layers"]) for role in roles}
+
+
+QKV_BIASES = ("attn_q", "attn_k", "attn_v")
+LLAMA_BIASES = (*QKV_BIASES, "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+SOME_BIASES = ("attn_k", "ffn_up", "attn_output")  # a stacked matrix with one part biased, the others zero
+
+
 def _quant_cases() -> dict[str, OracleCase]:
     """llama with every matrix in one type, for each type edgellm runs (quants/traits.py)."""
     from edgellm.quants.traits import QUANT_TRAITS
@@ -236,6 +249,10 @@ def _quant_cases() -> dict[str, OracleCase]:
     return cases
 
 
+SWA_PATTERN = "gemma3.attention.sliding_window_pattern"
+U32 = GGUFValueType.UINT32
+SWA_FLAGS = Typed([True, False, True, True, False, False, True], GGUFValueType.ARRAY, GGUFValueType.BOOL)
+
 # fmt: off
 CASES: dict[str, OracleCase] = {
     # ---- architectures, F32 weights and the default mix of block-32 types
@@ -249,6 +266,24 @@ CASES: dict[str, OracleCase] = {
     "gemma3_mix": OracleCase("gemma3", DEFAULT_QTYPES, model=GEMMA3, note="gemma3, block-32 mix"),
     # ---- every quant type edgellm runs, one at a time
     **_quant_cases(),
+    # ---- biases: llama.cpp applies every one a llama file has, and Q/K/V biases on every architecture
+    "llama_bias": OracleCase("llama", extra_tensors=bias_tensors(SMALL, LLAMA_BIASES),
+                             note="llama, all seven biases per layer"),
+    "llama_bias_mix": OracleCase("llama", DEFAULT_QTYPES, extra_tensors=bias_tensors(SMALL, LLAMA_BIASES),
+                                 note="llama, all biases, block-32 mix"),
+    "llama_bias_q8_0": OracleCase("llama", "Q8_0", extra_tensors=bias_tensors(SMALL, LLAMA_BIASES),
+                                  note="llama, all biases, Q8_0 (the CPU's fused layer)"),
+    "llama_bias_some": OracleCase("llama", extra_tensors=bias_tensors(SMALL, SOME_BIASES),
+                                  note="llama, K, up and output biases only (the others zero)"),
+    "qwen3_qkv_bias": OracleCase("qwen3", extra_tensors=bias_tensors(SMALL, QKV_BIASES),
+                                 note="qwen3 with Q/K/V biases"),
+    # ---- Gemma 3's local/global layers from gemma3.attention.sliding_window_pattern (a period, or flags)
+    "gemma3_pattern_3": OracleCase("gemma3", model=GEMMA3, metadata={SWA_PATTERN: Typed(3, U32)},
+                                   note="gemma3, pattern 3: local, local, global, ..."),
+    "gemma3_pattern_flags": OracleCase("gemma3", model=GEMMA3, metadata={SWA_PATTERN: SWA_FLAGS},
+                                       note="gemma3, per-layer flags 1011001"),
+    "gemma3_all_local": OracleCase("gemma3", model=GEMMA3, metadata={SWA_PATTERN: Typed(0, U32)},
+                                   note="gemma3, pattern 0: every layer local"),
     # ---- rope scaling
     **_rope_cases(),
 }

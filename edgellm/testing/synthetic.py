@@ -264,7 +264,7 @@ def write_tiny_model(
         default: with random tied weights the residual stream stays close to the input embedding, so greedy
         decoding just repeats the last token; an own output matrix gives varied continuations.
     rope_base: default 10000 (llama, qwen) or 1e6 (gemma3, whose sliding-window layers use 10000).
-    sliding_window: Gemma 3 only; layers il % 6 < 5 use it (llama.cpp's pattern).
+    sliding_window: Gemma 3 only; layers il % 6 < 5 use it (llama.cpp's default pattern).
     n_vocab: pad the vocabulary with control tokens to this size (default: the tiny vocabulary, ~300).
     quantize_kquants: Q4_K / Q6_K matrices quantized from normal weights (encode.KQUANT_REF) rather than
         random blocks.

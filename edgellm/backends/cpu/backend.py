@@ -199,7 +199,7 @@ class CpuBackend(Backend):
         k_cache, v_cache = kv.layers[layer]
         cos_t, sin_t = self._rope_table(fused.rope, self._positions_end)
         decoder_layer_cpu(
-            x, fused.norms, fused.bqkv, fused.planes, fused.meta, fused.dims, fused.eps, fused.scale,
+            x, fused.norms, fused.biases, fused.planes, fused.meta, fused.dims, fused.eps, fused.scale,
             cos_t, sin_t, k_cache, v_cache, inp.block_tables, inp.seq_index, inp.positions, inp.slots,
             self.n_threads,
         )  # fmt: skip

@@ -33,6 +33,8 @@ META = 7  # per part: layout_id, group, act_mode, n_units, rows, first output co
 # the matrices, PARTS rows each of planes / meta: Q|K|V [0:3], Wo [3:6], gate|up [6:9], down [9:12]
 # norms tuple order
 ATTN_NORM, Q_NORM, K_NORM, ATTN_POST, FFN_NORM, FFN_POST = range(6)
+# biases tuple order: one per matrix (a stacked matrix's parts in one vector)
+QKV_B, O_B, GATE_UP_B, DOWN_B = range(4)
 # dims array order
 H_, HKV_, D_, DV_, FF_, NEOX_, WINDOW_, GELU_ = range(8)
 
@@ -42,7 +44,7 @@ class FusedLayer:
     """Everything decoder_layer_cpu reads of one layer, in the argument form it takes."""
 
     norms: tuple  # 6 f32 vectors (ATTN_NORM ..), absent ones empty
-    bqkv: np.ndarray  # f32 [(H + 2 Hkv) d] or empty
+    biases: tuple  # 4 f32 vectors (QKV_B ..), absent ones empty
     planes: np.ndarray  # int64 [4 * PARTS, 6, 2]: each part's plane addresses (vnni.plane_addresses)
     meta: np.ndarray  # int64 [4 * PARTS, META]
     dims: np.ndarray  # int64 [8] (H_ ..)
@@ -86,7 +88,7 @@ def _split_heads(qkv, q, k, v) -> None:
 
 @njit(cache=True, nogil=True)
 def decoder_layer_cpu(
-    x, norms, bqkv, planes, meta, dims, eps, scale, cos_t, sin_t,
+    x, norms, biases, planes, meta, dims, eps, scale, cos_t, sin_t,
     k_cache, v_cache, block_tables, seq_index, positions, slots, n_threads,
 ) -> None:  # fmt: skip
     """x [T, n_embd] += Attention(...) then += FFN(...), writing the tokens' K/V: attention_block then
@@ -97,8 +99,8 @@ def decoder_layer_cpu(
     ops.rmsnorm_cpu(x, norms[ATTN_NORM], eps, h)
     qkv = np.empty((T, (H + hkv) * d + hkv * dv), np.float32)
     _matmul_parts(h, planes[0:3], meta[0:3], qkv, n_threads)
-    if bqkv.shape[0]:
-        qkv += bqkv
+    if biases[QKV_B].shape[0]:
+        qkv += biases[QKV_B]
     q = np.empty((T, H, d), np.float32)
     k = np.empty((T, hkv, d), np.float32)
     v = np.empty((T, hkv, dv), np.float32)
@@ -116,6 +118,8 @@ def decoder_layer_cpu(
     )
     o = np.empty((T, E), np.float32)
     _matmul_parts(attn.reshape(T, H * dv), planes[3:6], meta[3:6], o, n_threads)
+    if biases[O_B].shape[0]:
+        o += biases[O_B]
     if norms[ATTN_POST].shape[0]:
         ops.rmsnorm_cpu(o, norms[ATTN_POST], eps, o)
     ops.add_cpu(x, o)
@@ -123,6 +127,8 @@ def decoder_layer_cpu(
     ops.rmsnorm_cpu(x, norms[FFN_NORM], eps, h)
     gate_up = np.empty((T, 2 * ff), np.float32)
     _matmul_parts(h, planes[6:9], meta[6:9], gate_up, n_threads)
+    if biases[GATE_UP_B].shape[0]:
+        gate_up += biases[GATE_UP_B]
     act = np.empty((T, ff), np.float32)
     if dims[GELU_]:
         ops.geglu_par_cpu(gate_up, act)
@@ -131,6 +137,8 @@ def decoder_layer_cpu(
     else:
         swiglu_avx512_cpu(gate_up, act)
     _matmul_parts(act, planes[9:12], meta[9:12], o, n_threads)
+    if biases[DOWN_B].shape[0]:
+        o += biases[DOWN_B]
     if norms[FFN_POST].shape[0]:
         ops.rmsnorm_cpu(o, norms[FFN_POST], eps, o)
     ops.add_cpu(x, o)
@@ -181,6 +189,7 @@ def pack_layer(cfg: Any, attn: Any, ffn: Any, il: int) -> FusedLayer | None:
             raise ValueError(f"layer {il}: matrix {m} has {c0} rows, expected {rows}")
     empty = np.empty(0, np.float32)
     norms = (attn.norm, attn.q_norm, attn.k_norm, attn.post_norm, ffn.norm, ffn.post_norm)
+    biases = (attn.bqkv, attn.bo, ffn.b_gate_up, ffn.b_down)
     swa = bool(cfg.swa_layers[il])
     dims = np.array(
         [
@@ -197,7 +206,7 @@ def pack_layer(cfg: Any, attn: Any, ffn: Any, il: int) -> FusedLayer | None:
     )
     return FusedLayer(
         norms=tuple(empty if n is None else n for n in norms),
-        bqkv=empty if attn.bqkv is None else attn.bqkv,
+        biases=tuple(empty if b is None else b for b in biases),
         planes=planes,
         meta=meta,
         dims=dims,
