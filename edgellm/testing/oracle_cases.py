@@ -162,11 +162,8 @@ def _rope_cases() -> dict[str, OracleCase]:
     yarn = {"qwen3.rope.scaling.type": "yarn", "qwen3.rope.scaling.factor": 4.0,
             "qwen3.rope.scaling.original_context_length": Typed(32768, U32)}  # fmt: skip
 
-    def llama32(qtypes: str, note: str, **writer: Any) -> OracleCase:
-        """Llama 3.2 1B / 3B's rope: head size 64, base 500000, factors for 32x, low / high 1 / 4, 8192."""
-        factors = {"rope_freqs.weight": llama3_rope_factors(64, 500000.0, 32.0)}
-        return OracleCase("llama", qtypes, model=WIDE, writer={"rope_base": 500000.0, **writer},
-                          extra_tensors=factors, note=note)  # fmt: skip
+    def strong(n_pairs: int) -> dict[str, np.ndarray]:
+        return {"rope_freqs.weight": np.geomspace(1.0, 64.0, n_pairs).astype(np.float32)}
 
     def gemma3(metadata: dict[str, Any], note: str) -> OracleCase:
         """Gemma 3's local layers see keys up to the window away: a wide one lets their rope matter."""
@@ -175,16 +172,24 @@ def _rope_cases() -> dict[str, OracleCase]:
         )
 
     return {
-        "llama_rope_freqs_llama32": llama32(
-            "F32", "llama, Llama 3.2's rope_freqs.weight (head 64, base 5e5)"
-        ),
-        "llama_rope_freqs_llama32_q4_k": llama32(
-            "Q4_K", "llama, Llama 3.2's rope_freqs.weight, Q4_K matrices", quantize_kquants=True
+        "llama_rope_freqs_llama32": OracleCase(
+            "llama",
+            model=WIDE,
+            writer={"rope_base": 500000.0},
+            # Llama 3.2 1B / 3B: head size 64, base 500000, factor 32, low / high 1 / 4, original 8192
+            extra_tensors={"rope_freqs.weight": llama3_rope_factors(64, 500000.0, 32.0)},
+            note="llama, Llama 3.2's rope_freqs.weight (head 64, base 5e5)",
         ),
         "llama_rope_freqs_strong": OracleCase(
+            "llama", extra_tensors=strong(8), note="llama, frequency factors 1..64"
+        ),
+        "llama_rope_freqs_strong_q4_k": OracleCase(
             "llama",
-            extra_tensors={"rope_freqs.weight": np.geomspace(1.0, 64.0, 8).astype(np.float32)},
-            note="llama, frequency factors 1..64",
+            "Q4_K",
+            model=WIDE,
+            writer={"quantize_kquants": True},
+            extra_tensors=strong(32),
+            note="llama, frequency factors 1..64, Q4_K matrices",
         ),
         "llama_rope_linear4": OracleCase(
             "llama",
