@@ -8,6 +8,7 @@ import pytest
 
 from edgellm.backends.cpu import ops, silu_avx512, vnni
 from edgellm.backends.cpu.backend import CpuBackend
+from edgellm.gguf.rope import RopeParams
 
 needs_avx512 = pytest.mark.skipif(not vnni.VNNI_ACTIVE, reason="no AVX-512 (VNNI path inactive)")
 
@@ -77,10 +78,11 @@ def test_rope_from_cached_tables(neox: bool) -> None:
     pos = np.array([0, 1, 7, 1023, 1024, 3000], np.int32)
     be = CpuBackend()
     got = x.copy()
-    be.rope(got, pos, n_rot, base, neox)
-    assert be._rope_tables[(n_rot, base)][0].shape[0] >= 3001
+    rope = RopeParams(n_rot=n_rot, neox=neox, base=base)
+    be.rope(got, pos, rope)
+    assert be._rope_tables[rope][0].shape[0] >= 3001
     one_call = x.copy()
-    ops.rope_cpu(one_call, pos, n_rot, base, neox)
+    ops.rope_cpu(one_call, pos, rope)
     np.testing.assert_array_equal(got, one_call)
     half = n_rot // 2
     theta = pos[:, None].astype(np.float64) * base ** (-2.0 * np.arange(half) / n_rot)

@@ -64,6 +64,7 @@ else:
     from edgellm.backends.cuda import get_cuda_backend
     from edgellm.backends.cuda.devarray import DeviceTensor
     from edgellm.backends.cuda.matmul import quantize_act, upload_weight
+    from edgellm.gguf.rope import RopeParams
     from edgellm.quants import QUANT_TRAITS
     from edgellm.quants.activations import quantize_act_ref
     from edgellm.quants.packing import pack_weight
@@ -160,8 +161,17 @@ else:
         np.testing.assert_array_equal(xs, rs)
         np.testing.assert_array_equal(xsum, rsum)
 
-    OPS = ["rmsnorm", "rmsnorm_heads", "rope_norm", "rope_neox", "swiglu", "geglu", "add", "add_bias"]
+    OPS = ["rmsnorm", "rmsnorm_heads", "rope_norm", "rope_neox", "rope_scaled", "swiglu", "geglu", "add"]
+    OPS.append("add_bias")
     OPS.append("argmax")
+
+    def scaled_rope(d: int) -> RopeParams:
+        """YaRN with llama3 frequency factors and an attention factor (every term of the rotation)."""
+        factors = tuple(float(f) for f in np.geomspace(1.0, 16.0, d // 2))
+        return RopeParams(
+            n_rot=d, neox=False, base=5e5, freq_scale=0.25, ext_factor=1.0, attn_factor=0.9, n_ctx_orig=256,
+            freq_factors=factors,
+        )  # fmt: skip
 
     @pytest.mark.parametrize("op", OPS)
     @pytest.mark.parametrize("shape", [(3, 2, 8), (1, 4, 16)], ids=lambda s: "x".join(map(str, s)))
@@ -191,9 +201,10 @@ else:
             ref[:, n : 2 * n] = (k / np.sqrt((k**2).mean(-1, keepdims=True) + 1e-6) * w[:d]).reshape(T_, n)
         elif op.startswith("rope"):
             pos = np.array([0, 5, 17][:T_] if T_ == 3 else [1000], np.int32)
-            BE.rope(k_view, BE.from_host(pos), d, 10000.0, op == "rope_neox")
+            rope = scaled_rope(d) if op == "rope_scaled" else RopeParams(n_rot=d, neox=op == "rope_neox")
+            BE.rope(k_view, BE.from_host(pos), rope)
             k = x[:, n : 2 * n].reshape(T_, H, d).copy()
-            cpu_ops.rope_cpu(k, pos, d, 10000.0, op == "rope_neox")
+            cpu_ops.rope_cpu(k, pos, rope)
             ref[:, n : 2 * n] = k.reshape(T_, n)
         elif op in ("swiglu", "geglu"):
             ff = n
@@ -354,8 +365,9 @@ else:
                 ref[t, h] = (w / w.sum()) @ vv
         assert nmse(got, ref) < 1e-6
 
+    @pytest.mark.parametrize("scaled", [False, True], ids=["plain", "scaled"])
     @pytest.mark.parametrize("dtype", ["f16", "q8_0"])
-    def test_cuda_fused_rope_kv_write_gives_the_plain_bits(dtype: str) -> None:
+    def test_cuda_fused_rope_kv_write_gives_the_plain_bits(dtype: str, scaled: bool) -> None:
         """RoPE of Q and K then the KV write, fused into one kernel (K quantized once its head is rotated) and
         plain: the same cache bits and the same rotated Q."""
         rng = np.random.default_rng(3)
@@ -371,8 +383,9 @@ else:
             k = x[:, H * d : (H + n_kv) * d].reshape(T, n_kv, d)
             v = x[:, (H + n_kv) * d :].reshape(T, n_kv, d)
             kv = BE.alloc_kv(1, 3, 4, n_kv, d, d, dtype)
-            BE.rope(q, pos, d, 10000.0, True)
-            BE.rope(k, pos, d, 10000.0, True)
+            rope = scaled_rope(d) if scaled else RopeParams(n_rot=d, neox=True)
+            BE.rope(q, pos, rope)
+            BE.rope(k, pos, rope)
             BE.write_kv(kv, 0, k, v, slots)
             caches = [BE.to_host(a) for a in kv.layers[0].blocks]
             results.append((caches, BE.to_host(x), dict(BE.stats.launches)))

@@ -21,6 +21,7 @@ if not (os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or os.environ.get("EDGELLM
 from edgellm import SamplingParams
 from edgellm.backends.base import Backend
 from edgellm.engine.core import CoreSpec, EngineCore
+from edgellm.gguf.rope import RopeParams
 from edgellm.testing.synthetic import write_tiny_model
 from tests.test_backend_ops import nmse
 from tests.test_cuda_backend import BE, guarded, guards_intact
@@ -348,8 +349,9 @@ def test_fused_chains_with_k_quant_weights(qtype: str) -> None:
         kv = BE.alloc_kv(1, 1, 4, 1, n, n)
         BE.rmsnorm_heads(q, d["wn"], 1e-6)
         BE.rmsnorm_heads(k, d["wn"], 1e-6)
-        BE.rope(q, pos, n, 10000.0, True)
-        BE.rope(k, pos, n, 10000.0, True)
+        rope = RopeParams(n_rot=n, neox=True)
+        BE.rope(q, pos, rope)
+        BE.rope(k, pos, rope)
         BE.write_kv(kv, 0, k, v, slots)
         attn = BE.empty((2, 1, n))
         BE.attention(q, kv, 0, tables, seq, pos, 0, 0.0625, attn)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from gguf import GGUFValueType
 
@@ -101,24 +102,46 @@ def test_arch_key_accepted_only_where_it_changes_nothing(
         load(path)
 
 
-# Rope: accepted at the values where the rotation is unscaled (understood.ROPE_HARMLESS_AT); a variant,
-# once implemented, moves to ROPE_KEYS and leaves this list.
+# Rope (gguf/rope.py reads the keys; tests/test_rope.py has their refusals): the scaling keys load, the
+# tensors of rope variants edgellm lacks, or on an architecture llama.cpp does not read them for, do not.
+def test_rope_scaling_keys_load(tmp_path: Path) -> None:
+    yarn = {
+        "qwen3.rope.scaling.type": "yarn",
+        "qwen3.rope.scaling.factor": 4.0,
+        "qwen3.rope.scaling.attn_factor": 1.2,
+        "qwen3.rope.scaling.original_context_length": Typed(32768, GGUFValueType.UINT32),
+        "qwen3.rope.scaling.finetuned": True,
+    }
+    load(write_tiny_model(tmp_path / "yarn.gguf", "qwen3", metadata_overrides=yarn))
+    swa = {"gemma3.rope.freq_base_swa": 20000.0, "gemma3.rope.scaling.factor": 8.0}
+    load(write_tiny_model(tmp_path / "g.gguf", "gemma3", metadata_overrides=swa))
+    load(
+        write_tiny_model(
+            tmp_path / "l.gguf", "llama", extra_tensors={"rope_freqs.weight": np.ones(8, np.float32)}
+        )
+    )
+
+
 @pytest.mark.parametrize(
-    "key, harmless, refused",
+    "arch, name",
     [
-        ("llama.rope.scaling.type", "none", "longrope"),
-        ("qwen3.rope.scaling.factor", 1.0, 4.0),
-        ("llama.rope.scaling.attn_factor", 1.0, 1.2),
-        ("gemma3.rope.freq_base_swa", 10000.0, 20000.0),
+        ("llama", "rope_factors_long.weight"),  # LongRoPE (Phi-3): not implemented
+        ("llama", "rope_factors_short.weight"),
+        ("qwen3", "rope_freqs.weight"),  # llama.cpp reads llama3 factors for llama only
+        ("gemma3", "rope_freqs.weight"),
     ],
 )
-def test_rope_key_accepted_only_where_it_changes_nothing(
-    tmp_path: Path, key: str, harmless: object, refused: object
-) -> None:
-    arch = key.split(".")[0]
-    load(write_tiny_model(tmp_path / "ok.gguf", arch, metadata_overrides={key: harmless}))
-    path = write_tiny_model(tmp_path / "bad.gguf", arch, metadata_overrides={key: refused})
-    with pytest.raises(GGUFError, match=rf"'{key}' = {refused!r} is not implemented"):
+def test_rope_tensor_edgellm_does_not_apply_is_refused(tmp_path: Path, arch: str, name: str) -> None:
+    path = write_tiny_model(tmp_path / "m.gguf", arch, extra_tensors={name: np.ones(8, np.float32)})
+    with pytest.raises(GGUFError, match=rf"tensor '{name}' is not one edgellm implements for {arch}"):
+        load(path)
+
+
+def test_gemma3_swa_base_key_is_refused_elsewhere(tmp_path: Path) -> None:
+    path = write_tiny_model(
+        tmp_path / "m.gguf", "llama", metadata_overrides={"llama.rope.freq_base_swa": 1e4}
+    )
+    with pytest.raises(GGUFError, match=r"'llama\.rope\.freq_base_swa' \(= 10000\.0\) is not one edgellm"):
         load(path)
 
 

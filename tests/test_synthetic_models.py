@@ -188,7 +188,7 @@ def test_config_read_from_metadata(arch: str, tmp_path: Path) -> None:
     assert (cfg.arch, cfg.n_layers, cfg.n_embd, cfg.n_ff) == (arch, 7, 64, 96)
     assert (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v) == (4, 1, 32, 32)
     assert cfg.n_vocab == len(llm.metadata["tokenizer.ggml.tokens"]) == llm.tokenizer.vocab_size
-    assert cfg.n_ctx_train == 256 and cfg.rope_base == 50000.0
+    assert cfg.n_ctx_train == 256 and cfg.rope.base == 50000.0
     assert cfg.rms_eps == pytest.approx(1e-6)
     assert cfg.rope_type == (ROPE_NORM if arch == "llama" else ROPE_NEOX)
     assert cfg.qkv_bias == (arch == "qwen2")

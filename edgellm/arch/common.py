@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from edgellm.backends.base import Backend
-from edgellm.gguf.config import ROPE_NEOX, ModelConfig
+from edgellm.gguf.config import ModelConfig
 from edgellm.gguf.reader import GGUFError, GGUFFile, TensorInfo
 
 
@@ -152,14 +152,12 @@ def attention_block(
     if w.q_norm is not None:
         be.rmsnorm_heads(q, w.q_norm, cfg.rms_eps)
         be.rmsnorm_heads(k, w.k_norm, cfg.rms_eps)
-    swa = cfg.swa_layers[il]
-    base = cfg.rope_base_swa if swa else cfg.rope_base
-    neox = cfg.rope_type == ROPE_NEOX
-    be.rope(q, positions, cfg.rope_dim, base, neox)
-    be.rope(k, positions, cfg.rope_dim, base, neox)
+    rope = cfg.rope_of_layer(il)
+    be.rope(q, positions, rope)
+    be.rope(k, positions, rope)
     be.write_kv(kv, il, k, v, slots)
     attn = be.empty((T, H, dv))
-    window = cfg.sliding_window if swa else 0
+    window = cfg.sliding_window if cfg.swa_layers[il] else 0
     be.attention(q, kv, il, block_tables, seq_index, positions, window, cfg.attn_scale, attn)
     o = be.empty((T, cfg.n_embd))
     be.matmul(attn.reshape(T, H * dv), w.wo, o)  # [T, n_embd]

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from edgellm.gguf.reader import TensorInfo
+from edgellm.gguf.rope import RopeParams
 
 Array = Any  # numpy array on the CPU backend, device array on CUDA
 
@@ -86,7 +87,8 @@ class Backend(ABC):
         """In place over [T, H, d] with a [d] weight."""
 
     @abstractmethod
-    def rope(self, x: Array, positions: Array, n_rot: int, base: float, neox: bool) -> None: ...
+    def rope(self, x: Array, positions: Array, rope: RopeParams) -> None:
+        """In place over [T, H, d]: each token's heads rotated for its position (gguf/rope.py)."""
 
     @abstractmethod
     def gated_act(self, gate_up: Array, out: Array, kind: str) -> None:

@@ -9,6 +9,7 @@ import numpy as np
 
 from edgellm.gguf.metadata import INT32_MAX, check_int_range, describe, get_float, get_int, get_str, is_int
 from edgellm.gguf.reader import GGUFError, GGUFFile
+from edgellm.gguf.rope import RopeParams, rope_from_gguf
 
 SUPPORTED_ARCHS = ("llama", "gemma3", "qwen2", "qwen3")
 
@@ -36,14 +37,14 @@ class ModelConfig:
     n_vocab: int
     n_ctx_train: int
     rms_eps: float
-    rope_base: float
+    rope: RopeParams  # the rotary embedding of every layer but the sliding-window ones
+    rope_swa: RopeParams  # the sliding-window layers' (Gemma 3; the same object as rope elsewhere)
     rope_dim: int  # rotated dims per head (the rest pass through)
     rope_type: int
     attn_scale: float  # multiplies Q.K before the softmax
-    # Gemma 3: layers marked True use the sliding window; they also use rope_base_swa.
+    # Gemma 3: layers marked True use the sliding window; they also use rope_swa.
     sliding_window: int = 0
     swa_layers: list[bool] = field(default_factory=list)
-    rope_base_swa: float = 10000.0
     embd_scale: float = 1.0  # Gemma multiplies token embeddings by sqrt(n_embd)
     qk_norm: bool = False  # per-head RMSNorm of Q and K (Gemma 3, Qwen 3)
     qkv_bias: bool = False  # Q|K|V biases required (Qwen 2); any arch applies those its file has
@@ -55,6 +56,9 @@ class ModelConfig:
     @property
     def kv_dim(self) -> int:
         return self.n_kv_heads * self.head_dim
+
+    def rope_of_layer(self, il: int) -> RopeParams:
+        return self.rope_swa if self.swa_layers[il] else self.rope
 
 
 # The CUDA attention kernel holds a query head in shared memory of this size (cuda/config.py MAX_HEAD_DIM;
@@ -133,6 +137,11 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
                 f"{g.path}: tensor 'token_embd.weight' has {n_vocab} rows but the vocabulary has "
                 f"{len(tokens)} tokens"
             )
+    rope_type = ROPE_NORM if arch == "llama" else ROPE_NEOX
+    n_ctx_train = get_int(g, p + "context_length", 2048, lo=MIN_CONTEXT_LENGTH, hi=INT32_MAX)
+    sliding_window = get_int(g, p + "attention.sliding_window", 0) if arch == "gemma3" else 0
+    neox = rope_type == ROPE_NEOX
+    rope, rope_swa = rope_from_gguf(g, arch, rope_dim, neox, n_ctx_train, sliding_window > 0)
     cfg = ModelConfig(
         arch=arch,
         name=get_str(g, "general.name", g.path.stem),
@@ -144,11 +153,12 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
         head_dim=head_dim,
         head_dim_v=head_dim_v,
         n_vocab=n_vocab,
-        n_ctx_train=get_int(g, p + "context_length", 2048, lo=MIN_CONTEXT_LENGTH, hi=INT32_MAX),
+        n_ctx_train=n_ctx_train,
         rms_eps=get_float(g, p + "attention.layer_norm_rms_epsilon", 1e-5, lo=0.0, hi=1.0, lo_open=True),
-        rope_base=get_float(g, p + "rope.freq_base", 10000.0, lo=0.0, lo_open=True),
+        rope=rope,
+        rope_swa=rope_swa,
         rope_dim=rope_dim,
-        rope_type=ROPE_NORM if arch == "llama" else ROPE_NEOX,
+        rope_type=rope_type,
         attn_scale=1.0 / math.sqrt(head_dim),
         swa_layers=[False] * n_layers,
         pooling=POOLING_TYPES.get(pooling_type := get_int(g, p + "pooling_type", 0), f"type {pooling_type}"),
@@ -162,10 +172,9 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
         cfg.post_norms = True
         cfg.activation = "gelu"
         cfg.embd_scale = math.sqrt(n_embd)
-        cfg.sliding_window = get_int(g, p + "attention.sliding_window", 0)
+        cfg.sliding_window = sliding_window
         if cfg.sliding_window > 0:  # else every layer is global, as in llama.cpp
             cfg.swa_layers = swa_pattern(g, p + "attention.sliding_window_pattern", n_layers, 6)
-        cfg.rope_base_swa = 10000.0
         cfg.final_logit_softcap = get_float(g, p + "final_logit_softcapping", 0.0, lo=0.0)
         # Gemma 3 27B scales by the model width per head; the others by the head size (llama.cpp).
         if n_layers == 62:

@@ -8,8 +8,7 @@ lists it, a `{arch}.*` key only when the architecture's table lists it (config.p
 value at which llama.cpp's math is unchanged (HARMLESS_AT, ROPE_HARMLESS_AT), and every other key only when
 it is bookkeeping or tokenizer metadata (OTHER_KEYS, OTHER_PREFIXES).
 
-Rope keys and tensors are kept apart (the ROPE_* tables): rotary scaling is implemented one variant at a
-time, each moving its keys from ROPE_HARMLESS_AT (accepted only at the no-op value) to ROPE_KEYS.
+Rope keys and tensors are kept apart (the ROPE_* tables; gguf/rope.py reads them).
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ import numpy as np
 from edgellm.gguf.config import ModelConfig
 from edgellm.gguf.metadata import describe
 from edgellm.gguf.reader import GGUFError, GGUFFile
+from edgellm.gguf.rope import FREQ_FACTOR_ARCHS, FREQ_FACTORS_TENSOR
 
 # ---- tensors --------------------------------------------------------------------------------------------
 # Per-layer tensors (the name after "blk.N."), as llama.cpp's src/models/<arch>.cpp creates them.
@@ -91,22 +91,33 @@ HARMLESS_AT: dict[str, tuple[Any, ...]] = {
 }
 
 # ---- rope -----------------------------------------------------------------------------------------------
-# Rotary-embedding keys (after "{arch}.") and tensors edgellm implements, for every architecture here.
-ROPE_KEYS = frozenset({"rope.freq_base", "rope.dimension_count"})
-ROPE_TENSORS: frozenset[str] = frozenset()  # global tensors (llama3's rope_freqs.weight is one)
-# Rope keys accepted only at the value where llama.cpp's rotation is unscaled: no scaling ("linear" is
-# llama.cpp's default type; with a factor of 1 it is the identity), factor 1 (0 means 1), attention
-# factor 1. original_context_length and finetuned change nothing without YaRN / LongRoPE.
-# Entries here and the tests of test_gguf_understood.py's rope section move as variants are implemented.
-ROPE_HARMLESS_AT: dict[str, tuple[Any, ...] | None] = {
-    "rope.scaling.type": ("none", "linear"),
-    "rope.scaling.factor": (0.0, 1.0),
-    "rope.scale_linear": (0.0, 1.0),
-    "rope.scaling.attn_factor": (1.0,),
-    "rope.scaling.original_context_length": None,  # None: any value
-    "rope.scaling.finetuned": None,
-    "rope.freq_base_swa": (10000.0,),  # Gemma 3's local layers: the base config.py gives them
+# Rotary-embedding keys (after "{arch}.") and tensors edgellm implements (gguf/rope.py reads and checks
+# them: scaling types none / linear / yarn, LongRoPE refused there; the yarn_* keys and NTK alpha, which
+# llama.cpp ignores for these architectures, only at the values it uses instead).
+ROPE_KEYS = frozenset(
+    {
+        "rope.freq_base",
+        "rope.dimension_count",
+        "rope.scaling.type",
+        "rope.scaling.factor",
+        "rope.scale_linear",
+        "rope.scaling.attn_factor",
+        "rope.scaling.original_context_length",
+        "rope.scaling.alpha",
+        *(
+            f"rope.scaling.yarn_{k}"
+            for k in ("beta_fast", "beta_slow", "ext_factor", "attn_factor", "log_multiplier")
+        ),
+    }
+)
+ARCH_ROPE_KEYS: dict[str, frozenset[str]] = {"gemma3": frozenset({"rope.freq_base_swa"})}
+# Global tensors: llama3's frequency factors where llama.cpp reads them. LongRoPE's rope_factors_long /
+# _short (Phi-3) are not implemented, so no table lists them.
+ROPE_TENSORS: dict[str, frozenset[str]] = {
+    arch: frozenset({FREQ_FACTORS_TENSOR} if arch in FREQ_FACTOR_ARCHS else ()) for arch in BLOCK_TENSORS
 }
+# Rope keys accepted at any value: finetuned is a flag llama.cpp reads and never uses.
+ROPE_HARMLESS_AT: dict[str, tuple[Any, ...] | None] = {"rope.scaling.finetuned": None}
 
 # ---- keys outside {arch}.* -----------------------------------------------------------------------------
 # general.* describes the file (name, license, file type, alignment: read by the reader). quantize.* is the
@@ -162,7 +173,7 @@ def check_understood(g: GGUFFile, cfg: ModelConfig) -> None:
     arch = cfg.arch
     for name in g.tensors:
         _check_tensor_name(g, arch, cfg.n_layers, name)
-    arch_keys = ARCH_KEYS[arch] | ROPE_KEYS
+    arch_keys = ARCH_KEYS[arch] | ROPE_KEYS | ARCH_ROPE_KEYS.get(arch, frozenset())
     harmless = {**HARMLESS_AT, **ROPE_HARMLESS_AT}
     for key, value in g.metadata.items():
         if key.startswith(arch + "."):
@@ -177,9 +188,9 @@ def check_understood(g: GGUFFile, cfg: ModelConfig) -> None:
 def _check_tensor_name(g: GGUFFile, arch: str, n_layers: int, name: str) -> None:
     m = _BLOCK_TENSOR.fullmatch(name)
     if m is None:
-        if name in GLOBAL_TENSORS[arch] or name in ROPE_TENSORS:
+        if name in GLOBAL_TENSORS[arch] or name in ROPE_TENSORS[arch]:
             return
-        known = sorted(GLOBAL_TENSORS[arch] | ROPE_TENSORS)
+        known = sorted(GLOBAL_TENSORS[arch] | ROPE_TENSORS[arch])
         raise GGUFError(
             f"{g.path}: tensor {name!r} is not one edgellm implements for {arch} (it would change the "
             f"logits if applied and cannot be ignored; global tensors implemented: {', '.join(known)})"

@@ -17,6 +17,7 @@ Adding a case: one entry in CASES (a feature's cases next to each other, named `
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,6 +138,83 @@ def top1_agreement(x: np.ndarray, ref: np.ndarray, min_gap: float = TOP1_MIN_GAP
     return int((agree & decided).sum()), int(decided.sum())
 
 
+def llama3_rope_factors(
+    head_dim: int, base: float, factor: float, low: float = 1.0, high: float = 4.0, orig_ctx: int = 8192
+) -> np.ndarray:
+    """rope_freqs.weight as convert_hf_to_gguf.py computes it from a Llama 3.1+ rope_scaling ("llama3"):
+    1 for wavelengths under orig_ctx / high, `factor` over orig_ctx / low, smoothly in between. f32 [d/2]."""
+    freqs = 1.0 / (np.float32(base) ** (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)))
+    out = []
+    for freq in freqs.astype(np.float32):
+        wavelen = 2 * math.pi / float(freq)
+        if wavelen < orig_ctx / high:
+            out.append(1.0)
+        elif wavelen > orig_ctx / low:
+            out.append(factor)
+        else:
+            smooth = (orig_ctx / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, np.float32)
+
+
+def _rope_cases() -> dict[str, OracleCase]:
+    """Rope scaling: llama3 frequency factors, linear, YaRN, Gemma 3's local-layer base."""
+    yarn = {"qwen3.rope.scaling.type": "yarn", "qwen3.rope.scaling.factor": 4.0,
+            "qwen3.rope.scaling.original_context_length": Typed(32768, U32)}  # fmt: skip
+
+    def strong(n_pairs: int) -> dict[str, np.ndarray]:
+        return {"rope_freqs.weight": np.geomspace(1.0, 64.0, n_pairs).astype(np.float32)}
+
+    def gemma3(metadata: dict[str, Any], note: str) -> OracleCase:
+        """Gemma 3's local layers see keys up to the window away: a wide one lets their rope matter."""
+        return OracleCase(
+            "gemma3", model=GEMMA3, metadata=metadata, writer={"sliding_window": 512}, note=note
+        )
+
+    return {
+        "llama_rope_freqs_llama32": OracleCase(
+            "llama",
+            model=WIDE,
+            writer={"rope_base": 500000.0},
+            # Llama 3.2 1B / 3B: head size 64, base 500000, factor 32, low / high 1 / 4, original 8192
+            extra_tensors={"rope_freqs.weight": llama3_rope_factors(64, 500000.0, 32.0)},
+            note="llama, Llama 3.2's rope_freqs.weight (head 64, base 5e5)",
+        ),
+        "llama_rope_freqs_strong": OracleCase(
+            "llama", extra_tensors=strong(8), note="llama, frequency factors 1..64"
+        ),
+        "llama_rope_freqs_strong_q4_k": OracleCase(
+            "llama",
+            "Q4_K",
+            model=WIDE,
+            writer={"quantize_kquants": True},
+            extra_tensors=strong(32),
+            note="llama, frequency factors 1..64, Q4_K matrices",
+        ),
+        "llama_rope_linear4": OracleCase(
+            "llama",
+            metadata={"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 4.0},
+            note="llama, linear rope scaling x4",
+        ),
+        "qwen3_rope_yarn4": OracleCase(
+            "qwen3", metadata=yarn, writer={"rope_base": 1e6}, note="qwen3, YaRN x4 from 32k (base 1e6)"
+        ),
+        "qwen3_rope_yarn4_attn": OracleCase(
+            "qwen3",
+            metadata={**yarn, "qwen3.rope.scaling.attn_factor": 0.8},
+            writer={"rope_base": 1e6},
+            note="qwen3, YaRN x4 and rope.scaling.attn_factor 0.8",
+        ),
+        "gemma3_rope_linear8": gemma3(
+            {"gemma3.rope.scaling.type": "linear", "gemma3.rope.scaling.factor": 8.0},
+            "gemma3, linear x8 (global layers only, as the 4B-27B files)",
+        ),
+        "gemma3_rope_base_swa": gemma3(
+            {"gemma3.rope.freq_base_swa": 100.0}, "gemma3, local layers' rope base 100 (rope.freq_base_swa)"
+        ),
+    }
+
+
 def bias_tensors(model: Mapping[str, int], roles: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
     """Every layer's bias of each role ("attn_q", "ffn_down", ...) -> its shape (OracleCase.extra_tensors)."""
     m = model
@@ -211,5 +289,7 @@ CASES: dict[str, OracleCase] = {
                                        note="gemma3, per-layer flags 1011001"),
     "gemma3_all_local": OracleCase("gemma3", model=GEMMA3, metadata={SWA_PATTERN: Typed(0, U32)},
                                    note="gemma3, pattern 0: every layer local"),
+    # ---- rope scaling
+    **_rope_cases(),
 }
 # fmt: on

@@ -18,6 +18,7 @@ from edgellm.backends.cpu.matmul import matmul_cpu
 from edgellm.backends.cpu.packed import PackedWeight, dequantize_rows_cpu, pack_tiles, pack_weight
 from edgellm.backends.cpu.tile_layouts import TILE, TILE_LAYOUTS
 from edgellm.gguf.reader import TensorInfo
+from edgellm.gguf.rope import RopeParams
 from edgellm.quants.kv_cache import get_kv_cache_type
 from edgellm.quants.packing import stack_packed, stackable
 from edgellm.quants.traits import get_traits
@@ -51,7 +52,7 @@ class CpuBackend(Backend):
     def __init__(self) -> None:
         # Numba's thread count when the backend is made (the engine sets it first); asked once, not per call.
         self.n_threads = numba.get_num_threads()
-        self._rope_tables: dict[tuple[int, float], tuple[np.ndarray, np.ndarray]] = {}
+        self._rope_tables: dict[RopeParams, tuple[np.ndarray, np.ndarray]] = {}
         # Whole decoder layers in one kernel call where they can be (layer.py); EDGELLM_NO_FUSED_LAYERS=1
         # runs them kernel by kernel (the same bits, more calls). Read when the model is loaded.
         self.fuse_layers = os.environ.get("EDGELLM_NO_FUSED_LAYERS", "") in ("", "0")
@@ -117,19 +118,18 @@ class CpuBackend(Backend):
     def rmsnorm_heads(self, x: np.ndarray, w: np.ndarray, eps: float) -> None:
         ops.rmsnorm_heads_cpu(x, w, eps)
 
-    def rope(self, x: np.ndarray, positions: np.ndarray, n_rot: int, base: float, neox: bool) -> None:
+    def rope(self, x: np.ndarray, positions: np.ndarray, rope: RopeParams) -> None:
         if len(positions) == 0:
             return
-        table = self._rope_table(n_rot, float(base), int(positions.max()) + 1)
-        ops.rope_cached_cpu(x, positions, table[0], table[1], neox)
+        table = self._rope_table(rope, int(positions.max()) + 1)
+        ops.rope_cached_cpu(x, positions, table[0], table[1], rope.neox)
 
-    def _rope_table(self, n_rot: int, base: float, need: int) -> tuple[np.ndarray, np.ndarray]:
-        """cos/sin tables of (n_rot, base) covering positions 0 .. need - 1."""
-        key = (n_rot, base)
-        table = self._rope_tables.get(key)
+    def _rope_table(self, rope: RopeParams, need: int) -> tuple[np.ndarray, np.ndarray]:
+        """cos/sin tables of `rope` covering positions 0 .. need - 1."""
+        table = self._rope_tables.get(rope)
         if table is None or table[0].shape[0] < need:  # grow by doubling: positions only go up to n_ctx
             size = max(need, 2 * table[0].shape[0] if table is not None else 1024)
-            table = self._rope_tables[key] = ops.rope_table_cpu(size, n_rot, base)
+            table = self._rope_tables[rope] = ops.rope_table_cpu(size, rope.inv_freq(), rope.mscale)
         return table
 
     def gated_act(self, gate_up: np.ndarray, out: np.ndarray, kind: str) -> None:
@@ -197,7 +197,7 @@ class CpuBackend(Backend):
         if not checked and not self._check_fused_step(fused, x, kv, inp):
             return False
         k_cache, v_cache = kv.layers[layer]
-        cos_t, sin_t = self._rope_table(fused.n_rot, fused.rope_base, self._positions_end)
+        cos_t, sin_t = self._rope_table(fused.rope, self._positions_end)
         decoder_layer_cpu(
             x, fused.norms, fused.biases, fused.planes, fused.meta, fused.dims, fused.eps, fused.scale,
             cos_t, sin_t, k_cache, v_cache, inp.block_tables, inp.seq_index, inp.positions, inp.slots,

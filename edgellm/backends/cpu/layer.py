@@ -26,7 +26,7 @@ from edgellm.backends.cpu.matmul import ORDERED_MATH, matmul_tiles_fused_at_cpu
 from edgellm.backends.cpu.numba_cache import follow_sources
 from edgellm.backends.cpu.silu_avx512 import swiglu_avx512_cpu, swiglu_avx512_par_cpu
 from edgellm.backends.cpu.tile_layouts import TILE, TILE_LAYOUTS
-from edgellm.gguf.config import ROPE_NEOX
+from edgellm.gguf.rope import RopeParams
 
 PARTS = 3  # stacked parts per matrix (Q|K|V of three types at most); unused parts have 0 rows
 META = 7  # per part: layout_id, group, act_mode, n_units, rows, first output column, tiles
@@ -50,8 +50,7 @@ class FusedLayer:
     dims: np.ndarray  # int64 [8] (H_ ..)
     eps: float
     scale: float  # attention scale
-    n_rot: int
-    rope_base: float
+    rope: RopeParams  # the layer kind's rotary embedding (its cos/sin table is the backend's)
     n_embd: int
     weights: list  # the parts' Tiles, kept alive for the addresses in `planes`
 
@@ -199,7 +198,7 @@ def pack_layer(cfg: Any, attn: Any, ffn: Any, il: int) -> FusedLayer | None:
             d,
             dv,
             ff,
-            cfg.rope_type == ROPE_NEOX,
+            cfg.rope_of_layer(il).neox,
             cfg.sliding_window if swa else 0,
             cfg.activation == "gelu",
         ],
@@ -213,8 +212,7 @@ def pack_layer(cfg: Any, attn: Any, ffn: Any, il: int) -> FusedLayer | None:
         dims=dims,
         eps=float(cfg.rms_eps),
         scale=float(cfg.attn_scale),
-        n_rot=cfg.rope_dim,
-        rope_base=float(cfg.rope_base_swa if swa else cfg.rope_base),
+        rope=cfg.rope_of_layer(il),
         n_embd=e,
         weights=weights,
     )

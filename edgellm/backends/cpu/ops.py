@@ -15,6 +15,7 @@ from numba.extending import overload
 
 from edgellm.backends.cpu.fp16 import HOST_F16C, f32_to_f16_bits
 from edgellm.backends.cpu.ir_util import fma_f32
+from edgellm.gguf.rope import RopeParams
 
 # fastmath without 'nnan'/'ninf': softmax uses -inf and exp underflow (see shared notes, pitfall 6).
 SAFE_MATH = {"reassoc", "contract", "nsz", "arcp", "afn"}
@@ -48,24 +49,25 @@ def rmsnorm_heads_cpu(x: np.ndarray, w: np.ndarray, eps: float) -> None:
 
 
 @njit(cache=True, nogil=True, fastmath=SAFE_MATH)
-def rope_table_cpu(n_pos: int, n_rot: int, base: float) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin [n_pos, n_rot/2] (f32) of theta_i = pos * base^(-2i/n_rot), computed in float64 as
-    llama.cpp. The backend keeps one table per (n_rot, base) instead of recomputing per call."""
-    half = n_rot // 2
+def rope_table_cpu(n_pos: int, inv_freq: np.ndarray, mscale: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin [n_pos, n_rot/2] (f32) of theta_i = pos * inv_freq[i] (RopeParams.inv_freq: the base, the
+    frequency factors and scaling folded in), times mscale, computed in float64. The backend keeps one
+    table per RopeParams instead of recomputing per call."""
+    half = inv_freq.shape[0]
     cos_t = np.empty((n_pos, half), np.float32)
     sin_t = np.empty((n_pos, half), np.float32)
     for p in range(n_pos):
         for i in range(half):
-            theta = float(p) * base ** (-2.0 * i / n_rot)
-            cos_t[p, i] = math.cos(theta)
-            sin_t[p, i] = math.sin(theta)
+            theta = float(p) * inv_freq[i]
+            cos_t[p, i] = math.cos(theta) * mscale
+            sin_t[p, i] = math.sin(theta) * mscale
     return cos_t, sin_t
 
 
-def rope_cpu(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool) -> None:
+def rope_cpu(x: np.ndarray, pos: np.ndarray, rope: RopeParams) -> None:
     """rope_table_cpu + rope_cached_cpu in one call (the backend keeps its tables instead)."""
-    cos_t, sin_t = rope_table_cpu(int(pos.max()) + 1 if len(pos) else 1, n_rot, float(base))
-    rope_cached_cpu(x, pos, cos_t, sin_t, neox)
+    cos_t, sin_t = rope_table_cpu(int(pos.max()) + 1 if len(pos) else 1, rope.inv_freq(), rope.mscale)
+    rope_cached_cpu(x, pos, cos_t, sin_t, rope.neox)
 
 
 @njit(cache=True, nogil=True)

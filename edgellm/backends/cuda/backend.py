@@ -41,6 +41,7 @@ from edgellm.backends.cuda.kv_cache import DeviceKvCache
 from edgellm.backends.cuda.matmul import DeviceWeight, Scratch, gather_rows_cuda, matmul_cuda, upload_weight
 from edgellm.backends.cuda.step_inputs import StepIndex, StepUploader
 from edgellm.gguf.reader import TensorInfo
+from edgellm.gguf.rope import RopeParams
 from edgellm.quants.kv_cache import get_kv_cache_type
 from edgellm.quants.packing import dequantize_packed, pack_weight, stack_packed, stackable
 from edgellm.quants.traits import get_traits
@@ -72,6 +73,7 @@ class CudaBackend(DeviceSampling, Backend):
         self._argmax_zeroed: dict[int, bool] = {}  # rows -> its completion counters were zeroed
         self._graphs: dict[tuple, graphs.CapturedStep] = {}  # decode steps captured per shape (argmax_graph)
         self._fixed_inputs: StepInputs | None = None
+        self._rope_freqs: dict[RopeParams, Any] = {}  # device float64 [n_rot/2] per layer kind (rope)
 
     def _flush(self) -> None:
         """Launch the deferred op on its own: the next op does not consume it."""
@@ -222,8 +224,11 @@ class CudaBackend(DeviceSampling, Backend):
     def rmsnorm_heads(self, x: DeviceTensor, w: DeviceTensor, eps: float) -> None:
         self._heads_step(("norm", x, w, eps))
 
-    def rope(self, x: DeviceTensor, positions: Any, n_rot: int, base: float, neox: bool) -> None:
-        self._heads_step(("rope", x, positions, n_rot, base, neox))
+    def rope(self, x: DeviceTensor, positions: Any, rope: RopeParams) -> None:
+        inv_freq = self._rope_freqs.get(rope)
+        if inv_freq is None:  # once per layer kind (the first step, before any graph capture)
+            inv_freq = self._rope_freqs[rope] = self._upload(rope.inv_freq())
+        self._heads_step(("rope", x, positions, rope, inv_freq))
 
     def _heads_step(self, step: tuple) -> None:
         """Q/K norm and RoPE steps join the held HeadsOp while they follow its pattern (deferred.py)."""

@@ -199,7 +199,7 @@ class HeadsOp:
 
     steps: list[tuple] = field(
         default_factory=list
-    )  # ("norm", x, w, eps) | ("rope", x, pos, n_rot, base, neox)
+    )  # ("norm", x, w, eps) | ("rope", x, pos, rope, inv_freq): RopeParams and its device inv_freq
 
     def accepts(self, step: tuple) -> bool:
         n = len(self.steps)
@@ -214,7 +214,7 @@ class HeadsOp:
         if n == 2:
             return same_view(step[1], first[1])  # rope of Q, which was normalised first
         rope_q = self.steps[n - 1]
-        same_rope = step[2] is rope_q[2] and step[3:] == rope_q[3:]  # positions, n_rot, base, neox
+        same_rope = step[2] is rope_q[2] and step[3] is rope_q[3]  # positions, RopeParams
         return same_rope and (n == 1 or same_view(step[1], self.steps[1][1]))  # n == 3: K was normalised
 
     def completes(self, k: DeviceTensor) -> bool:
@@ -240,16 +240,16 @@ class HeadsOp:
                     d,
                 )
                 continue
-            _, _, pos, n_rot, base, neox = step
-            grid, threads = elem_grid(T * H * (n_rot // 2))
-            launch(ops.rope_cuda, grid, threads, *x.heads3d(), T, H, pos, n_rot, float(base), bool(neox))
+            _, _, pos, rope, inv_freq = step
+            grid, threads = elem_grid(T * H * (rope.n_rot // 2))
+            launch(ops.rope_cuda, grid, threads, *x.heads3d(), T, H, pos, inv_freq, rope.mscale, rope.neox)
 
     def launch_with_kv(self, kv: DeviceKvLayer, q8: bool, v: DeviceTensor, slots: Any) -> None:
         """The recorded steps, and K and V stored at `slots`: one launch (completes() was checked)."""
         has_norm = self.steps[0][0] == "norm"
         q, k = self.steps[0][1], self.steps[1][1]
         qw, kw, eps = (self.steps[0][2], self.steps[1][2], self.steps[0][3]) if has_norm else (v, v, 0.0)
-        _, _, pos, n_rot, base, neox = self.steps[-1]
+        _, _, pos, rope, inv_freq = self.steps[-1]
         T, n_kv, d = k.shape
         if T:
             launch(
@@ -274,7 +274,7 @@ class HeadsOp:
                 n_kv,
                 d,
                 v.shape[2],
-                n_rot,
-                float(base),
-                bool(neox),
+                inv_freq,
+                rope.mscale,
+                rope.neox,
             )

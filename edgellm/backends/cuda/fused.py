@@ -84,7 +84,7 @@ def gated_act_quant_cuda(g, g_off, g_ld, out, o_off, o_ld, ff, gelu, quant, grou
 @cuda.jit(cache=True)
 def heads_rope_kv_cuda(  # noqa: ANN001
     q, q_off, q_st, q_sh, n_q, qw, k, k_off, k_st, k_sh, kw, has_norm, eps, v, v_off, v_st, v_sh,
-    k_cache, v_cache, k_scale, v_scale, q8, slots, pos, n_kv, d, dv, n_rot, base, neox,
+    k_cache, v_cache, k_scale, v_scale, q8, slots, pos, n_kv, d, dv, inv_freq, mscale, neox,
 ):  # fmt: skip
     """One block per (token, head) of Q (heads 0..n_q-1; n_q = 0 when Q is not fused) then K: [the head's
     RMSNorm in place (Q/K norm)], its RoPE; a K head is then stored with its V head into the cache (f16
@@ -104,8 +104,9 @@ def heads_rope_kv_cuda(  # noqa: ANN001
     blk = slots[t] // k_cache.shape[1]
     o = slots[t] % k_cache.shape[1]
     store = is_k and not q8
+    n_rot = 2 * inv_freq.shape[0]
     for i in range(tid, n_rot // 2, ROW_THREADS):
-        a, b = rope_pair(x, p, i, pos[t], n_rot, base, neox)
+        a, b = rope_pair(x, p, i, pos[t], inv_freq, mscale, n_rot, neox)
         if store:
             k_cache[blk, o, h, a] = x[p + a]
             k_cache[blk, o, h, b] = x[p + b]

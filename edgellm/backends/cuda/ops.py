@@ -71,12 +71,13 @@ def rmsnorm_heads_cuda(x, off, st, sh, n_heads, w, eps, d):  # noqa: ANN001
 
 
 @cuda.jit(device=True, inline=True)
-def rope_pair(x, p, i, pos, n_rot, base, neox):  # noqa: ANN001, ANN201
-    """Rotate pair i of the head at x[p:]: theta_i = pos * base^(-2i/n_rot); neox pairs (i, i + n_rot/2),
+def rope_pair(x, p, i, pos, inv_freq, mscale, n_rot, neox):  # noqa: ANN001, ANN201
+    """Rotate pair i of the head at x[p:]: theta_i = pos * inv_freq[i] (float64, RopeParams.inv_freq: the
+    base, frequency factors and scaling folded in), cos/sin times mscale; neox pairs (i, i + n_rot/2),
     otherwise adjacent pairs (2i, 2i+1), as llama.cpp. Returns the pair's element indexes."""
-    theta = np.float64(pos) * base ** (-2.0 * i / n_rot)
-    c = np.float32(math.cos(theta))
-    s = np.float32(math.sin(theta))
+    theta = np.float64(pos) * inv_freq[i]
+    c = np.float32(math.cos(theta) * mscale)
+    s = np.float32(math.sin(theta) * mscale)
     if neox:
         a = i
         b = i + n_rot // 2
@@ -91,13 +92,13 @@ def rope_pair(x, p, i, pos, n_rot, base, neox):  # noqa: ANN001, ANN201
 
 
 @cuda.jit(cache=True)
-def rope_cuda(x, off, st, sh, n_tokens, n_heads, pos, n_rot, base, neox):  # noqa: ANN001
-    """In place over [T, H, d]; one thread per (token, head, rotated pair)."""
-    half = n_rot // 2
+def rope_cuda(x, off, st, sh, n_tokens, n_heads, pos, inv_freq, mscale, neox):  # noqa: ANN001
+    """In place over [T, H, d]; one thread per (token, head, rotated pair); inv_freq: float64 [n_rot/2]."""
+    half = inv_freq.shape[0]
     for idx in range(cuda.grid(1), n_tokens * n_heads * half, cuda.gridsize(1)):  # grid-stride
         h = (idx // half) % n_heads
         t = idx // (half * n_heads)
-        rope_pair(x, off + t * st + h * sh, idx % half, pos[t], n_rot, base, neox)
+        rope_pair(x, off + t * st + h * sh, idx % half, pos[t], inv_freq, mscale, 2 * half, neox)
 
 
 @cuda.jit(device=True, inline=True)

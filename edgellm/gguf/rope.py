@@ -1,0 +1,197 @@
+"""Rotary embedding parameters from GGUF metadata, as llama.cpp (0.3.36) reads and applies them.
+
+One `RopeParams` per layer kind holds what llama.cpp's `ggml_rope_ext` takes (rope base, frequency scale,
+YaRN's extrapolation mix, attention factor and correction betas, the original context, llama3 frequency
+factors). What it computes per rotated pair i at position p (ggml-cpu rope_yarn / ggml_rope_cache_init):
+
+    theta_extrap = p * base^(-2i/n_rot) / freq_factors[i]
+    theta_interp = freq_scale * theta_extrap
+    mix          = ext_factor * ramp_i        (ramp: 1 below YaRN's low correction dim, 0 above the high one)
+    theta        = theta_interp * (1 - mix) + theta_extrap * mix
+    cos, sin     = cos(theta) * mscale, sin(theta) * mscale
+    mscale       = attn_factor * (1 + 0.1 ln(1 / freq_scale)) with YaRN (ext_factor != 0), else attn_factor
+
+theta is p times a per-pair frequency, so `inv_freq` folds everything but p into one vector and the
+backends rotate by cos/sin(p * inv_freq[i]) * mscale (tables on the CPU, inline on CUDA).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from gguf import GGMLQuantizationType
+from numba import njit
+
+from edgellm.gguf.metadata import INT32_MAX, get_float, get_int, get_str
+from edgellm.gguf.reader import GGUFError, GGUFFile
+
+# YaRN's correction-dim betas and its extrapolation mix: llama.cpp takes them from the context parameters
+# (llama-cpp-python's defaults 32 / 1, ext_factor 1 under YaRN, 0 otherwise) for these architectures;
+# the file's rope.scaling.yarn_* keys are read only by others (grok, deepseek2).
+YARN_BETA_FAST = 32.0
+YARN_BETA_SLOW = 1.0
+# rope.scaling.type values (llama.cpp's LLAMA_ROPE_SCALING_TYPES). A missing key means "linear" there,
+# which with no factor scales nothing.
+SCALING_TYPES = ("none", "linear", "yarn")
+# The llama3 frequency factors: llama.cpp reads rope_freqs.weight for these architectures only.
+FREQ_FACTOR_ARCHS = ("llama",)
+FREQ_FACTORS_TENSOR = "rope_freqs.weight"
+
+
+@dataclass(frozen=True, eq=False)
+class RopeParams:
+    """One layer kind's rotary embedding, ggml_rope_ext's parameters. Hashed and compared by identity:
+    the backends key their tables / device arrays by the object (a model makes one per layer kind)."""
+
+    n_rot: int  # rotated dims per head (the rest pass through)
+    neox: bool  # rotate halves (x[i], x[i + n_rot/2]) instead of adjacent pairs (x[2i], x[2i+1])
+    base: float = 10000.0
+    freq_scale: float = 1.0  # 1 / rope.scaling.factor (linear, yarn)
+    ext_factor: float = 0.0  # YaRN's extrapolation mix (1 under YaRN)
+    attn_factor: float = 1.0  # multiplies cos/sin (llama.cpp's cparams.yarn_attn_factor)
+    beta_fast: float = YARN_BETA_FAST
+    beta_slow: float = YARN_BETA_SLOW
+    n_ctx_orig: int = 0  # YaRN's original context (its correction dims)
+    freq_factors: tuple[float, ...] = field(default=())  # [n_rot/2] divisors of the frequency, or ()
+
+    @property
+    def mscale(self) -> float:
+        """The factor on cos and sin (rope_yarn's mscale)."""
+        if self.ext_factor == 0.0:
+            return self.attn_factor
+        f32 = np.float32
+        return float(f32(self.attn_factor) * (f32(1) + f32(0.1) * np.log(f32(1) / f32(self.freq_scale))))
+
+    def inv_freq(self) -> np.ndarray:
+        """float64 [n_rot/2]: theta_i / p, every scaling folded in."""
+        theta = base_inv_freq(self.n_rot, float(self.base))
+        if self.freq_factors:
+            theta = theta / np.asarray(self.freq_factors, np.float64)
+        if self.freq_scale == 1.0 and self.ext_factor == 0.0:
+            return theta
+        interp = self.freq_scale * theta
+        if self.ext_factor == 0.0:
+            return interp
+        mix = self.ext_factor * yarn_ramp(self.corr_dims(), self.n_rot // 2)
+        return interp * (1.0 - mix) + theta * mix
+
+    def corr_dims(self) -> tuple[float, float]:
+        """YaRN's low and high correction dims (ggml_rope_yarn_corr_dims, in float32 as ggml)."""
+        n, ctx, base = np.float32(self.n_rot), np.float32(self.n_ctx_orig), np.float32(self.base)
+
+        def corr_dim(beta: float) -> np.float32:
+            two_pi = np.float32(beta) * np.float32(2) * np.float32(math.pi)
+            return n * np.log(ctx / two_pi) / (np.float32(2) * np.log(base))
+
+        start = math.floor(corr_dim(self.beta_fast))
+        end = math.ceil(corr_dim(self.beta_slow))
+        return float(max(0, start)), float(min(self.n_rot - 1, end))
+
+
+@njit(cache=True, nogil=True)
+def base_inv_freq(n_rot: int, base: float) -> np.ndarray:
+    """base^(-2i/n_rot) for each pair i, in float64 (compiled: the bits the rope tables always had)."""
+    half = n_rot // 2
+    out = np.empty(half, np.float64)
+    for i in range(half):
+        out[i] = base ** (-2.0 * i / n_rot)
+    return out
+
+
+def yarn_ramp(corr: tuple[float, float], half: int) -> np.ndarray:
+    """rope_yarn_ramp for pairs 0..half-1: 1 - clamp((i - low) / max(0.001, high - low), 0, 1) (float32)."""
+    low, high = np.float32(corr[0]), np.float32(corr[1])
+    y = (np.arange(half, dtype=np.float32) - low) / max(np.float32(0.001), high - low)
+    return (np.float32(1) - np.clip(y, 0, 1)).astype(np.float64)
+
+
+def _freq_factors(g: GGUFFile, arch: str, n_rot: int) -> tuple[float, ...]:
+    """rope_freqs.weight where the architecture reads it (understood.py refuses it elsewhere)."""
+    t = g.tensors.get(FREQ_FACTORS_TENSOR)
+    if t is None or arch not in FREQ_FACTOR_ARCHS:
+        return ()
+    if t.qtype != GGMLQuantizationType.F32 or tuple(t.shape) != (n_rot // 2,):
+        raise GGUFError(
+            f"{g.path}: tensor {FREQ_FACTORS_TENSOR!r} is {t.qtype.name} of shape {t.shape}: must be F32 of "
+            f"shape ({n_rot // 2},) (one factor per rotated pair, as llama.cpp's rope requires)"
+        )
+    factors = np.frombuffer(t.data.tobytes(), np.float32)
+    if not (np.isfinite(factors).all() and (factors > 0).all()):
+        bad = factors[~(np.isfinite(factors) & (factors > 0))][:4].tolist()
+        raise GGUFError(
+            f"{g.path}: tensor {FREQ_FACTORS_TENSOR!r} holds {bad}: every frequency factor must be a finite "
+            "number > 0 (each divides a rotary frequency)"
+        )
+    return tuple(float(f) for f in factors)
+
+
+def _check_unread_yarn_keys(g: GGUFFile, p: str, ext_factor: float) -> None:
+    """rope.scaling.yarn_* keys: llama.cpp ignores them for these architectures and uses its own values,
+    so a file is accepted only where they agree (otherwise it would mean two different models)."""
+    used = {
+        "yarn_beta_fast": YARN_BETA_FAST,
+        "yarn_beta_slow": YARN_BETA_SLOW,
+        "yarn_ext_factor": ext_factor,
+        "yarn_attn_factor": 1.0,
+        "yarn_log_multiplier": 0.0,
+    }
+    for name, value in used.items():
+        key = f"{p}rope.scaling.{name}"
+        if key in g.metadata and get_float(g, key) != value:
+            raise GGUFError(
+                f"{g.path}: metadata {key} = {g.metadata[key]} is not supported: llama.cpp uses {value} for "
+                f"this architecture whatever the file says, and edgellm follows it"
+            )
+
+
+def _yarn_attn_factor(freq_scale: float) -> float:
+    """llama-context.cpp's yarn_attn_factor under YaRN (before rope.scaling.attn_factor): get_mscale(factor)
+    divided by the 1 + 0.1 ln(factor) that ggml's rope_yarn multiplies back in, in float32."""
+    f = np.float32(1.0) / np.float32(freq_scale)
+    get_mscale = np.float32(1.0) if f <= 1 else np.float32(0.1) * np.log(f) + np.float32(1.0)
+    return float(get_mscale * (np.float32(1.0) / (np.float32(1.0) + np.float32(0.1) * np.log(f))))
+
+
+def rope_from_gguf(
+    g: GGUFFile, arch: str, n_rot: int, neox: bool, n_ctx_train: int, swa: bool
+) -> tuple[RopeParams, RopeParams]:
+    """(the global layers' rope, the sliding-window layers' rope), each key type- and range-checked."""
+    p = f"{arch}."
+    scaling_key = p + "rope.scaling.type"
+    scaling = get_str(g, scaling_key, "linear")
+    if scaling not in SCALING_TYPES:
+        what = " (LongRoPE, Phi-3's)" if scaling == "longrope" else ""
+        raise GGUFError(
+            f"{g.path}: metadata {scaling_key} = {scaling!r}{what} is not supported "
+            f"(supported: {', '.join(SCALING_TYPES)})"
+        )
+    factor_key = p + "rope.scaling.factor"
+    if factor_key not in g.metadata and p + "rope.scale_linear" in g.metadata:
+        factor_key = p + "rope.scale_linear"  # the older key name, as llama.cpp falls back to it
+    factor = get_float(g, factor_key, 0.0, lo=0.0)  # 0: not set
+    freq_scale = 1.0 if scaling == "none" or factor == 0.0 else float(np.float32(1.0) / np.float32(factor))
+    ext_factor = 1.0 if scaling == "yarn" else 0.0
+    rope_attn = get_float(g, p + "rope.scaling.attn_factor", 1.0, lo=0.0, lo_open=True)
+    _check_unread_yarn_keys(g, p, ext_factor)
+    alpha_key = p + "rope.scaling.alpha"
+    if alpha_key in g.metadata and get_float(g, alpha_key) != 0.0:
+        raise GGUFError(
+            f"{g.path}: metadata {alpha_key} = {g.metadata[alpha_key]} (NTK-aware alpha) is not supported"
+        )
+    attn_factor = float(
+        np.float32(_yarn_attn_factor(freq_scale) if ext_factor else 1.0) * np.float32(rope_attn)
+    )
+    # 0, as a missing key, means the training context (llama-context.cpp)
+    n_ctx_orig = get_int(g, p + "rope.scaling.original_context_length", 0, hi=INT32_MAX) or n_ctx_train
+    base = get_float(g, p + "rope.freq_base", 10000.0, lo=0.0, lo_open=True)
+    common = dict(
+        n_rot=n_rot, neox=neox, ext_factor=ext_factor, attn_factor=attn_factor, n_ctx_orig=n_ctx_orig
+    )
+    rope = RopeParams(base=base, freq_scale=freq_scale, freq_factors=_freq_factors(g, arch, n_rot), **common)
+    # Sliding-window layers (Gemma 3): their own base (10000 by default) and no frequency scaling
+    # (llama.cpp's rope_freq_scale_train_swa is 1 for gemma3), the context-wide YaRN values as the rest.
+    base_swa = get_float(g, p + "rope.freq_base_swa", 10000.0, lo=0.0, lo_open=True) if swa else base
+    rope_swa = RopeParams(base=base_swa, **common) if swa else rope
+    return rope, rope_swa
