@@ -3,11 +3,15 @@ drafts (an end-of-generation id, a stop token id, max_tokens or a stop string am
 text up to the end reaches the caller and nothing after it does, exactly as when the same tokens come one
 per step. Checked on the front-end's request stream directly, through `LLM` (in-process, 50+ prompts) and
 through the server (a few prompts; EDGELLM_SPEC_SOAK=1 adds 60 prompts under 32 concurrent streams with
-disconnects, tests/test_spec_soak.py)."""
+disconnects)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,10 @@ from edgellm.gguf.reader import load_gguf
 from edgellm.gguf.validation import tokenizer_from_gguf
 from edgellm.sampling import SamplingParams
 from edgellm.tokenizer import Tokenizer
+from tests.test_server import MODEL, _metrics, _start, httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from soak_traffic import join_stream, parse_sse  # noqa: E402
 
 NAMES = ["Ann", "Bob", "Cleo", "Dag", "Eva", "Finn", "Greta", "Hugo", "Ida", "Jon", "Kari", "Lars", "Mia"]
 CITIES = ["Oslo", "Bergen", "Paris", "Rome", "Lima", "Cairo", "Tokyo"]
@@ -189,3 +197,118 @@ def test_speculative_text_equals_plain_text_in_process(smollm2_path: Path) -> No
     assert {w[2] for w in want} == {"stop", "length"}
     ends_in_drafts = sum(g[3] > 1 for g in whole)
     assert ends_in_drafts >= len(whole) // 4 and stats.spec_accepted_tokens_total > 0
+
+
+# ---- through the server -----------------------------------------------------------------------------
+SOAK = os.environ.get("EDGELLM_SPEC_SOAK") == "1"
+
+
+@pytest.fixture(scope="module")
+def servers(smollm2_path: Path) -> Iterator[tuple[str, str]]:
+    """A plain server and an n-gram speculative one, room for 32 streams each."""
+    args = ("--max-num-seqs", "32", "--max-queue", "64")
+    plain, spec = _start(smollm2_path, *args), _start(smollm2_path, *args, "--speculative", "ngram")
+    try:
+        yield next(plain), next(spec)
+    finally:
+        plain.close()
+        spec.close()
+
+
+def _body(message: str, opts: dict[str, Any]) -> dict[str, Any]:
+    """A chat body for the server, which takes stop strings but not stop token ids: the token's text is
+    the stop string there."""
+    opts = dict(opts)
+    text = opts.pop("stop_token_text", None)
+    if text is not None:
+        opts["stop"] = [text.strip()]
+    return {"model": MODEL, "messages": [{"role": "user", "content": message}], "temperature": 0, **opts}
+
+
+async def _ask(
+    http: httpx.AsyncClient, url: str, body: dict[str, Any], stream: bool, leave_after: int = 0
+) -> tuple:
+    """(text, finish reason, completion tokens) of one chat request. Streamed with leave_after > 0, the
+    client goes away after that many chunks past the first: the text it had by then, None, None."""
+    if not stream:
+        r = await http.post(f"{url}/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        choice, usage = r.json()["choices"][0], r.json()["usage"]
+        return choice["message"]["content"], choice["finish_reason"], usage["completion_tokens"]
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    lines: list[str] = []
+    async with http.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            lines.append(line)
+            if leave_after and sum(x.startswith("data: ") for x in lines) > leave_after:
+                break  # leaving the block closes the connection: the server aborts the request
+    chunks, done = parse_sse(lines)
+    text, reason = join_stream(chunks, chat=True).get(0, ("", None))
+    if leave_after and not done:
+        return text, None, None
+    assert done
+    return text, reason, chunks[-1]["usage"]["completion_tokens"]
+
+
+SERVED = [
+    c for i, c in enumerate(cases(8)) if i in (0, 1, 2, 3, 6)
+]  # EOS, length, 2 stop strings, token text
+
+
+def test_speculative_server_answers_the_plain_servers_text(servers: tuple[str, str]) -> None:
+    """The issue's request and a few more whose end falls inside accepted drafts: the speculative server
+    answers the plain one's text, finish reason and token count, streamed and not."""
+    plain, spec = servers
+    issue = 'Repeat this exactly, then stop:\n{"name": "Ann", "age": 31, "city": "Oslo"}\n'
+    issue += "SELECT id, name FROM users WHERE age > 30 ORDER BY name;"
+    bodies = [_body(issue, {"max_tokens": 32})] + [_body(m, o) for m, o in SERVED]
+
+    async def run() -> None:
+        async with httpx.AsyncClient(timeout=120) as http:
+            for body in bodies:
+                want = await _ask(http, plain, body, stream=False)
+                for stream in (False, True):
+                    assert await _ask(http, spec, body, stream) == want, (body, stream)
+
+    asyncio.run(run())
+
+
+@pytest.mark.skipif(not SOAK, reason="EDGELLM_SPEC_SOAK=1 runs it (minutes)")
+def test_speculative_server_under_32_streams_with_disconnects(servers: tuple[str, str]) -> None:
+    """60 requests, 32 at a time, streamed; every fifth client leaves after a few chunks. Each finished
+    answer is the plain server's (taken at the same concurrency), each abandoned one a prefix of it, and
+    the speculative server ends with nothing running."""
+    plain, spec = servers
+    bodies = [_body(m, o) for m, o in cases(60)]
+
+    async def run(url: str, leave: bool) -> list[tuple]:
+        gate = asyncio.Semaphore(32)
+        async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=40)) as http:
+
+            async def one(i: int, body: dict[str, Any]) -> tuple:
+                async with gate:
+                    return await _ask(
+                        http, url, body, stream=True, leave_after=2 + i % 3 if leave and i % 5 == 4 else 0
+                    )
+
+            return await asyncio.gather(*[one(i, b) for i, b in enumerate(bodies)])
+
+    want = asyncio.run(run(plain, leave=False))
+    got = asyncio.run(run(spec, leave=True))
+    left = [i for i, g in enumerate(got) if g[1] is None]
+    wrong = [i for i, (w, g) in enumerate(zip(want, got, strict=True)) if g != w and i not in left]
+    wrong += [i for i in left if not want[i][0].startswith(got[i][0])]
+    m = _metrics(spec)
+    print(
+        f"\n{len(bodies)} requests, 32 at a time: {len(bodies) - len(left)} finished, {len(left)} abandoned, "
+        f"{len(wrong)} differ from plain; drafts accepted {m['edgellm_spec_accepted_tokens_total']:.0f}"
+        f" of {m['edgellm_spec_draft_tokens_total']:.0f}"
+    )
+    assert not wrong, [(i, bodies[i]["messages"][0]["content"], got[i], want[i]) for i in wrong]
+    assert len(left) >= 6
+    deadline = time.monotonic() + 10
+    while _metrics(spec)["edgellm_num_requests_running"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    m = _metrics(spec)
+    assert m["edgellm_num_requests_running"] == 0 and m["edgellm_kv_cache_blocks_used"] == 0
