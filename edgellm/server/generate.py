@@ -125,7 +125,8 @@ async def generate(
         release()
 
     gens = [
-        state.llm.stream(ids, req.params, request_id=rid) for ids, rid in zip(prompts, rids, strict=True)
+        state.llm.stream(ids, req.params, request_id=rid, group=head.id)
+        for ids, rid in zip(prompts, rids, strict=True)
     ]
     merged = _merge(gens)
     try:
