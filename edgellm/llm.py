@@ -224,6 +224,10 @@ class LLM:
     def abort(self, request_id: str) -> None:
         self.core.abort(request_id)
 
+    def abort_all(self, request_ids: list[str]) -> None:
+        """Abort several requests at once: the engine drops them all before its next step."""
+        self.core.abort_all(request_ids)
+
     def generate(
         self,
         prompts: str | list[int] | Sequence[str | list[int]],
@@ -254,9 +258,7 @@ class LLM:
                     on_output(out)
                 left -= out.finished
         except BaseException:
-            for rid, c in collectors.items():
-                if c.result is None:
-                    self.core.abort(rid)
+            self.core.abort_all([rid for rid, c in collectors.items() if c.result is None])
             raise
         return [c.result for c in collectors.values()]  # type: ignore[misc]
 
@@ -369,8 +371,7 @@ class LLM:
                     raise v
                 out[i] = v
         except BaseException:
-            for rid in rids:
-                self.core.abort(rid)  # a no-op for those that finished
+            self.core.abort_all(rids)  # a no-op for those that finished
             raise
         return out
 
@@ -392,8 +393,7 @@ class LLM:
             done = True
         finally:
             if not done:
-                for rid in rids:
-                    self.core.abort(rid)
+                self.core.abort_all(rids)
         return np.stack(vecs) if vecs else np.empty((0, self.config.n_embd), np.float32)
 
 

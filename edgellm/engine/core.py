@@ -7,7 +7,8 @@ kernel takes down this process only. Tests may build an `EngineCore` in-process 
 
 Messages in (tuples): ("add", rid, prompt_ids, params, priority, group), ("embed", rid, input_ids, priority,
 group) (group: the client request's id, shared by its engine requests, or None),
-("abort", rid, index|None), ("call", call_id, name, args), ("shutdown",). Out: ("progress", line),
+("abort", rid, index|None), ("abort_all", [rid, ...]), ("call", call_id, name, args), ("shutdown",).
+Out: ("progress", line),
 ("ready", info), ("load_error", exc), per step (or per CoreSpec.stream_interval) ("step", stats,
 [(time, outputs), ...]) with outputs as (rid, finished, deltas, cached, preemptions, embedding|None),
 ("add_error", rid, exc), ("reply", call_id, ok, value). Only ids, numbers, strings, the SamplingParams
@@ -212,6 +213,9 @@ class EngineCore:
                 send(("add_error", rid, portable(e)))
         elif kind == "abort":
             self.engine.abort(msg[1], msg[2])
+        elif kind == "abort_all":
+            for rid in msg[1]:
+                self.engine.abort(rid)
         elif kind == "call":
             _, call_id, name, args = msg
             try:

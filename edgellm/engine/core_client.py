@@ -153,6 +153,15 @@ class CoreClient:
         if self.error is None:
             self._outbox.put(("abort", rid, index))
 
+    def abort_all(self, rids: list[str]) -> None:
+        """Stop several requests (an abandoned call's inputs) in one message: the core drops them all
+        before its next step."""
+        with self._lock:
+            for rid in rids:
+                self._sinks.pop(rid, None)
+        if self.error is None:
+            self._outbox.put(("abort_all", list(rids)))
+
     def call(self, name: str, *args: Any) -> Any:
         """A request/reply message to the core ("score", "stats"); blocks the caller only."""
         fut: concurrent.futures.Future = concurrent.futures.Future()

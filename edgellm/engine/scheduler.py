@@ -253,8 +253,11 @@ class Scheduler:
                 demand[seq.group_key] += seq.num_uncomputed_tokens
                 priority[seq.group_key] = min(seq.priority, priority.get(seq.group_key, seq.priority))
         slots = max(0, self.config.max_num_seqs - len(self.running))
+        cap = self._slot_cap(queued)
+        running = Counter(s.group_key for s in self.running)
         for g in self._turns(queued)[:slots]:
-            demand[g] += sum(q.num_tokens - q.num_computed_tokens for q in queued[g][:slots])
+            fits = min(slots, cap - running[g])
+            demand[g] += sum(q.num_tokens - q.num_computed_tokens for q in queued[g][: max(0, fits)])
             priority[g] = min(queued[g][0].priority, priority.get(g, queued[g][0].priority))
         shares: dict[Any, int] = {}
         for level in sorted(set(priority.values())):
@@ -263,6 +266,12 @@ class Scheduler:
                 shares[g] = min(d, budget // (len(groups) - n))
                 budget -= shares[g]
         return shares
+
+    def _slot_cap(self, queued: dict[Any, list[Sequence]]) -> int:
+        """Running sequences one group may start more up to: an even split of the running set over the
+        groups with work, so that a request of many short inputs leaves the others room every step."""
+        groups = {s.group_key for s in self.running} | queued.keys()
+        return max(1, self.config.max_num_seqs // max(1, len(groups)))
 
     def _turns(self, queued: dict[Any, list[Sequence]]) -> list[Any]:
         """Waiting groups in the order they are admitted: priority, fewest running sequences, arrival."""
@@ -273,14 +282,18 @@ class Scheduler:
         self, plan: SchedulerPlan, budget: int, shares: dict[Any, int], queued: dict[Any, list[Sequence]]
     ) -> None:
         """Start waiting sequences: by priority, then round-robin over their groups (the group with the
-        fewest running sequences first), then first come first served; each group within its share."""
+        fewest running sequences first), then first come first served; each group within its share of
+        the tokens and of the running set's slots."""
         bm = self.block_manager
         queues = {g: deque(q) for g, q in queued.items()}
         running = Counter(s.group_key for s in self.running)
         heads = [(q[0].priority, running[g], q[0].arrival, g) for g, q in queues.items()]
         heapq.heapify(heads)
+        cap = self._slot_cap(queued)
         while heads and budget > 0 and len(self.running) < self.config.max_num_seqs:
             *_, group = heapq.heappop(heads)
+            if running[group] >= cap:
+                continue  # its part of the running set is taken: the slots left are for the others
             seq = queues[group][0]
             match = bm.lookup_prefix(seq)
             computed = match.num_tokens if match.block_ids else seq.num_computed_tokens

@@ -120,8 +120,7 @@ async def generate(
     n = req.params.n
 
     def close() -> None:
-        for rid in rids:
-            state.llm.abort(rid)  # a no-op for requests that already finished
+        state.llm.abort_all(rids)  # a no-op for requests that already finished
         release()
 
     gens = [
