@@ -11,6 +11,7 @@ step and a process start; `edgellm bench` measured no batch-1 loss against the o
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import sys
 import weakref
@@ -209,18 +210,25 @@ class LLM:
         deliver: Callable[[Any], None],
         request_id: str | None = None,
         priority: int = 0,
+        group: str | None = None,
     ) -> tuple[str, list[int]]:
         """Start one request; `deliver` gets its RequestOutput per step (or one exception), on the core
-        client's thread. Returns (request id, prompt ids)."""
+        client's thread. `group`: the caller's request this is part of (the engine shares each step's
+        tokens out per group), None: its own. Returns (request id, prompt ids)."""
         ids = self.prompt_ids(prompt)
         check_for_vocabulary(params, (self.tokenizer, self.config.n_vocab))  # in a worker, not here
         rid = request_id if request_id is not None else f"req-{next(self._rids)}"
         core = self.core
-        core.add(rid, ids, params, RequestStream(core, self.tokenizer, rid, ids, params, deliver), priority)
+        stream = RequestStream(core, self.tokenizer, rid, ids, params, deliver)
+        core.add(rid, ids, params, stream, priority, group)
         return rid, ids
 
     def abort(self, request_id: str) -> None:
         self.core.abort(request_id)
+
+    def abort_all(self, request_ids: list[str]) -> None:
+        """Abort several requests at once: the engine drops them all before its next step."""
+        self.core.abort_all(request_ids)
 
     def generate(
         self,
@@ -237,9 +245,10 @@ class LLM:
         prompts = _as_list(prompts)
         q: queue.Queue = queue.Queue()
         collectors: dict[str, _Collector] = {}
+        group = self._new_group()
         try:
             for p in prompts:
-                rid, ids = self.submit(p, params, q.put)
+                rid, ids = self.submit(p, params, q.put, group=group)
                 collectors[rid] = _Collector(rid, ids, params.n)
             left = len(collectors)
             while left:
@@ -251,9 +260,7 @@ class LLM:
                     on_output(out)
                 left -= out.finished
         except BaseException:
-            for rid, c in collectors.items():
-                if c.result is None:
-                    self.core.abort(rid)
+            self.core.abort_all([rid for rid, c in collectors.items() if c.result is None])
             raise
         return [c.result for c in collectors.values()]  # type: ignore[misc]
 
@@ -284,6 +291,7 @@ class LLM:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         priority: int = 0,
+        group: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yields one prompt's RequestOutput per engine step until it finishes. Leaving early (a client
         that went away, a cancelled task) aborts the request and frees its KV blocks at once."""
@@ -298,7 +306,7 @@ class LLM:
                 if rid is not None:
                     self.core.abort(rid)
 
-        rid, _ = self.submit(prompt, params or SamplingParams(), deliver, request_id, priority)
+        rid, _ = self.submit(prompt, params or SamplingParams(), deliver, request_id, priority, group)
         finished = False
         try:
             while True:
@@ -333,12 +341,18 @@ class LLM:
         check_embedding_input(ids, self.n_ctx, self.tokenizer.vocab_size)
         return ids
 
-    def submit_embedding(self, ids: list[int], deliver: Callable[[Any], None], priority: int = 0) -> str:
+    def submit_embedding(
+        self, ids: list[int], deliver: Callable[[Any], None], priority: int = 0, group: str | None = None
+    ) -> str:
         """Start one embedding request through the engine (batched with whatever else runs); `deliver`
-        gets its [n_embd] float32 vector, or an exception, on the core client's thread."""
+        gets its [n_embd] float32 vector, or an exception, on the core client's thread. `group`: as
+        submit's (embed and aembed give all the inputs of one call one group)."""
         rid = f"emb-{next(self._rids)}"
-        self.core.add_embedding(rid, ids, lambda item: deliver(_embedding(item)), priority)
+        self.core.add_embedding(rid, ids, lambda item: deliver(_embedding(item)), priority, group)
         return rid
+
+    def _new_group(self) -> str:
+        return f"call-{next(self._rids)}"
 
     def embed(self, inputs: str | Sequence[int] | Sequence[str | Sequence[int]]) -> np.ndarray:
         """Embeddings: float32 [len(inputs), n_embd], each row the input's final hidden states (after the
@@ -349,18 +363,17 @@ class LLM:
         ids = [self.embedding_ids(x) for x in _as_list(inputs)]
         out = np.empty((len(ids), self.config.n_embd), np.float32)
         q: queue.Queue = queue.Queue()
-        rids = []
+        rids, group = [], self._new_group()
         try:
             for i, x in enumerate(ids):
-                rids.append(self.submit_embedding(x, lambda v, i=i: q.put((i, v))))
+                rids.append(self.submit_embedding(x, lambda v, i=i: q.put((i, v)), group=group))
             for _ in ids:
                 i, v = q.get()
                 if isinstance(v, BaseException):
                     raise v
                 out[i] = v
         except BaseException:
-            for rid in rids:
-                self.core.abort(rid)  # a no-op for those that finished
+            self.core.abort_all(rids)  # a no-op for those that finished
             raise
         return out
 
@@ -373,16 +386,16 @@ class LLM:
             if not fut.done():  # (cancelled: nobody waits any more)
                 fut.set_exception(v) if isinstance(v, BaseException) else fut.set_result(v)
 
-        rids, done = [], False
+        rids, done, group = [], False, self._new_group()
         try:
             for x, f in zip(ids, futs, strict=True):
-                rids.append(self.submit_embedding(x, lambda v, f=f: loop.call_soon_threadsafe(settle, f, v)))
+                deliver = functools.partial(loop.call_soon_threadsafe, settle, f)
+                rids.append(self.submit_embedding(x, deliver, group=group))
             vecs = await asyncio.gather(*futs)
             done = True
         finally:
             if not done:
-                for rid in rids:
-                    self.core.abort(rid)
+                self.core.abort_all(rids)
         return np.stack(vecs) if vecs else np.empty((0, self.config.n_embd), np.float32)
 
 

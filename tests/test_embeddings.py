@@ -111,7 +111,7 @@ def test_preempted_embedding_recomputes_to_the_same_vector(models) -> None:
     ref = pooled(reference(core, xs[3]), "mean")
     gens = [xs[2][:20], xs[2][3:23], xs[1] * 4]
     [out] = run_all(core, [xs[3]], generate=gens)
-    assert out.metrics.num_preemptions == 1
+    assert out.metrics.num_preemptions >= 1  # how often depends on how the steps share the budget
     assert np.abs(out.embedding - ref).max() < TOL
 
 

@@ -5,8 +5,10 @@
 kernels ran ~3x slower when launched from another thread or from several threads, and a crash in a
 kernel takes down this process only. Tests may build an `EngineCore` in-process to drive its engine.
 
-Messages in (tuples): ("add", rid, prompt_ids, params, priority), ("embed", rid, input_ids, priority),
-("abort", rid, index|None), ("call", call_id, name, args), ("shutdown",). Out: ("progress", line),
+Messages in (tuples): ("add", rid, prompt_ids, params, priority, group), ("embed", rid, input_ids, priority,
+group) (group: the client request's id, shared by its engine requests, or None),
+("abort", rid, index|None), ("abort_all", [rid, ...]), ("call", call_id, name, args), ("shutdown",).
+Out: ("progress", line),
 ("ready", info), ("load_error", exc), per step (or per CoreSpec.stream_interval) ("step", stats,
 [(time, outputs), ...]) with outputs as (rid, finished, deltas, cached, preemptions, embedding|None),
 ("add_error", rid, exc), ("reply", call_id, ok, value). Only ids, numbers, strings, the SamplingParams
@@ -198,19 +200,22 @@ class EngineCore:
         """Apply one message from the front-end; False on shutdown."""
         kind = msg[0]
         if kind == "add":
-            _, rid, ids, params, priority = msg
+            _, rid, ids, params, priority, group = msg
             try:
-                self.engine.add_request(ids, params, rid, priority)
+                self.engine.add_request(ids, params, rid, priority, group)
             except Exception as e:  # a bad request: its sender gets the error, the core goes on
                 send(("add_error", rid, portable(e)))
         elif kind == "embed":
-            _, rid, ids, priority = msg
+            _, rid, ids, priority, group = msg
             try:
-                self.engine.add_embedding_request(ids, rid, priority)
+                self.engine.add_embedding_request(ids, rid, priority, group)
             except Exception as e:
                 send(("add_error", rid, portable(e)))
         elif kind == "abort":
             self.engine.abort(msg[1], msg[2])
+        elif kind == "abort_all":
+            for rid in msg[1]:
+                self.engine.abort(rid)
         elif kind == "call":
             _, call_id, name, args = msg
             try:

@@ -90,14 +90,26 @@ class CoreClient:
                 raise msg[1]
 
     # ---- any thread ----------------------------------------------------------------------------
-    def add(self, rid: str, ids: list[int], params: SamplingParams, sink: Sink, priority: int = 0) -> None:
+    def add(
+        self,
+        rid: str,
+        ids: list[int],
+        params: SamplingParams,
+        sink: Sink,
+        priority: int = 0,
+        group: str | None = None,
+    ) -> None:
+        """A generation request; `group`: the client request it is part of (they share its part of each
+        step), None: its own."""
         self._register(rid, sink)
-        self._outbox.put(("add", rid, ids, params, priority))
+        self._outbox.put(("add", rid, ids, params, priority, group))
 
-    def add_embedding(self, rid: str, ids: list[int], sink: Sink, priority: int = 0) -> None:
+    def add_embedding(
+        self, rid: str, ids: list[int], sink: Sink, priority: int = 0, group: str | None = None
+    ) -> None:
         """An input to embed; its sink gets one wire output whose last field is the vector."""
         self._register(rid, sink)
-        self._outbox.put(("embed", rid, ids, priority))
+        self._outbox.put(("embed", rid, ids, priority, group))
 
     def _register(self, rid: str, sink: Sink) -> None:
         with self._lock:
@@ -115,6 +127,15 @@ class CoreClient:
                 self._sinks.pop(rid, None)
         if self.error is None:
             self._outbox.put(("abort", rid, index))
+
+    def abort_all(self, rids: list[str]) -> None:
+        """Stop several requests (an abandoned call's inputs) in one message: the core drops them all
+        before its next step."""
+        with self._lock:
+            for rid in rids:
+                self._sinks.pop(rid, None)
+        if self.error is None:
+            self._outbox.put(("abort_all", list(rids)))
 
     def call(self, name: str, *args: Any) -> Any:
         """A request/reply message to the core ("score", "stats"); blocks the caller only."""

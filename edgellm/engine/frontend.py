@@ -67,15 +67,18 @@ class RequestStream:
             if ts.finish_reason is not None:
                 continue  # sampled before the core saw this completion's abort
             if token_ids:
+                kept, text = ts.push_step(token_ids, reason)
+                token_ids = token_ids[:kept]  # a stop string ended it inside a verify step's tokens
+                if logprobs is not None:
+                    logprobs = logprobs[:kept]
+                if reason is None and ts.finish_reason is not None:  # a stop string matched
+                    self.client.abort(rid, index)
                 if m.first_token_time is None:
                     m.first_token_time = t
                     m.num_cached_tokens = cached
-                if index == 0:  # a verify step may bring several tokens at once
+                if index == 0:
                     m.token_times.extend([t] * len(token_ids))
                 m.num_generated_tokens += len(token_ids)
-                text = "".join(ts.push(tok_id, reason) for tok_id in token_ids)
-                if reason is None and ts.finish_reason is not None:  # a stop string matched
-                    self.client.abort(rid, index)
             else:
                 text = ts.finish(reason or "abort")
             d = deltas.get(index)

@@ -104,7 +104,10 @@ class LLMEngine:
         params: SamplingParams,
         request_id: str | None = None,
         priority: int = 0,
+        group: str | None = None,
     ) -> str:
+        """`group`: the client request this one belongs to, sharing its part of each step (see
+        Scheduler._prefill_shares); None: a group of its own."""
         ids = list(prompt)
         check_prompt(ids, self.n_ctx, self.runner.cfg.n_vocab)  # front-ends check first; this guards kernels
         rid = self._new_id(request_id)
@@ -121,7 +124,10 @@ class LLMEngine:
             metrics=RequestMetrics(arrival_time=now(), num_prompt_tokens=len(ids)),
             max_tokens=max_tokens,
         )
-        seq = Sequence(seq_ids[0], ids, sampling_params=params, priority=priority, max_tokens=max_tokens)
+        group = rid if group is None else group  # its n completions share one
+        seq = Sequence(
+            seq_ids[0], ids, sampling_params=params, priority=priority, max_tokens=max_tokens, group=group
+        )
         if params.compiled_grammar is not None:
             if self.guidance is None:
                 raise ValueError("this engine has no tokenizer for constrained decoding")
@@ -137,13 +143,15 @@ class LLMEngine:
         self._totals["prompt"] += len(ids)
         return rid
 
-    def add_embedding_request(self, ids: list[int], request_id: str | None = None, priority: int = 0) -> str:
+    def add_embedding_request(
+        self, ids: list[int], request_id: str | None = None, priority: int = 0, group: str | None = None
+    ) -> str:
         """An input to embed: computed like a prompt, its hidden states pooled (pooling.py); its
-        RequestOutput carries the vector."""
+        RequestOutput carries the vector. `group`: as add_request's (the inputs of one client request)."""
         ids = list(ids)
         check_embedding_input(ids, self.n_ctx, self.runner.cfg.n_vocab)
         rid = self._new_id(request_id)
-        self.pooled.add(rid, ids, next(self._seq_ids), priority)
+        self.pooled.add(rid, ids, next(self._seq_ids), priority, group)
         self._totals["prompt"] += len(ids)
         return rid
 
@@ -364,6 +372,7 @@ class LLMEngine:
                     len(req.prompt_ids),
                     sampling_params=req.params,
                     max_tokens=req.max_tokens,
+                    group=pseq.group if pseq is not None else None,
                 )
                 self.scheduler.add(child)
             else:

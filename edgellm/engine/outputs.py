@@ -100,29 +100,41 @@ class TextStream:
         self.hold = max((len(s) for s in params.stop), default=1) - 1  # chars that may start a stop string
         self.finish_reason: str | None = None
 
-    def push(self, token_id: int, core_reason: str | None) -> str:
-        """Account for a token the core sampled, with the core's verdict on it ("stop": a stop id, whose
-        text is not shown; "length"); returns the text now safe to emit. Sets finish_reason, to "stop" also
-        when a stop string matched (the caller then aborts the completion in the core)."""
+    def push_step(self, token_ids: list[int], core_reason: str | None) -> tuple[int, str]:
+        """Account for the tokens the core sampled for this completion in one step (a verify step brings
+        the accepted drafts and one more), with the core's verdict on the last of them ("stop": a stop id,
+        whose text is not shown; "length"). Returns how many of the tokens the completion keeps (all, or
+        up to the one that completed a stop string: the rest follow the end) and the text now safe to emit.
+        Sets finish_reason, to "stop" also when a stop string matched (the caller then aborts the
+        completion in the core)."""
+        pieces = []
+        last = len(token_ids) - 1
+        for i, token_id in enumerate(token_ids):
+            pieces.append(self._push(token_id, core_reason if i == last else None))
+            if self.finish_reason is not None:
+                return i + 1, "".join(pieces)
+        return len(token_ids), "".join(pieces)
+
+    def _push(self, token_id: int, core_reason: str | None) -> str:
         if core_reason == "stop":
-            self.finish_reason = "stop"
-            return self._take(final=True)
+            return self.finish("stop")
         search_from = max(0, len(self.text) - self.hold)
         self.text += self.decoder.push(token_id)
         for s in self.params.stop:
             at = self.text.find(s, search_from)
             if at >= 0:
-                self.text = self.text[:at]
+                self.text = self.text[:at]  # what the decoder still holds lies past the stop string
                 self.finish_reason = "stop"
                 return self._take(final=True)
         if core_reason is not None:
-            self.finish_reason = core_reason
-            self.text += self.decoder.flush()
-            return self._take(final=True)
+            return self.finish(core_reason)
         return self._take(final=False)
 
     def finish(self, reason: str) -> str:
+        """The completion ends (the core's verdict, or an abort): everything held back comes out, a
+        trailing incomplete UTF-8 sequence as U+FFFD as a one-shot decode would give."""
         self.finish_reason = reason
+        self.text += self.decoder.flush()
         return self._take(final=True)
 
     def _take(self, final: bool) -> str:

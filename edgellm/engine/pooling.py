@@ -100,9 +100,11 @@ class PooledRequests:
     def __contains__(self, request_id: str) -> bool:
         return request_id in self.by_request
 
-    def add(self, request_id: str, ids: list[int], seq_id: int, priority: int) -> None:
+    def add(
+        self, request_id: str, ids: list[int], seq_id: int, priority: int, group: str | None = None
+    ) -> None:
         check_pooling(self.pooling)
-        seq = Sequence(seq_id, ids, priority=priority, max_tokens=0, pooled=True)
+        seq = Sequence(seq_id, ids, priority=priority, max_tokens=0, pooled=True, group=group)
         self.scheduler.add(seq)  # raises before anything is registered if it can never fit
         p = Pooler(
             request_id, seq, self.pooling, RequestMetrics(arrival_time=now(), num_prompt_tokens=len(ids))

@@ -18,8 +18,11 @@ postprocess(plan, sampled).
 
 from __future__ import annotations
 
+import heapq
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from edgellm.engine.block_manager import BlockCopy, BlockManager, cdiv
 from edgellm.engine.sequence import Sequence, SequenceStatus
@@ -155,6 +158,7 @@ class Scheduler:
             sampling_params=parent.sampling_params,
             priority=parent.priority,
             max_tokens=parent.max_tokens,
+            group=parent.group,
         )
         self.block_manager.fork(parent, child)
         child.num_cached_tokens = parent.num_cached_tokens
@@ -180,16 +184,23 @@ class Scheduler:
         order = sorted(self.running, key=_importance)
         # Decodes not yet visited: prefill chunks of running sequences leave this much budget for them.
         pending_decodes = sum(1 for s in order if s.num_uncomputed_tokens == 1)
+        queued: dict[Any, list[Sequence]] = {}  # waiting sequences by group, in (priority, arrival) order
+        for seq in self.waiting:
+            queued.setdefault(seq.group_key, []).append(seq)
+        shares = self._prefill_shares(budget - pending_decodes, queued)  # prefill tokens left per group
         i, end = 0, len(order)  # order[end:] were preempted this step (taken from the tail)
         while i < end:
             seq = order[i]
             i += 1
             remaining = seq.num_uncomputed_tokens
+            group = seq.group_key
             if remaining == 1:
                 pending_decodes -= 1
+                cap = budget
             else:
                 seq.spec_token_ids = []  # drafts ride on a decode only
-            num_new = self._chunk(remaining + len(seq.spec_token_ids), budget - pending_decodes)
+                cap = shares.get(group, 0)  # a prefill chunk: within its request's share
+            num_new = self._chunk(remaining + len(seq.spec_token_ids), min(cap, budget - pending_decodes))
             del seq.spec_token_ids[max(0, num_new - remaining) :]  # drafts past the budget are dropped
             if num_new <= 0:
                 continue
@@ -218,27 +229,92 @@ class Scheduler:
             if num_new:
                 self._schedule_seq(seq, num_new, plan)
                 budget -= num_new
+                if remaining > 1:
+                    shares[group] -= num_new
             else:
                 break  # seq itself lost its blocks; everything after it was already preempted
 
         # Admitting new work right after a preemption would just thrash the pool.
-        while not plan.preempted and self.waiting and budget > 0:
-            if len(self.running) >= self.config.max_num_seqs:
-                break
-            seq = self.waiting[0]
+        if not plan.preempted:
+            self._admit(plan, budget, shares, queued)
+        return plan
+
+    def _prefill_shares(self, budget: int, queued: dict[Any, list[Sequence]]) -> dict[Any, int]:
+        """Tokens of prefill each group may compute this step, out of the budget the decodes leave: shared
+        max-min fairly (a group that needs less than an even split leaves the rest to the others) among
+        the groups with prompt or embedding-input tokens to compute, the more important priority first.
+        So one request with a long prompt or thousands of inputs leaves every other its part of each
+        step. Waiting groups count as far as the running set has free slots, in the order _admit takes
+        them."""
+        demand: Counter = Counter()
+        priority: dict[Any, int] = {}
+        for seq in self.running:
+            if seq.num_uncomputed_tokens > 1:
+                demand[seq.group_key] += seq.num_uncomputed_tokens
+                priority[seq.group_key] = min(seq.priority, priority.get(seq.group_key, seq.priority))
+        slots = max(0, self.config.max_num_seqs - len(self.running))
+        cap = self._slot_cap(queued)
+        running = Counter(s.group_key for s in self.running)
+        for g in self._turns(queued)[:slots]:
+            fits = min(slots, cap - running[g])
+            demand[g] += sum(q.num_tokens - q.num_computed_tokens for q in queued[g][: max(0, fits)])
+            priority[g] = min(queued[g][0].priority, priority.get(g, queued[g][0].priority))
+        shares: dict[Any, int] = {}
+        for level in sorted(set(priority.values())):
+            groups = sorted(((d, g) for g, d in demand.items() if priority[g] == level), key=lambda dg: dg[0])
+            for n, (d, g) in enumerate(groups):
+                shares[g] = min(d, budget // (len(groups) - n))
+                budget -= shares[g]
+        return shares
+
+    def _slot_cap(self, queued: dict[Any, list[Sequence]]) -> int:
+        """Running sequences one group may start more up to: an even split of the running set over the
+        groups with work, so that a request of many short inputs leaves the others room every step."""
+        groups = {s.group_key for s in self.running} | queued.keys()
+        return max(1, self.config.max_num_seqs // max(1, len(groups)))
+
+    def _turns(self, queued: dict[Any, list[Sequence]]) -> list[Any]:
+        """Waiting groups in the order they are admitted: priority, fewest running sequences, arrival."""
+        running = Counter(s.group_key for s in self.running)
+        return sorted(queued, key=lambda g: (queued[g][0].priority, running[g], queued[g][0].arrival))
+
+    def _admit(
+        self, plan: SchedulerPlan, budget: int, shares: dict[Any, int], queued: dict[Any, list[Sequence]]
+    ) -> None:
+        """Start waiting sequences: by priority, then round-robin over their groups (the group with the
+        fewest running sequences first), then first come first served; each group within its share of
+        the tokens and of the running set's slots."""
+        bm = self.block_manager
+        queues = {g: deque(q) for g, q in queued.items()}
+        running = Counter(s.group_key for s in self.running)
+        heads = [(q[0].priority, running[g], q[0].arrival, g) for g, q in queues.items()]
+        heapq.heapify(heads)
+        cap = self._slot_cap(queued)
+        while heads and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            *_, group = heapq.heappop(heads)
+            if running[group] >= cap:
+                continue  # its part of the running set is taken: the slots left are for the others
+            seq = queues[group][0]
             match = bm.lookup_prefix(seq)
             computed = match.num_tokens if match.block_ids else seq.num_computed_tokens
-            num_new = self._chunk(seq.num_tokens - computed, budget)
+            num_new = self._chunk(seq.num_tokens - computed, min(budget, shares.get(group, 0)))
+            if num_new <= 0:
+                continue  # this group had its share of the step
             if not bm.can_allocate(seq, num_new, match if match.block_ids else None):
                 break  # strict priority/FCFS: do not let later requests overtake the head
-            self.waiting.pop(0)
+            queues[group].popleft()
+            self.waiting.remove(seq)
             if not seq.block_table:
                 bm.match_prefix(seq, match)  # also records the lookup in the hit-rate counters
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             self._schedule_seq(seq, num_new, plan)
             budget -= num_new
-        return plan
+            shares[group] = shares.get(group, 0) - num_new
+            running[group] += 1
+            if queues[group]:
+                nxt = queues[group][0]
+                heapq.heappush(heads, (nxt.priority, running[group], nxt.arrival, group))
 
     def _chunk(self, remaining: int, budget: int) -> int:
         cap = self.config.long_prefill_chunk

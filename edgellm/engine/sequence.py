@@ -55,6 +55,9 @@ class Sequence:
     num_preemptions: int = 0
     pooled: bool = False  # an embedding: computed like a prompt, pooled instead of sampled (pooling.py)
     spec_token_ids: list[int] = field(default_factory=list)  # draft tokens to verify in the next step
+    # The client request it came with (an HTTP request's embedding inputs, a request's n completions):
+    # the scheduler shares a step's tokens out per group, not per sequence. None: a group of its own.
+    group: Any = None
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.token_ids)  # own the list: callers often reuse theirs
@@ -62,6 +65,10 @@ class Sequence:
             self.num_prompt_tokens = len(self.token_ids)
         if not 0 < self.num_prompt_tokens <= len(self.token_ids):
             raise ValueError(f"sequence {self.seq_id}: needs at least one prompt token")
+
+    @property
+    def group_key(self) -> Any:
+        return self.seq_id if self.group is None else ("group", self.group)
 
     @property
     def num_tokens(self) -> int:

@@ -120,12 +120,12 @@ async def generate(
     n = req.params.n
 
     def close() -> None:
-        for rid in rids:
-            state.llm.abort(rid)  # a no-op for requests that already finished
+        state.llm.abort_all(rids)  # a no-op for requests that already finished
         release()
 
     gens = [
-        state.llm.stream(ids, req.params, request_id=rid) for ids, rid in zip(prompts, rids, strict=True)
+        state.llm.stream(ids, req.params, request_id=rid, group=head.id)
+        for ids, rid in zip(prompts, rids, strict=True)
     ]
     merged = _merge(gens)
     try:

@@ -1,0 +1,104 @@
+"""One client request cannot monopolise the engine: a step's prefill tokens and running slots are shared
+per client request (the inputs of one embed call, the prompts of one HTTP request), so a chat sent while a
+big embedding batch runs is served alongside it; an abandoned call stops being computed at the next step.
+Ordering and step counts only: no timings."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgellm import LLM
+from edgellm.engine.scheduler import Scheduler, SchedulerConfig
+from edgellm.engine.sequence import Sequence
+from edgellm.sampling import SamplingParams
+
+
+def test_a_request_of_many_inputs_leaves_a_later_one_its_part_of_the_first_step() -> None:
+    """200 inputs of one group, then one prompt of another: the prompt is scheduled in full in the first
+    step (slots and tokens shared between the two groups), not after the 200."""
+    sched = Scheduler(
+        SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, block_size=4, num_blocks=512)
+    )
+    for i in range(200):
+        sched.add(Sequence(i, [1, 2, 3, 4, 5], max_tokens=0, pooled=True, group="batch"))
+    sched.add(Sequence(999, list(range(1, 13)), max_tokens=4, group="chat"))
+    plan = sched.schedule()
+    got = {seq.seq_id: n for seq, n in plan.scheduled}
+    assert got[999] == 12 and 999 in plan.sample_seq_ids
+    assert len(got) == 5  # the batch's half of the slots (4); the step's tokens were enough for all
+    assert sum(got.values()) <= 64
+
+
+def test_a_long_prompt_shares_each_step_with_a_short_one() -> None:
+    """A 1,000-token prompt already prefilling does not take the whole budget from a short prompt that
+    arrives: the short one needs less than half and gets all it needs, the long one the rest."""
+    sched = Scheduler(
+        SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, block_size=4, num_blocks=512)
+    )
+    sched.add(Sequence(0, list(range(1, 1001)), max_tokens=4))
+    first = sched.schedule()
+    sched.postprocess(first, {})
+    sched.add(Sequence(1, list(range(2000, 2010)), max_tokens=4))  # no prefix in common
+    plan = sched.schedule()
+    assert [(s.seq_id, n) for s, n in plan.scheduled] == [(0, 54), (1, 10)]
+
+
+@pytest.fixture(scope="module")
+def llm(smollm2_path: Path) -> LLM:
+    with LLM(smollm2_path, n_ctx=256, max_num_seqs=8) as llm:
+        yield llm
+
+
+def test_chat_sent_during_an_embedding_batch_finishes_first(llm: LLM) -> None:
+    """A 4-token chat sent while 300 inputs of one embed call run finishes while the batch still runs
+    (it used to wait behind every input), gets its first token within two steps of arriving, and the
+    batch's vectors are the same as without the chat."""
+    texts = [f"short string number {i}" for i in range(300)]
+    ids = [llm.embedding_ids(t) for t in texts]
+    alone = llm.embed(texts[:8])
+    chat = llm.prompt_ids("Say hi.")
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+
+    async def run() -> tuple[np.ndarray, list, bool]:
+        batch = asyncio.ensure_future(llm.aembed(ids))
+        while llm.stats().num_waiting == 0:  # the batch is queued and stepping
+            await asyncio.sleep(0.01)
+        sent = llm.core.step_messages
+        firsts = []
+        async for _ in llm.stream(chat, params):
+            firsts.append(llm.core.step_messages - sent)
+        chat_first = not batch.done()
+        return await batch, firsts, chat_first
+
+    vectors, steps, chat_first = asyncio.run(run())
+    assert chat_first and len(steps) == 4
+    assert steps[0] <= 2  # the step in flight when it came, then its prefill and first token
+    np.testing.assert_array_equal(vectors[:8], alone)
+
+
+def test_an_abandoned_embed_call_stops_at_the_next_step(llm: LLM) -> None:
+    """Cancelling aembed of 2,000 inputs drops all of them in one message, handled before the engine's
+    next step: after the cancel, at most three step messages come (one that may already be on its way,
+    the step in flight, then the engine's report that it is idle) and the engine has nothing left."""
+    ids = [llm.embedding_ids(f"input {i} to drop") for i in range(2000)]
+
+    async def run() -> int:
+        batch = asyncio.ensure_future(llm.aembed(ids))
+        while llm.stats().num_waiting == 0:  # queued and stepping (each short input ends in its step)
+            await asyncio.sleep(0.01)
+        batch.cancel()
+        at_cancel = llm.core.step_messages
+        with pytest.raises(asyncio.CancelledError):
+            await batch
+        deadline = time.monotonic() + 30
+        while (llm.stats().num_running or llm.stats().num_waiting) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert llm.stats().num_running == llm.stats().num_waiting == 0
+        return llm.core.step_messages - at_cancel
+
+    assert asyncio.run(run()) <= 3
