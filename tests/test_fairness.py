@@ -14,7 +14,7 @@ import pytest
 
 from edgellm import LLM
 from edgellm.engine.scheduler import Scheduler, SchedulerConfig
-from edgellm.engine.sequence import Sequence
+from edgellm.engine.sequence import Sequence, SequenceStatus
 from edgellm.sampling import SamplingParams
 
 
@@ -22,7 +22,9 @@ def test_a_request_of_many_inputs_leaves_a_later_one_its_part_of_the_first_step(
     """200 inputs of one group, then one prompt of another: the prompt is scheduled in full in the first
     step (slots and tokens shared between the two groups), not after the 200."""
     sched = Scheduler(
-        SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, block_size=4, num_blocks=512)
+        SchedulerConfig(
+            max_num_seqs=8, max_num_batched_tokens=64, block_size=4, num_blocks=512, max_pooled_tokens_per_step=None
+        )
     )
     for i in range(200):
         sched.add(Sequence(i, [1, 2, 3, 4, 5], max_tokens=0, pooled=True, group="batch"))
@@ -30,8 +32,37 @@ def test_a_request_of_many_inputs_leaves_a_later_one_its_part_of_the_first_step(
     plan = sched.schedule()
     got = {seq.seq_id: n for seq, n in plan.scheduled}
     assert got[999] == 12 and 999 in plan.sample_seq_ids
-    assert len(got) == 5  # the batch's half of the slots (4); the step's tokens were enough for all
     assert sum(got.values()) <= 64
+
+
+def test_embedding_inputs_yield_to_a_prompt_and_keep_their_steps_short() -> None:
+    """Embedding work takes at most max_pooled_tokens_per_step a step, none while a prompt has tokens to
+    prefill: a prompt that arrives waits for one short step, then has its step to itself."""
+    sched = Scheduler(
+        SchedulerConfig(
+            max_num_seqs=8, max_num_batched_tokens=64, block_size=4, num_blocks=512, max_pooled_tokens_per_step=16
+        )
+    )
+    for i in range(200):
+        sched.add(Sequence(i, [1, 2, 3, 4, 5], max_tokens=0, pooled=True, group="batch"))
+    alone = sched.schedule()
+    assert sum(n for _, n in alone.scheduled) == 16  # inputs are chunked like prompts
+    _postprocess(sched, alone, {})
+    sched.add(Sequence(999, list(range(100, 112)), max_tokens=4, group="chat"))  # no prefix in common
+    first = sched.schedule()
+    assert [(s.seq_id, n) for s, n in first.scheduled] == [(999, 12)]
+    _postprocess(sched, first, {999: [7]})
+    beside = sched.schedule()  # the chat decodes; the batch has its 16 tokens again
+    got = {s.seq_id: n for s, n in beside.scheduled}
+    assert got.pop(999) == 1 and sum(got.values()) == 16 and all(s.pooled for s, _ in beside.scheduled if s.seq_id != 999)
+
+
+def _postprocess(sched: Scheduler, plan, sampled: dict) -> None:
+    """postprocess, then what the engine does with the embedding inputs it computed in full: pool them and
+    end them."""
+    sched.postprocess(plan, sampled)
+    for seq in [s for s in sched.running if s.pooled and s.num_uncomputed_tokens == 0]:
+        sched.finish(seq.seq_id, SequenceStatus.FINISHED_STOPPED)
 
 
 def test_a_long_prompt_shares_each_step_with_a_short_one() -> None:

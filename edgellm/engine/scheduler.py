@@ -38,6 +38,10 @@ class SchedulerConfig:
     block_size: int = 16  # tokens per KV block
     num_blocks: int = 256  # KV blocks in the pool
     long_prefill_chunk: int | None = None  # cap on tokens one sequence computes per step (None: budget)
+    # Tokens embedding inputs may compute in one step. A prompt that arrives waits for the step in flight
+    # to end: short steps of embedding work keep that wait short (and a prompt to prefill takes its step
+    # alone: see _prefill_shares).
+    max_pooled_tokens_per_step: int | None = 64
     enable_prefix_caching: bool = True
     max_model_len: int | None = None  # longest sequence (prompt + max_tokens) accepted by add()
 
@@ -47,6 +51,8 @@ class SchedulerConfig:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
         if self.long_prefill_chunk is not None and self.long_prefill_chunk <= 0:
             raise ValueError("long_prefill_chunk must be positive")
+        if self.max_pooled_tokens_per_step is not None and self.max_pooled_tokens_per_step <= 0:
+            raise ValueError("max_pooled_tokens_per_step must be positive")
 
 
 @dataclass
@@ -245,13 +251,17 @@ class Scheduler:
         the groups with prompt or embedding-input tokens to compute, the more important priority first.
         So one request with a long prompt or thousands of inputs leaves every other its part of each
         step. Waiting groups count as far as the running set has free slots, in the order _admit takes
-        them."""
+        them. Embedding inputs yield to prompts (someone waits for a prompt's first token; an embedding
+        is wanted only whole) and take at most max_pooled_tokens_per_step together."""
         demand: Counter = Counter()
         priority: dict[Any, int] = {}
+        pooled: set[Any] = set()
         for seq in self.running:
             if seq.num_uncomputed_tokens > 1:
                 demand[seq.group_key] += seq.num_uncomputed_tokens
                 priority[seq.group_key] = min(seq.priority, priority.get(seq.group_key, seq.priority))
+                if seq.pooled:
+                    pooled.add(seq.group_key)
         slots = max(0, self.config.max_num_seqs - len(self.running))
         cap = self._slot_cap(queued)
         running = Counter(s.group_key for s in self.running)
@@ -259,6 +269,9 @@ class Scheduler:
             fits = min(slots, cap - running[g])
             demand[g] += sum(q.num_tokens - q.num_computed_tokens for q in queued[g][: max(0, fits)])
             priority[g] = min(queued[g][0].priority, priority.get(g, queued[g][0].priority))
+            if queued[g][0].pooled:
+                pooled.add(g)
+        self._cap_pooled(demand, pooled)
         shares: dict[Any, int] = {}
         for level in sorted(set(priority.values())):
             groups = sorted(((d, g) for g, d in demand.items() if priority[g] == level), key=lambda dg: dg[0])
@@ -266,6 +279,18 @@ class Scheduler:
                 shares[g] = min(d, budget // (len(groups) - n))
                 budget -= shares[g]
         return shares
+
+    def _cap_pooled(self, demand: Counter, pooled: set[Any]) -> None:
+        """Embedding groups' demand this step: none while a prompt has tokens to prefill, else at most
+        max_pooled_tokens_per_step split max-min fairly among them."""
+        prompts = any(d > 0 for g, d in demand.items() if g not in pooled)
+        limit = 0 if prompts else self.config.max_pooled_tokens_per_step
+        if limit is None:
+            return
+        groups = sorted((g for g in pooled if demand[g] > 0), key=lambda g: demand[g])
+        for n, g in enumerate(groups):
+            demand[g] = min(demand[g], limit // (len(groups) - n))
+            limit -= demand[g]
 
     def _slot_cap(self, queued: dict[Any, list[Sequence]]) -> int:
         """Running sequences one group may start more up to: an even split of the running set over the
