@@ -23,7 +23,11 @@ def test_a_request_of_many_inputs_leaves_a_later_one_its_part_of_the_first_step(
     step (slots and tokens shared between the two groups), not after the 200."""
     sched = Scheduler(
         SchedulerConfig(
-            max_num_seqs=8, max_num_batched_tokens=64, block_size=4, num_blocks=512, max_pooled_tokens_per_step=None
+            max_num_seqs=8,
+            max_num_batched_tokens=64,
+            block_size=4,
+            num_blocks=512,
+            max_pooled_tokens_per_step=None,
         )
     )
     for i in range(200):
@@ -40,7 +44,11 @@ def test_embedding_inputs_yield_to_a_prompt_and_keep_their_steps_short() -> None
     prefill: a prompt that arrives waits for one short step, then has its step to itself."""
     sched = Scheduler(
         SchedulerConfig(
-            max_num_seqs=8, max_num_batched_tokens=64, block_size=4, num_blocks=512, max_pooled_tokens_per_step=16
+            max_num_seqs=8,
+            max_num_batched_tokens=64,
+            block_size=4,
+            num_blocks=512,
+            max_pooled_tokens_per_step=16,
         )
     )
     for i in range(200):
@@ -54,7 +62,11 @@ def test_embedding_inputs_yield_to_a_prompt_and_keep_their_steps_short() -> None
     _postprocess(sched, first, {999: [7]})
     beside = sched.schedule()  # the chat decodes; the batch has its 16 tokens again
     got = {s.seq_id: n for s, n in beside.scheduled}
-    assert got.pop(999) == 1 and sum(got.values()) == 16 and all(s.pooled for s, _ in beside.scheduled if s.seq_id != 999)
+    assert (
+        got.pop(999) == 1
+        and sum(got.values()) == 16
+        and all(s.pooled for s, _ in beside.scheduled if s.seq_id != 999)
+    )
 
 
 def _postprocess(sched: Scheduler, plan, sampled: dict) -> None:
