@@ -50,6 +50,8 @@ class FusedLayer:
     dims: np.ndarray  # int64 [8] (H_ ..)
     eps: float
     scale: float  # attention scale
+    softcap: float  # attention logit soft-capping (0: none)
+    residual: float  # each block's output times this before the residual add (Granite)
     n_rot: int
     rope_base: float
     n_embd: int
@@ -89,7 +91,7 @@ def _split_heads(qkv, q, k, v) -> None:
 
 @njit(cache=True, nogil=True)
 def decoder_layer_cpu(
-    x, norms, biases, planes, meta, dims, eps, scale, cos_t, sin_t,
+    x, norms, biases, planes, meta, dims, eps, scale, softcap, residual, cos_t, sin_t,
     k_cache, v_cache, block_tables, seq_index, positions, slots, n_threads,
 ) -> None:  # fmt: skip
     """x [T, n_embd] += Attention(...) then += FFN(...), writing the tokens' K/V: attention_block then
@@ -115,7 +117,8 @@ def decoder_layer_cpu(
     ops.write_kv_slots_cpu(k, v, k_cache, v_cache, slots)
     attn = np.empty((T, H, dv), np.float32)
     attention_paged_cpu(
-        q, k_cache, v_cache, block_tables, seq_index, positions, dims[WINDOW_], scale, n_threads, attn
+        q, k_cache, v_cache, block_tables, seq_index, positions, dims[WINDOW_], scale, softcap, n_threads,
+        attn,
     )
     o = np.empty((T, E), np.float32)
     _matmul_parts(attn.reshape(T, H * dv), planes[3:6], meta[3:6], o, n_threads)
@@ -123,6 +126,8 @@ def decoder_layer_cpu(
         o += biases[O_B]
     if norms[ATTN_POST].shape[0]:
         ops.rmsnorm_cpu(o, norms[ATTN_POST], eps, o)
+    if residual != 1.0:
+        o *= np.float32(residual)
     ops.add_cpu(x, o)
 
     ops.rmsnorm_cpu(x, norms[FFN_NORM], eps, h)
@@ -142,6 +147,8 @@ def decoder_layer_cpu(
         o += biases[DOWN_B]
     if norms[FFN_POST].shape[0]:
         ops.rmsnorm_cpu(o, norms[FFN_POST], eps, o)
+    if residual != 1.0:
+        o *= np.float32(residual)
     ops.add_cpu(x, o)
 
 
@@ -160,8 +167,8 @@ def pack_layer(cfg: Any, attn: Any, ffn: Any, il: int) -> FusedLayer | None:
     """A layer's FusedLayer, or None when one of its pieces has no fused form. Checks every shape the
     kernel assumes of the weights (each matrix's rows and columns)."""
     H, hkv, d, dv, ff, e = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v, cfg.n_ff, cfg.n_embd
-    if cfg.activation not in ("silu", "gelu"):
-        return None
+    if cfg.activation not in ("silu", "gelu") or not cfg.pre_norms or cfg.qk_norm_full:
+        return None  # OLMo 2's norm placement: the blocks' kernel calls
     mats = [
         (attn.wqkv, (H + hkv) * d + hkv * dv, e),
         (attn.wo, e, H * dv),
@@ -213,6 +220,8 @@ def pack_layer(cfg: Any, attn: Any, ffn: Any, il: int) -> FusedLayer | None:
         dims=dims,
         eps=float(cfg.rms_eps),
         scale=float(cfg.attn_scale),
+        softcap=float(cfg.attn_softcap),
+        residual=float(cfg.residual_scale),
         n_rot=cfg.rope_dim,
         rope_base=float(cfg.rope_base_swa if swa else cfg.rope_base),
         n_embd=e,
