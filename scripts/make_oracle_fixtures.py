@@ -23,36 +23,18 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from edgellm.testing.llamacpp_oracle import without_extra_buffer_types  # noqa: E402
 from edgellm.testing.oracle_cases import CASES, OracleCase, nmse  # noqa: E402
 
 OUT_DIR = ROOT / "tests" / "fixtures" / "oracle"
 N_BATCH = 512
 
 
-def _without_extra_buffer_types() -> None:
-    """llama.cpp's CPU "extra" buffer types (the AMX and repacked-weight matmuls) off: on a VM whose CPU
-    reports AMX the kernel may not grant it (Illegal instruction on the first block-quantized matmul), and
-    the plain ggml-cpu kernels are the reference the issue's figures were taken against anyway."""
-    import llama_cpp.llama_cpp as low_level  # the module llama_cpp.Llama takes its default params from
-
-    default = low_level.llama_model_default_params
-    if getattr(default, "without_extra_bufts", False):
-        return
-
-    def params():  # noqa: ANN202
-        p = default()
-        p.use_extra_bufts = False
-        return p
-
-    params.without_extra_bufts = True
-    low_level.llama_model_default_params = params
-
-
 def score_llamacpp(path: Path, case: OracleCase) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(tokens [n], batched logits [n, n_vocab], token-by-token logits [n, n_vocab]) from llama.cpp."""
     import llama_cpp
 
-    _without_extra_buffer_types()
+    without_extra_buffer_types()  # SIGILL in llama.cpp's AMX matmul on this VM otherwise
     llm = llama_cpp.Llama(
         model_path=str(path),
         n_ctx=case.n_ctx,

@@ -109,6 +109,7 @@ def test_arch_key_accepted_only_where_it_changes_nothing(
         ("llama.rope.scaling.type", "none", "longrope"),
         ("qwen3.rope.scaling.factor", 1.0, 4.0),
         ("llama.rope.scaling.attn_factor", 1.0, 1.2),
+        ("gemma3.rope.freq_base_swa", 10000.0, 20000.0),
     ],
 )
 def test_rope_key_accepted_only_where_it_changes_nothing(

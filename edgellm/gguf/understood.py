@@ -114,6 +114,7 @@ ROPE_TENSORS: frozenset[str] = frozenset()  # global tensors (llama3's rope_freq
 # Rope keys accepted only at the value where llama.cpp's rotation is unscaled: no scaling ("linear" is
 # llama.cpp's default type; with a factor of 1 it is the identity), factor 1 (0 means 1), attention
 # factor 1. original_context_length and finetuned change nothing without YaRN / LongRoPE.
+# Entries here and the tests of test_gguf_understood.py's rope section move as variants are implemented.
 ROPE_HARMLESS_AT: dict[str, tuple[Any, ...] | None] = {
     "rope.scaling.type": ("none", "linear"),
     "rope.scaling.factor": (0.0, 1.0),
@@ -121,6 +122,7 @@ ROPE_HARMLESS_AT: dict[str, tuple[Any, ...] | None] = {
     "rope.scaling.attn_factor": (1.0,),
     "rope.scaling.original_context_length": None,  # None: any value
     "rope.scaling.finetuned": None,
+    "rope.freq_base_swa": (10000.0,),  # Gemma 3's local layers: the base config.py gives them
 }
 
 # ---- keys outside {arch}.* -----------------------------------------------------------------------------
