@@ -37,6 +37,14 @@ def test_gemma2_caps_default_to_llamacpps(tmp_path: Path) -> None:
     assert cfg.swa_layers == [True, False, True, False]
 
 
+@pytest.mark.parametrize("n_layers, scale", [(46, 1 / 32**0.5), (26, 1 / 16**0.5)])
+def test_gemma2_27b_scales_q_by_width_per_head(tmp_path: Path, n_layers: int, scale: float) -> None:
+    """llama.cpp's rule: the 46-layer 27B scales Q by 1/sqrt(n_embd // n_heads), the others by 1/sqrt(head)."""
+    path = write_tiny_model(tmp_path / "m.gguf", "gemma2", n_layers=n_layers, n_heads=2, n_kv_heads=1)
+    cfg = config_from_gguf(load_gguf(str(path)))
+    assert (cfg.head_dim, cfg.attn_scale) == (16, pytest.approx(scale))
+
+
 class NoSoftcapBackend(CpuBackend):
     """A backend whose attention has no soft-capping (as the CUDA backend's)."""
 
