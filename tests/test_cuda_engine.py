@@ -381,3 +381,27 @@ def test_engine_embeddings_match_the_cpu(llms: dict[str, EngineCore]) -> None:
     assert vectors["cuda"].shape == (32,) and abs(np.linalg.norm(vectors["cuda"]) - 1) < 1e-5
     # 3e-8 apart in the simulator; 1e-4 as the logprobs above, for a GPU's other summation order
     np.testing.assert_allclose(vectors["cuda"], vectors["cpu"], atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["granite", "olmo2"])
+@pytest.mark.parametrize("fuse", [False, True], ids=["plain", "fused"])
+def test_granite_and_olmo2_logits_match_the_cpu(arch: str, fuse: bool, tmp_path: Path) -> None:
+    """Granite's multipliers (Backend.scale) and OLMo 2's norm placement run through the CUDA backend's
+    kernels (and its fused chains, which must not swallow the extra scale or the missing pre-norms)."""
+    from edgellm.arch import ARCHITECTURES
+    from edgellm.backends.cpu.backend import CpuBackend
+    from edgellm.engine.model_runner import ModelRunner, RunItem
+    from edgellm.gguf.config import config_from_gguf
+    from edgellm.gguf.reader import load_gguf
+
+    path = write_tiny_model(
+        tmp_path / f"{arch}.gguf", arch, "F32", n_layers=1, n_embd=32, n_ff=64, head_dim=8
+    )
+    cuda_logits, *_ = forward_twice(path, fuse=fuse)
+    g = load_gguf(path)
+    cfg = config_from_gguf(g)
+    be = CpuBackend()
+    runner = ModelRunner(ARCHITECTURES[arch](cfg, g, be), cfg, be, num_blocks=4, block_size=4)
+    cpu_logits = runner.run([RunItem([2, 3], [1, 17, 42], 0)]) + runner.run([RunItem([2, 3], [5], 3)])
+    for got, want in zip(cuda_logits, cpu_logits, strict=True):
+        assert nmse(got, want) < 1e-6
