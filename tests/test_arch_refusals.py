@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from edgellm.arch import ARCHITECTURES
-from edgellm.backends.cpu.backend import CpuBackend
 from edgellm.gguf.config import config_from_gguf
 from edgellm.gguf.reader import GGUFError, load_gguf
 from edgellm.gguf.validation import validate_model
@@ -39,24 +37,10 @@ def test_gemma2_caps_default_to_llamacpps(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("n_layers, scale", [(46, 1 / 32**0.5), (26, 1 / 16**0.5)])
 def test_gemma2_27b_scales_q_by_width_per_head(tmp_path: Path, n_layers: int, scale: float) -> None:
-    """llama.cpp's rule: the 46-layer 27B scales Q by 1/sqrt(n_embd // n_heads), the others by 1/sqrt(head)."""
+    """llama.cpp: the 46-layer 27B scales Q by 1/sqrt(n_embd // n_heads), the others by 1/sqrt(head)."""
     path = write_tiny_model(tmp_path / "m.gguf", "gemma2", n_layers=n_layers, n_heads=2, n_kv_heads=1)
     cfg = config_from_gguf(load_gguf(str(path)))
     assert (cfg.head_dim, cfg.attn_scale) == (16, pytest.approx(scale))
-
-
-class NoSoftcapBackend(CpuBackend):
-    """A backend whose attention has no soft-capping (as the CUDA backend's)."""
-
-    attention_softcap = False
-
-
-def test_backend_without_attention_softcap_refuses_gemma2(tmp_path: Path) -> None:
-    path = write_tiny_model(tmp_path / "m.gguf", "gemma2")
-    g = load_gguf(str(path))
-    cfg = config_from_gguf(g)
-    with pytest.raises(GGUFError, match=r"attention logit soft-capping .*attn_logit_softcapping = 50.*cpu"):
-        ARCHITECTURES["gemma2"](cfg, g, NoSoftcapBackend())
 
 
 def test_granite_without_logit_scale_is_refused(tmp_path: Path) -> None:

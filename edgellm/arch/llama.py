@@ -24,18 +24,12 @@ from edgellm.arch.common import (
 )
 from edgellm.backends.base import Backend
 from edgellm.gguf.config import ModelConfig
-from edgellm.gguf.reader import GGUFError, GGUFFile
+from edgellm.gguf.reader import GGUFFile
 
 
 class LlamaModel:
     def __init__(self, cfg: ModelConfig, gguf: GGUFFile, be: Backend, progress=None) -> None:
         self.cfg, self.be = cfg, be
-        if cfg.attn_softcap > 0 and not be.attention_softcap:
-            raise GGUFError(
-                f"{gguf.path}: {cfg.arch}'s attention logit soft-capping ({cfg.arch}.attn_logit_softcapping "
-                f"= {cfg.attn_softcap:g}) is not implemented on the {be.name} backend (the CPU backend "
-                "runs it)"
-            )
         src = TensorSource(gguf)
         e, V = cfg.n_embd, cfg.n_vocab
         self.tok_embd = be.load_matrix([src.get("token_embd.weight", (V, e))])  # [V, n_embd]

@@ -131,9 +131,7 @@ class Backend(ABC):
     ) -> None:
         """out [T, H, dv] = causal attention of q [T, H, d] over the cached K/V. softcap > 0: Gemma 2's
         attention logit soft-capping, in llama.cpp's order (Q times scale, Q.K, cap * tanh(. / cap),
-        softmax); a backend without it sets attention_softcap False and the model is refused at load."""
-
-    attention_softcap: bool = True  # whether attention(softcap > 0) is implemented
+        softmax)."""
 
     # --- whole layers ----------------------------------------------------------------------------------
     def prepare_layer(self, cfg: Any, attn: Any, ffn: Any, layer: int) -> Any:

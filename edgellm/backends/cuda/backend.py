@@ -59,7 +59,6 @@ class DeviceStacked:
 class CudaBackend(DeviceSampling, Backend):
     name = "cuda"
     samples_on_device = True  # argmax / top_k run on the device: the engine asks for ids, not logits
-    attention_softcap = False  # the attention kernel has no logit soft-capping: Gemma 2 is refused at load
 
     def __init__(self) -> None:
         self.pool = BufferPool()
@@ -332,11 +331,11 @@ class CudaBackend(DeviceSampling, Backend):
         out: DeviceTensor,
         softcap: float = 0.0,
     ) -> None:
-        if softcap > 0:  # the model is refused at load (attention_softcap); a direct call is refused here
-            raise NotImplementedError("attention logit soft-capping (Gemma 2) is not implemented on CUDA")
         self._flush()
         lay, split = kv.layers[layer], self.split_keys
-        op = AttnOp(q, lay, kv.kind.q8, block_tables, seq_index, positions, window, scale, out, split)
+        op = AttnOp(
+            q, lay, kv.kind.q8, block_tables, seq_index, positions, window, scale, out, split, softcap
+        )
         if self.fuse:
             self._pending = op  # the output projection's quantization joins it
         else:
