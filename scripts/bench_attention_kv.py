@@ -73,7 +73,7 @@ def main() -> None:
                 for name, (kc, vc, _) in caches.items():
                     t0, c0 = time.perf_counter(), time.thread_time()
                     for _ in range(args.calls):
-                        attention_paged_cpu(q, kc, vc, tables, seq, pos, 0, 0.125, args.threads, out)
+                        attention_paged_cpu(q, kc, vc, tables, seq, pos, 0, 0.125, 0.0, args.threads, out)
                     wall[name].append((time.perf_counter() - t0) / args.calls * 1e6)
                     cpu[name].append((time.thread_time() - c0) / args.calls * 1e6)
             line = []

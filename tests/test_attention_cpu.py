@@ -75,7 +75,10 @@ def make_case(group: int, d: int, bs: int, rng: np.random.Generator, dtype: str 
     return q, k_cache, v_cache, block_tables, tok_seq, tok_pos, seq_k, seq_v
 
 
-def reference(q, tok_seq, tok_pos, seq_k, seq_v, window: int, scale: float) -> np.ndarray:
+def reference(
+    q, tok_seq, tok_pos, seq_k, seq_v, window: int, scale: float, softcap: float = 0.0
+) -> np.ndarray:
+    """softcap > 0: Q scaled before its f16 rounding, the scores capped to cap * tanh(s / cap) (Gemma 2)."""
     T, H, d = q.shape
     n_kv = seq_k[0].shape[1]
     group = H // n_kv
@@ -86,7 +89,11 @@ def reference(q, tok_seq, tok_pos, seq_k, seq_v, window: int, scale: float) -> n
         for h in range(H):
             k = seq_k[s][start : p + 1, h // group].astype(np.float64)
             v = seq_v[s][start : p + 1, h // group].astype(np.float64)
-            x = k @ _f16(q[t, h]).astype(np.float64) * scale
+            if softcap > 0:
+                x = k @ _f16(q[t, h] * np.float32(scale)).astype(np.float64)
+                x = softcap * np.tanh(x / softcap)
+            else:
+                x = k @ _f16(q[t, h]).astype(np.float64) * scale
             w = np.exp(x - x.max())
             out[t, h] = (w / w.sum()) @ v
     return out
@@ -120,7 +127,7 @@ def test_attention_matches_reference(dtype: str, group: int, d: int, bs: int, wi
     out = buf[GUARD:-GUARD, GUARD:-GUARD, GUARD:-GUARD]
     scale = 1.0 / np.sqrt(d)
     attention_paged_cpu(
-        q, k_cache, v_cache, tables, tok_seq, tok_pos, window, scale, numba.get_num_threads(), out
+        q, k_cache, v_cache, tables, tok_seq, tok_pos, window, scale, 0.0, numba.get_num_threads(), out
     )
     mask = np.ones(buf.shape, bool)
     mask[GUARD:-GUARD, GUARD:-GUARD, GUARD:-GUARD] = False
@@ -130,6 +137,26 @@ def test_attention_matches_reference(dtype: str, group: int, d: int, bs: int, wi
     assert nmse < 1e-6, f"NMSE {nmse:.2e}"  # f16 softmax weights: ~1e-8 expected
 
 
+SOFTCAP_CASES = [("f16", 3, 64, 16, 0), ("f16", 4, 256, 16, 5), ("f16", 9, 64, 16, 0), ("q8_0", 3, 64, 16, 0),
+                 ("q8_0", 3, 64, 4, 7)]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype,group,d,bs,window", SOFTCAP_CASES)
+def test_attention_softcap_matches_reference(dtype: str, group: int, d: int, bs: int, window: int) -> None:
+    """Gemma 2's attention logit soft-capping on the IR kernels and the Numba loops, f16 and q8_0 caches: a
+    cap small enough (1.5) that most scores are squashed, so a kernel that skipped it fails."""
+    rng = np.random.default_rng(group * 1000 + d + bs + window + 7)
+    q, k_cache, v_cache, tables, tok_seq, tok_pos, seq_k, seq_v = make_case(group, d, bs, rng, dtype)
+    out = np.empty((q.shape[0], q.shape[1], d), np.float32)
+    scale, cap = 1.0 / np.sqrt(d), 1.5
+    attention_paged_cpu(q, k_cache, v_cache, tables, tok_seq, tok_pos, window, scale, cap, 2, out)
+    ref = reference(q, tok_seq, tok_pos, seq_k, seq_v, window, scale, cap)
+    nmse = ((out - ref) ** 2).sum() / (ref**2).sum()
+    assert nmse < 1e-6, f"NMSE {nmse:.2e}"
+    uncapped = reference(q, tok_seq, tok_pos, seq_k, seq_v, window, scale)
+    assert ((uncapped - ref) ** 2).sum() / (ref**2).sum() > 1e-3  # the cap matters at this size
+
+
 @pytest.mark.parametrize("dtype", ["f16", "q8_0"])
 def test_attention_is_batch_invariant(dtype: str) -> None:
     """Each token's output is bit-identical whether it is computed with the whole batch or alone, on any
@@ -137,11 +164,11 @@ def test_attention_is_batch_invariant(dtype: str) -> None:
     rng = np.random.default_rng(11)
     q, k_cache, v_cache, tables, tok_seq, tok_pos, *_ = make_case(3, 64, 16, rng, dtype)
     full = np.empty_like(q)
-    attention_paged_cpu(q, k_cache, v_cache, tables, tok_seq, tok_pos, 0, 0.125, 2, full)
+    attention_paged_cpu(q, k_cache, v_cache, tables, tok_seq, tok_pos, 0, 0.125, 0.0, 2, full)
     for t in range(q.shape[0]):
         one = np.empty_like(q[t : t + 1])
         attention_paged_cpu(q[t : t + 1], k_cache, v_cache, tables, tok_seq[t : t + 1], tok_pos[t : t + 1], 0,
-                            0.125, 1, one)  # fmt: skip
+                            0.125, 0.0, 1, one)  # fmt: skip
         np.testing.assert_array_equal(one[0], full[t], err_msg=f"token {t}")
 
 

@@ -383,3 +383,42 @@ def test_engine_embeddings_match_the_cpu(llms: dict[str, EngineCore]) -> None:
     assert vectors["cuda"].shape == (32,) and abs(np.linalg.norm(vectors["cuda"]) - 1) < 1e-5
     # 3e-8 apart in the simulator; 1e-4 as the logprobs above, for a GPU's other summation order
     np.testing.assert_allclose(vectors["cuda"], vectors["cpu"], atol=1e-4)
+
+
+@pytest.mark.parametrize("arch, kv_dtype", [("gemma2", "f16"), ("gemma2", "q8_0"), ("granite", "f16"),
+                                            ("olmo2", "f16")])  # fmt: skip
+@pytest.mark.parametrize("fuse", [False, True], ids=["plain", "fused"])
+def test_gemma2_granite_olmo2_logits_match_the_cpu(
+    arch: str, kv_dtype: str, fuse: bool, tmp_path: Path
+) -> None:
+    """Gemma 2's attention soft-capping (caps small enough to bind), Granite's multipliers (Backend.scale)
+    and OLMo 2's norm placement through the CUDA backend's kernels and its fused chains (which must not
+    drop the cap, the extra scale or the missing pre-norms): the CPU backend's logits."""
+    from edgellm.arch import ARCHITECTURES
+    from edgellm.backends.cpu.backend import CpuBackend
+    from edgellm.engine.model_runner import ModelRunner, RunItem
+    from edgellm.gguf.config import config_from_gguf
+    from edgellm.gguf.reader import load_gguf
+    from edgellm.testing.oracle_cases import GEMMA2_CAPS
+
+    caps = GEMMA2_CAPS if arch == "gemma2" else {}
+    path = write_tiny_model(
+        tmp_path / f"{arch}.gguf",
+        arch,
+        "F32",
+        n_layers=1,
+        n_embd=32,
+        n_ff=64,
+        head_dim=32 if kv_dtype == "q8_0" else 8,  # q8_0 blocks of 32 along the head
+        metadata_overrides=caps,
+    )
+    cuda_logits, *_ = forward_twice(path, fuse=fuse, kv_dtype=kv_dtype)
+    g = load_gguf(path)
+    cfg = config_from_gguf(g)
+    be = CpuBackend()
+    runner = ModelRunner(
+        ARCHITECTURES[arch](cfg, g, be), cfg, be, num_blocks=4, block_size=4, kv_dtype=kv_dtype
+    )
+    cpu_logits = runner.run([RunItem([2, 3], [1, 17, 42], 0)]) + runner.run([RunItem([2, 3], [5], 3)])
+    for got, want in zip(cuda_logits, cpu_logits, strict=True):
+        assert nmse(got, want) < 1e-6

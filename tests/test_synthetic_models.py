@@ -29,7 +29,11 @@ import pytest
 
 from edgellm import LLM, SamplingParams
 from edgellm.gguf.config import ROPE_NEOX, ROPE_NORM
-from edgellm.testing.synthetic import ARCHS, write_tiny_model
+from edgellm.testing.synthetic import write_tiny_model
+
+# The architectures this module's float64 forward implements; gemma2, granite and olmo2 are checked against
+# llama.cpp itself (tests/test_oracle_cases.py).
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 
 LLM_KW = dict(n_ctx=128, kv_cache_memory=1 << 20)
 TOL_F32 = (1e-3, 5e-3)  # (rms, max), see the module docstring

@@ -3,9 +3,28 @@
 from __future__ import annotations
 
 from edgellm.arch.common import ForwardBatch
+from edgellm.arch.gemma2 import Gemma2Model
 from edgellm.arch.gemma3 import Gemma3Model
+from edgellm.arch.granite import GraniteModel
 from edgellm.arch.llama import LlamaModel
+from edgellm.arch.olmo2 import Olmo2Model
 
-ARCHITECTURES = {"llama": LlamaModel, "qwen2": LlamaModel, "qwen3": LlamaModel, "gemma3": Gemma3Model}
+ARCHITECTURES = {
+    "llama": LlamaModel,
+    "qwen2": LlamaModel,
+    "qwen3": LlamaModel,
+    "gemma2": Gemma2Model,
+    "gemma3": Gemma3Model,
+    "granite": GraniteModel,
+    "olmo2": Olmo2Model,
+}
 
-__all__ = ["ARCHITECTURES", "ForwardBatch", "Gemma3Model", "LlamaModel"]
+__all__ = [
+    "ARCHITECTURES",
+    "ForwardBatch",
+    "Gemma2Model",
+    "Gemma3Model",
+    "GraniteModel",
+    "LlamaModel",
+    "Olmo2Model",
+]

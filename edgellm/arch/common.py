@@ -51,19 +51,19 @@ class TensorSource:
 
 @dataclass
 class AttentionWeights:
-    norm: Any  # [n_embd]
+    norm: Any  # [n_embd]; None without pre-norms (OLMo 2)
     wqkv: Any  # [(H + 2*Hkv) * d, n_embd] fused Q|K|V
     wo: Any  # [n_embd, H * dv]
     bqkv: Any = None  # [(H + 2*Hkv) * d] Q|K|V biases (Qwen 2; optional on llama, Qwen 3, Gemma 3)
     bo: Any = None  # [n_embd] output-projection bias (optional on llama)
-    q_norm: Any = None  # [d] (Gemma 3, Qwen 3)
-    k_norm: Any = None  # [d]
+    q_norm: Any = None  # [d] (Gemma 3, Qwen 3); [H * d] over the whole projection (OLMo 2)
+    k_norm: Any = None  # [d]; [Hkv * d] (OLMo 2)
     post_norm: Any = None  # [n_embd] (Gemma)
 
 
 @dataclass
 class FeedForwardWeights:
-    norm: Any  # [n_embd]
+    norm: Any  # [n_embd]; None without pre-norms (OLMo 2)
     w_gate_up: Any  # [2 * n_ff, n_embd] fused gate|up
     w_down: Any  # [n_embd, n_ff]
     post_norm: Any = None  # [n_embd] (Gemma)
@@ -78,16 +78,17 @@ def load_attention(be: Backend, src: TensorSource, cfg: ModelConfig, il: int) ->
     k = src.get(p + "attn_k.weight", (cfg.n_kv_heads * d, e))
     v = src.get(p + "attn_v.weight", (cfg.n_kv_heads * dv, e))
     w = AttentionWeights(
-        norm=be.load_vector(src.get(p + "attn_norm.weight", (e,))),
+        norm=be.load_vector(src.get(p + "attn_norm.weight", (e,))) if cfg.pre_norms else None,
         wqkv=be.load_matrix([q, k, v]),
         wo=be.load_matrix([src.get(p + "attn_output.weight", (e, cfg.n_heads * dv))]),
     )
     qkv_rows = {"q": cfg.n_heads * d, "k": cfg.n_kv_heads * d, "v": cfg.n_kv_heads * dv}
     w.bqkv = load_biases(be, src, [(p + f"attn_{n}.bias", rows) for n, rows in qkv_rows.items()])
     w.bo = load_biases(be, src, [(p + "attn_output.bias", e)])
-    if cfg.qk_norm:
-        w.q_norm = be.load_vector(src.get(p + "attn_q_norm.weight", (d,)))
-        w.k_norm = be.load_vector(src.get(p + "attn_k_norm.weight", (d,)))
+    if cfg.qk_norm or cfg.qk_norm_full:
+        q_len, k_len = (cfg.n_heads * d, cfg.n_kv_heads * d) if cfg.qk_norm_full else (d, d)
+        w.q_norm = be.load_vector(src.get(p + "attn_q_norm.weight", (q_len,)))
+        w.k_norm = be.load_vector(src.get(p + "attn_k_norm.weight", (k_len,)))
     if cfg.post_norms:
         w.post_norm = be.load_vector(src.get(p + "post_attention_norm.weight", (e,)))
     return w
@@ -97,7 +98,7 @@ def load_feed_forward(be: Backend, src: TensorSource, cfg: ModelConfig, il: int)
     p = f"blk.{il}."
     e, f = cfg.n_embd, cfg.n_ff
     w = FeedForwardWeights(
-        norm=be.load_vector(src.get(p + "ffn_norm.weight", (e,))),
+        norm=be.load_vector(src.get(p + "ffn_norm.weight", (e,))) if cfg.pre_norms else None,
         w_gate_up=be.load_matrix(
             [src.get(p + "ffn_gate.weight", (f, e)), src.get(p + "ffn_up.weight", (f, e))]
         ),
@@ -122,6 +123,15 @@ def load_biases(be: Backend, src: TensorSource, parts: list[tuple[str, int]]) ->
     return be.from_host(np.concatenate(vectors))
 
 
+def pre_norm(be: Backend, cfg: ModelConfig, norm: Any, x: Any, T: int) -> Any:
+    """rmsnorm(x) * norm [T, n_embd], a new array; x itself without a pre-norm (OLMo 2: only read)."""
+    if norm is None:
+        return x
+    h = be.empty((T, cfg.n_embd))
+    be.rmsnorm(x, norm, cfg.rms_eps, h)
+    return h
+
+
 def attention_block(
     be: Backend,
     cfg: ModelConfig,
@@ -138,8 +148,7 @@ def attention_block(
     """x += Attention(norm(x)) for every token of the batch (in place). x: [T, n_embd]."""
     T = batch.n_tokens
     H, Hkv, d, dv = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v
-    h = be.empty((T, cfg.n_embd))
-    be.rmsnorm(x, w.norm, cfg.rms_eps, h)
+    h = pre_norm(be, cfg, w.norm, x, T)
     qkv = be.empty((T, (H + Hkv) * d + Hkv * dv))
     be.matmul(h, w.wqkv, qkv)  # [T, H*d | Hkv*d | Hkv*dv]
     if w.bqkv is not None:
@@ -149,7 +158,11 @@ def attention_block(
     q = be.contiguous(qkv[:, : H * d].reshape(T, H, d))  # [T, H, d]
     k = be.contiguous(qkv[:, H * d : (H + Hkv) * d].reshape(T, Hkv, d))  # [T, Hkv, d]
     v = be.contiguous(qkv[:, (H + Hkv) * d :].reshape(T, Hkv, dv))  # [T, Hkv, dv]
-    if w.q_norm is not None:
+    if cfg.qk_norm_full:  # one norm over each token's whole Q [H*d] and K [Hkv*d] (OLMo 2)
+        q2, k2 = q.reshape(T, H * d), k.reshape(T, Hkv * d)
+        be.rmsnorm(q2, w.q_norm, cfg.rms_eps, q2)
+        be.rmsnorm(k2, w.k_norm, cfg.rms_eps, k2)
+    elif w.q_norm is not None:
         be.rmsnorm_heads(q, w.q_norm, cfg.rms_eps)
         be.rmsnorm_heads(k, w.k_norm, cfg.rms_eps)
     rope = cfg.rope_of_layer(il)
@@ -158,20 +171,22 @@ def attention_block(
     be.write_kv(kv, il, k, v, slots)
     attn = be.empty((T, H, dv))
     window = cfg.sliding_window if cfg.swa_layers[il] else 0
-    be.attention(q, kv, il, block_tables, seq_index, positions, window, cfg.attn_scale, attn)
+    scale, cap = cfg.attn_scale, cfg.attn_softcap
+    be.attention(q, kv, il, block_tables, seq_index, positions, window, scale, attn, cap)
     o = be.empty((T, cfg.n_embd))
     be.matmul(attn.reshape(T, H * dv), w.wo, o)  # [T, n_embd]
     if w.bo is not None:
         be.add_bias(o, w.bo)
     if w.post_norm is not None:
         be.rmsnorm(o, w.post_norm, cfg.rms_eps, o)
+    if cfg.residual_scale != 1.0:
+        o = be.scale(o, cfg.residual_scale)
     be.add(x, o)
 
 
 def feed_forward_block(be: Backend, cfg: ModelConfig, w: FeedForwardWeights, x: Any, T: int) -> None:
     """x += FFN(norm(x)), a gated FFN (SwiGLU or GeGLU). x: [T, n_embd]."""
-    h = be.empty((T, cfg.n_embd))
-    be.rmsnorm(x, w.norm, cfg.rms_eps, h)
+    h = pre_norm(be, cfg, w.norm, x, T)
     gate_up = be.empty((T, 2 * cfg.n_ff))
     be.matmul(h, w.w_gate_up, gate_up)  # [T, 2*n_ff]
     if w.b_gate_up is not None:
@@ -184,4 +199,6 @@ def feed_forward_block(be: Backend, cfg: ModelConfig, w: FeedForwardWeights, x: 
         be.add_bias(out, w.b_down)
     if w.post_norm is not None:
         be.rmsnorm(out, w.post_norm, cfg.rms_eps, out)
+    if cfg.residual_scale != 1.0:
+        out = be.scale(out, cfg.residual_scale)
     be.add(x, out)

@@ -93,6 +93,8 @@ def output_logits(
     be.rmsnorm(h, norm, cfg.rms_eps, h)
     logits = be.empty((h.shape[0], cfg.n_vocab))  # [L, n_vocab]
     be.matmul(h, w_out, logits)
+    if cfg.logit_scale != 1.0:
+        logits = be.scale(logits, np.float32(1.0) / np.float32(cfg.logit_scale))  # as llama.cpp's Granite
     if cfg.final_logit_softcap > 0:
         logits = be.softcap(logits, cfg.final_logit_softcap)
     return logits

@@ -129,7 +129,11 @@ class Backend(ABC):
         window: int,
         scale: float,
         out: Array,
-    ) -> None: ...
+        softcap: float = 0.0,
+    ) -> None:
+        """out [T, H, dv] = causal attention of q [T, H, d] over the cached K/V. softcap > 0: Gemma 2's
+        attention logit soft-capping, in llama.cpp's order (Q times scale, Q.K, cap * tanh(. / cap),
+        softmax)."""
 
     # --- whole layers ----------------------------------------------------------------------------------
     def prepare_layer(self, cfg: Any, attn: Any, ffn: Any, layer: int) -> Any:
@@ -153,6 +157,10 @@ class Backend(ABC):
     def take_rows(self, x: Array, index: np.ndarray) -> Array:
         """Rows `index` of x [T, n] as a new contiguous [L, n] activation (the rows that need logits)."""
         return self.from_host(np.ascontiguousarray(self.to_host(x)[index], dtype=np.float32))
+
+    def scale(self, x: Array, s: float) -> Array:
+        """x * s in float32 (Granite's residual and logit multipliers); may return a new array."""
+        return self.from_host(self.to_host(x) * np.float32(s))
 
     def softcap(self, x: Array, cap: float) -> Array:
         """tanh(x / cap) * cap, the final logit soft-capping; may return a new array."""

@@ -11,7 +11,10 @@ from edgellm.gguf.metadata import INT32_MAX, check_int_range, describe, get_floa
 from edgellm.gguf.reader import GGUFError, GGUFFile
 from edgellm.gguf.rope import RopeParams, rope_from_gguf
 
-SUPPORTED_ARCHS = ("llama", "gemma3", "qwen2", "qwen3")
+SUPPORTED_ARCHS = ("llama", "gemma2", "gemma3", "granite", "olmo2", "qwen2", "qwen3")
+# The architectures with sliding-window layers, and the window when {arch}.attention.sliding_window is
+# missing (llama.cpp's defaults; 0: every layer global). Their local layers' rope: gguf/rope.py SWA_ROPE.
+SLIDING_WINDOW_DEFAULT = {"gemma2": 4096, "gemma3": 0, "olmo2": 0}
 
 # Rotary layouts as in llama.cpp: NORM rotates adjacent pairs (x[2i], x[2i+1]) (llama's converter permutes
 # Q/K rows for it); NEOX rotates the two halves (x[i], x[i + d/2]).
@@ -47,10 +50,15 @@ class ModelConfig:
     swa_layers: list[bool] = field(default_factory=list)
     embd_scale: float = 1.0  # Gemma multiplies token embeddings by sqrt(n_embd)
     qk_norm: bool = False  # per-head RMSNorm of Q and K (Gemma 3, Qwen 3)
+    qk_norm_full: bool = False  # RMSNorm of Q and of K over the whole projection instead (OLMo 2)
+    pre_norms: bool = True  # the norms before attention and before the FFN (OLMo 2 has none)
     qkv_bias: bool = False  # Q|K|V biases required (Qwen 2); any arch applies those its file has
     post_norms: bool = False  # Gemma's extra norms after attention and after the FFN
     activation: str = "silu"  # gated FFN: silu (SwiGLU) or gelu (GeGLU, tanh form)
     final_logit_softcap: float = 0.0
+    attn_softcap: float = 0.0  # Gemma 2: Q.K capped to cap * tanh(. / cap) before the softmax
+    residual_scale: float = 1.0  # Granite: each block's output times this before the residual add
+    logit_scale: float = 1.0  # Granite: logits divided by this
     pooling: str = "mean"  # how an embedding pools the final hidden states (engine/pooling.py POOLABLE)
 
     @property
@@ -137,9 +145,12 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
                 f"{g.path}: tensor 'token_embd.weight' has {n_vocab} rows but the vocabulary has "
                 f"{len(tokens)} tokens"
             )
-    rope_type = ROPE_NORM if arch == "llama" else ROPE_NEOX
+    rope_type = ROPE_NORM if arch in ("llama", "granite") else ROPE_NEOX
     n_ctx_train = get_int(g, p + "context_length", 2048, lo=MIN_CONTEXT_LENGTH, hi=INT32_MAX)
-    sliding_window = get_int(g, p + "attention.sliding_window", 0) if arch == "gemma3" else 0
+    sliding_window = 0
+    if arch in SLIDING_WINDOW_DEFAULT:
+        window_key, window_default = p + "attention.sliding_window", SLIDING_WINDOW_DEFAULT[arch]
+        sliding_window = get_int(g, window_key, window_default, lo=0, hi=INT32_MAX)
     neox = rope_type == ROPE_NEOX
     rope, rope_swa = rope_from_gguf(g, arch, rope_dim, neox, n_ctx_train, sliding_window > 0)
     cfg = ModelConfig(
@@ -163,6 +174,7 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
         swa_layers=[False] * n_layers,
         pooling=POOLING_TYPES.get(pooling_type := get_int(g, p + "pooling_type", 0), f"type {pooling_type}"),
     )
+    cfg.sliding_window = sliding_window
     if arch == "qwen2":
         cfg.qkv_bias = True
     elif arch == "qwen3":
@@ -172,14 +184,67 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
         cfg.post_norms = True
         cfg.activation = "gelu"
         cfg.embd_scale = math.sqrt(n_embd)
-        cfg.sliding_window = sliding_window
         if cfg.sliding_window > 0:  # else every layer is global, as in llama.cpp
             cfg.swa_layers = swa_pattern(g, p + "attention.sliding_window_pattern", n_layers, 6)
         cfg.final_logit_softcap = get_float(g, p + "final_logit_softcapping", 0.0, lo=0.0)
         # Gemma 3 27B scales by the model width per head; the others by the head size (llama.cpp).
         if n_layers == 62:
             cfg.attn_scale = 1.0 / math.sqrt(n_embd / n_heads)
+    elif arch == "gemma2":
+        _gemma2(g, cfg)
+    elif arch == "granite":
+        _granite(g, cfg)
+    elif arch == "olmo2":
+        _olmo2(g, cfg)
     return cfg
+
+
+def _gemma2(g: GGUFFile, cfg: ModelConfig) -> None:
+    """Gemma 2 as llama.cpp's llama_model_gemma2 reads it: every layer soft-caps its attention logits
+    (default cap 50) and the logits (default 30); even layers use a 4096-token window by default
+    (pattern 2), at rope.freq_base_swa (default: rope.freq_base)."""
+    p = "gemma2."
+    cfg.post_norms = True
+    cfg.activation = "gelu"
+    cfg.embd_scale = math.sqrt(cfg.n_embd)
+    if cfg.sliding_window == 0:
+        raise GGUFError(f"{g.path}: metadata {p}attention.sliding_window = 0: Gemma 2 always has a window")
+    cfg.swa_layers = swa_pattern(g, p + "attention.sliding_window_pattern", cfg.n_layers, 2)
+    cfg.attn_softcap = get_float(g, p + "attn_logit_softcapping", 50.0, lo=0.0, lo_open=True)
+    cfg.final_logit_softcap = get_float(g, p + "final_logit_softcapping", 30.0, lo=0.0, lo_open=True)
+    # Gemma 2 27B (46 layers) scales Q by the model width per head (an integer division), the others by
+    # the head size.
+    if cfg.n_layers == 46:
+        cfg.attn_scale = 1.0 / math.sqrt(cfg.n_embd // cfg.n_heads)
+
+
+def _olmo2(g: GGUFFile, cfg: ModelConfig) -> None:
+    """OLMo 2 (and OLMo 3, the same architecture with a window) as llama.cpp's llama_model_olmo2 reads it:
+    no norm before attention or the FFN, a norm after each; Q and K normed over the whole projection. With
+    olmo2.attention.sliding_window > 0, layers il % 4 < 3 are local (pattern 4). llama.cpp reads
+    rope.freq_base_swa but its OLMo 2 graph rotates local layers at the global rope.freq_base, so here too."""
+    p = "olmo2."
+    cfg.pre_norms = False
+    cfg.post_norms = True
+    cfg.qk_norm_full = True
+    if cfg.sliding_window > 0:
+        cfg.swa_layers = swa_pattern(g, p + "attention.sliding_window_pattern", cfg.n_layers, 4)
+
+
+def _granite(g: GGUFFile, cfg: ModelConfig) -> None:
+    """IBM Granite 3.x (dense) as llama.cpp's llama_model_granite reads it: a llama with four multipliers,
+    each off at 0 (llama.cpp's default) except logit_scale, which the file must have."""
+    p = "granite."
+    cfg.logit_scale = get_float(g, p + "logit_scale", lo=0.0, lo_open=True)
+    cfg.embd_scale = get_float(g, p + "embedding_scale", 0.0, lo=0.0) or 1.0
+    cfg.residual_scale = get_float(g, p + "residual_scale", 0.0, lo=0.0) or 1.0
+    cfg.attn_scale = get_float(g, p + "attention.scale", 0.0, lo=0.0) or cfg.attn_scale
+    # llama.cpp's Granite turns rope off where rope.scaling.finetuned is false (Granite 4's NoPE layers)
+    if not bool(g.get("granite.rope.scaling.finetuned", True)):
+        raise GGUFError(
+            f"{g.path}: metadata granite.rope.scaling.finetuned = {g.get('granite.rope.scaling.finetuned')} "
+            "(no rotary embedding, llama.cpp's NoPE switch for Granite) is not implemented"
+        )
 
 
 def swa_pattern(g: GGUFFile, key: str, n_layers: int, default: int) -> list[bool]:

@@ -40,6 +40,14 @@ FREQ_FACTOR_ARCHS = ("llama",)
 FREQ_FACTORS_TENSOR = "rope_freqs.weight"
 
 
+# The sliding-window layers' rope where it differs from the global layers', as llama.cpp sets
+# rope_freq_base_train_swa / rope_freq_scale_train_swa: (the base when rope.freq_base_swa is missing, None
+# for rope.freq_base; whether the frequency scaling applies). Gemma 3's local layers are never scaled;
+# Gemma 2's are scaled as the global ones. An architecture not listed rotates its local layers as its
+# global ones (OLMo 2).
+SWA_ROPE: dict[str, tuple[float | None, bool]] = {"gemma3": (10000.0, False), "gemma2": (None, True)}
+
+
 @dataclass(frozen=True, eq=False)
 class RopeParams:
     """One layer kind's rotary embedding, ggml_rope_ext's parameters. Hashed and compared by identity:
@@ -190,8 +198,14 @@ def rope_from_gguf(
         n_rot=n_rot, neox=neox, ext_factor=ext_factor, attn_factor=attn_factor, n_ctx_orig=n_ctx_orig
     )
     rope = RopeParams(base=base, freq_scale=freq_scale, freq_factors=_freq_factors(g, arch, n_rot), **common)
-    # Sliding-window layers (Gemma 3): their own base (10000 by default) and no frequency scaling
-    # (llama.cpp's rope_freq_scale_train_swa is 1 for gemma3), the context-wide YaRN values as the rest.
-    base_swa = get_float(g, p + "rope.freq_base_swa", 10000.0, lo=0.0, lo_open=True) if swa else base
-    rope_swa = RopeParams(base=base_swa, **common) if swa else rope
-    return rope, rope_swa
+    base_swa_key = p + "rope.freq_base_swa"
+    if not swa or arch not in SWA_ROPE:
+        if swa and base_swa_key in g.metadata:  # read by llama.cpp, unused by its graph (OLMo 2): checked
+            get_float(g, base_swa_key, lo=0.0, lo_open=True)
+        return rope, rope
+    # Sliding-window layers: their own base and maybe no frequency scaling, the context-wide YaRN values
+    # as the rest.
+    default_base, scaled = SWA_ROPE[arch]
+    default_base = base if default_base is None else default_base
+    base_swa = get_float(g, base_swa_key, default_base, lo=0.0, lo_open=True)
+    return rope, RopeParams(base=base_swa, freq_scale=freq_scale if scaled else 1.0, **common)

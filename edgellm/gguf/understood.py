@@ -51,9 +51,15 @@ BLOCK_TENSORS: dict[str, frozenset[str]] = {
     "qwen2": _LLAMA_BLOCK | _QKV_BIASES,
     "qwen3": _LLAMA_BLOCK | _QKV_BIASES | _QK_NORMS,
     "gemma3": _LLAMA_BLOCK | _QKV_BIASES | _QK_NORMS | _POST_NORMS,
+    "gemma2": _LLAMA_BLOCK | _QKV_BIASES | _POST_NORMS,
+    "granite": _LLAMA_BLOCK | _QKV_BIASES | _LLAMA_BIASES,  # llama_model_granite's optional biases
+    # no attn_norm / ffn_norm: OLMo 2 norms after each block (Q/K norms over the whole projection)
+    "olmo2": (_LLAMA_BLOCK - {"attn_norm.weight", "ffn_norm.weight"}) | _QKV_BIASES | _QK_NORMS | _POST_NORMS,
 }
 _GLOBAL = frozenset({"token_embd.weight", "output_norm.weight", "output.weight"})
 GLOBAL_TENSORS: dict[str, frozenset[str]] = {arch: _GLOBAL for arch in BLOCK_TENSORS}
+# llama.cpp's Gemma 2 always projects with token_embd.weight: an output.weight would go unused there
+GLOBAL_TENSORS["gemma2"] = _GLOBAL - {"output.weight"}
 
 # ---- {arch}.* keys ------------------------------------------------------------------------------------
 # Keys config.py reads (the suffix after "{arch}.").
@@ -78,6 +84,17 @@ ARCH_KEYS: dict[str, frozenset[str]] = {
     "qwen3": _COMMON_KEYS,
     "gemma3": _COMMON_KEYS
     | {"attention.sliding_window", "attention.sliding_window_pattern", "final_logit_softcapping"},
+    "gemma2": _COMMON_KEYS
+    | {
+        "attention.sliding_window",
+        "attention.sliding_window_pattern",
+        "attn_logit_softcapping",
+        "final_logit_softcapping",
+        "rope.freq_base_swa",
+    },
+    "granite": _COMMON_KEYS | {"embedding_scale", "residual_scale", "attention.scale", "logit_scale"},
+    "olmo2": _COMMON_KEYS
+    | {"attention.sliding_window", "attention.sliding_window_pattern", "rope.freq_base_swa"},
 }
 # Keys llama.cpp's common loader reads for every architecture, accepted at the values that leave the
 # model a dense, causal, text-only transformer (llama-model.cpp load_hparams).

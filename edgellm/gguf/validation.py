@@ -88,12 +88,18 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         }
         if cfg.qkv_bias:
             layer.update({"attn_q.bias": (H * d,), "attn_k.bias": (Hkv * d,), "attn_v.bias": (Hkv * dv,)})
+        if not cfg.pre_norms:
+            del layer["attn_norm.weight"], layer["ffn_norm.weight"]
         if cfg.qk_norm:
             layer.update({"attn_q_norm.weight": (d,), "attn_k_norm.weight": (d,)})
+        if cfg.qk_norm_full:
+            layer.update({"attn_q_norm.weight": (H * d,), "attn_k_norm.weight": (Hkv * d,)})
         if cfg.post_norms:
             layer.update({"post_attention_norm.weight": (e,), "post_ffw_norm.weight": (e,)})
         shapes.update({p + name: shape for name, shape in layer.items()})
     shapes["output_norm.weight"] = (e,)
+    if cfg.arch == "olmo2":  # llama.cpp's OLMo 2 requires its own output matrix
+        shapes["output.weight"] = (V, e)
     return shapes
 
 

@@ -43,6 +43,10 @@ WIDE: dict[str, int] = dict(n_layers=2, n_embd=256, n_heads=4, n_kv_heads=2, hea
 # Gemma 3's pattern (five sliding-window layers, then a global one) needs 7 layers to hold both kinds twice
 # over the first block; the window is far shorter than the sequence so that it matters.
 GEMMA3: dict[str, int] = dict(SMALL, n_layers=7)
+# Gemma 2 alternates local and global layers: 3 layers hold both kinds and a second local one.
+GEMMA2: dict[str, int] = dict(SMALL, n_layers=3)
+# OLMo 3's pattern (three local layers, then a global one) over 5 layers: both kinds, and local after global
+OLMO3: dict[str, int] = dict(SMALL, n_layers=5)
 
 
 @dataclass(frozen=True)
@@ -257,6 +261,13 @@ def _quant_cases() -> dict[str, OracleCase]:
 SWA_PATTERN = "gemma3.attention.sliding_window_pattern"
 U32 = GGUFValueType.UINT32
 SWA_FLAGS = Typed([True, False, True, True, False, False, True], GGUFValueType.ARRAY, GGUFValueType.BOOL)
+F32_ = GGUFValueType.FLOAT32
+# Gemma 2's real caps (50 on Q.K, 30 on the logits) barely touch a tiny model's scores (|Q.K| of a few
+# units): caps of that size make both matter, so a kernel that skipped one fails the case.
+GEMMA2_CAPS = {"gemma2.attn_logit_softcapping": 1.5, "gemma2.final_logit_softcapping": 15.0}
+# Granite with only its required multiplier: the others absent (llama.cpp's 0: off)
+OLMO3_SWA = {"olmo2.attention.sliding_window": Typed(4, U32), "olmo2.rope.freq_base_swa": Typed(500.0, F32_)}
+GRANITE_LOGIT_ONLY = {f"granite.{k}": None for k in ("embedding_scale", "residual_scale", "attention.scale")}
 
 # fmt: off
 CASES: dict[str, OracleCase] = {
@@ -291,5 +302,31 @@ CASES: dict[str, OracleCase] = {
                                    note="gemma3, pattern 0: every layer local"),
     # ---- rope scaling
     **_rope_cases(),
+    # ---- Gemma 2: attention and final logit soft-capping, post norms, even layers local (window 4)
+    "gemma2_f32": OracleCase("gemma2", model=GEMMA2, metadata=GEMMA2_CAPS,
+                             note="gemma2, 3 layers, attention cap 1.5, logit cap 15"),
+    "gemma2_mix": OracleCase("gemma2", DEFAULT_QTYPES, model=GEMMA2, metadata=GEMMA2_CAPS,
+                             note="gemma2, caps 1.5 / 15, block-32 mix"),
+    "gemma2_q8_0": OracleCase("gemma2", "Q8_0", model=GEMMA2, metadata=GEMMA2_CAPS,
+                              note="gemma2, caps 1.5 / 15, Q8_0 (the CPU's fused layer)"),
+    "gemma2_default_caps": OracleCase("gemma2", model=GEMMA2, note="gemma2, the converter's caps 50 / 30"),
+    "gemma2_freq_base_swa": OracleCase(
+        "gemma2", model=GEMMA2, metadata={**GEMMA2_CAPS, "gemma2.rope.freq_base_swa": Typed(500.0, F32_)},
+        note="gemma2, local layers at rope base 500"),
+    # ---- Granite 3.x: embedding, residual, attention and logit multipliers
+    "granite_f32": OracleCase("granite", note="granite, embedding 2, residual 0.5, attention 0.5, logit 2"),
+    "granite_mix": OracleCase("granite", DEFAULT_QTYPES, note="granite, the four multipliers, block-32 mix"),
+    "granite_q8_0": OracleCase("granite", "Q8_0",
+                               note="granite, Q8_0 (the CPU's fused layer)"),
+    "granite_bias": OracleCase("granite", extra_tensors=bias_tensors(SMALL, LLAMA_BIASES),
+                               note="granite, all seven biases per layer"),
+    "granite_logit_scale_only": OracleCase("granite", metadata=GRANITE_LOGIT_ONLY,
+                                           note="granite, logit_scale only (the other multipliers off)"),
+    # ---- OLMo 2: post-norms only, Q/K norms over the whole projection; OLMo 3's sliding window
+    "olmo2_f32": OracleCase("olmo2", note="olmo2, F32"),
+    "olmo2_mix": OracleCase("olmo2", DEFAULT_QTYPES, note="olmo2, block-32 mix"),
+    "olmo2_q8_0": OracleCase("olmo2", "Q8_0", note="olmo2, Q8_0"),
+    "olmo2_swa": OracleCase("olmo2", model=OLMO3, metadata=OLMO3_SWA,
+                            note="olmo2, OLMo 3's window 4 on layers il % 4 < 3 (freq_base_swa: unused)"),
 }
 # fmt: on

@@ -39,7 +39,14 @@ from edgellm.testing.encode import encode_tensor
 from edgellm.testing.tiny_vocab import CONTROL, bpe_vocab, spm_vocab
 
 T = GGMLQuantizationType
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2")
+GEMMA_ARCHS = ("gemma2", "gemma3")  # SentencePiece vocabulary, head size always written
+POST_NORM_ARCHS = ("gemma2", "gemma3", "olmo2")  # post_attention_norm and post_ffw_norm
+LLAMA_ROPE_ARCHS = ("llama", "granite")  # written by llama.cpp's LlamaModel converter (and its subclasses)
+# Granite's four multipliers (the real 3.x 2B has 12, 0.22, 1/64 and 8: with tiny random weights those
+# leave the embedding so dominant that a wrong attention scale moves the logits by NMSE 1e-5 only). These
+# each move them by NMSE 5e-3 or more when dropped.
+GRANITE_SCALES = {"embedding_scale": 2.0, "residual_scale": 0.5, "attention.scale": 0.5, "logit_scale": 2.0}
 
 # A mix of the block-32 types (n_embd=64 rows cannot hold the 256-wide k-quant blocks). Keys are tensor
 # roles (the name without "blk.N." and ".weight"), full tensor names, or "*" for every other matrix.
@@ -82,7 +89,8 @@ def tensor_shapes(
     q_rows, kv_rows = n_heads * head_dim, n_kv_heads * head_dim
     for il in range(n_layers):
         p = f"blk.{il}."
-        shapes[p + "attn_norm.weight"] = (n_embd,)
+        if arch != "olmo2":  # OLMo 2 norms after the blocks only
+            shapes[p + "attn_norm.weight"] = (n_embd,)
         shapes[p + "attn_q.weight"] = (q_rows, n_embd)
         shapes[p + "attn_k.weight"] = (kv_rows, n_embd)
         shapes[p + "attn_v.weight"] = (kv_rows, n_embd)
@@ -93,17 +101,21 @@ def tensor_shapes(
         if arch in ("qwen3", "gemma3"):
             shapes[p + "attn_q_norm.weight"] = (head_dim,)
             shapes[p + "attn_k_norm.weight"] = (head_dim,)
+        if arch == "olmo2":  # over the whole projection
+            shapes[p + "attn_q_norm.weight"] = (q_rows,)
+            shapes[p + "attn_k_norm.weight"] = (kv_rows,)
         shapes[p + "attn_output.weight"] = (n_embd, q_rows)
-        if arch == "gemma3":
+        if arch in POST_NORM_ARCHS:
             shapes[p + "post_attention_norm.weight"] = (n_embd,)
-        shapes[p + "ffn_norm.weight"] = (n_embd,)
+        if arch != "olmo2":
+            shapes[p + "ffn_norm.weight"] = (n_embd,)
         shapes[p + "ffn_gate.weight"] = (n_ff, n_embd)
         shapes[p + "ffn_up.weight"] = (n_ff, n_embd)
         shapes[p + "ffn_down.weight"] = (n_embd, n_ff)
-        if arch == "gemma3":
+        if arch in POST_NORM_ARCHS:
             shapes[p + "post_ffw_norm.weight"] = (n_embd,)
     shapes["output_norm.weight"] = (n_embd,)
-    if not tied:
+    if not tied and arch != "gemma2":  # Gemma 2's output is always the embedding
         shapes["output.weight"] = (n_vocab, n_embd)
     return shapes
 
@@ -182,13 +194,18 @@ def _metadata(
     md[p + "attention.head_count_kv"] = (n_kv_heads, U32, None)
     md[p + "rope.freq_base"] = (rope_base, F32, None)
     md[p + "attention.layer_norm_rms_epsilon"] = (rms_eps, F32, None)
-    if arch == "llama":
+    if arch in LLAMA_ROPE_ARCHS:
         md[p + "rope.dimension_count"] = (head_dim, U32, None)
-    # The converters write the head size whenever it is not n_embd / n_heads (always for Gemma 3).
-    if arch == "gemma3" or head_dim != n_embd // n_heads:
+    # The converters write the head size whenever it is not n_embd / n_heads (always for Gemma).
+    if arch in GEMMA_ARCHS or head_dim != n_embd // n_heads:
         md[p + "attention.key_length"] = (head_dim, U32, None)
         md[p + "attention.value_length"] = (head_dim, U32, None)
-    if arch == "gemma3":
+    if arch == "gemma2":  # Gemma 2's config values (convert_hf_to_gguf.py Gemma2Model)
+        md[p + "attn_logit_softcapping"] = (50.0, F32, None)
+        md[p + "final_logit_softcapping"] = (30.0, F32, None)
+    if arch == "granite":
+        md.update({p + k: (v, F32, None) for k, v in GRANITE_SCALES.items()})
+    if arch in GEMMA_ARCHS:
         md[p + "attention.sliding_window"] = (sliding_window, U32, None)
         tokens, types, scores = spm_vocab()
         extra = _vocab_padding(len(tokens), n_vocab)
@@ -214,12 +231,12 @@ def _metadata(
         tokens, types, merges = bpe_vocab(specials)
         extra = _vocab_padding(len(tokens), n_vocab)
         tokens, types = tokens + extra, types + [CONTROL] * len(extra)
-        if arch == "llama":
+        if arch in LLAMA_ROPE_ARCHS:
             md[p + "vocab_size"] = (len(tokens), U32, None)
         md.update(
             {
                 "tokenizer.ggml.model": ("gpt2", STR, None),
-                "tokenizer.ggml.pre": ("default" if arch == "llama" else "qwen2", STR, None),
+                "tokenizer.ggml.pre": ("default" if arch in LLAMA_ROPE_ARCHS else "qwen2", STR, None),
                 "tokenizer.ggml.tokens": (tokens, ARR, STR),
                 "tokenizer.ggml.token_type": (types, ARR, GGUFValueType.INT32),
                 "tokenizer.ggml.merges": (merges, ARR, STR),
@@ -256,15 +273,17 @@ def write_tiny_model(
     skip_tensors: Iterable[str] = (),
     shape_overrides: Mapping[str, tuple[int, ...]] | None = None,
 ) -> Path:
-    """Write a tiny random `arch` model ('llama', 'qwen2', 'qwen3' or 'gemma3') to `path`; returns it.
+    """Write a tiny random `arch` model (one of ARCHS) to `path`; returns it.
 
     qtypes: one type for every matrix, or {tensor name | role | "*": type} (see DEFAULT_QTYPES, the default);
         norms and biases are always F32. Types may be given as names ("Q4_K").
-    tied: no output.weight (the embedding is the vocabulary projection), as SmolLM2 and Gemma 3. Off by
+    tied: no output.weight (the embedding is the vocabulary projection), as SmolLM2 and Gemma 3 (Gemma 2:
+        always, as llama.cpp reads it). Off by
         default: with random tied weights the residual stream stays close to the input embedding, so greedy
         decoding just repeats the last token; an own output matrix gives varied continuations.
     rope_base: default 10000 (llama, qwen) or 1e6 (gemma3, whose sliding-window layers use 10000).
-    sliding_window: Gemma 3 only; layers il % 6 < 5 use it (llama.cpp's default pattern).
+    sliding_window: Gemma only; Gemma 3's layers il % 6 < 5 use it, Gemma 2's even layers (llama.cpp's
+        default patterns).
     n_vocab: pad the vocabulary with control tokens to this size (default: the tiny vocabulary, ~300).
     quantize_kquants: Q4_K / Q6_K matrices quantized from normal weights (encode.KQUANT_REF) rather than
         random blocks.

@@ -53,9 +53,14 @@ def _f16_round_unit_inplace(a: np.ndarray) -> None:
 
 
 @njit(cache=True, nogil=True, fastmath=SAFE_MATH)
-def _softmax_f16_row(s: np.ndarray) -> None:
+def _softmax_f16_row(s: np.ndarray, softcap: float) -> None:
     """In place: s = f16(softmax(s)) as ggml's soft_max (f32 exps, float64 sum, f32 scale by 1/sum),
-    then the f16 rounding llama.cpp applies before multiplying V."""
+    then the f16 rounding llama.cpp applies before multiplying V. softcap > 0: the scores are first
+    capped to cap * tanh(s / cap), as llama.cpp's attn_soft_cap (a scale by 1/cap, tanh, a scale by cap)."""
+    if softcap > 0:
+        inv_cap, cap = np.float32(1.0) / np.float32(softcap), np.float32(softcap)
+        for j in range(s.shape[0]):
+            s[j] = np.tanh(s[j] * inv_cap) * cap
     m = np.float32(-np.inf)
     for j in range(s.shape[0]):
         m = max(m, s[j])
@@ -282,6 +287,7 @@ def attention_paged_cpu(
     tok_pos: np.ndarray,
     window: int,
     scale: float,
+    softcap: float,
     n_threads: int,
     out: np.ndarray,
 ) -> None:
@@ -290,8 +296,11 @@ def attention_paged_cpu(
     q: [T, H, d] (C-contiguous); k_cache / v_cache: one layer's cache in an f16 or q8_0 layout
     (attention_ir.py); block_tables: [S, max_blocks] int32; tok_seq[t]: row of block_tables for token t;
     tok_pos[t]: its position. Token t attends to positions max(0, pos - window + 1) .. pos of its sequence
-    (window <= 0: no window). out: [T, H, dv]. Decode tokens and prefill chunks over cached prefixes are the
-    same call. The caller checks the shapes (CpuBackend: the cache was allocated for this model).
+    (window <= 0: no window). out: [T, H, dv]. softcap > 0: llama.cpp's order for a soft-capped model
+    (Gemma 2), whose Q is scaled before attention and whose Q.K is capped before an unscaled softmax: Q
+    times `scale` in f32, then rounded to f16, Q.K, cap * tanh(. / cap), softmax. Decode tokens and prefill
+    chunks over cached prefixes are the same call. The caller checks the shapes (CpuBackend: the cache was
+    allocated for this model).
     """
     T, H, d = q.shape
     n_kv, bs, dv = _kv_geometry(k_cache, v_cache)
@@ -302,8 +311,10 @@ def attention_paged_cpu(
     for t in range(T):
         max_pos = max(max_pos, tok_pos[t])
     width = (max_pos // bs + 2) * bs  # scores columns: every block a token can touch
+    q_scale = np.float32(scale) if softcap > 0 else np.float32(1.0)  # applied to Q before its f16 rounding
+    kq_scale = np.float32(1.0) if softcap > 0 else np.float32(scale)  # applied to the Q.K sums
     sbits = np.empty(1, np.float32)
-    sbits[0] = scale
+    sbits[0] = kq_scale
     scale_bits = np.int64(sbits.view(np.int32)[0])
     n_items = T * n_kv
     n_runs = min(n_items, n_threads)  # an argument: get_num_threads() inside njit defeats cache=True
@@ -326,14 +337,14 @@ def attention_paged_cpu(
             n = p - start + 1
             for g in range(group):
                 for i in range(d):
-                    qh[g, i] = q[t, kvh * group + g, i]
+                    qh[g, i] = q[t, kvh * group + g, i] * q_scale
                 f16_round_inplace(qh[g])  # llama.cpp converts Q to f16 for the Q.K product
-            _prepare_q(k_cache, qh, scale)
+            _prepare_q(k_cache, qh, kq_scale)
             for b in range(nb):
                 blk = block_tables[s, b0 + b]
-                _qk_block(fast, group, qh, k_cache, blk, kvh, scale, scale_bits, scores, b * bs, width)
+                _qk_block(fast, group, qh, k_cache, blk, kvh, kq_scale, scale_bits, scores, b * bs, width)
             for g in range(group):
-                _softmax_f16_row(scores[g, lo : lo + n])  # f16 weights, as llama.cpp's P.V
+                _softmax_f16_row(scores[g, lo : lo + n], softcap)  # f16 weights, as llama.cpp's P.V
             acc[:] = 0.0
             for b in range(nb):
                 blk = block_tables[s, b0 + b]

@@ -177,12 +177,17 @@ class CpuBackend(Backend):
         window: int,
         scale: float,
         out: np.ndarray,
+        softcap: float = 0.0,
     ) -> None:
         k_cache, v_cache = kv.layers[layer]
         attention_paged_cpu(
             np.ascontiguousarray(q), k_cache, v_cache, block_tables, seq_index, positions, window, scale,
-            numba.get_num_threads(), out,
+            softcap, numba.get_num_threads(), out,
         )  # fmt: skip
+
+    def scale(self, x: np.ndarray, s: float) -> np.ndarray:
+        x *= np.float32(s)
+        return x
 
     def prepare_layer(self, cfg: Any, attn: Any, ffn: Any, layer: int) -> FusedLayer | None:
         if not (self.fuse_layers and vnni.VNNI_ACTIVE and HOST_F16C):
@@ -200,8 +205,8 @@ class CpuBackend(Backend):
         cos_t, sin_t = self._rope_table(fused.rope, self._positions_end)
         decoder_layer_cpu(
             x, fused.norms, fused.biases, fused.planes, fused.meta, fused.dims, fused.eps, fused.scale,
-            cos_t, sin_t, k_cache, v_cache, inp.block_tables, inp.seq_index, inp.positions, inp.slots,
-            self.n_threads,
+            fused.softcap, fused.residual, cos_t, sin_t, k_cache, v_cache, inp.block_tables, inp.seq_index,
+            inp.positions, inp.slots, self.n_threads,
         )  # fmt: skip
         return True
 

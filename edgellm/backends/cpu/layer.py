@@ -51,6 +51,8 @@ class FusedLayer:
     eps: float
     scale: float  # attention scale
     rope: RopeParams  # the layer kind's rotary embedding (its cos/sin table is the backend's)
+    softcap: float  # attention logit soft-capping (0: none)
+    residual: float  # each block's output times this before the residual add (Granite)
     n_embd: int
     weights: list  # the parts' Tiles, kept alive for the addresses in `planes`
 
@@ -88,7 +90,7 @@ def _split_heads(qkv, q, k, v) -> None:
 
 @njit(cache=True, nogil=True)
 def decoder_layer_cpu(
-    x, norms, biases, planes, meta, dims, eps, scale, cos_t, sin_t,
+    x, norms, biases, planes, meta, dims, eps, scale, softcap, residual, cos_t, sin_t,
     k_cache, v_cache, block_tables, seq_index, positions, slots, n_threads,
 ) -> None:  # fmt: skip
     """x [T, n_embd] += Attention(...) then += FFN(...), writing the tokens' K/V: attention_block then
@@ -114,7 +116,8 @@ def decoder_layer_cpu(
     ops.write_kv_slots_cpu(k, v, k_cache, v_cache, slots)
     attn = np.empty((T, H, dv), np.float32)
     attention_paged_cpu(
-        q, k_cache, v_cache, block_tables, seq_index, positions, dims[WINDOW_], scale, n_threads, attn
+        q, k_cache, v_cache, block_tables, seq_index, positions, dims[WINDOW_], scale, softcap, n_threads,
+        attn,
     )
     o = np.empty((T, E), np.float32)
     _matmul_parts(attn.reshape(T, H * dv), planes[3:6], meta[3:6], o, n_threads)
@@ -122,6 +125,8 @@ def decoder_layer_cpu(
         o += biases[O_B]
     if norms[ATTN_POST].shape[0]:
         ops.rmsnorm_cpu(o, norms[ATTN_POST], eps, o)
+    if residual != 1.0:
+        o *= np.float32(residual)
     ops.add_cpu(x, o)
 
     ops.rmsnorm_cpu(x, norms[FFN_NORM], eps, h)
@@ -141,6 +146,8 @@ def decoder_layer_cpu(
         o += biases[DOWN_B]
     if norms[FFN_POST].shape[0]:
         ops.rmsnorm_cpu(o, norms[FFN_POST], eps, o)
+    if residual != 1.0:
+        o *= np.float32(residual)
     ops.add_cpu(x, o)
 
 
@@ -159,8 +166,8 @@ def pack_layer(cfg: Any, attn: Any, ffn: Any, il: int) -> FusedLayer | None:
     """A layer's FusedLayer, or None when one of its pieces has no fused form. Checks every shape the
     kernel assumes of the weights (each matrix's rows and columns)."""
     H, hkv, d, dv, ff, e = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v, cfg.n_ff, cfg.n_embd
-    if cfg.activation not in ("silu", "gelu"):
-        return None
+    if cfg.activation not in ("silu", "gelu") or not cfg.pre_norms or cfg.qk_norm_full:
+        return None  # OLMo 2's norm placement: the blocks' kernel calls
     mats = [
         (attn.wqkv, (H + hkv) * d + hkv * dv, e),
         (attn.wo, e, H * dv),
@@ -213,6 +220,8 @@ def pack_layer(cfg: Any, attn: Any, ffn: Any, il: int) -> FusedLayer | None:
         eps=float(cfg.rms_eps),
         scale=float(cfg.attn_scale),
         rope=cfg.rope_of_layer(il),
+        softcap=float(cfg.attn_softcap),
+        residual=float(cfg.residual_scale),
         n_embd=e,
         weights=weights,
     )

@@ -88,6 +88,23 @@ def _score(qv, k_cache, k_scale, q8, blk, o, kvh, d, scale):  # noqa: ANN001, AN
 
 
 @cuda.jit(device=True, inline=True)
+def _capped(sc, softcap):  # noqa: ANN001, ANN201
+    """cap * tanh(sc / cap) for softcap > 0 (llama.cpp's attn_soft_cap: a scale by 1/cap, tanh, a scale by
+    cap), else sc."""
+    if softcap > 0:
+        return mul_rn(np.float32(math.tanh(mul_rn(sc, np.float32(1.0) / softcap))), softcap)
+    return sc
+
+
+@cuda.jit(device=True, inline=True)
+def _key_score(qv, k_cache, k_scale, q8, block_tables, s, kp, kvh, d, scale, softcap):  # noqa: ANN001, ANN201
+    """The (capped) score of sequence s's key at position kp."""
+    bs = k_cache.shape[1]
+    sc = _score(qv, k_cache, k_scale, q8, block_tables[s, kp // bs], kp % bs, kvh, d, scale)
+    return _capped(sc, softcap)
+
+
+@cuda.jit(device=True, inline=True)
 def _v_value(v_cache, v_scale, q8, blk, o, kvh, i):  # noqa: ANN001, ANN201
     if q8:
         return mul_rn(np.float32(v_cache[blk, o, kvh, i]), np.float32(v_scale[blk, o, kvh, i // KV_BLOCK]))
@@ -139,13 +156,15 @@ def max_splits(table_cols: int, block_size: int, window: int, split_keys: int) -
 @cuda.jit(cache=True)
 def attention_paged_cuda(  # noqa: ANN001
     q, q_off, q_st, q_hs, k_cache, v_cache, k_scale, v_scale, q8, block_tables, tok_seq, tok_pos, window,
-    scale, n_heads, split_keys, part_ml, part_acc, done, out, o_off, o_st, o_hs, quant, group, mode, xq, xs,
-    xsum,
+    scale, softcap, n_heads, split_keys, part_ml, part_acc, done, out, o_off, o_st, o_hs, quant, group, mode,
+    xq, xs, xsum,
 ):  # fmt: skip
     """Causal paged attention; see the module docstring. Block (token * n_heads + head, split). K/V: f16
     caches, or with `q8` q8_0 values and scales (k_scale / v_scale; placeholders otherwise). With `quant`,
     the block that writes a head's output also quantizes it for the output projection (fused: needs dv a
-    multiple of the activation block and heads contiguous in the row).
+    multiple of the activation block and heads contiguous in the row). softcap > 0: llama.cpp's order for
+    a soft-capped model (Gemma 2), as the CPU kernel: Q times `scale` before its f16 rounding, the Q.K
+    unscaled, then capped (_capped) before the softmax.
 
     Split-K: a token with more than split_keys keys (split_plan) has its keys cut into consecutive splits,
     one block each; a split's softmax is normalised over its own keys (local max m_s, sum l_s, output
@@ -175,18 +194,20 @@ def attention_paged_cuda(  # noqa: ANN001
     qv = cuda.shared.array(MAX_HEAD_DIM, np.float32)
     red = cuda.shared.array(ROW_THREADS, np.float64)
     wts = cuda.shared.array(ROW_THREADS, np.float32)
+    q_scale = scale if softcap > 0 else np.float32(1.0)  # Q before its f16 rounding
+    kq_scale = np.float32(1.0) if softcap > 0 else scale  # the Q.K sums
     for i in range(tid, d, ROW_THREADS):
-        qv[i] = f16_round(q[q_off + t * q_st + h * q_hs + i])
+        qv[i] = f16_round(mul_rn(q[q_off + t * q_st + h * q_hs + i], q_scale))
     cuda.syncthreads()
     mx = np.float32(-np.inf)
     for j in range(tid, n, ROW_THREADS):
         kp = k0 + j
-        mx = max(mx, _score(qv, k_cache, k_scale, q8, block_tables[s, kp // bs], kp % bs, kvh, d, scale))
+        mx = max(mx, _key_score(qv, k_cache, k_scale, q8, block_tables, s, kp, kvh, d, kq_scale, softcap))
     mx = np.float32(_block_reduce(red, mx, True))
     total = 0.0
     for j in range(tid, n, ROW_THREADS):
         kp = k0 + j
-        sc = _score(qv, k_cache, k_scale, q8, block_tables[s, kp // bs], kp % bs, kvh, d, scale)
+        sc = _key_score(qv, k_cache, k_scale, q8, block_tables, s, kp, kvh, d, kq_scale, softcap)
         total += np.float32(math.exp(sc - mx))
     total = _block_reduce(red, total, False)
     inv = np.float32(1.0 / total)
@@ -197,7 +218,7 @@ def attention_paged_cuda(  # noqa: ANN001
         j = c0 + tid
         if j < n:
             kp = k0 + j
-            sc = _score(qv, k_cache, k_scale, q8, block_tables[s, kp // bs], kp % bs, kvh, d, scale)
+            sc = _key_score(qv, k_cache, k_scale, q8, block_tables, s, kp, kvh, d, kq_scale, softcap)
             wts[tid] = f16_round(mul_rn(np.float32(math.exp(sc - mx)), inv))
         cuda.syncthreads()
         for jj in range(min(ROW_THREADS, n - c0)):

@@ -334,10 +334,13 @@ class CudaBackend(DeviceSampling, Backend):
         window: int,
         scale: float,
         out: DeviceTensor,
+        softcap: float = 0.0,
     ) -> None:
         self._flush()
         lay, split = kv.layers[layer], self.split_keys
-        op = AttnOp(q, lay, kv.kind.q8, block_tables, seq_index, positions, window, scale, out, split)
+        op = AttnOp(
+            q, lay, kv.kind.q8, block_tables, seq_index, positions, window, scale, out, split, softcap
+        )
         if self.fuse:
             self._pending = op  # the output projection's quantization joins it
         else:

@@ -146,6 +146,7 @@ class AttnOp:
     scale: float
     out: DeviceTensor
     split_keys: int  # split-K: a token with more keys is spread over several blocks (attention.py)
+    softcap: float = 0.0  # attention logit soft-capping (Gemma 2); 0: none
 
     def produces(self, x: DeviceTensor) -> bool:
         o = self.out
@@ -181,6 +182,7 @@ class AttnOp:
             self.positions,
             int(self.window),
             np.float32(self.scale),
+            np.float32(self.softcap),
             H,
             int(self.split_keys),
             scratch.at_least("attn_ml", 2 * slots, np.float64),
