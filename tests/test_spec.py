@@ -116,7 +116,8 @@ def test_rejected_drafts_release_their_blocks() -> None:
 
 def test_drafts_are_cut_to_the_budget_and_never_preempt() -> None:
     sched = Scheduler(SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=4, block_size=4, num_blocks=4))
-    a, b = Sequence(0, [1, 2, 3], max_tokens=8), Sequence(1, [4, 5, 6], max_tokens=8)
+    # one client request's two prompts: first come, first served within it (no fair split of the prefill)
+    a, b = Sequence(0, [1, 2, 3], max_tokens=8, group="g"), Sequence(1, [4, 5, 6], max_tokens=8, group="g")
     sched.add(a)
     sched.add(b)
     plan = sched.schedule()  # a's prompt (3) + 1 of b's

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from gguf import GGMLQuantizationType
-from numba import njit
 
 from edgellm.gguf.metadata import INT32_MAX, get_float, get_int, get_str
 from edgellm.gguf.reader import GGUFError, GGUFFile
@@ -98,14 +97,27 @@ class RopeParams:
         return float(max(0, start)), float(min(self.n_rot - 1, end))
 
 
-@njit(cache=True, nogil=True)
-def base_inv_freq(n_rot: int, base: float) -> np.ndarray:
-    """base^(-2i/n_rot) for each pair i, in float64 (compiled: the bits the rope tables always had)."""
+def _base_inv_freq(n_rot: int, base: float) -> np.ndarray:
     half = n_rot // 2
     out = np.empty(half, np.float64)
     for i in range(half):
         out[i] = base ** (-2.0 * i / n_rot)
     return out
+
+
+_base_inv_freq_compiled = None
+
+
+def base_inv_freq(n_rot: int, base: float) -> np.ndarray:
+    """base^(-2i/n_rot) for each pair i, in float64, compiled by Numba: the bits the rope tables always had
+    (numpy's vectorized pow may differ in the last bit). Compiled on first use, so that the front-ends,
+    which read the config but never rotate, load no Numba."""
+    global _base_inv_freq_compiled
+    if _base_inv_freq_compiled is None:
+        from numba import njit
+
+        _base_inv_freq_compiled = njit(cache=True, nogil=True)(_base_inv_freq)
+    return _base_inv_freq_compiled(n_rot, base)
 
 
 def yarn_ramp(corr: tuple[float, float], half: int) -> np.ndarray:
