@@ -11,15 +11,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 try:  # the openai client's HTTP library: httpx, or its successor httpx2 in recent openai releases
     import httpx
 except ImportError:
     import httpx2 as httpx  # type: ignore[no-redef]
+
+from edgellm.testing.servers import start_server, stop_server  # noqa: E402
 
 CHAT = {
     "messages": [{"role": "user", "content": "Say hi."}],
@@ -41,35 +45,15 @@ def first_token_s(url: str) -> float:
     raise RuntimeError("the chat streamed no text")
 
 
-def wait_ready(url: str, proc: subprocess.Popen, limit_s: float = 600) -> None:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError("the server did not become ready")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
     ap.add_argument("--inputs", type=int, default=2048)
     ap.add_argument("--chats", type=int, default=7)
-    ap.add_argument("--port", type=int, default=8947)
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args()
-    url = f"http://127.0.0.1:{args.port}"
-    cmd = [sys.executable, "-m", "edgellm", "serve", args.model, "--port", str(args.port)]
-    if args.threads:
-        cmd += ["--threads", str(args.threads)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc, url = start_server(args.model, *(["--threads", str(args.threads)] if args.threads else []))
     try:
-        wait_ready(url, proc)
         first_token_s(url)  # warm-up: the first request pays one-time costs
         idle = [first_token_s(url) for _ in range(args.chats)]
         texts = [f"short string number {i}" for i in range(args.inputs)]
@@ -104,8 +88,7 @@ def main() -> int:
         }
         print(json.dumps(out))
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+        stop_server(proc)
     return 0
 
 
