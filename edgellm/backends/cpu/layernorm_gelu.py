@@ -4,8 +4,9 @@ and GELU as ggml computes it for float32.
 ggml's float32 GELU (ggml-cpu vec.h, GGML_GELU_FP16, always defined) does not evaluate the formula on the
 float32 input: it rounds the input to f16 and reads a 65,536-entry f16 table of the tanh form
 0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))), except 0 at x <= -10 and x itself at x >= 10. Here the
-same value comes from rounding the input, evaluating the formula in float32 and rounding the result to f16
-(what the table holds), with no table.
+same value comes from rounding the input, evaluating the formula in float32 as ggml's build does (1 + a x^2
+one fused multiply-add: its table differs from the unfused form at one entry) and rounding the result to
+f16 (what the table holds), with no table.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 from numba import njit, prange
 
 from edgellm.backends.cpu.fp16 import f16_round
+from edgellm.backends.cpu.ir_util import fma_f32
 
 GELU_COEF_A = np.float32(0.044715)
 SQRT_2_OVER_PI = np.float32(0.79788456080286535587989211986876)
@@ -29,7 +31,7 @@ def gelu_f16_table(x: np.float32) -> np.float32:
     if x >= np.float32(10.0):
         return x
     v = f16_round(x)
-    inner = SQRT_2_OVER_PI * v * (np.float32(1.0) + GELU_COEF_A * v * v)
+    inner = SQRT_2_OVER_PI * v * fma_f32(GELU_COEF_A * v, v, np.float32(1.0))
     return f16_round(np.float32(0.5) * v * (np.float32(1.0) + np.float32(math.tanh(inner))))
 
 
