@@ -203,9 +203,10 @@ def gelu_ref(x: np.ndarray) -> np.ndarray:
 
 
 # Values where the table's edges and f16's rounding matter: the +-10 cut-offs, f16 subnormals and
-# overflow, signed zeros, ties between two f16 values.
+# overflow, signed zeros, ties between two f16 values, and -1.9990234375, the one entry where the table
+# needs the FMA in 1 + a x^2.
 GELU_SPECIAL = [-10.0, 10.0, -10.000001, 9.999999, -9.99, 0.0, -0.0, 1e-7, -3e-6, 5e-5, 65519.0, -65519.0,
-                1e30, -1e30, 1.0 + 2.0**-11, -2.5 - 2.0**-10, 3.0, -3.0]  # fmt: skip
+                1e30, -1e30, 1.0 + 2.0**-11, -2.5 - 2.0**-10, -1.9990234375, 3.0]  # fmt: skip
 
 
 @pytest.mark.parametrize("shape", [(1, 64), (7, 300), (33, 768)], ids=lambda s: f"{s[0]}x{s[1]}")

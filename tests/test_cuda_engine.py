@@ -388,7 +388,8 @@ def test_engine_embeddings_match_the_cpu(llms: dict[str, EngineCore]) -> None:
 # Each ~12 s in the simulator: one case per architecture and path runs by default, the rest on a GPU or
 # with EDGELLM_CUDA_SIM_FULL=1.
 DEFAULT_ARCH_CASES = {("gemma2", "f16", False), ("gemma2", "q8_0", True), ("granite", "f16", True),
-                      ("olmo2", "f16", False), ("starcoder2", "f16", True), ("gpt2", "f16", True)}  # fmt: skip
+                      ("olmo2", "f16", False), ("starcoder2", "f16", True),
+                      ("gpt2", "f16", True)}  # fmt: skip
 
 
 @pytest.mark.parametrize(
