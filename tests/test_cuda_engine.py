@@ -388,7 +388,8 @@ def test_engine_embeddings_match_the_cpu(llms: dict[str, EngineCore]) -> None:
 # Each ~12 s in the simulator: one case per architecture and path runs by default, the rest on a GPU or
 # with EDGELLM_CUDA_SIM_FULL=1.
 DEFAULT_ARCH_CASES = {("gemma2", "f16", False), ("gemma2", "q8_0", True), ("granite", "f16", True),
-                      ("olmo2", "f16", False)}  # fmt: skip
+                      ("olmo2", "f16", False), ("starcoder2", "f16", True),
+                      ("gpt2", "f16", True)}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -400,7 +401,8 @@ DEFAULT_ARCH_CASES = {("gemma2", "f16", False), ("gemma2", "q8_0", True), ("gran
                 not FULL and (arch, kv, fuse) not in DEFAULT_ARCH_CASES, reason="slow in the simulator"
             ),
         )
-        for arch, kv in [("gemma2", "f16"), ("gemma2", "q8_0"), ("granite", "f16"), ("olmo2", "f16")]
+        for arch, kv in [("gemma2", "f16"), ("gemma2", "q8_0"), ("granite", "f16"), ("olmo2", "f16"),
+                         ("starcoder2", "f16"), ("gpt2", "f16")]
         for fuse in (False, True)
     ],
 )  # fmt: skip
@@ -409,7 +411,8 @@ def test_gemma2_granite_olmo2_logits_match_the_cpu(
 ) -> None:
     """Gemma 2's attention soft-capping (caps small enough to bind), Granite's multipliers (Backend.scale)
     and OLMo 2's norm placement through the CUDA backend's kernels and its fused chains (which must not
-    drop the cap, the extra scale or the missing pre-norms): the CPU backend's logits."""
+    drop the cap, the extra scale or the missing pre-norms), StarCoder 2's and GPT-2's LayerNorm, GELU MLP
+    and (GPT-2) learned positions: the CPU backend's logits."""
     from edgellm.arch import ARCHITECTURES
     from edgellm.backends.cpu.backend import CpuBackend
     from edgellm.engine.model_runner import ModelRunner, RunItem

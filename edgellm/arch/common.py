@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from edgellm.backends.base import Backend
-from edgellm.gguf.config import ModelConfig
+from edgellm.gguf.config import ROPE_NONE, ModelConfig
 from edgellm.gguf.reader import GGUFError, GGUFFile, TensorInfo
 
 
@@ -59,16 +59,18 @@ class AttentionWeights:
     q_norm: Any = None  # [d] (Gemma 3, Qwen 3); [H * d] over the whole projection (OLMo 2)
     k_norm: Any = None  # [d]; [Hkv * d] (OLMo 2)
     post_norm: Any = None  # [n_embd] (Gemma)
+    norm_b: Any = None  # [n_embd] the pre-norm's bias (LayerNorm: StarCoder 2, GPT-2)
 
 
 @dataclass
 class FeedForwardWeights:
     norm: Any  # [n_embd]; None without pre-norms (OLMo 2)
-    w_gate_up: Any  # [2 * n_ff, n_embd] fused gate|up
+    w_gate_up: Any  # [2 * n_ff, n_embd] fused gate|up; [n_ff, n_embd] up alone when not cfg.gated_ffn
     w_down: Any  # [n_embd, n_ff]
     post_norm: Any = None  # [n_embd] (Gemma)
     b_gate_up: Any = None  # [2 * n_ff] gate|up biases (optional on llama)
     b_down: Any = None  # [n_embd] (optional on llama)
+    norm_b: Any = None  # [n_embd] the pre-norm's bias (LayerNorm)
 
 
 def load_attention(be: Backend, src: TensorSource, cfg: ModelConfig, il: int) -> AttentionWeights:
@@ -123,12 +125,20 @@ def load_biases(be: Backend, src: TensorSource, parts: list[tuple[str, int]]) ->
     return be.from_host(np.concatenate(vectors))
 
 
-def pre_norm(be: Backend, cfg: ModelConfig, norm: Any, x: Any, T: int) -> Any:
-    """rmsnorm(x) * norm [T, n_embd], a new array; x itself without a pre-norm (OLMo 2: only read)."""
+def model_norm(be: Backend, cfg: ModelConfig, x: Any, w: Any, b: Any, out: Any) -> None:
+    """out = the architecture's norm of each row of x: rmsnorm(x) * w, or LayerNorm(x) * w + b."""
+    if cfg.layer_norm:
+        be.layernorm(x, w, b, cfg.layer_norm_eps, out)
+    else:
+        be.rmsnorm(x, w, cfg.rms_eps, out)
+
+
+def pre_norm(be: Backend, cfg: ModelConfig, norm: Any, x: Any, T: int, bias: Any = None) -> Any:
+    """norm(x) [T, n_embd], a new array; x itself without a pre-norm (OLMo 2: only read)."""
     if norm is None:
         return x
     h = be.empty((T, cfg.n_embd))
-    be.rmsnorm(x, norm, cfg.rms_eps, h)
+    model_norm(be, cfg, x, norm, bias, h)
     return h
 
 
@@ -148,7 +158,7 @@ def attention_block(
     """x += Attention(norm(x)) for every token of the batch (in place). x: [T, n_embd]."""
     T = batch.n_tokens
     H, Hkv, d, dv = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v
-    h = pre_norm(be, cfg, w.norm, x, T)
+    h = pre_norm(be, cfg, w.norm, x, T, w.norm_b)
     qkv = be.empty((T, (H + Hkv) * d + Hkv * dv))
     be.matmul(h, w.wqkv, qkv)  # [T, H*d | Hkv*d | Hkv*dv]
     if w.bqkv is not None:
@@ -165,9 +175,10 @@ def attention_block(
     elif w.q_norm is not None:
         be.rmsnorm_heads(q, w.q_norm, cfg.rms_eps)
         be.rmsnorm_heads(k, w.k_norm, cfg.rms_eps)
-    rope = cfg.rope_of_layer(il)
-    be.rope(q, positions, rope)
-    be.rope(k, positions, rope)
+    if cfg.rope_type != ROPE_NONE:
+        rope = cfg.rope_of_layer(il)
+        be.rope(q, positions, rope)
+        be.rope(k, positions, rope)
     be.write_kv(kv, il, k, v, slots)
     attn = be.empty((T, H, dv))
     window = cfg.sliding_window if cfg.swa_layers[il] else 0
@@ -185,14 +196,19 @@ def attention_block(
 
 
 def feed_forward_block(be: Backend, cfg: ModelConfig, w: FeedForwardWeights, x: Any, T: int) -> None:
-    """x += FFN(norm(x)), a gated FFN (SwiGLU or GeGLU). x: [T, n_embd]."""
-    h = pre_norm(be, cfg, w.norm, x, T)
-    gate_up = be.empty((T, 2 * cfg.n_ff))
-    be.matmul(h, w.w_gate_up, gate_up)  # [T, 2*n_ff]
+    """x += FFN(norm(x)): a gated FFN (SwiGLU or GeGLU), or W_down @ gelu(W_up h) without a gate
+    (StarCoder 2, GPT-2). x: [T, n_embd]."""
+    h = pre_norm(be, cfg, w.norm, x, T, w.norm_b)
+    gate_up = be.empty((T, (2 if cfg.gated_ffn else 1) * cfg.n_ff))
+    be.matmul(h, w.w_gate_up, gate_up)  # [T, 2*n_ff] gate|up, or [T, n_ff] up
     if w.b_gate_up is not None:
         be.add_bias(gate_up, w.b_gate_up)
-    act = be.empty((T, cfg.n_ff))
-    be.gated_act(gate_up, act, cfg.activation)  # [T, n_ff]
+    if cfg.gated_ffn:
+        act = be.empty((T, cfg.n_ff))
+        be.gated_act(gate_up, act, cfg.activation)  # [T, n_ff]
+    else:
+        act = gate_up
+        be.gelu(act)  # the one ungated activation llama.cpp's StarCoder 2 and GPT-2 use
     out = be.empty((T, cfg.n_embd))
     be.matmul(act, w.w_down, out)
     if w.b_down is not None:

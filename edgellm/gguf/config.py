@@ -11,7 +11,10 @@ from edgellm.gguf.metadata import INT32_MAX, check_int_range, describe, get_floa
 from edgellm.gguf.reader import GGUFError, GGUFFile
 from edgellm.gguf.rope import RopeParams, rope_from_gguf
 
-SUPPORTED_ARCHS = ("llama", "gemma2", "gemma3", "granite", "olmo2", "qwen2", "qwen3")
+SUPPORTED_ARCHS = ("llama", "gemma2", "gemma3", "granite", "olmo2", "qwen2", "qwen3", "starcoder2", "gpt2")
+# The architectures with LayerNorm (weight and bias, {arch}.attention.layer_norm_epsilon) instead of RMSNorm,
+# and an ungated GELU MLP with biases (arch/starcoder2.py, arch/gpt2.py).
+LAYER_NORM_ARCHS = ("starcoder2", "gpt2")
 # The architectures with sliding-window layers, and the window when {arch}.attention.sliding_window is
 # missing (llama.cpp's defaults; 0: every layer global). Their local layers' rope: gguf/rope.py SWA_ROPE.
 SLIDING_WINDOW_DEFAULT = {"gemma2": 4096, "gemma3": 0, "olmo2": 0}
@@ -20,6 +23,7 @@ SLIDING_WINDOW_DEFAULT = {"gemma2": 4096, "gemma3": 0, "olmo2": 0}
 # Q/K rows for it); NEOX rotates the two halves (x[i], x[i + d/2]).
 ROPE_NORM = 0
 ROPE_NEOX = 2
+ROPE_NONE = -1  # no rotary embedding (GPT-2: learned absolute position embeddings)
 
 
 class UnsupportedArchitectureError(GGUFError):
@@ -59,6 +63,9 @@ class ModelConfig:
     attn_softcap: float = 0.0  # Gemma 2: Q.K capped to cap * tanh(. / cap) before the softmax
     residual_scale: float = 1.0  # Granite: each block's output times this before the residual add
     logit_scale: float = 1.0  # Granite: logits divided by this
+    layer_norm: bool = False  # LayerNorm (x - mean) / sqrt(var + eps) * w + b everywhere RMSNorm would be
+    layer_norm_eps: float = 1e-5
+    gated_ffn: bool = True  # False: W_down @ act(W_up h) (StarCoder 2, GPT-2), no ffn_gate
     pooling: str = "mean"  # how an embedding pools the final hidden states (engine/pooling.py POOLABLE)
 
     @property
@@ -145,7 +152,7 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
                 f"{g.path}: tensor 'token_embd.weight' has {n_vocab} rows but the vocabulary has "
                 f"{len(tokens)} tokens"
             )
-    rope_type = ROPE_NORM if arch in ("llama", "granite") else ROPE_NEOX
+    rope_type = {"llama": ROPE_NORM, "granite": ROPE_NORM, "gpt2": ROPE_NONE}.get(arch, ROPE_NEOX)
     n_ctx_train = get_int(g, p + "context_length", 2048, lo=MIN_CONTEXT_LENGTH, hi=INT32_MAX)
     sliding_window = 0
     if arch in SLIDING_WINDOW_DEFAULT:
@@ -196,7 +203,30 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
         _granite(g, cfg)
     elif arch == "olmo2":
         _olmo2(g, cfg)
+    elif arch in LAYER_NORM_ARCHS:
+        _layer_norm_arch(g, cfg)
     return cfg
+
+
+def _layer_norm_arch(g: GGUFFile, cfg: ModelConfig) -> None:
+    """StarCoder 2 and GPT-2 as llama.cpp's llama_model_starcoder2 / _gpt2 read them: LayerNorm with the
+    required {arch}.attention.layer_norm_epsilon, MLP up -> GELU -> down with biases; Q is as wide as the
+    model (n_heads * head size = n_embd). GPT-2 adds learned positions and no rope (ROPE_NONE)."""
+    cfg.layer_norm = True
+    eps_key = f"{cfg.arch}.attention.layer_norm_epsilon"
+    cfg.layer_norm_eps = get_float(g, eps_key, lo=0.0, hi=1.0, lo_open=True)
+    cfg.gated_ffn = False
+    cfg.activation = "gelu"
+    if cfg.n_heads * cfg.head_dim != cfg.n_embd or cfg.head_dim_v != cfg.head_dim:
+        raise GGUFError(
+            f"{g.path}: {cfg.arch} heads of {cfg.head_dim} (K) / {cfg.head_dim_v} (V) x {cfg.n_heads} must "
+            f"span {cfg.arch}.embedding_length = {cfg.n_embd} (llama.cpp's {cfg.arch} shapes)"
+        )
+    if cfg.arch == "starcoder2" and cfg.rope_dim != cfg.head_dim:  # llama.cpp asserts a full rotation
+        raise GGUFError(
+            f"{g.path}: metadata starcoder2.rope.dimension_count = {cfg.rope_dim}: partial rotary embedding "
+            f"is not implemented for starcoder2 (llama.cpp rotates the whole head of {cfg.head_dim})"
+        )
 
 
 def _gemma2(g: GGUFFile, cfg: ModelConfig) -> None:

@@ -56,8 +56,20 @@ BLOCK_TENSORS: dict[str, frozenset[str]] = {
     # no attn_norm / ffn_norm: OLMo 2 norms after each block (Q/K norms over the whole projection)
     "olmo2": (_LLAMA_BLOCK - {"attn_norm.weight", "ffn_norm.weight"}) | _QKV_BIASES | _QK_NORMS | _POST_NORMS,
 }
+# LayerNorm architectures: every norm has a bias; the MLP is up -> GELU -> down (no ffn_gate), every
+# matrix biased. StarCoder 2 has separate Q/K/V, GPT-2 one fused attn_qkv.
+_LN_NORMS = frozenset({"attn_norm.weight", "attn_norm.bias", "ffn_norm.weight", "ffn_norm.bias"})
+_LN_REST = frozenset(
+    f"{m}.{part}" for m in ("attn_output", "ffn_up", "ffn_down") for part in ("weight", "bias")
+)
+BLOCK_TENSORS["starcoder2"] = (
+    _LN_NORMS | _LN_REST | _QKV_BIASES | {"attn_q.weight", "attn_k.weight", "attn_v.weight"}
+)
+BLOCK_TENSORS["gpt2"] = _LN_NORMS | _LN_REST | {"attn_qkv.weight", "attn_qkv.bias"}
 _GLOBAL = frozenset({"token_embd.weight", "output_norm.weight", "output.weight"})
 GLOBAL_TENSORS: dict[str, frozenset[str]] = {arch: _GLOBAL for arch in BLOCK_TENSORS}
+GLOBAL_TENSORS["starcoder2"] = _GLOBAL | {"output_norm.bias"}
+GLOBAL_TENSORS["gpt2"] = _GLOBAL | {"output_norm.bias", "position_embd.weight"}
 # llama.cpp's Gemma 2 always projects with token_embd.weight: an output.weight would go unused there
 GLOBAL_TENSORS["gemma2"] = _GLOBAL - {"output.weight"}
 
@@ -95,6 +107,8 @@ ARCH_KEYS: dict[str, frozenset[str]] = {
     "granite": _COMMON_KEYS | {"embedding_scale", "residual_scale", "attention.scale", "logit_scale"},
     "olmo2": _COMMON_KEYS
     | {"attention.sliding_window", "attention.sliding_window_pattern", "rope.freq_base_swa"},
+    "starcoder2": _COMMON_KEYS | {"attention.layer_norm_epsilon"},
+    "gpt2": _COMMON_KEYS | {"attention.layer_norm_epsilon"},
 }
 # Keys llama.cpp's common loader reads for every architecture, accepted at the values that leave the
 # model a dense, causal, text-only transformer (llama-model.cpp load_hparams).

@@ -72,6 +72,8 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     output.weight is optional (tied embeddings) and not listed."""
     e, f, V = cfg.n_embd, cfg.n_ff, cfg.n_vocab
     H, Hkv, d, dv = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v
+    if cfg.layer_norm:
+        return _layer_norm_tensors(cfg)
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (V, e)}
     for il in range(cfg.n_layers):
         p = f"blk.{il}."
@@ -100,6 +102,29 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     shapes["output_norm.weight"] = (e,)
     if cfg.arch == "olmo2":  # llama.cpp's OLMo 2 requires its own output matrix
         shapes["output.weight"] = (V, e)
+    return shapes
+
+
+def _layer_norm_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """StarCoder 2 / GPT-2 (arch/starcoder2.py): every norm with its bias, every matrix with its bias, no
+    ffn_gate; GPT-2's fused attn_qkv and position_embd (one row per position of its context)."""
+    e, f, kv = cfg.n_embd, cfg.n_ff, cfg.n_kv_heads * cfg.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (cfg.n_vocab, e)}
+    if cfg.arch == "gpt2":
+        shapes["position_embd.weight"] = (cfg.n_ctx_train, e)
+    for il in range(cfg.n_layers):
+        p = f"blk.{il}."
+        layer = {"attn_norm.weight": (e,), "attn_norm.bias": (e,), "ffn_norm.weight": (e,),
+                 "ffn_norm.bias": (e,), "attn_output.weight": (e, e), "attn_output.bias": (e,),
+                 "ffn_up.weight": (f, e), "ffn_up.bias": (f,), "ffn_down.weight": (e, f),
+                 "ffn_down.bias": (e,)}  # fmt: skip
+        if cfg.arch == "gpt2":
+            layer.update({"attn_qkv.weight": (e + 2 * kv, e), "attn_qkv.bias": (e + 2 * kv,)})
+        else:
+            for n, rows in (("q", e), ("k", kv), ("v", kv)):
+                layer.update({f"attn_{n}.weight": (rows, e), f"attn_{n}.bias": (rows,)})
+        shapes.update({p + name: shape for name, shape in layer.items()})
+    shapes.update({"output_norm.weight": (e,), "output_norm.bias": (e,)})
     return shapes
 
 

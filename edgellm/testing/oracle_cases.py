@@ -47,6 +47,7 @@ GEMMA3: dict[str, int] = dict(SMALL, n_layers=7)
 GEMMA2: dict[str, int] = dict(SMALL, n_layers=3)
 # OLMo 3's pattern (three local layers, then a global one) over 5 layers: both kinds, and local after global
 OLMO3: dict[str, int] = dict(SMALL, n_layers=5)
+GPT2: dict[str, int] = dict(SMALL, n_kv_heads=4)  # GPT-2 has as many K/V heads as Q heads
 
 
 @dataclass(frozen=True)
@@ -328,5 +329,13 @@ CASES: dict[str, OracleCase] = {
     "olmo2_q8_0": OracleCase("olmo2", "Q8_0", note="olmo2, Q8_0"),
     "olmo2_swa": OracleCase("olmo2", model=OLMO3, metadata=OLMO3_SWA,
                             note="olmo2, OLMo 3's window 4 on layers il % 4 < 3 (freq_base_swa: unused)"),
+    # ---- LayerNorm with biases, biased ungated GELU MLP: StarCoder 2 (rope, GQA), GPT-2 (learned
+    # positions, fused QKV; MHA as the real ones)
+    "starcoder2_f32": OracleCase("starcoder2", note="starcoder2, F32"),
+    "starcoder2_mix": OracleCase("starcoder2", DEFAULT_QTYPES, note="starcoder2, block-32 mix"),
+    "gpt2_f32": OracleCase("gpt2", model=GPT2, note="gpt2, F32 (position_embd F32)"),
+    "gpt2_q8_0": OracleCase("gpt2", "Q8_0", model=GPT2, note="gpt2, Q8_0 (position_embd too)"),
+    "gpt2_tied": OracleCase("gpt2", DEFAULT_QTYPES, model=GPT2, writer={"tied": True},
+                            note="gpt2, block-32 mix, no output.weight (tied)"),
 }
 # fmt: on

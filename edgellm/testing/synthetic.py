@@ -39,13 +39,15 @@ from edgellm.testing.encode import encode_tensor
 from edgellm.testing.tiny_vocab import CONTROL, bpe_vocab, spm_vocab
 
 T = GGMLQuantizationType
-ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2", "starcoder2", "gpt2")
+LAYER_NORM_ARCHS = ("starcoder2", "gpt2")  # LayerNorm with biases, biased ungated MLP (layer_norm_shapes)
 GEMMA_ARCHS = ("gemma2", "gemma3")  # SentencePiece vocabulary, head size always written
 POST_NORM_ARCHS = ("gemma2", "gemma3", "olmo2")  # post_attention_norm and post_ffw_norm
 LLAMA_ROPE_ARCHS = ("llama", "granite")  # written by llama.cpp's LlamaModel converter (and its subclasses)
 # Granite's four multipliers (the real 3.x 2B has 12, 0.22, 1/64 and 8: with tiny random weights those
 # leave the embedding so dominant that a wrong attention scale moves the logits by NMSE 1e-5 only). These
 # each move them by NMSE 5e-3 or more when dropped.
+BPE_PRE = {"llama": "default", "granite": "default", "starcoder2": "starcoder", "gpt2": "gpt-2"}
 GRANITE_SCALES = {"embedding_scale": 2.0, "residual_scale": 0.5, "attention.scale": 0.5, "logit_scale": 2.0}
 
 # A mix of the block-32 types (n_embd=64 rows cannot hold the 256-wide k-quant blocks). Keys are tensor
@@ -85,6 +87,8 @@ def tensor_shapes(
     tied: bool,
 ) -> dict[str, tuple[int, ...]]:
     """Tensor name -> numpy-order shape (rows, cols) as llama.cpp's loader expects them, in file order."""
+    if arch in LAYER_NORM_ARCHS:
+        return layer_norm_shapes(arch, n_layers, n_embd, n_kv_heads * head_dim, n_ff, n_vocab, tied)
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (n_vocab, n_embd)}
     q_rows, kv_rows = n_heads * head_dim, n_kv_heads * head_dim
     for il in range(n_layers):
@@ -116,6 +120,32 @@ def tensor_shapes(
             shapes[p + "post_ffw_norm.weight"] = (n_embd,)
     shapes["output_norm.weight"] = (n_embd,)
     if not tied and arch != "gemma2":  # Gemma 2's output is always the embedding
+        shapes["output.weight"] = (n_vocab, n_embd)
+    return shapes
+
+
+def layer_norm_shapes(
+    arch: str, n_layers: int, n_embd: int, kv_rows: int, n_ff: int, n_vocab: int, tied: bool
+) -> dict[str, tuple[int, ...]]:
+    """StarCoder 2 / GPT-2 tensors as their converters write them: Q as wide as the model, every norm and
+    matrix biased, no ffn_gate; GPT-2's fused attn_qkv (write_tiny_model adds its position_embd, one row
+    per position of the context)."""
+    shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (n_vocab, n_embd)}
+    qkv = n_embd + 2 * kv_rows
+    for il in range(n_layers):
+        p = f"blk.{il}."
+        shapes[p + "attn_norm.weight"] = shapes[p + "attn_norm.bias"] = (n_embd,)
+        if arch == "gpt2":
+            shapes[p + "attn_qkv.weight"], shapes[p + "attn_qkv.bias"] = (qkv, n_embd), (qkv,)
+        else:
+            for n, rows in (("q", n_embd), ("k", kv_rows), ("v", kv_rows)):
+                shapes[p + f"attn_{n}.weight"], shapes[p + f"attn_{n}.bias"] = (rows, n_embd), (rows,)
+        shapes[p + "attn_output.weight"], shapes[p + "attn_output.bias"] = (n_embd, n_embd), (n_embd,)
+        shapes[p + "ffn_norm.weight"] = shapes[p + "ffn_norm.bias"] = (n_embd,)
+        shapes[p + "ffn_up.weight"], shapes[p + "ffn_up.bias"] = (n_ff, n_embd), (n_ff,)
+        shapes[p + "ffn_down.weight"], shapes[p + "ffn_down.bias"] = (n_embd, n_ff), (n_embd,)
+    shapes["output_norm.weight"] = shapes["output_norm.bias"] = (n_embd,)
+    if not tied:
         shapes["output.weight"] = (n_vocab, n_embd)
     return shapes
 
@@ -193,7 +223,12 @@ def _metadata(
     md[p + "attention.head_count"] = (n_heads, U32, None)
     md[p + "attention.head_count_kv"] = (n_kv_heads, U32, None)
     md[p + "rope.freq_base"] = (rope_base, F32, None)
-    md[p + "attention.layer_norm_rms_epsilon"] = (rms_eps, F32, None)
+    if arch in LAYER_NORM_ARCHS:
+        md[p + "attention.layer_norm_epsilon"] = (rms_eps, F32, None)
+        if arch == "gpt2":  # no rope
+            del md[p + "rope.freq_base"]
+    else:
+        md[p + "attention.layer_norm_rms_epsilon"] = (rms_eps, F32, None)
     if arch in LLAMA_ROPE_ARCHS:
         md[p + "rope.dimension_count"] = (head_dim, U32, None)
     # The converters write the head size whenever it is not n_embd / n_heads (always for Gemma).
@@ -236,7 +271,7 @@ def _metadata(
         md.update(
             {
                 "tokenizer.ggml.model": ("gpt2", STR, None),
-                "tokenizer.ggml.pre": ("default" if arch in LLAMA_ROPE_ARCHS else "qwen2", STR, None),
+                "tokenizer.ggml.pre": (BPE_PRE.get(arch, "qwen2"), STR, None),
                 "tokenizer.ggml.tokens": (tokens, ARR, STR),
                 "tokenizer.ggml.token_type": (types, ARR, GGUFValueType.INT32),
                 "tokenizer.ggml.merges": (merges, ARR, STR),
@@ -336,6 +371,9 @@ def write_tiny_model(
     shapes: dict[str, tuple[int, ...] | np.ndarray] = dict(
         tensor_shapes(arch, n_layers, n_embd, n_heads, n_kv_heads, head_dim, n_ff, n_vocab, tied)
     )
+    if arch == "gpt2":  # learned positions, after the token embedding as GPT-2's converter writes them
+        shapes = {"token_embd.weight": shapes.pop("token_embd.weight"),
+                  "position_embd.weight": (context_length, n_embd), **shapes}  # fmt: skip
     for name, spec in (extra_tensors or {}).items():
         if name in shapes:
             raise ValueError(f"extra tensor {name!r} is one the writer already writes (use shape_overrides)")
@@ -357,6 +395,8 @@ def write_tiny_model(
             mean, std = 0.0, 0.1
         elif role == "token_embd":
             mean, std = 0.0, 1.0
+        elif role == "position_embd":  # half the tokens' spread: positions move the logits visibly
+            mean, std = 0.0, 0.5
         else:
             mean, std = 0.0, 1.0 / math.sqrt(shape[-1])
         # drawn even when skipped: same weights
