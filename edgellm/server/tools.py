@@ -25,6 +25,7 @@ from typing import Any
 
 from edgellm.chat_tools import HERMES_OPEN, ToolCall, complete_list_calls, could_start_call, parse_tool_calls
 from edgellm.grammar_limits import check_schema
+from edgellm.reasoning import partial_tail
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _ANY_OBJECT = {"type": "object"}
@@ -262,7 +263,7 @@ class ToolOutput:
             self.held = True
             end = at
         else:
-            end = len(self.text) - _partial_suffix(self.text, HERMES_OPEN)
+            end = len(self.text) - partial_tail(self.text, HERMES_OPEN)
         if end <= self.sent:
             return []
         out = [{"content": self.text[self.sent : end]}]
@@ -307,11 +308,3 @@ class ToolOutput:
             del c["index"]  # only stream chunks carry it
         final = "length" if reason == "length" else "tool_calls"
         return {"content": content, "tool_calls": tool_calls}, final
-
-
-def _partial_suffix(text: str, marker: str) -> int:
-    """Length of the longest end of `text` that begins `marker` (held back: the marker may be coming)."""
-    for k in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-k:]):
-            return k
-    return 0
