@@ -8,6 +8,10 @@ How a completion splits (`SamplingParams.reasoning_split`, chosen per request by
   prompt with `<think>`): the completion is reasoning up to `</think>`, the answer after it.
 - "tag": the completion is reasoning only if it begins with `<think>` (leading whitespace allowed).
 
+What callers read: `CompletionDelta.reasoning` (a step's new reasoning text; `CompletionDelta.text` is
+then the answer's alone, the tags in neither), `CompletionOutput.reasoning` / `GenerationOutput.reasoning`
+(the whole of it). `configure` sets a request's params to split.
+
 `--reasoning-format` (`REASONING_FORMATS`) picks when a request splits: "none" never, "deepseek" always,
 "auto" (the default) when the chat template thinks (it mentions `<think>`).
 
@@ -28,7 +32,6 @@ if TYPE_CHECKING:
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 REASONING_END = "\n</think>\n\n"  # what a budget forces: the close as Qwen3's template writes it
 REASONING_FORMATS = ("none", "auto", "deepseek")
-SPLIT_MODES = (None, "open", "tag")
 
 
 def template_thinks(source: str) -> bool:
