@@ -8,6 +8,8 @@ from edgellm.arch.gemma3 import Gemma3Model
 from edgellm.arch.granite import GraniteModel
 from edgellm.arch.llama import LlamaModel
 from edgellm.arch.olmo2 import Olmo2Model
+from edgellm.arch.phi3 import Phi3Model
+from edgellm.arch.smollm3 import SmolLM3Model
 
 ARCHITECTURES = {
     "llama": LlamaModel,
@@ -17,6 +19,8 @@ ARCHITECTURES = {
     "gemma3": Gemma3Model,
     "granite": GraniteModel,
     "olmo2": Olmo2Model,
+    "phi3": Phi3Model,
+    "smollm3": SmolLM3Model,
 }
 
 __all__ = [
@@ -27,4 +31,6 @@ __all__ = [
     "GraniteModel",
     "LlamaModel",
     "Olmo2Model",
+    "Phi3Model",
+    "SmolLM3Model",
 ]
