@@ -441,3 +441,41 @@ def test_gemma2_granite_olmo2_logits_match_the_cpu(
     cpu_logits = runner.run([RunItem([2, 3], [1, 17, 42], 0)]) + runner.run([RunItem([2, 3], [5], 3)])
     for got, want in zip(cuda_logits, cpu_logits, strict=True):
         assert nmse(got, want) < 1e-6
+
+
+@pytest.mark.parametrize("arch", ["phi3", "smollm3"])
+def test_phi3_smollm3_logits_match_the_cpu(arch: str, tmp_path: Path) -> None:
+    """Phi-3's fused Q|K|V and gate|up with LongRoPE's factors and attention factor, SmolLM3's layer without
+    rope (4 layers: the fused chain of the last has no rope step), through the CUDA backend's fused chains:
+    the CPU backend's logits."""
+    from edgellm.arch import ARCHITECTURES
+    from edgellm.backends.cpu.backend import CpuBackend
+    from edgellm.engine.model_runner import ModelRunner, RunItem
+    from edgellm.gguf.config import config_from_gguf
+    from edgellm.gguf.reader import load_gguf
+
+    n_rot = 8
+    phi3 = {
+        "metadata_overrides": {"phi3.rope.scaling.attn_factor": 1.19},
+        "extra_tensors": {f"rope_factors_{s}.weight": np.geomspace(1.0, f, n_rot // 2).astype(np.float32)
+                          for s, f in (("short", 2.0), ("long", 40.0))},
+    }  # fmt: skip
+    path = write_tiny_model(
+        tmp_path / f"{arch}.gguf",
+        arch,
+        "F32",
+        n_layers=4 if arch == "smollm3" else 1,
+        n_embd=32,
+        n_ff=64,
+        head_dim=8,
+        **(phi3 if arch == "phi3" else {}),
+    )
+    cuda_logits, *_ = forward_twice(path, fuse=True)
+    g = load_gguf(path)
+    cfg = config_from_gguf(g)
+    assert cfg.rope.freq_factors and cfg.rope.attn_factor != 1.0 if arch == "phi3" else cfg.no_rope_layers[3]
+    be = CpuBackend()
+    runner = ModelRunner(ARCHITECTURES[arch](cfg, g, be), cfg, be, num_blocks=4, block_size=4)
+    cpu_logits = runner.run([RunItem([2, 3], [1, 17, 42], 0)]) + runner.run([RunItem([2, 3], [5], 3)])
+    for got, want in zip(cuda_logits, cpu_logits, strict=True):
+        assert nmse(got, want) < 1e-6

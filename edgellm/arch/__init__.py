@@ -9,6 +9,8 @@ from edgellm.arch.gpt2 import Gpt2Model
 from edgellm.arch.granite import GraniteModel
 from edgellm.arch.llama import LlamaModel
 from edgellm.arch.olmo2 import Olmo2Model
+from edgellm.arch.phi3 import Phi3Model
+from edgellm.arch.smollm3 import SmolLM3Model
 from edgellm.arch.starcoder2 import Starcoder2Model
 
 ARCHITECTURES = {
@@ -21,6 +23,8 @@ ARCHITECTURES = {
     "olmo2": Olmo2Model,
     "starcoder2": Starcoder2Model,
     "gpt2": Gpt2Model,
+    "phi3": Phi3Model,
+    "smollm3": SmolLM3Model,
 }
 
 __all__ = [
@@ -33,4 +37,6 @@ __all__ = [
     "LlamaModel",
     "Olmo2Model",
     "Starcoder2Model",
+    "Phi3Model",
+    "SmolLM3Model",
 ]

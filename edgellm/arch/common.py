@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from edgellm.backends.base import Backend
-from edgellm.gguf.config import ROPE_NONE, ModelConfig
+from edgellm.gguf.config import ModelConfig
 from edgellm.gguf.reader import GGUFError, GGUFFile, TensorInfo
 
 
@@ -76,16 +76,20 @@ class FeedForwardWeights:
 def load_attention(be: Backend, src: TensorSource, cfg: ModelConfig, il: int) -> AttentionWeights:
     p = f"blk.{il}."
     e, d, dv = cfg.n_embd, cfg.head_dim, cfg.head_dim_v
-    q = src.get(p + "attn_q.weight", (cfg.n_heads * d, e))
-    k = src.get(p + "attn_k.weight", (cfg.n_kv_heads * d, e))
-    v = src.get(p + "attn_v.weight", (cfg.n_kv_heads * dv, e))
+    qkv_rows = {"q": cfg.n_heads * d, "k": cfg.n_kv_heads * d, "v": cfg.n_kv_heads * dv}
+    if cfg.qkv_fused[il]:  # one matrix, already stacked Q|K|V (Phi-3)
+        qkv = [src.get(p + "attn_qkv.weight", (sum(qkv_rows.values()), e))]
+    else:
+        qkv = [src.get(p + f"attn_{n}.weight", (rows, e)) for n, rows in qkv_rows.items()]
     w = AttentionWeights(
         norm=be.load_vector(src.get(p + "attn_norm.weight", (e,))) if cfg.pre_norms else None,
-        wqkv=be.load_matrix([q, k, v]),
+        wqkv=be.load_matrix(qkv),
         wo=be.load_matrix([src.get(p + "attn_output.weight", (e, cfg.n_heads * dv))]),
     )
-    qkv_rows = {"q": cfg.n_heads * d, "k": cfg.n_kv_heads * d, "v": cfg.n_kv_heads * dv}
-    w.bqkv = load_biases(be, src, [(p + f"attn_{n}.bias", rows) for n, rows in qkv_rows.items()])
+    if src.has(p + "attn_qkv.bias"):
+        w.bqkv = load_biases(be, src, [(p + "attn_qkv.bias", sum(qkv_rows.values()))])
+    else:  # with either form of the weights (validation.check_qkv_forms)
+        w.bqkv = load_biases(be, src, [(p + f"attn_{n}.bias", rows) for n, rows in qkv_rows.items()])
     w.bo = load_biases(be, src, [(p + "attn_output.bias", e)])
     if cfg.qk_norm or cfg.qk_norm_full:
         q_len, k_len = (cfg.n_heads * d, cfg.n_kv_heads * d) if cfg.qk_norm_full else (d, d)
@@ -99,11 +103,13 @@ def load_attention(be: Backend, src: TensorSource, cfg: ModelConfig, il: int) ->
 def load_feed_forward(be: Backend, src: TensorSource, cfg: ModelConfig, il: int) -> FeedForwardWeights:
     p = f"blk.{il}."
     e, f = cfg.n_embd, cfg.n_ff
+    if cfg.gate_up_fused:  # ffn_up holds gate|up, gate first (llama.cpp's swiglu of the two halves)
+        gate_up = [src.get(p + "ffn_up.weight", (2 * f, e))]
+    else:
+        gate_up = [src.get(p + "ffn_gate.weight", (f, e)), src.get(p + "ffn_up.weight", (f, e))]
     w = FeedForwardWeights(
         norm=be.load_vector(src.get(p + "ffn_norm.weight", (e,))) if cfg.pre_norms else None,
-        w_gate_up=be.load_matrix(
-            [src.get(p + "ffn_gate.weight", (f, e)), src.get(p + "ffn_up.weight", (f, e))]
-        ),
+        w_gate_up=be.load_matrix(gate_up),
         w_down=be.load_matrix([src.get(p + "ffn_down.weight", (e, f))]),
     )
     if cfg.post_norms:
@@ -175,8 +181,8 @@ def attention_block(
     elif w.q_norm is not None:
         be.rmsnorm_heads(q, w.q_norm, cfg.rms_eps)
         be.rmsnorm_heads(k, w.k_norm, cfg.rms_eps)
-    if cfg.rope_type != ROPE_NONE:
-        rope = cfg.rope_of_layer(il)
+    rope = cfg.rope_of_layer(il)
+    if rope is not None:  # None: no rotary embedding in this layer (GPT-2; SmolLM3's NoPE layers)
         be.rope(q, positions, rope)
         be.rope(k, positions, rope)
     be.write_kv(kv, il, k, v, slots)

@@ -39,11 +39,16 @@ from edgellm.testing.encode import encode_tensor
 from edgellm.testing.tiny_vocab import CONTROL, bpe_vocab, spm_vocab
 
 T = GGMLQuantizationType
-ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2", "starcoder2", "gpt2")
+ARCHS = (
+    "llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2", "starcoder2", "gpt2", "phi3", "smollm3"
+)
 LAYER_NORM_ARCHS = ("starcoder2", "gpt2")  # LayerNorm with biases, biased ungated MLP (layer_norm_shapes)
 GEMMA_ARCHS = ("gemma2", "gemma3")  # SentencePiece vocabulary, head size always written
 POST_NORM_ARCHS = ("gemma2", "gemma3", "olmo2")  # post_attention_norm and post_ffw_norm
-LLAMA_ROPE_ARCHS = ("llama", "granite")  # written by llama.cpp's LlamaModel converter (and its subclasses)
+# written by llama.cpp's LlamaModel converter (and its subclasses)
+LLAMA_ROPE_ARCHS = ("llama", "granite", "smollm3")
+# Phi-3's converter keeps the checkpoint's fused attn_qkv and gate|up (ffn_up of 2 * n_ff rows, no ffn_gate)
+FUSED_ARCHS = ("phi3",)
 # Granite's four multipliers (the real 3.x 2B has 12, 0.22, 1/64 and 8: with tiny random weights those
 # leave the embedding so dominant that a wrong attention scale moves the logits by NMSE 1e-5 only). These
 # each move them by NMSE 5e-3 or more when dropped.
@@ -95,9 +100,12 @@ def tensor_shapes(
         p = f"blk.{il}."
         if arch != "olmo2":  # OLMo 2 norms after the blocks only
             shapes[p + "attn_norm.weight"] = (n_embd,)
-        shapes[p + "attn_q.weight"] = (q_rows, n_embd)
-        shapes[p + "attn_k.weight"] = (kv_rows, n_embd)
-        shapes[p + "attn_v.weight"] = (kv_rows, n_embd)
+        if arch in FUSED_ARCHS:
+            shapes[p + "attn_qkv.weight"] = (q_rows + 2 * kv_rows, n_embd)
+        else:
+            shapes[p + "attn_q.weight"] = (q_rows, n_embd)
+            shapes[p + "attn_k.weight"] = (kv_rows, n_embd)
+            shapes[p + "attn_v.weight"] = (kv_rows, n_embd)
         if arch == "qwen2":
             shapes[p + "attn_q.bias"] = (q_rows,)
             shapes[p + "attn_k.bias"] = (kv_rows,)
@@ -113,8 +121,11 @@ def tensor_shapes(
             shapes[p + "post_attention_norm.weight"] = (n_embd,)
         if arch != "olmo2":
             shapes[p + "ffn_norm.weight"] = (n_embd,)
-        shapes[p + "ffn_gate.weight"] = (n_ff, n_embd)
-        shapes[p + "ffn_up.weight"] = (n_ff, n_embd)
+        if arch in FUSED_ARCHS:
+            shapes[p + "ffn_up.weight"] = (2 * n_ff, n_embd)
+        else:
+            shapes[p + "ffn_gate.weight"] = (n_ff, n_embd)
+            shapes[p + "ffn_up.weight"] = (n_ff, n_embd)
         shapes[p + "ffn_down.weight"] = (n_embd, n_ff)
         if arch in POST_NORM_ARCHS:
             shapes[p + "post_ffw_norm.weight"] = (n_embd,)
@@ -212,7 +223,9 @@ def _metadata(
     )
     md: dict[str, tuple[Any, GGUFValueType, GGUFValueType | None]] = {
         "general.type": ("model", STR, None),
-        "general.name": (f"Tiny {arch}", STR, None),
+        # not "phi3" for phi3: llama.cpp then looks up Phi-3's SentencePiece tokens (</s>), which a tiny BPE
+        # vocabulary lacks
+        "general.name": ("Tiny Phi 3" if arch == "phi3" else f"Tiny {arch}", STR, None),
         "general.quantization_version": (2, U32, None),
     }
     p = arch + "."
@@ -229,8 +242,11 @@ def _metadata(
             del md[p + "rope.freq_base"]
     else:
         md[p + "attention.layer_norm_rms_epsilon"] = (rms_eps, F32, None)
-    if arch in LLAMA_ROPE_ARCHS:
+    if arch in LLAMA_ROPE_ARCHS or arch == "phi3":
         md[p + "rope.dimension_count"] = (head_dim, U32, None)
+    if arch == "phi3":  # Phi-3's converter: the original context (LongRoPE's switch) and the window
+        md[p + "rope.scaling.original_context_length"] = (context_length, U32, None)
+        md[p + "attention.sliding_window"] = (sliding_window, U32, None)
     # The converters write the head size whenever it is not n_embd / n_heads (always for Gemma).
     if arch in GEMMA_ARCHS or head_dim != n_embd // n_heads:
         md[p + "attention.key_length"] = (head_dim, U32, None)
@@ -318,7 +334,7 @@ def write_tiny_model(
         decoding just repeats the last token; an own output matrix gives varied continuations.
     rope_base: default 10000 (llama, qwen) or 1e6 (gemma3, whose sliding-window layers use 10000).
     sliding_window: Gemma only; Gemma 3's layers il % 6 < 5 use it, Gemma 2's even layers (llama.cpp's
-        default patterns).
+        default patterns). Phi-3 files carry it too; llama.cpp ignores it there.
     n_vocab: pad the vocabulary with control tokens to this size (default: the tiny vocabulary, ~300).
     quantize_kquants: Q4_K / Q6_K matrices quantized from normal weights (encode.KQUANT_REF) rather than
         random blocks.
