@@ -52,7 +52,9 @@ FUSED_ARCHS = ("phi3",)
 # Granite's four multipliers (the real 3.x 2B has 12, 0.22, 1/64 and 8: with tiny random weights those
 # leave the embedding so dominant that a wrong attention scale moves the logits by NMSE 1e-5 only). These
 # each move them by NMSE 5e-3 or more when dropped.
-BPE_PRE = {"llama": "default", "granite": "default", "starcoder2": "starcoder", "gpt2": "gpt-2"}
+BPE_PRE = {
+    "llama": "default", "granite": "default", "smollm3": "default", "starcoder2": "starcoder", "gpt2": "gpt-2"
+}
 GRANITE_SCALES = {"embedding_scale": 2.0, "residual_scale": 0.5, "attention.scale": 0.5, "logit_scale": 2.0}
 
 # A mix of the block-32 types (n_embd=64 rows cannot hold the 256-wide k-quant blocks). Keys are tensor
