@@ -8,6 +8,8 @@ from edgellm.arch.gemma3 import Gemma3Model
 from edgellm.arch.granite import GraniteModel
 from edgellm.arch.llama import LlamaModel
 from edgellm.arch.olmo2 import Olmo2Model
+from edgellm.arch.olmoe import OlmoeModel
+from edgellm.arch.qwen3moe import Qwen3MoeModel
 
 ARCHITECTURES = {
     "llama": LlamaModel,
@@ -17,6 +19,8 @@ ARCHITECTURES = {
     "gemma3": Gemma3Model,
     "granite": GraniteModel,
     "olmo2": Olmo2Model,
+    "qwen3moe": Qwen3MoeModel,
+    "olmoe": OlmoeModel,
 }
 
 __all__ = [
@@ -27,4 +31,6 @@ __all__ = [
     "GraniteModel",
     "LlamaModel",
     "Olmo2Model",
+    "OlmoeModel",
+    "Qwen3MoeModel",
 ]

@@ -11,7 +11,15 @@ from edgellm.gguf.metadata import INT32_MAX, check_int_range, describe, get_floa
 from edgellm.gguf.reader import GGUFError, GGUFFile
 from edgellm.gguf.rope import RopeParams, rope_from_gguf
 
-SUPPORTED_ARCHS = ("llama", "gemma2", "gemma3", "granite", "olmo2", "qwen2", "qwen3")
+SUPPORTED_ARCHS = ("llama", "gemma2", "gemma3", "granite", "olmo2", "olmoe", "qwen2", "qwen3", "qwen3moe")
+# Mixture-of-experts architectures (llama too, when its file has experts: Mixtral), and whether llama.cpp
+# renormalises the top-k router probabilities to sum to 1 (build_moe_ffn's norm_w for that architecture).
+MOE_NORM_WEIGHTS = {"llama": True, "qwen3moe": True, "olmoe": False}
+MAX_EXPERTS = 1 << 16  # a bound for the metadata check: real files have up to a few hundred
+# Architectures llama.cpp runs that are refused here by name, with what they would need.
+KNOWN_UNSUPPORTED = {
+    "gpt-oss": "attention sinks, alternating sliding-window layers, clamped SwiGLU and biased MXFP4 experts",
+}
 # The architectures with sliding-window layers, and the window when {arch}.attention.sliding_window is
 # missing (llama.cpp's defaults; 0: every layer global). Their local layers' rope: gguf/rope.py SWA_ROPE.
 SLIDING_WINDOW_DEFAULT = {"gemma2": 4096, "gemma3": 0, "olmo2": 0}
@@ -60,6 +68,12 @@ class ModelConfig:
     residual_scale: float = 1.0  # Granite: each block's output times this before the residual add
     logit_scale: float = 1.0  # Granite: logits divided by this
     pooling: str = "mean"  # how an embedding pools the final hidden states (engine/pooling.py POOLABLE)
+    # Mixture of experts (0 experts: a dense FFN): each token's FFN is the router-weighted sum of
+    # n_expert_used of n_expert expert FFNs of width n_ff_exp.
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    moe_norm_weights: bool = False  # renormalise the selected experts' probabilities to sum to 1
 
     @property
     def kv_dim(self) -> int:
@@ -101,6 +115,11 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
     """The hyper-parameters, each read with its type and range checked (metadata.py); shapes that depend
     on several keys and on the tensors are checked by validation.validate_model."""
     arch = g.architecture
+    if arch in KNOWN_UNSUPPORTED:
+        raise UnsupportedArchitectureError(
+            f"{g.path}: architecture {arch!r} is not implemented (it needs {KNOWN_UNSUPPORTED[arch]}; "
+            f"supported: {', '.join(SUPPORTED_ARCHS)})"
+        )
     if arch not in SUPPORTED_ARCHS:
         raise UnsupportedArchitectureError(
             f"{g.path}: unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHS)})"
@@ -175,10 +194,14 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
         pooling=POOLING_TYPES.get(pooling_type := get_int(g, p + "pooling_type", 0), f"type {pooling_type}"),
     )
     cfg.sliding_window = sliding_window
+    if arch in MOE_NORM_WEIGHTS:
+        _experts(g, cfg)
     if arch == "qwen2":
         cfg.qkv_bias = True
-    elif arch == "qwen3":
+    elif arch in ("qwen3", "qwen3moe"):
         cfg.qk_norm = True
+    elif arch == "olmoe":
+        cfg.qk_norm_full = True  # Q and K normed over the whole projection, after the usual pre-norm
     elif arch == "gemma3":
         cfg.qk_norm = True
         cfg.post_norms = True
@@ -197,6 +220,27 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
     elif arch == "olmo2":
         _olmo2(g, cfg)
     return cfg
+
+
+def _experts(g: GGUFFile, cfg: ModelConfig) -> None:
+    """The experts' counts and width as llama.cpp reads them: {arch}.expert_count (required for qwen3moe
+    and olmoe, absent or 0 for a dense llama), expert_used_count in 1..expert_count, and the experts' FFN
+    width: qwen3moe.expert_feed_forward_length, feed_forward_length for llama and OLMoE."""
+    p = cfg.arch + "."
+    if cfg.arch == "llama":  # a dense llama (llama.cpp's HARMLESS_AT zeros for the other keys)
+        n_expert = get_int(g, p + "expert_count", 0, hi=MAX_EXPERTS)
+        if n_expert == 0:
+            if get_int(g, p + "expert_used_count", 0) != 0:
+                raise GGUFError(f"{g.path}: metadata {p}expert_used_count is set but {p}expert_count is 0")
+            return
+    else:
+        n_expert = get_int(g, p + "expert_count", lo=1, hi=MAX_EXPERTS)
+    cfg.n_expert = n_expert
+    cfg.n_expert_used = get_int(g, p + "expert_used_count", lo=1, hi=n_expert, why=f"{n_expert} experts")
+    cfg.n_ff_exp = cfg.n_ff
+    if cfg.arch == "qwen3moe":
+        cfg.n_ff_exp = get_int(g, p + "expert_feed_forward_length", lo=1, hi=g.file_size)
+    cfg.moe_norm_weights = MOE_NORM_WEIGHTS[cfg.arch]
 
 
 def _gemma2(g: GGUFFile, cfg: ModelConfig) -> None:

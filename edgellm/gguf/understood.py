@@ -46,8 +46,14 @@ _LLAMA_BIASES = frozenset({"attn_output.bias", "ffn_gate.bias", "ffn_up.bias", "
 _QK_NORMS = frozenset({"attn_q_norm.weight", "attn_k_norm.weight"})
 _POST_NORMS = frozenset({"post_attention_norm.weight", "post_ffw_norm.weight"})
 
+# A mixture-of-experts FFN in place of the dense one: the router and the experts' 3-D matrices
+_EXPERTS = frozenset(
+    {"ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"}
+)
+_DENSE_FFN = frozenset({"ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"})
+
 BLOCK_TENSORS: dict[str, frozenset[str]] = {
-    "llama": _LLAMA_BLOCK | _QKV_BIASES | _LLAMA_BIASES,
+    "llama": _LLAMA_BLOCK | _QKV_BIASES | _LLAMA_BIASES | _EXPERTS,  # Mixtral: experts, no dense FFN
     "qwen2": _LLAMA_BLOCK | _QKV_BIASES,
     "qwen3": _LLAMA_BLOCK | _QKV_BIASES | _QK_NORMS,
     "gemma3": _LLAMA_BLOCK | _QKV_BIASES | _QK_NORMS | _POST_NORMS,
@@ -55,6 +61,8 @@ BLOCK_TENSORS: dict[str, frozenset[str]] = {
     "granite": _LLAMA_BLOCK | _QKV_BIASES | _LLAMA_BIASES,  # llama_model_granite's optional biases
     # no attn_norm / ffn_norm: OLMo 2 norms after each block (Q/K norms over the whole projection)
     "olmo2": (_LLAMA_BLOCK - {"attn_norm.weight", "ffn_norm.weight"}) | _QKV_BIASES | _QK_NORMS | _POST_NORMS,
+    "qwen3moe": (_LLAMA_BLOCK - _DENSE_FFN) | _QKV_BIASES | _QK_NORMS | _EXPERTS,
+    "olmoe": (_LLAMA_BLOCK - _DENSE_FFN) | _QKV_BIASES | _QK_NORMS | _EXPERTS,
 }
 _GLOBAL = frozenset({"token_embd.weight", "output_norm.weight", "output.weight"})
 GLOBAL_TENSORS: dict[str, frozenset[str]] = {arch: _GLOBAL for arch in BLOCK_TENSORS}
@@ -78,8 +86,13 @@ _COMMON_KEYS = frozenset(
         "pooling_type",  # read for embeddings (engine/pooling.py refuses a type it does not pool)
     }
 )
+# Mixture of experts (config._experts reads them)
+# (llama's and OLMoE's experts are feed_forward_length wide: llama.cpp reads no expert width for them)
+_EXPERT_KEYS = frozenset({"expert_count", "expert_used_count"})
 ARCH_KEYS: dict[str, frozenset[str]] = {
-    "llama": _COMMON_KEYS,
+    "llama": _COMMON_KEYS | _EXPERT_KEYS,
+    "qwen3moe": _COMMON_KEYS | _EXPERT_KEYS | {"expert_feed_forward_length"},
+    "olmoe": _COMMON_KEYS | _EXPERT_KEYS,
     "qwen2": _COMMON_KEYS,
     "qwen3": _COMMON_KEYS,
     "gemma3": _COMMON_KEYS

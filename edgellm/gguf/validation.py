@@ -86,6 +86,18 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             "ffn_up.weight": (f, e),
             "ffn_down.weight": (e, f),
         }
+        if cfg.n_expert:  # the experts in place of the dense FFN (arch/moe.py)
+            E, fe = cfg.n_expert, cfg.n_ff_exp
+            for name in ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"):
+                del layer[name]
+            layer.update(
+                {
+                    "ffn_gate_inp.weight": (E, e),
+                    "ffn_gate_exps.weight": (E, fe, e),
+                    "ffn_up_exps.weight": (E, fe, e),
+                    "ffn_down_exps.weight": (E, e, fe),
+                }
+            )
         if cfg.qkv_bias:
             layer.update({"attn_q.bias": (H * d,), "attn_k.bias": (Hkv * d,), "attn_v.bias": (Hkv * dv,)})
         if not cfg.pre_norms:

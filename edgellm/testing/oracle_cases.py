@@ -269,6 +269,33 @@ GEMMA2_CAPS = {"gemma2.attn_logit_softcapping": 1.5, "gemma2.final_logit_softcap
 OLMO3_SWA = {"olmo2.attention.sliding_window": Typed(4, U32), "olmo2.rope.freq_base_swa": Typed(500.0, F32_)}
 GRANITE_LOGIT_ONLY = {f"granite.{k}": None for k in ("embedding_scale", "residual_scale", "attention.scale")}
 
+# Mixture of experts (arch/moe.py): 8 experts, top 2, of the FFN width (qwen3moe: top 4, of width 64, its
+# expert_feed_forward_length unlike the dense width); OLMoE without grouped-query attention, as llama.cpp
+# reads it.
+MOE = {"n_expert": 8, "n_expert_used": 2}
+QWEN3MOE = {**MOE, "n_expert_used": 4, "n_ff_exp": 64}
+OLMOE: dict[str, int] = dict(SMALL, n_kv_heads=4)
+# the experts in three block-32 types, attention in the default mix
+MOE_QTYPES = {**DEFAULT_QTYPES, "ffn_gate_exps": T.Q4_0, "ffn_up_exps": T.Q8_0, "ffn_down_exps": T.Q5_1}
+
+
+def _moe_cases() -> dict[str, OracleCase]:
+    return {
+        "qwen3moe_f32": OracleCase("qwen3moe", writer=QWEN3MOE, note="qwen3moe, 8 experts of 64, top 4, F32"),
+        "qwen3moe_mix": OracleCase("qwen3moe", MOE_QTYPES, writer=QWEN3MOE,
+                                   note="qwen3moe, experts Q4_0/Q8_0/Q5_1, block-32 mix"),
+        "qwen3moe_q4_k": OracleCase("qwen3moe", "Q4_K", model=WIDE, writer={**QWEN3MOE, "n_ff_exp": 256,
+                                    "quantize_kquants": True}, note="qwen3moe, every matrix Q4_K (256 wide)"),
+        "llama_moe_f32": OracleCase("llama", writer=MOE,
+                                    note="llama with experts (Mixtral), top 2 of 8, F32"),
+        "llama_moe_mix": OracleCase("llama", MOE_QTYPES, writer=MOE,
+                                    note="llama with experts, Q4_0/Q8_0/Q5_1 experts"),
+        "olmoe_f32": OracleCase("olmoe", model=OLMOE, writer=MOE,
+                                note="olmoe, top 2 of 8 (weights not renormalised), F32"),
+        "olmoe_mix": OracleCase("olmoe", MOE_QTYPES, model=OLMOE, writer=MOE, note="olmoe, block-32 mix"),
+    }
+
+
 # fmt: off
 CASES: dict[str, OracleCase] = {
     # ---- architectures, F32 weights and the default mix of block-32 types
@@ -328,5 +355,7 @@ CASES: dict[str, OracleCase] = {
     "olmo2_q8_0": OracleCase("olmo2", "Q8_0", note="olmo2, Q8_0"),
     "olmo2_swa": OracleCase("olmo2", model=OLMO3, metadata=OLMO3_SWA,
                             note="olmo2, OLMo 3's window 4 on layers il % 4 < 3 (freq_base_swa: unused)"),
+    # ---- mixture of experts: qwen3moe, Mixtral-style llama, OLMoE
+    **_moe_cases(),
 }
 # fmt: on

@@ -39,7 +39,9 @@ from edgellm.testing.encode import encode_tensor
 from edgellm.testing.tiny_vocab import CONTROL, bpe_vocab, spm_vocab
 
 T = GGMLQuantizationType
-ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2", "qwen3moe", "olmoe")
+MOE_ARCHS = ("qwen3moe", "olmoe")  # always with experts (llama: with n_expert > 0, as Mixtral)
+DEFAULT_N_EXPERT = 4
 GEMMA_ARCHS = ("gemma2", "gemma3")  # SentencePiece vocabulary, head size always written
 POST_NORM_ARCHS = ("gemma2", "gemma3", "olmo2")  # post_attention_norm and post_ffw_norm
 LLAMA_ROPE_ARCHS = ("llama", "granite")  # written by llama.cpp's LlamaModel converter (and its subclasses)
@@ -98,10 +100,10 @@ def tensor_shapes(
             shapes[p + "attn_q.bias"] = (q_rows,)
             shapes[p + "attn_k.bias"] = (kv_rows,)
             shapes[p + "attn_v.bias"] = (kv_rows,)
-        if arch in ("qwen3", "gemma3"):
+        if arch in ("qwen3", "gemma3", "qwen3moe"):
             shapes[p + "attn_q_norm.weight"] = (head_dim,)
             shapes[p + "attn_k_norm.weight"] = (head_dim,)
-        if arch == "olmo2":  # over the whole projection
+        if arch in ("olmo2", "olmoe"):  # over the whole projection
             shapes[p + "attn_q_norm.weight"] = (q_rows,)
             shapes[p + "attn_k_norm.weight"] = (kv_rows,)
         shapes[p + "attn_output.weight"] = (n_embd, q_rows)
@@ -118,6 +120,26 @@ def tensor_shapes(
     if not tied and arch != "gemma2":  # Gemma 2's output is always the embedding
         shapes["output.weight"] = (n_vocab, n_embd)
     return shapes
+
+
+def with_experts(
+    shapes: dict[str, tuple[int, ...]], n_layers: int, n_embd: int, n_expert: int, n_ff_exp: int
+) -> dict[str, tuple[int, ...]]:
+    """`shapes` with each layer's dense FFN replaced by a router and 3-D expert matrices (llama.cpp's
+    ffn_gate_inp, ffn_{gate,up,down}_exps: numpy order [expert, rows, cols]), in the dense FFN's place."""
+    out: dict[str, tuple[int, ...]] = {}
+    dense = {"ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"}
+    for name, shape in shapes.items():
+        il, _, role = name.removeprefix("blk.").partition(".")
+        if not name.startswith("blk.") or role not in dense:
+            out[name] = shape
+        elif role == "ffn_gate.weight":
+            p = f"blk.{il}."
+            out[p + "ffn_gate_inp.weight"] = (n_expert, n_embd)
+            out[p + "ffn_gate_exps.weight"] = (n_expert, n_ff_exp, n_embd)
+            out[p + "ffn_up_exps.weight"] = (n_expert, n_ff_exp, n_embd)
+            out[p + "ffn_down_exps.weight"] = (n_expert, n_embd, n_ff_exp)
+    return out
 
 
 def tensor_role(name: str) -> str:
@@ -137,7 +159,8 @@ def pick_qtype(
 ) -> GGMLQuantizationType:
     """The type of one tensor: 1-D tensors (norms, biases) are always F32, as llama.cpp writes them."""
     role = tensor_role(name)
-    if role.endswith("norm") or role.endswith(".bias"):
+    # the MoE router too: llama.cpp's quantizer leaves ffn_gate_inp unquantized
+    if role.endswith("norm") or role.endswith(".bias") or role == "ffn_gate_inp":
         return T.F32
     if qtypes is None:
         qtypes = DEFAULT_QTYPES
@@ -268,6 +291,9 @@ def write_tiny_model(
     sliding_window: int = 4,
     n_vocab: int | None = None,
     quantize_kquants: bool = False,
+    n_expert: int = 0,
+    n_expert_used: int = 2,
+    n_ff_exp: int | None = None,
     metadata_overrides: Mapping[str, Any] | None = None,
     extra_tensors: Mapping[str, np.ndarray | tuple[int, ...]] | None = None,
     skip_tensors: Iterable[str] = (),
@@ -287,6 +313,9 @@ def write_tiny_model(
     n_vocab: pad the vocabulary with control tokens to this size (default: the tiny vocabulary, ~300).
     quantize_kquants: Q4_K / Q6_K matrices quantized from normal weights (encode.KQUANT_REF) rather than
         random blocks.
+    n_expert, n_expert_used, n_ff_exp: a mixture-of-experts FFN (qwen3moe, olmoe always, default
+        DEFAULT_N_EXPERT experts; llama with n_expert > 0, as Mixtral): n_expert experts of width n_ff_exp
+        (default n_ff; qwen3moe writes it as expert_feed_forward_length), n_expert_used per token.
     metadata_overrides: key -> value replacing or adding metadata (None deletes the key); the value type is
         the replaced key's, else inferred (a `Typed` value sets it). "general.architecture" can be overridden.
     extra_tensors: name -> array (written as F32, values as given) or numpy-order shape (random weights of
@@ -315,6 +344,16 @@ def write_tiny_model(
         n_vocab,
     )
     n_vocab = len(md["tokenizer.ggml.tokens"][0])
+    if arch in MOE_ARCHS and not n_expert:
+        n_expert = DEFAULT_N_EXPERT
+    if arch != "qwen3moe" and n_ff_exp not in (None, n_ff):
+        raise ValueError(f"{arch}'s experts are n_ff wide (llama.cpp reads no expert width for it)")
+    n_ff_exp = n_ff_exp or n_ff
+    if n_expert:
+        md[arch + ".expert_count"] = (n_expert, GGUFValueType.UINT32, None)
+        md[arch + ".expert_used_count"] = (n_expert_used, GGUFValueType.UINT32, None)
+        if arch == "qwen3moe":
+            md[arch + ".expert_feed_forward_length"] = (n_ff_exp, GGUFValueType.UINT32, None)
     md = {"general.architecture": (arch, GGUFValueType.STRING, None), **md}
     for key, value in (metadata_overrides or {}).items():
         if value is None:
@@ -333,9 +372,10 @@ def write_tiny_model(
     for key, (value, vtype, sub_type) in md.items():
         writer.add_key_value(key, value, vtype, sub_type)
 
-    shapes: dict[str, tuple[int, ...] | np.ndarray] = dict(
-        tensor_shapes(arch, n_layers, n_embd, n_heads, n_kv_heads, head_dim, n_ff, n_vocab, tied)
-    )
+    standard = tensor_shapes(arch, n_layers, n_embd, n_heads, n_kv_heads, head_dim, n_ff, n_vocab, tied)
+    if n_expert:
+        standard = with_experts(standard, n_layers, n_embd, n_expert, n_ff_exp)
+    shapes: dict[str, tuple[int, ...] | np.ndarray] = dict(standard)
     for name, spec in (extra_tensors or {}).items():
         if name in shapes:
             raise ValueError(f"extra tensor {name!r} is one the writer already writes (use shape_overrides)")
