@@ -30,8 +30,6 @@ from edgellm.backends.base import Backend
 from edgellm.gguf.config import ModelConfig
 from edgellm.gguf.reader import TensorInfo
 
-EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
-
 
 def expert_slice(t: TensorInfo, e: int) -> TensorInfo:
     """Expert e of a 3-D expert tensor [n_expert, rows, cols] as a 2-D tensor of the file: a view of the

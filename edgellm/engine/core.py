@@ -74,12 +74,19 @@ def kv_budget_bytes(kv_cache_memory: int | float | None) -> int:
     return int(kv_cache_memory)
 
 
-def weight_bytes_per_token(model: Any) -> int:
-    """Bytes of weights one decode step streams: every matmul once (tied output counted once)."""
+def weight_bytes_per_token(model: Any, all_experts: bool = False) -> int:
+    """Bytes of weights one decode step streams: every matmul once (tied output counted once); of a
+    mixture of experts the router and the n_expert_used experts a token selects (their file bytes), or
+    every expert with all_experts (what the model holds)."""
     seen, total = set(), 0
     mats = [model.output]
     for attn, ffn in model.layers:
-        mats += [attn.wqkv, attn.wo, ffn.w_gate_up, ffn.w_down]
+        mats += [attn.wqkv, attn.wo]
+        if hasattr(ffn, "experts"):  # arch/moe.py
+            mats.append(ffn.router)
+            total += ffn.total_expert_bytes if all_experts else ffn.active_bytes * model.cfg.n_expert_used
+        else:
+            mats += [ffn.w_gate_up, ffn.w_down]
     for w in mats:
         if id(w) in seen:
             continue
@@ -161,6 +168,7 @@ class EngineCore:
             "load_time": load_time,
             "compile_time": compile_time,
             "weight_bytes_per_token": weight_bytes_per_token(self.model),
+            "weight_bytes_total": weight_bytes_per_token(self.model, all_experts=True),
             "pid": os.getpid(),
             "stats": self.stats(),
         }
