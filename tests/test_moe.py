@@ -169,3 +169,31 @@ def test_expert_metadata_errors_name_the_key(tmp_path: Path) -> None:
     g = load_gguf(str(path))
     with pytest.raises(GGUFError, match=r"missing tensor 'blk.1.ffn_gate_inp.weight'"):
         validate_model(g, config_from_gguf(g))
+
+
+def test_make_bench_model_writes_a_qwen3moe_file_edgellm_runs(tmp_path: Path, smollm2_path: Path) -> None:
+    """scripts/make_bench_model.py --moe's writer at a tiny width: a qwen3moe file with the tokenizer of the
+    catalog model, F32 router, F16 experts of the shape's count and width, that loads and scores."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "make_bench_model", Path(__file__).parent.parent / "scripts" / "make_bench_model.py"
+    )
+    mbm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mbm)
+    tiny = {"n_embd": 64, "n_heads": 4, "n_kv_heads": 2, "head_dim": 32, "n_ff": 96, "n_expert": 16}
+    path = tmp_path / "bench-moe.gguf"
+    mbm.write_f16(path, 2, 0, {**mbm.MOE_SHAPE, **tiny, "n_ff_exp": 64})
+    g = load_gguf(str(path))
+    cfg = config_from_gguf(g)
+    assert (cfg.arch, cfg.n_expert, cfg.n_expert_used, cfg.n_ff_exp, cfg.n_layers) == (
+        "qwen3moe",
+        8,
+        8,
+        64,
+        2,
+    )
+    assert g.tensors["blk.1.ffn_gate_inp.weight"].qtype.name == "F32"
+    assert g.tensors["blk.1.ffn_down_exps.weight"].shape == (16, 64, 64)
+    logits = _runner(path).run([RunItem([0], [1, 2, 3], 0, all_logits=True)])[0]
+    assert logits.shape == (3, cfg.n_vocab) and np.isfinite(logits).all()
