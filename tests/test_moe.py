@@ -186,13 +186,8 @@ def test_make_bench_model_writes_a_qwen3moe_file_edgellm_runs(tmp_path: Path, sm
     mbm.write_f16(path, 2, 0, {**mbm.MOE_SHAPE, **tiny, "n_ff_exp": 64})
     g = load_gguf(str(path))
     cfg = config_from_gguf(g)
-    assert (cfg.arch, cfg.n_expert, cfg.n_expert_used, cfg.n_ff_exp, cfg.n_layers) == (
-        "qwen3moe",
-        8,
-        8,
-        64,
-        2,
-    )
+    got = (cfg.arch, cfg.n_expert, cfg.n_expert_used, cfg.n_ff_exp, cfg.n_layers)
+    assert got == ("qwen3moe", 16, 8, 64, 2)
     assert g.tensors["blk.1.ffn_gate_inp.weight"].qtype.name == "F32"
     assert g.tensors["blk.1.ffn_down_exps.weight"].shape == (16, 64, 64)
     logits = _runner(path).run([RunItem([0], [1, 2, 3], 0, all_logits=True)])[0]
