@@ -22,7 +22,7 @@ from edgellm.engine.model_runner import ModelRunner, RunItem
 from edgellm.gguf.config import UnsupportedArchitectureError, config_from_gguf
 from edgellm.gguf.reader import GGUFError, load_gguf
 from edgellm.gguf.validation import validate_model
-from edgellm.testing.oracle_cases import MOE, MOE_QTYPES, QWEN3MOE
+from edgellm.testing.oracle_cases import MOE, MOE_QTYPES, QWEN2MOE, QWEN3MOE
 from edgellm.testing.synthetic import write_tiny_model
 
 BS = 16
@@ -38,8 +38,8 @@ def _runner(path: Path) -> ModelRunner:
 
 @pytest.mark.parametrize(
     ("arch", "qtypes", "writer"),
-    [("qwen3moe", MOE_QTYPES, QWEN3MOE), ("llama", "F32", MOE)],
-    ids=["qwen3moe_mix", "llama_moe_f32"],
+    [("qwen3moe", MOE_QTYPES, QWEN3MOE), ("llama", "F32", MOE), ("qwen2moe", "Q8_0", QWEN2MOE)],
+    ids=["qwen3moe_mix", "llama_moe_f32", "qwen2moe_q8_0"],
 )
 def test_logits_do_not_depend_on_the_rest_of_the_batch(tmp_path: Path, arch: str, qtypes, writer) -> None:
     """Sequence A scored alone, then beside B and C (whose tokens route to other experts and share A's),
@@ -192,3 +192,15 @@ def test_make_bench_model_writes_a_qwen3moe_file_edgellm_runs(tmp_path: Path, sm
     assert g.tensors["blk.1.ffn_down_exps.weight"].shape == (16, 64, 64)
     logits = _runner(path).run([RunItem([0], [1, 2, 3], 0, all_logits=True)])[0]
     assert logits.shape == (3, cfg.n_vocab) and np.isfinite(logits).all()
+
+
+def test_bytes_per_token_count_a_shared_expert(tmp_path: Path) -> None:
+    """Qwen 2 MoE: the shared expert every token runs is active weight, beside the selected experts."""
+    path = write_tiny_model(tmp_path / "m.gguf", "qwen2moe", "Q8_0", **QWEN2MOE)
+    with_shared = weight_bytes_per_token(_runner(path).model)
+    model = _runner(path).model
+    for _, ffn in model.layers:
+        ffn.shared_gate_up = ffn.shared_down = None
+    shared = sum(t.n_bytes for n, t in load_gguf(str(path)).tensors.items() if n.endswith("shexp.weight"))
+    # the matrices are repacked at the file's width (VNNI) or wider (int8 rows)
+    assert with_shared - weight_bytes_per_token(model) >= shared * 0.95

@@ -9,6 +9,7 @@ from edgellm.arch.granite import GraniteModel
 from edgellm.arch.llama import LlamaModel
 from edgellm.arch.olmo2 import Olmo2Model
 from edgellm.arch.olmoe import OlmoeModel
+from edgellm.arch.qwen2moe import Qwen2MoeModel
 from edgellm.arch.qwen3moe import Qwen3MoeModel
 
 ARCHITECTURES = {
@@ -20,6 +21,7 @@ ARCHITECTURES = {
     "granite": GraniteModel,
     "olmo2": Olmo2Model,
     "qwen3moe": Qwen3MoeModel,
+    "qwen2moe": Qwen2MoeModel,
     "olmoe": OlmoeModel,
 }
 
@@ -32,5 +34,6 @@ __all__ = [
     "LlamaModel",
     "Olmo2Model",
     "OlmoeModel",
+    "Qwen2MoeModel",
     "Qwen3MoeModel",
 ]

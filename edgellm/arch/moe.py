@@ -5,6 +5,8 @@ build_moe_ffn computes it:
     p = softmax(W_router h)                            # [T, n_expert] router probabilities
     sel = top-k(p), w = p[sel]                         # [T, k]; w / sum(w) where the architecture says
     x += sum_s w[:, s] * W_down[sel_s] @ (silu(W_gate[sel_s] h) * (W_up[sel_s] h))   # slot order
+    (Qwen 2 MoE, then + sigmoid(w_shexp . h) * FFN_shexp(h): a shared expert every token runs, its gate a
+    row stacked under the router's, its output summed as one more slot)
 
 Expert-grouped execution: the step's (token, slot) pairs are sorted by expert, and each selected expert
 runs one gate|up and one down matmul over all its tokens (the backend's matmul, so each expert's weights
@@ -77,8 +79,10 @@ class ExpertMatrices:
 @dataclass
 class MoeFeedForwardWeights:
     norm: Any  # [n_embd]
-    router: Any  # [n_expert, n_embd] (ffn_gate_inp)
+    router: Any  # [n_expert, n_embd] (ffn_gate_inp); [n_expert + 1, n_embd] with the shared expert's gate
     experts: ExpertMatrices
+    shared_gate_up: Any = None  # [2 * n_ff_shexp, n_embd] the shared expert's gate|up (Qwen 2 MoE)
+    shared_down: Any = None  # [n_embd, n_ff_shexp]
     post_norm: Any = None  # no MoE architecture here has one
 
     @property
@@ -97,11 +101,22 @@ def load_moe_feed_forward(be: Backend, src: TensorSource, cfg: ModelConfig, il: 
     gate = src.get(p + "ffn_gate_exps.weight", (E, fe, e))
     up = src.get(p + "ffn_up_exps.weight", (E, fe, e))
     down = src.get(p + "ffn_down_exps.weight", (E, e, fe))
-    return MoeFeedForwardWeights(
+    router = [src.get(p + "ffn_gate_inp.weight", (E, e))]
+    w = MoeFeedForwardWeights(
         norm=be.load_vector(src.get(p + "ffn_norm.weight", (e,))),
-        router=be.load_matrix([src.get(p + "ffn_gate_inp.weight", (E, e))]),
+        router=None,
         experts=ExpertMatrices(be, gate, up, down),
     )
+    if cfg.n_ff_shexp:
+        fs = cfg.n_ff_shexp
+        shared_gate = src.get(p + "ffn_gate_inp_shexp.weight", (e,))  # [n_embd]: one more router row
+        router.append(dataclasses.replace(shared_gate, shape=(1, e)))
+        w.shared_gate_up = be.load_matrix(
+            [src.get(p + "ffn_gate_shexp.weight", (fs, e)), src.get(p + "ffn_up_shexp.weight", (fs, e))]
+        )
+        w.shared_down = be.load_matrix([src.get(p + "ffn_down_shexp.weight", (e, fs))])
+    w.router = be.load_matrix(router)
+    return w
 
 
 def route_top_k(logits: np.ndarray, k: int, renormalise: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -137,26 +152,41 @@ def group_by_expert(experts: np.ndarray) -> tuple[np.ndarray, list[tuple[int, in
     return tokens, runs, where.reshape(T, k)
 
 
+def _expert_ffn(be: Backend, cfg: ModelConfig, x: Any, w: tuple[Any, Any], width: int, out: Any) -> None:
+    """out = W_down @ (silu(W_gate x) * (W_up x)), w = (W_gate|W_up, W_down) of FFN width `width`.
+    x: [n, n_embd]; out: [n, n_embd]."""
+    w_gate_up, w_down = w
+    n = x.shape[0]
+    gate_up = be.empty((n, 2 * width))
+    be.matmul(x, w_gate_up, gate_up)  # [n, 2*width]
+    act = be.empty((n, width))
+    be.gated_act(gate_up, act, cfg.activation)  # [n, width]
+    be.matmul(act, w_down, out)  # [n, n_embd]
+
+
 def moe_feed_forward_block(be: Backend, cfg: ModelConfig, w: MoeFeedForwardWeights, x: Any, T: int) -> None:
     """x += MoE-FFN(norm(x)) (module doc). x: [T, n_embd]."""
     if T == 0:
         return
-    E, k, fe = cfg.n_expert, cfg.n_expert_used, cfg.n_ff_exp
+    E, k = cfg.n_expert, cfg.n_expert_used
+    shared = w.shared_down is not None
     h = pre_norm(be, cfg, w.norm, x, T)  # [T, n_embd]
-    logits = be.empty((T, E))
-    be.matmul(h, w.router, logits)  # [T, n_expert]
-    experts, weights = route_top_k(be.to_host(logits), k, cfg.moe_norm_weights)  # [T, k] each
-    tokens, runs, where = group_by_expert(experts)
-    outs = be.empty((T * k, cfg.n_embd))  # [T*k, n_embd]: each pair's expert output, in expert order
+    logits = be.empty((T, E + shared))
+    be.matmul(h, w.router, logits)  # [T, n_expert (+1: the shared expert's gate)]
+    host_logits = be.to_host(logits)
+    experts, weights = route_top_k(np.ascontiguousarray(host_logits[:, :E]), k, cfg.moe_norm_weights)
+    tokens, runs, where = group_by_expert(experts)  # where: [T, k]
+    outs = be.empty((T * (k + shared), cfg.n_embd))  # each pair's expert output, in expert order
     for e, start, end in runs:
-        w_gate_up, w_down = w.experts.get(e)
-        n = end - start
         xe = be.take_rows(h, tokens[start:end])  # [n, n_embd]: the expert's tokens
-        gate_up = be.empty((n, 2 * fe))
-        be.matmul(xe, w_gate_up, gate_up)  # [n, 2*n_ff_exp]
-        act = be.empty((n, fe))
-        be.gated_act(gate_up, act, cfg.activation)  # [n, n_ff_exp]
-        be.matmul(act, w_down, outs[start:end])  # [n, n_embd]
+        _expert_ffn(be, cfg, xe, w.experts.get(e), cfg.n_ff_exp, outs[start:end])
+    if shared:  # every token, as a last slot weighted by sigmoid(gate) (llama.cpp: silu(g) / g)
+        _expert_ffn(be, cfg, h, (w.shared_gate_up, w.shared_down), cfg.n_ff_shexp, outs[T * k :])
+        g = host_logits[:, E]  # [T]
+        with np.errstate(invalid="ignore"):  # g = 0: sigmoid 1/2, where llama.cpp's 0 / 0 is NaN
+            gate = np.where(g == 0, np.float32(0.5), (g / (np.float32(1) + np.exp(-g))) / g)  # [T]
+        where = np.concatenate([where, T * k + np.arange(T, dtype=np.int64)[:, None]], axis=1)
+        weights = np.concatenate([weights, gate.astype(np.float32)[:, None]], axis=1)  # [T, k + 1]
     out = be.moe_combine(outs, where, weights)  # [T, n_embd]
     if cfg.residual_scale != 1.0:
         out = be.scale(out, cfg.residual_scale)

@@ -11,10 +11,12 @@ from edgellm.gguf.metadata import INT32_MAX, check_int_range, describe, get_floa
 from edgellm.gguf.reader import GGUFError, GGUFFile
 from edgellm.gguf.rope import RopeParams, rope_from_gguf
 
-SUPPORTED_ARCHS = ("llama", "gemma2", "gemma3", "granite", "olmo2", "olmoe", "qwen2", "qwen3", "qwen3moe")
+SUPPORTED_ARCHS = (
+    "llama", "gemma2", "gemma3", "granite", "olmo2", "olmoe", "qwen2", "qwen2moe", "qwen3", "qwen3moe",
+)  # fmt: skip
 # Mixture-of-experts architectures (llama too, when its file has experts: Mixtral), and whether llama.cpp
 # renormalises the top-k router probabilities to sum to 1 (build_moe_ffn's norm_w for that architecture).
-MOE_NORM_WEIGHTS = {"llama": True, "qwen3moe": True, "olmoe": False}
+MOE_NORM_WEIGHTS = {"llama": True, "qwen3moe": True, "olmoe": False, "qwen2moe": False}
 MAX_EXPERTS = 1 << 16  # a bound for the metadata check: real files have up to a few hundred
 # Architectures llama.cpp runs that are refused here by name, with what they would need.
 KNOWN_UNSUPPORTED = {
@@ -74,6 +76,7 @@ class ModelConfig:
     n_expert_used: int = 0
     n_ff_exp: int = 0
     moe_norm_weights: bool = False  # renormalise the selected experts' probabilities to sum to 1
+    n_ff_shexp: int = 0  # a shared expert every token runs, gated by sigmoid(w . h) (Qwen 2 MoE); 0: none
 
     @property
     def kv_dim(self) -> int:
@@ -196,7 +199,7 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
     cfg.sliding_window = sliding_window
     if arch in MOE_NORM_WEIGHTS:
         _experts(g, cfg)
-    if arch == "qwen2":
+    if arch in ("qwen2", "qwen2moe"):
         cfg.qkv_bias = True
     elif arch in ("qwen3", "qwen3moe"):
         cfg.qk_norm = True
@@ -225,7 +228,9 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
 def _experts(g: GGUFFile, cfg: ModelConfig) -> None:
     """The experts' counts and width as llama.cpp reads them: {arch}.expert_count (required for qwen3moe
     and olmoe, absent or 0 for a dense llama), expert_used_count in 1..expert_count, and the experts' FFN
-    width: qwen3moe.expert_feed_forward_length, feed_forward_length for llama and OLMoE."""
+    width: {arch}.expert_feed_forward_length for the Qwen MoEs (default feed_forward_length /
+    expert_used_count, as llama.cpp), feed_forward_length for llama and OLMoE; Qwen 2 MoE's shared expert
+    qwen2moe.expert_shared_feed_forward_length wide (default feed_forward_length)."""
     p = cfg.arch + "."
     if cfg.arch == "llama":  # a dense llama (llama.cpp's HARMLESS_AT zeros for the other keys)
         n_expert = get_int(g, p + "expert_count", 0, hi=MAX_EXPERTS)
@@ -238,8 +243,11 @@ def _experts(g: GGUFFile, cfg: ModelConfig) -> None:
     cfg.n_expert = n_expert
     cfg.n_expert_used = get_int(g, p + "expert_used_count", lo=1, hi=n_expert, why=f"{n_expert} experts")
     cfg.n_ff_exp = cfg.n_ff
-    if cfg.arch == "qwen3moe":
-        cfg.n_ff_exp = get_int(g, p + "expert_feed_forward_length", lo=1, hi=g.file_size)
+    if cfg.arch in ("qwen2moe", "qwen3moe"):
+        default = max(1, cfg.n_ff // cfg.n_expert_used)
+        cfg.n_ff_exp = get_int(g, p + "expert_feed_forward_length", default, lo=1, hi=g.file_size)
+    if cfg.arch == "qwen2moe":
+        cfg.n_ff_shexp = get_int(g, p + "expert_shared_feed_forward_length", cfg.n_ff, lo=1, hi=g.file_size)
     cfg.moe_norm_weights = MOE_NORM_WEIGHTS[cfg.arch]
 
 

@@ -51,6 +51,10 @@ _EXPERTS = frozenset(
     {"ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"}
 )
 _DENSE_FFN = frozenset({"ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"})
+# Qwen 2 MoE's shared expert and its sigmoid gate
+_SHARED_EXPERT = frozenset(
+    {"ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight"}
+)
 
 BLOCK_TENSORS: dict[str, frozenset[str]] = {
     "llama": _LLAMA_BLOCK | _QKV_BIASES | _LLAMA_BIASES | _EXPERTS,  # Mixtral: experts, no dense FFN
@@ -63,6 +67,7 @@ BLOCK_TENSORS: dict[str, frozenset[str]] = {
     "olmo2": (_LLAMA_BLOCK - {"attn_norm.weight", "ffn_norm.weight"}) | _QKV_BIASES | _QK_NORMS | _POST_NORMS,
     "qwen3moe": (_LLAMA_BLOCK - _DENSE_FFN) | _QKV_BIASES | _QK_NORMS | _EXPERTS,
     "olmoe": (_LLAMA_BLOCK - _DENSE_FFN) | _QKV_BIASES | _QK_NORMS | _EXPERTS,
+    "qwen2moe": (_LLAMA_BLOCK - _DENSE_FFN) | _QKV_BIASES | _EXPERTS | _SHARED_EXPERT,
 }
 _GLOBAL = frozenset({"token_embd.weight", "output_norm.weight", "output.weight"})
 GLOBAL_TENSORS: dict[str, frozenset[str]] = {arch: _GLOBAL for arch in BLOCK_TENSORS}
@@ -93,6 +98,9 @@ ARCH_KEYS: dict[str, frozenset[str]] = {
     "llama": _COMMON_KEYS | _EXPERT_KEYS,
     "qwen3moe": _COMMON_KEYS | _EXPERT_KEYS | {"expert_feed_forward_length"},
     "olmoe": _COMMON_KEYS | _EXPERT_KEYS,
+    "qwen2moe": _COMMON_KEYS
+    | _EXPERT_KEYS
+    | {"expert_feed_forward_length", "expert_shared_feed_forward_length"},
     "qwen2": _COMMON_KEYS,
     "qwen3": _COMMON_KEYS,
     "gemma3": _COMMON_KEYS

@@ -98,6 +98,16 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
                     "ffn_down_exps.weight": (E, e, fe),
                 }
             )
+        if cfg.n_ff_shexp:
+            fs = cfg.n_ff_shexp
+            layer.update(
+                {
+                    "ffn_gate_inp_shexp.weight": (e,),
+                    "ffn_gate_shexp.weight": (fs, e),
+                    "ffn_up_shexp.weight": (fs, e),
+                    "ffn_down_shexp.weight": (e, fs),
+                }
+            )
         if cfg.qkv_bias:
             layer.update({"attn_q.bias": (H * d,), "attn_k.bias": (Hkv * d,), "attn_v.bias": (Hkv * dv,)})
         if not cfg.pre_norms:

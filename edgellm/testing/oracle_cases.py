@@ -274,6 +274,7 @@ GRANITE_LOGIT_ONLY = {f"granite.{k}": None for k in ("embedding_scale", "residua
 # reads it.
 MOE = {"n_expert": 8, "n_expert_used": 2}
 QWEN3MOE = {**MOE, "n_expert_used": 4, "n_ff_exp": 64}
+QWEN2MOE = {**MOE, "n_ff_exp": 64, "n_ff_shexp": 96}  # with its shared expert
 OLMOE: dict[str, int] = dict(SMALL, n_kv_heads=4)
 # the experts in three block-32 types, attention in the default mix
 MOE_QTYPES = {**DEFAULT_QTYPES, "ffn_gate_exps": T.Q4_0, "ffn_up_exps": T.Q8_0, "ffn_down_exps": T.Q5_1}
@@ -293,6 +294,10 @@ def _moe_cases() -> dict[str, OracleCase]:
         "olmoe_f32": OracleCase("olmoe", model=OLMOE, writer=MOE,
                                 note="olmoe, top 2 of 8 (weights not renormalised), F32"),
         "olmoe_mix": OracleCase("olmoe", MOE_QTYPES, model=OLMOE, writer=MOE, note="olmoe, block-32 mix"),
+        "qwen2moe_f32": OracleCase("qwen2moe", writer=QWEN2MOE,
+                                   note="qwen2moe, top 2 of 8 of 64 and a shared expert of 96, F32"),
+        "qwen2moe_mix": OracleCase("qwen2moe", MOE_QTYPES, writer=QWEN2MOE,
+                                   note="qwen2moe, shared expert Q8_0, block-32 mix"),
     }
 
 

@@ -39,8 +39,9 @@ from edgellm.testing.encode import encode_tensor
 from edgellm.testing.tiny_vocab import CONTROL, bpe_vocab, spm_vocab
 
 T = GGMLQuantizationType
-ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2", "qwen3moe", "olmoe")
-MOE_ARCHS = ("qwen3moe", "olmoe")  # always with experts (llama: with n_expert > 0, as Mixtral)
+ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2", "qwen3moe", "olmoe", "qwen2moe")
+MOE_ARCHS = ("qwen3moe", "olmoe", "qwen2moe")  # always with experts (llama: with n_expert > 0, as Mixtral)
+EXPERT_WIDTH_ARCHS = ("qwen3moe", "qwen2moe")  # expert_feed_forward_length (llama, OLMoE: n_ff)
 DEFAULT_N_EXPERT = 4
 GEMMA_ARCHS = ("gemma2", "gemma3")  # SentencePiece vocabulary, head size always written
 POST_NORM_ARCHS = ("gemma2", "gemma3", "olmo2")  # post_attention_norm and post_ffw_norm
@@ -96,7 +97,7 @@ def tensor_shapes(
         shapes[p + "attn_q.weight"] = (q_rows, n_embd)
         shapes[p + "attn_k.weight"] = (kv_rows, n_embd)
         shapes[p + "attn_v.weight"] = (kv_rows, n_embd)
-        if arch == "qwen2":
+        if arch in ("qwen2", "qwen2moe"):
             shapes[p + "attn_q.bias"] = (q_rows,)
             shapes[p + "attn_k.bias"] = (kv_rows,)
             shapes[p + "attn_v.bias"] = (kv_rows,)
@@ -123,10 +124,11 @@ def tensor_shapes(
 
 
 def with_experts(
-    shapes: dict[str, tuple[int, ...]], n_layers: int, n_embd: int, n_expert: int, n_ff_exp: int
+    shapes: dict[str, tuple[int, ...]], n_embd: int, n_expert: int, n_ff_exp: int, n_ff_shexp: int = 0
 ) -> dict[str, tuple[int, ...]]:
     """`shapes` with each layer's dense FFN replaced by a router and 3-D expert matrices (llama.cpp's
-    ffn_gate_inp, ffn_{gate,up,down}_exps: numpy order [expert, rows, cols]), in the dense FFN's place."""
+    ffn_gate_inp, ffn_{gate,up,down}_exps: numpy order [expert, rows, cols]), in the dense FFN's place,
+    and with n_ff_shexp a shared expert and its gate (Qwen 2 MoE's *_shexp)."""
     out: dict[str, tuple[int, ...]] = {}
     dense = {"ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"}
     for name, shape in shapes.items():
@@ -139,6 +141,11 @@ def with_experts(
             out[p + "ffn_gate_exps.weight"] = (n_expert, n_ff_exp, n_embd)
             out[p + "ffn_up_exps.weight"] = (n_expert, n_ff_exp, n_embd)
             out[p + "ffn_down_exps.weight"] = (n_expert, n_embd, n_ff_exp)
+            if n_ff_shexp:
+                out[p + "ffn_gate_inp_shexp.weight"] = (n_embd,)
+                out[p + "ffn_gate_shexp.weight"] = (n_ff_shexp, n_embd)
+                out[p + "ffn_up_shexp.weight"] = (n_ff_shexp, n_embd)
+                out[p + "ffn_down_shexp.weight"] = (n_embd, n_ff_shexp)
     return out
 
 
@@ -294,6 +301,7 @@ def write_tiny_model(
     n_expert: int = 0,
     n_expert_used: int = 2,
     n_ff_exp: int | None = None,
+    n_ff_shexp: int | None = None,
     metadata_overrides: Mapping[str, Any] | None = None,
     extra_tensors: Mapping[str, np.ndarray | tuple[int, ...]] | None = None,
     skip_tensors: Iterable[str] = (),
@@ -315,7 +323,8 @@ def write_tiny_model(
         random blocks.
     n_expert, n_expert_used, n_ff_exp: a mixture-of-experts FFN (qwen3moe, olmoe always, default
         DEFAULT_N_EXPERT experts; llama with n_expert > 0, as Mixtral): n_expert experts of width n_ff_exp
-        (default n_ff; qwen3moe writes it as expert_feed_forward_length), n_expert_used per token.
+        (default n_ff; qwen3moe and qwen2moe write it as expert_feed_forward_length), n_expert_used per
+        token. n_ff_shexp: qwen2moe's shared expert width (default n_ff).
     metadata_overrides: key -> value replacing or adding metadata (None deletes the key); the value type is
         the replaced key's, else inferred (a `Typed` value sets it). "general.architecture" can be overridden.
     extra_tensors: name -> array (written as F32, values as given) or numpy-order shape (random weights of
@@ -346,14 +355,17 @@ def write_tiny_model(
     n_vocab = len(md["tokenizer.ggml.tokens"][0])
     if arch in MOE_ARCHS and not n_expert:
         n_expert = DEFAULT_N_EXPERT
-    if arch != "qwen3moe" and n_ff_exp not in (None, n_ff):
+    if arch not in EXPERT_WIDTH_ARCHS and n_ff_exp not in (None, n_ff):
         raise ValueError(f"{arch}'s experts are n_ff wide (llama.cpp reads no expert width for it)")
     n_ff_exp = n_ff_exp or n_ff
     if n_expert:
         md[arch + ".expert_count"] = (n_expert, GGUFValueType.UINT32, None)
         md[arch + ".expert_used_count"] = (n_expert_used, GGUFValueType.UINT32, None)
-        if arch == "qwen3moe":
+        if arch in EXPERT_WIDTH_ARCHS:
             md[arch + ".expert_feed_forward_length"] = (n_ff_exp, GGUFValueType.UINT32, None)
+    n_ff_shexp = (n_ff_shexp or n_ff) if arch == "qwen2moe" else 0
+    if n_ff_shexp:
+        md[arch + ".expert_shared_feed_forward_length"] = (n_ff_shexp, GGUFValueType.UINT32, None)
     md = {"general.architecture": (arch, GGUFValueType.STRING, None), **md}
     for key, value in (metadata_overrides or {}).items():
         if value is None:
@@ -374,7 +386,7 @@ def write_tiny_model(
 
     standard = tensor_shapes(arch, n_layers, n_embd, n_heads, n_kv_heads, head_dim, n_ff, n_vocab, tied)
     if n_expert:
-        standard = with_experts(standard, n_layers, n_embd, n_expert, n_ff_exp)
+        standard = with_experts(standard, n_embd, n_expert, n_ff_exp, n_ff_shexp)
     shapes: dict[str, tuple[int, ...] | np.ndarray] = dict(standard)
     for name, spec in (extra_tensors or {}).items():
         if name in shapes:
