@@ -204,3 +204,14 @@ def test_bytes_per_token_count_a_shared_expert(tmp_path: Path) -> None:
     shared = sum(t.n_bytes for n, t in load_gguf(str(path)).tensors.items() if n.endswith("shexp.weight"))
     # the matrices are repacked at the file's width (VNNI) or wider (int8 rows)
     assert with_shared - weight_bytes_per_token(model) >= shared * 0.95
+
+
+def test_old_per_expert_mixtral_layout_is_refused_naming_the_tensor(tmp_path: Path) -> None:
+    """Early Mixtral GGUFs held each expert as 2-D tensors (blk.N.ffn_gate.E.weight); llama.cpp now reads
+    the 3-D ffn_*_exps only, and so does edgellm: the file is refused, the tensor named."""
+    path = write_tiny_model(
+        tmp_path / "m.gguf", "llama", "F32", n_expert=4, extra_tensors={"blk.0.ffn_gate.0.weight": (128, 64)}
+    )
+    g = load_gguf(str(path))
+    with pytest.raises(GGUFError, match=r"tensor 'blk.0.ffn_gate.0.weight' \(ffn_gate.0.weight\) is not one"):
+        validate_model(g, config_from_gguf(g))

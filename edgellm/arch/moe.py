@@ -1,5 +1,5 @@
-"""The mixture-of-experts feed-forward block (qwen3moe, olmoe, Mixtral-style llama), as llama.cpp's
-build_moe_ffn computes it:
+"""The mixture-of-experts feed-forward block (qwen3moe, qwen2moe, olmoe, Mixtral-style llama), as
+llama.cpp's build_moe_ffn computes it:
 
     h = rmsnorm(x) * ffn_norm                          # [T, n_embd]
     p = softmax(W_router h)                            # [T, n_expert] router probabilities
