@@ -30,7 +30,7 @@ import numpy as np
 from edgellm.arch.common import TensorSource, pre_norm
 from edgellm.backends.base import Backend
 from edgellm.gguf.config import ModelConfig
-from edgellm.gguf.reader import TensorInfo
+from edgellm.gguf.reader import TensorInfo, release_mapped_pages
 
 
 def expert_slice(t: TensorInfo, e: int) -> TensorInfo:
@@ -62,8 +62,10 @@ class ExpertMatrices:
         """(w_gate_up [2 * n_ff_exp, n_embd], w_down [n_embd, n_ff_exp]) of expert e."""
         w = self._prepared[e]
         if w is None:
-            gate_up = self.be.load_matrix([expert_slice(self.gate, e), expert_slice(self.up, e)])
-            w = self._prepared[e] = (gate_up, self.be.load_matrix([expert_slice(self.down, e)]))
+            gate, up, down = (expert_slice(t, e) for t in (self.gate, self.up, self.down))
+            w = self._prepared[e] = (self.be.load_matrix([gate, up]), self.be.load_matrix([down]))
+            for t in (gate, up, down):  # prepared: its file pages out of RSS (a read would refault them)
+                release_mapped_pages(t.data)
         return w
 
     @property
