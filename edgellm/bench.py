@@ -140,13 +140,14 @@ def _core_rss_kb(pid: int) -> int:
 
 
 def gguf_matrix_bytes(path: str) -> int:
-    """The file's bytes of the matrices one decode step reads: every 2-D tensor, except the token
-    embedding when the file has a separate output matrix (the embedding is then only looked up)."""
+    """The file's bytes of the matrices the model multiplies by: every 2-D tensor and every 3-D one (a
+    mixture of experts' expert matrices), except the token embedding when the file has a separate output
+    matrix (the embedding is then only looked up)."""
     from edgellm.gguf.reader import load_gguf
 
     tensors = load_gguf(path).tensors
     skip = {"token_embd.weight"} if "output.weight" in tensors else set()
-    return sum(t.n_bytes for name, t in tensors.items() if len(t.shape) == 2 and name not in skip)
+    return sum(t.n_bytes for name, t in tensors.items() if len(t.shape) in (2, 3) and name not in skip)
 
 
 def run_bench(args: argparse.Namespace) -> dict:
@@ -190,8 +191,9 @@ def run_bench(args: argparse.Namespace) -> dict:
         result["peak_rss_mb"] = rss()  # before the bandwidth test allocates its 256 MiB
         wb = llm.weight_bytes_per_token
         bw = memory_bandwidth_gbs()
-        result["weight_mb_per_token"] = wb / 1e6
-        result["weight_bytes_vs_gguf"] = wb / gguf_matrix_bytes(str(llm.path))
+        result["weight_mb_per_token"] = wb / 1e6  # active: a mixture of experts' selected experts only
+        result["weight_mb_total"] = llm.weight_bytes_total / 1e6
+        result["weight_bytes_vs_gguf"] = llm.weight_bytes_total / gguf_matrix_bytes(str(llm.path))
         result["mem_bandwidth_gb_s"] = bw
         result["decode_ceiling_tok_s"] = bw * 1e9 / wb
         result["decode_vs_ceiling"] = result["decode_tok_s"] / result["decode_ceiling_tok_s"]

@@ -165,6 +165,8 @@ class LLM:
         self.load_time: float = info["load_time"]
         self.compile_time: float = info["compile_time"]
         self.weight_bytes_per_token: int = info["weight_bytes_per_token"]
+        # every weight the model holds (more than per token for a mixture of experts)
+        self.weight_bytes_total: int = info["weight_bytes_total"]
         return core
 
     def restart(self) -> None:

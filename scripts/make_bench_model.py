@@ -1,4 +1,4 @@
-"""Write a 1B-class synthetic GGUF to benchmark on (never commit the file).
+"""Write a 1B-class synthetic GGUF to benchmark on, or (--moe) a Qwen3-MoE-shaped one; never commit it.
 
 Llama-3.2-1B shape (n_embd 2048, 16 layers, 32 query / 8 KV heads of 64, FFN 8192, rope base 500000,
 rms eps 1e-5, tied output), SmolLM2's tokenizer metadata (vocabulary 49,152) copied from the catalog's
@@ -6,8 +6,13 @@ GGUF, random N(0, 0.02) F16 weights (norms = 1) written with gguf's GGUFWriter, 
 llama.cpp's own quantizer (llama-cpp-python's `llama_model_quantize`). The weights are noise: compare
 logits and speed, not text. Q4_K_M takes ~4 minutes on 2 cores and gives a ~669 MB file.
 
-Usage: python scripts/make_bench_model.py [--out PATH] [--ftype Q4_K_M] [--layers 16] [--seed 0]
-Default output: the user's model cache (edgellm.catalog.models_dir()), bench-llama1b-<FTYPE>.gguf.
+--moe: a qwen3moe file of Qwen3-30B-A3B's attention (32 query / 4 KV heads of 128, Q/K norms, rope base 1e6)
+at hidden 2048 and 24 layers, each with 64 experts of FFN 768 of which 8 per token (MOE_SHAPE): ~15 GB at
+F16 while it is written, ~5-6 GB at Q4_K_M (the active weights per token about a tenth of that).
+
+Usage: python scripts/make_bench_model.py [--moe] [--out PATH] [--ftype Q4_K_M] [--layers N] [--seed 0]
+Default output: the user's model cache (edgellm.catalog.models_dir()), bench-llama1b-<FTYPE>.gguf
+(bench-qwen3moe-<FTYPE>.gguf with --moe).
 """
 
 from __future__ import annotations
@@ -34,6 +39,21 @@ SHAPE = {
     "rms_eps": 1e-5,
     "n_ctx_train": 131072,
 }
+# The MoE benchmark model (qwen3moe): Qwen3-30B-A3B's heads at a width and depth this machine holds
+MOE_SHAPE = {
+    "n_embd": 2048,
+    "n_layers": 24,
+    "n_heads": 32,
+    "n_kv_heads": 4,
+    "head_dim": 128,
+    "n_ff": 6144,  # the dense width the file states (qwen3moe.feed_forward_length); no layer uses it
+    "n_expert": 64,
+    "n_expert_used": 8,
+    "n_ff_exp": 768,
+    "rope_base": 1e6,
+    "rms_eps": 1e-6,
+    "n_ctx_train": 40960,
+}
 TOKENIZER_SOURCE = "smollm2-135m"  # any catalog model with a BPE tokenizer; its tokenizer.* keys are copied
 
 
@@ -56,26 +76,37 @@ def copy_tokenizer(writer: gguf.GGUFWriter, source: Path) -> int:
     return n_vocab
 
 
-def write_f16(path: Path, n_layers: int, seed: int) -> None:
-    """The F16 model (norms F32 = 1), tensors generated one at a time as the writer streams them."""
+def write_f16(path: Path, n_layers: int, seed: int, s: dict | None = None) -> None:
+    """The F16 model (norms and the MoE router F32), tensors generated one at a time as the writer
+    streams them. s: SHAPE (a llama), or a shape with n_expert (MOE_SHAPE: a qwen3moe)."""
     from edgellm.catalog import resolve_model
 
-    s = SHAPE
+    s = s or SHAPE
+    moe = "n_expert" in s
     e, d, f = s["n_embd"], s["head_dim"], s["n_ff"]
-    writer = gguf.GGUFWriter(path, "llama")
-    writer.add_name("bench-llama1b (random weights)")
+    arch = "qwen3moe" if moe else "llama"
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_name(f"bench-{'qwen3moe' if moe else 'llama1b'} (random weights)")
     writer.add_block_count(n_layers)
     writer.add_context_length(s["n_ctx_train"])
     writer.add_embedding_length(e)
     writer.add_feed_forward_length(f)
     writer.add_head_count(s["n_heads"])
     writer.add_head_count_kv(s["n_kv_heads"])
-    writer.add_rope_dimension_count(d)
+    if moe:
+        writer.add_key_length(d)
+        writer.add_value_length(d)
+        writer.add_expert_count(s["n_expert"])
+        writer.add_expert_used_count(s["n_expert_used"])
+        writer.add_expert_feed_forward_length(s["n_ff_exp"])
+    else:
+        writer.add_rope_dimension_count(d)
     writer.add_rope_freq_base(s["rope_base"])
     writer.add_layer_norm_rms_eps(s["rms_eps"])
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     n_vocab = copy_tokenizer(writer, resolve_model(TOKENIZER_SOURCE))
-    writer.add_vocab_size(n_vocab)
+    if not moe:
+        writer.add_vocab_size(n_vocab)
 
     rng = np.random.default_rng(seed)
     # (name, [rows, cols] or [n]): ggml's shape reversed, as numpy holds the data
@@ -89,25 +120,41 @@ def write_f16(path: Path, n_layers: int, seed: int) -> None:
             (p + "attn_v.weight", (s["n_kv_heads"] * d, e)),
             (p + "attn_output.weight", (e, s["n_heads"] * d)),
             (p + "ffn_norm.weight", (e,)),
-            (p + "ffn_gate.weight", (f, e)),
-            (p + "ffn_up.weight", (f, e)),
-            (p + "ffn_down.weight", (e, f)),
         ]
+        if moe:
+            n_x, fe = s["n_expert"], s["n_ff_exp"]
+            tensors += [
+                (p + "attn_q_norm.weight", (d,)),
+                (p + "attn_k_norm.weight", (d,)),
+                (p + "ffn_gate_inp.weight", (n_x, e)),
+                (p + "ffn_gate_exps.weight", (n_x, fe, e)),
+                (p + "ffn_up_exps.weight", (n_x, fe, e)),
+                (p + "ffn_down_exps.weight", (n_x, e, fe)),
+            ]
+        else:
+            tensors += [
+                (p + "ffn_gate.weight", (f, e)),
+                (p + "ffn_up.weight", (f, e)),
+                (p + "ffn_down.weight", (e, f)),
+            ]
     tensors.append(("output_norm.weight", (e,)))
+    if moe:  # Qwen3-30B-A3B has its own output matrix
+        tensors.append(("output.weight", (n_vocab, e)))
+    f32 = lambda name, shape: len(shape) == 1 or name.endswith("ffn_gate_inp.weight")  # noqa: E731
     # Header first (shapes and types are known without the data), then each tensor generated as it is
     # written, so no more than one tensor is in memory at a time.
     for name, shape in tensors:
-        dtype = np.dtype(np.float32 if len(shape) == 1 else np.float16)
+        dtype = np.dtype(np.float32 if f32(name, shape) else np.float16)
         writer.add_tensor_info(name, shape, dtype, int(np.prod(shape)) * dtype.itemsize)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    for _, shape in tensors:
+    for name, shape in tensors:
         if len(shape) == 1:  # norms = 1
             writer.write_tensor_data(np.ones(shape, np.float32))
-        else:  # N(0, 0.02)
+        else:  # N(0, 0.02) (an MoE layer's experts: 0.4 GB of float32 at MOE_SHAPE)
             w = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
-            writer.write_tensor_data(w.astype(np.float16))
+            writer.write_tensor_data(w if f32(name, shape) else w.astype(np.float16))
     writer.close()
 
 
@@ -129,7 +176,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, help="output GGUF (default: the user model cache)")
     ap.add_argument("--ftype", default="Q4_K_M", help="llama.cpp file type, e.g. Q4_K_M, Q4_0, Q8_0, F16")
-    ap.add_argument("--layers", type=int, default=SHAPE["n_layers"])
+    ap.add_argument("--moe", action="store_true", help="a Qwen3-MoE-shaped file (MOE_SHAPE) instead")
+    ap.add_argument("--layers", type=int, help="layers (default: the shape's 16, or 24 with --moe)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--force", action="store_true", help="rewrite the output if it exists")
@@ -139,18 +187,20 @@ def main() -> None:
     if out is None:
         from edgellm.catalog import models_dir
 
-        out = models_dir() / f"bench-llama1b-{ftype}.gguf"
+        out = models_dir() / f"bench-{'qwen3moe' if args.moe else 'llama1b'}-{ftype}.gguf"
+    shape = MOE_SHAPE if args.moe else SHAPE
+    layers = args.layers or shape["n_layers"]
     if out.exists() and not args.force:
         print(f"{out} exists (--force rewrites it)")
         return
     out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     if ftype == "F16":
-        write_f16(out, args.layers, args.seed)
+        write_f16(out, layers, args.seed, shape)
     else:
         with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
             f16 = Path(tmp) / "f16.gguf"
-            write_f16(f16, args.layers, args.seed)
+            write_f16(f16, layers, args.seed, shape)
             print(f"F16 written in {time.perf_counter() - t0:.0f} s; quantizing to {ftype}", file=sys.stderr)
             partial = out.with_suffix(".partial")
             quantize(f16, partial, ftype, args.threads)

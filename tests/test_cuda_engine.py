@@ -479,3 +479,28 @@ def test_phi3_smollm3_logits_match_the_cpu(arch: str, tmp_path: Path) -> None:
     cpu_logits = runner.run([RunItem([2, 3], [1, 17, 42], 0)]) + runner.run([RunItem([2, 3], [5], 3)])
     for got, want in zip(cuda_logits, cpu_logits, strict=True):
         assert nmse(got, want) < 1e-6
+
+
+def test_moe_logits_match_the_cpu(tmp_path: Path) -> None:
+    """A mixture of experts (qwen3moe: 4 experts, top 2) through the CUDA backend's ops: the same
+    expert-grouped matmuls, router and weighted sum (arch/moe.py) give the CPU backend's logits, in a
+    3-token prefill (tokens sharing experts) and a decode step."""
+    from edgellm.arch import ARCHITECTURES
+    from edgellm.backends.cpu.backend import CpuBackend
+    from edgellm.engine.model_runner import ModelRunner, RunItem
+    from edgellm.gguf.config import config_from_gguf
+    from edgellm.gguf.reader import load_gguf
+
+    path = write_tiny_model(
+        tmp_path / "moe.gguf", "qwen3moe", "Q8_0", n_layers=1, n_embd=32, n_ff=64, head_dim=8,
+        n_expert=4, n_expert_used=2, n_ff_exp=32,
+    )  # fmt: skip
+    cuda_logits, _, launches, _ = forward_twice(path, fuse=True)
+    assert launches["moe_combine_cuda"] == 1  # the weighted sum on the device (one layer)
+    g = load_gguf(path)
+    cfg = config_from_gguf(g)
+    be = CpuBackend()
+    runner = ModelRunner(ARCHITECTURES[cfg.arch](cfg, g, be), cfg, be, num_blocks=4, block_size=4)
+    cpu_logits = runner.run([RunItem([2, 3], [1, 17, 42], 0)]) + runner.run([RunItem([2, 3], [5], 3)])
+    for got, want in zip(cuda_logits, cpu_logits, strict=True):
+        assert nmse(got, want) < 1e-6

@@ -9,7 +9,10 @@ from edgellm.arch.gpt2 import Gpt2Model
 from edgellm.arch.granite import GraniteModel
 from edgellm.arch.llama import LlamaModel
 from edgellm.arch.olmo2 import Olmo2Model
+from edgellm.arch.olmoe import OlmoeModel
 from edgellm.arch.phi3 import Phi3Model
+from edgellm.arch.qwen2moe import Qwen2MoeModel
+from edgellm.arch.qwen3moe import Qwen3MoeModel
 from edgellm.arch.smollm3 import SmolLM3Model
 from edgellm.arch.starcoder2 import Starcoder2Model
 
@@ -25,6 +28,9 @@ ARCHITECTURES = {
     "gpt2": Gpt2Model,
     "phi3": Phi3Model,
     "smollm3": SmolLM3Model,
+    "qwen3moe": Qwen3MoeModel,
+    "qwen2moe": Qwen2MoeModel,
+    "olmoe": OlmoeModel,
 }
 
 __all__ = [
@@ -39,4 +45,7 @@ __all__ = [
     "Starcoder2Model",
     "Phi3Model",
     "SmolLM3Model",
+    "OlmoeModel",
+    "Qwen2MoeModel",
+    "Qwen3MoeModel",
 ]

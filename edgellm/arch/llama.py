@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from edgellm.arch.common import (
+    FeedForwardWeights,
     ForwardBatch,
     TensorSource,
     attention_block,
@@ -23,6 +24,7 @@ from edgellm.arch.common import (
     load_feed_forward,
     model_norm,
 )
+from edgellm.arch.moe import load_moe_feed_forward, moe_feed_forward_block
 from edgellm.backends.base import Backend
 from edgellm.gguf.config import ModelConfig
 from edgellm.gguf.reader import GGUFFile
@@ -36,13 +38,18 @@ class LlamaModel:
         self.tok_embd = be.load_matrix([src.get("token_embd.weight", (V, e))])  # [V, n_embd]
         gguf.release_pages()  # the embedding's raw blocks (the largest tensor of a small model) are repacked
         self.layers = []
+        # a mixture of experts in place of the dense FFN (Mixtral; qwen3moe, olmoe): arch/moe.py
+        self.ffn_block = moe_feed_forward_block if cfg.n_expert else feed_forward_block
         for il in range(cfg.n_layers):
             self.layers.append(self.load_layer(src, il))
             gguf.release_pages()  # raw blocks of this layer are repacked: keep them out of RSS
             if progress:
                 progress(il + 1, cfg.n_layers)
         # the backend's one-call form of each layer, where it has one (None: the blocks' kernel calls)
-        self.fused = [be.prepare_layer(cfg, a, f, il) for il, (a, f) in enumerate(self.layers)]
+        self.fused = [
+            be.prepare_layer(cfg, a, f, il) if isinstance(f, FeedForwardWeights) else None
+            for il, (a, f) in enumerate(self.layers)
+        ]
         self.output_norm = be.load_vector(src.get("output_norm.weight", (e,)))
         self.output_norm_b = be.load_vector(src.get("output_norm.bias", (e,))) if cfg.layer_norm else None
         # Tied embeddings: without output.weight the embedding matrix is the vocabulary projection.
@@ -53,7 +60,8 @@ class LlamaModel:
 
     def load_layer(self, src: TensorSource, il: int) -> tuple[Any, Any]:
         """Layer il's attention and feed-forward weights (arch/common.py's dataclasses)."""
-        return load_attention(self.be, src, self.cfg, il), load_feed_forward(self.be, src, self.cfg, il)
+        load_ffn = load_moe_feed_forward if self.cfg.n_expert else load_feed_forward
+        return load_attention(self.be, src, self.cfg, il), load_ffn(self.be, src, self.cfg, il)
 
     def embed(self, batch: ForwardBatch, inp: Any) -> Any:
         """The residual stream's start [T, n_embd]: the tokens' embeddings (times cfg.embd_scale)."""
@@ -89,7 +97,7 @@ class LlamaModel:
             attention_block(
                 be, cfg, attn_w, x, batch, kv, il, inp.positions, inp.seq_index, inp.block_tables, inp.slots
             )
-            feed_forward_block(be, cfg, ffn_w, x, batch.n_tokens)
+            self.ffn_block(be, cfg, ffn_w, x, batch.n_tokens)
         return x, inp
 
 

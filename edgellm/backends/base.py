@@ -178,6 +178,17 @@ class Backend(ABC):
         """Rows `index` of x [T, n] as a new contiguous [L, n] activation (the rows that need logits)."""
         return self.from_host(np.ascontiguousarray(self.to_host(x)[index], dtype=np.float32))
 
+    def moe_combine(self, outs: Array, where: np.ndarray, weights: np.ndarray) -> Array:
+        """The mixture-of-experts sum (arch/moe.py): out[t] = sum over slots s, in slot order, of
+        weights[t, s] * outs[where[t, s]], each product rounded to float32 before it is added, as ggml
+        multiplies then adds. outs: [T*k, n] expert outputs; where: [T, k] int64; weights: [T, k] float32.
+        A new [T, n] array."""
+        y = self.to_host(outs)
+        out = weights[:, 0, None] * y[where[:, 0]]
+        for s in range(1, where.shape[1]):
+            out += weights[:, s, None] * y[where[:, s]]
+        return self.from_host(np.ascontiguousarray(out, np.float32))
+
     def scale(self, x: Array, s: float) -> Array:
         """x * s in float32 (Granite's residual and logit multipliers); may return a new array."""
         return self.from_host(self.to_host(x) * np.float32(s))

@@ -12,11 +12,20 @@ from edgellm.gguf.reader import GGUFError, GGUFFile
 from edgellm.gguf.rope import LongRope, RopeParams, longrope_from_gguf, rope_from_gguf
 
 SUPPORTED_ARCHS = (
-    "llama", "gemma2", "gemma3", "granite", "olmo2", "qwen2", "qwen3", "starcoder2", "gpt2", "phi3", "smollm3"
-)
+    "llama", "gemma2", "gemma3", "granite", "olmo2", "olmoe", "qwen2", "qwen2moe", "qwen3", "qwen3moe",
+    "starcoder2", "gpt2", "phi3", "smollm3",
+)  # fmt: skip
 # The architectures with LayerNorm (weight and bias, {arch}.attention.layer_norm_epsilon) instead of RMSNorm,
 # and an ungated GELU MLP with biases (arch/starcoder2.py, arch/gpt2.py).
 LAYER_NORM_ARCHS = ("starcoder2", "gpt2")
+# Mixture-of-experts architectures (llama too, when its file has experts: Mixtral), and whether llama.cpp
+# renormalises the top-k router probabilities to sum to 1 (build_moe_ffn's norm_w for that architecture).
+MOE_NORM_WEIGHTS = {"llama": True, "qwen3moe": True, "olmoe": False, "qwen2moe": False}
+MAX_EXPERTS = 1 << 16  # a bound for the metadata check: real files have up to a few hundred
+# Architectures llama.cpp runs that are refused here by name, with what they would need.
+KNOWN_UNSUPPORTED = {
+    "gpt-oss": "attention sinks, alternating sliding-window layers, clamped SwiGLU and biased MXFP4 experts",
+}
 # The architectures with sliding-window layers, and the window when {arch}.attention.sliding_window is
 # missing (llama.cpp's defaults; 0: every layer global). Their local layers' rope: gguf/rope.py SWA_ROPE.
 SLIDING_WINDOW_DEFAULT = {"gemma2": 4096, "gemma3": 0, "olmo2": 0}
@@ -78,6 +87,13 @@ class ModelConfig:
     gate_up_fused: bool = False  # gate|up as one ffn_up.weight of 2 * n_ff rows, no ffn_gate (Phi-3)
     no_rope_layers: list[bool] = field(default_factory=list)  # layers without rotary embedding (SmolLM3)
     longrope: LongRope | None = None  # Phi-3's two factor sets: set_context picks rope from them
+    # Mixture of experts (0 experts: a dense FFN): each token's FFN is the router-weighted sum of
+    # n_expert_used of n_expert expert FFNs of width n_ff_exp.
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    moe_norm_weights: bool = False  # renormalise the selected experts' probabilities to sum to 1
+    n_ff_shexp: int = 0  # a shared expert every token runs, gated by sigmoid(w . h) (Qwen 2 MoE); 0: none
 
     @property
     def kv_dim(self) -> int:
@@ -129,6 +145,11 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
     """The hyper-parameters, each read with its type and range checked (metadata.py); shapes that depend
     on several keys and on the tensors are checked by validation.validate_model."""
     arch = g.architecture
+    if arch in KNOWN_UNSUPPORTED:
+        raise UnsupportedArchitectureError(
+            f"{g.path}: architecture {arch!r} is not implemented (it needs {KNOWN_UNSUPPORTED[arch]}; "
+            f"supported: {', '.join(SUPPORTED_ARCHS)})"
+        )
     if arch not in SUPPORTED_ARCHS:
         raise UnsupportedArchitectureError(
             f"{g.path}: unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHS)})"
@@ -204,10 +225,14 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
         pooling=POOLING_TYPES.get(pooling_type := get_int(g, p + "pooling_type", 0), f"type {pooling_type}"),
     )
     cfg.sliding_window = sliding_window
-    if arch == "qwen2":
+    if arch in MOE_NORM_WEIGHTS:
+        _experts(g, cfg)
+    if arch in ("qwen2", "qwen2moe"):
         cfg.qkv_bias = True
-    elif arch == "qwen3":
+    elif arch in ("qwen3", "qwen3moe"):
         cfg.qk_norm = True
+    elif arch == "olmoe":
+        cfg.qk_norm_full = True  # Q and K normed over the whole projection, after the usual pre-norm
     elif arch == "gemma3":
         cfg.qk_norm = True
         cfg.post_norms = True
@@ -270,6 +295,31 @@ def _phi3(g: GGUFFile, cfg: ModelConfig) -> None:
         )
     cfg.longrope = longrope_from_gguf(g, "phi3", cfg.rope, cfg.n_ctx_train)
     cfg.rope = cfg.rope_swa = cfg.longrope.short
+
+def _experts(g: GGUFFile, cfg: ModelConfig) -> None:
+    """The experts' counts and width as llama.cpp reads them: {arch}.expert_count (required for qwen3moe
+    and olmoe, absent or 0 for a dense llama), expert_used_count in 1..expert_count, and the experts' FFN
+    width: {arch}.expert_feed_forward_length for the Qwen MoEs (default feed_forward_length /
+    expert_used_count, as llama.cpp), feed_forward_length for llama and OLMoE; Qwen 2 MoE's shared expert
+    qwen2moe.expert_shared_feed_forward_length wide (default feed_forward_length)."""
+    p = cfg.arch + "."
+    if cfg.arch == "llama":  # a dense llama (llama.cpp's HARMLESS_AT zeros for the other keys)
+        n_expert = get_int(g, p + "expert_count", 0, hi=MAX_EXPERTS)
+        if n_expert == 0:
+            if get_int(g, p + "expert_used_count", 0) != 0:
+                raise GGUFError(f"{g.path}: metadata {p}expert_used_count is set but {p}expert_count is 0")
+            return
+    else:
+        n_expert = get_int(g, p + "expert_count", lo=1, hi=MAX_EXPERTS)
+    cfg.n_expert = n_expert
+    cfg.n_expert_used = get_int(g, p + "expert_used_count", lo=1, hi=n_expert, why=f"{n_expert} experts")
+    cfg.n_ff_exp = cfg.n_ff
+    if cfg.arch in ("qwen2moe", "qwen3moe"):
+        default = max(1, cfg.n_ff // cfg.n_expert_used)
+        cfg.n_ff_exp = get_int(g, p + "expert_feed_forward_length", default, lo=1, hi=g.file_size)
+    if cfg.arch == "qwen2moe":
+        cfg.n_ff_shexp = get_int(g, p + "expert_shared_feed_forward_length", cfg.n_ff, lo=1, hi=g.file_size)
+    cfg.moe_norm_weights = MOE_NORM_WEIGHTS[cfg.arch]
 
 
 def _gemma2(g: GGUFFile, cfg: ModelConfig) -> None:

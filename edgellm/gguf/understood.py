@@ -46,8 +46,18 @@ _LLAMA_BIASES = frozenset({"attn_output.bias", "ffn_gate.bias", "ffn_up.bias", "
 _QK_NORMS = frozenset({"attn_q_norm.weight", "attn_k_norm.weight"})
 _POST_NORMS = frozenset({"post_attention_norm.weight", "post_ffw_norm.weight"})
 
+# A mixture-of-experts FFN in place of the dense one: the router and the experts' 3-D matrices
+_EXPERTS = frozenset(
+    {"ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"}
+)
+_DENSE_FFN = frozenset({"ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"})
+# Qwen 2 MoE's shared expert and its sigmoid gate
+_SHARED_EXPERT = frozenset(
+    {"ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight"}
+)
+
 BLOCK_TENSORS: dict[str, frozenset[str]] = {
-    "llama": _LLAMA_BLOCK | _QKV_BIASES | _LLAMA_BIASES,
+    "llama": _LLAMA_BLOCK | _QKV_BIASES | _LLAMA_BIASES | _EXPERTS,  # Mixtral: experts, no dense FFN
     "qwen2": _LLAMA_BLOCK | _QKV_BIASES,
     "qwen3": _LLAMA_BLOCK | _QKV_BIASES | _QK_NORMS,
     "gemma3": _LLAMA_BLOCK | _QKV_BIASES | _QK_NORMS | _POST_NORMS,
@@ -58,6 +68,9 @@ BLOCK_TENSORS: dict[str, frozenset[str]] = {
     # gate|up fused into ffn_up (2 * n_ff rows); no other bias than Q|K|V's (llama_model_phi3)
     "phi3": (_LLAMA_BLOCK - {"ffn_gate.weight"}) | _QKV_BIASES,
     "smollm3": _LLAMA_BLOCK | _QKV_BIASES,  # the graph reads output / FFN biases, the loader creates none
+    "qwen3moe": (_LLAMA_BLOCK - _DENSE_FFN) | _QKV_BIASES | _QK_NORMS | _EXPERTS,
+    "olmoe": (_LLAMA_BLOCK - _DENSE_FFN) | _QKV_BIASES | _QK_NORMS | _EXPERTS,
+    "qwen2moe": (_LLAMA_BLOCK - _DENSE_FFN) | _QKV_BIASES | _EXPERTS | _SHARED_EXPERT,
 }
 # LayerNorm architectures: every norm has a bias; the MLP is up -> GELU -> down (no ffn_gate), every
 # matrix biased. StarCoder 2 has separate Q/K/V, GPT-2 one fused attn_qkv.
@@ -97,8 +110,16 @@ _COMMON_KEYS = frozenset(
         "pooling_type",  # read for embeddings (engine/pooling.py refuses a type it does not pool)
     }
 )
+# Mixture of experts (config._experts reads them)
+# (llama's and OLMoE's experts are feed_forward_length wide: llama.cpp reads no expert width for them)
+_EXPERT_KEYS = frozenset({"expert_count", "expert_used_count"})
 ARCH_KEYS: dict[str, frozenset[str]] = {
-    "llama": _COMMON_KEYS,
+    "llama": _COMMON_KEYS | _EXPERT_KEYS,
+    "qwen3moe": _COMMON_KEYS | _EXPERT_KEYS | {"expert_feed_forward_length"},
+    "olmoe": _COMMON_KEYS | _EXPERT_KEYS,
+    "qwen2moe": _COMMON_KEYS
+    | _EXPERT_KEYS
+    | {"expert_feed_forward_length", "expert_shared_feed_forward_length"},
     "qwen2": _COMMON_KEYS,
     "qwen3": _COMMON_KEYS,
     "gemma3": _COMMON_KEYS

@@ -95,6 +95,28 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         if cfg.gate_up_fused:
             del layer["ffn_gate.weight"]
             layer["ffn_up.weight"] = (2 * f, e)
+        if cfg.n_expert:  # the experts in place of the dense FFN (arch/moe.py)
+            E, fe = cfg.n_expert, cfg.n_ff_exp
+            for name in ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"):
+                layer.pop(name, None)
+            layer.update(
+                {
+                    "ffn_gate_inp.weight": (E, e),
+                    "ffn_gate_exps.weight": (E, fe, e),
+                    "ffn_up_exps.weight": (E, fe, e),
+                    "ffn_down_exps.weight": (E, e, fe),
+                }
+            )
+        if cfg.n_ff_shexp:
+            fs = cfg.n_ff_shexp
+            layer.update(
+                {
+                    "ffn_gate_inp_shexp.weight": (e,),
+                    "ffn_gate_shexp.weight": (fs, e),
+                    "ffn_up_shexp.weight": (fs, e),
+                    "ffn_down_shexp.weight": (e, fs),
+                }
+            )
         if not cfg.pre_norms:
             del layer["attn_norm.weight"], layer["ffn_norm.weight"]
         if cfg.qk_norm:

@@ -328,6 +328,38 @@ def _phi3_smollm3_cases() -> dict[str, OracleCase]:
     }
 
 
+# Mixture of experts (arch/moe.py): 8 experts, top 2, of the FFN width (qwen3moe: top 4, of width 64, its
+# expert_feed_forward_length unlike the dense width); OLMoE without grouped-query attention, as llama.cpp
+# reads it.
+MOE = {"n_expert": 8, "n_expert_used": 2}
+QWEN3MOE = {**MOE, "n_expert_used": 4, "n_ff_exp": 64}
+QWEN2MOE = {**MOE, "n_ff_exp": 64, "n_ff_shexp": 96}  # with its shared expert
+OLMOE: dict[str, int] = dict(SMALL, n_kv_heads=4)
+# the experts in three block-32 types, attention in the default mix
+MOE_QTYPES = {**DEFAULT_QTYPES, "ffn_gate_exps": T.Q4_0, "ffn_up_exps": T.Q8_0, "ffn_down_exps": T.Q5_1}
+
+
+def _moe_cases() -> dict[str, OracleCase]:
+    return {
+        "qwen3moe_f32": OracleCase("qwen3moe", writer=QWEN3MOE, note="qwen3moe, 8 experts of 64, top 4, F32"),
+        "qwen3moe_mix": OracleCase("qwen3moe", MOE_QTYPES, writer=QWEN3MOE,
+                                   note="qwen3moe, experts Q4_0/Q8_0/Q5_1, block-32 mix"),
+        "qwen3moe_q4_k": OracleCase("qwen3moe", "Q4_K", model=WIDE, writer={**QWEN3MOE, "n_ff_exp": 256,
+                                    "quantize_kquants": True}, note="qwen3moe, every matrix Q4_K (256 wide)"),
+        "llama_moe_f32": OracleCase("llama", writer=MOE,
+                                    note="llama with experts (Mixtral), top 2 of 8, F32"),
+        "llama_moe_mix": OracleCase("llama", MOE_QTYPES, writer=MOE,
+                                    note="llama with experts, Q4_0/Q8_0/Q5_1 experts"),
+        "olmoe_f32": OracleCase("olmoe", model=OLMOE, writer=MOE,
+                                note="olmoe, top 2 of 8 (weights not renormalised), F32"),
+        "olmoe_mix": OracleCase("olmoe", MOE_QTYPES, model=OLMOE, writer=MOE, note="olmoe, block-32 mix"),
+        "qwen2moe_f32": OracleCase("qwen2moe", writer=QWEN2MOE,
+                                   note="qwen2moe, top 2 of 8 of 64 and a shared expert of 96, F32"),
+        "qwen2moe_mix": OracleCase("qwen2moe", MOE_QTYPES, writer=QWEN2MOE,
+                                   note="qwen2moe, shared expert Q8_0, block-32 mix"),
+    }
+
+
 # fmt: off
 CASES: dict[str, OracleCase] = {
     # ---- architectures, F32 weights and the default mix of block-32 types
@@ -397,5 +429,7 @@ CASES: dict[str, OracleCase] = {
                             note="gpt2, block-32 mix, no output.weight (tied)"),
     # ---- Phi-3, SmolLM3, fused Q|K|V
     **_phi3_smollm3_cases(),
+    # ---- mixture of experts: qwen3moe, Mixtral-style llama, OLMoE
+    **_moe_cases(),
 }
 # fmt: on

@@ -40,9 +40,13 @@ from edgellm.testing.tiny_vocab import CONTROL, bpe_vocab, spm_vocab
 
 T = GGMLQuantizationType
 ARCHS = (
-    "llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2", "starcoder2", "gpt2", "phi3", "smollm3"
+    "llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2", "starcoder2", "gpt2", "phi3",
+    "smollm3", "qwen3moe", "olmoe", "qwen2moe",
 )
 LAYER_NORM_ARCHS = ("starcoder2", "gpt2")  # LayerNorm with biases, biased ungated MLP (layer_norm_shapes)
+MOE_ARCHS = ("qwen3moe", "olmoe", "qwen2moe")  # always with experts (llama: with n_expert > 0, as Mixtral)
+EXPERT_WIDTH_ARCHS = ("qwen3moe", "qwen2moe")  # expert_feed_forward_length (llama, OLMoE: n_ff)
+DEFAULT_N_EXPERT = 4
 GEMMA_ARCHS = ("gemma2", "gemma3")  # SentencePiece vocabulary, head size always written
 POST_NORM_ARCHS = ("gemma2", "gemma3", "olmo2")  # post_attention_norm and post_ffw_norm
 # written by llama.cpp's LlamaModel converter (and its subclasses)
@@ -108,14 +112,14 @@ def tensor_shapes(
             shapes[p + "attn_q.weight"] = (q_rows, n_embd)
             shapes[p + "attn_k.weight"] = (kv_rows, n_embd)
             shapes[p + "attn_v.weight"] = (kv_rows, n_embd)
-        if arch == "qwen2":
+        if arch in ("qwen2", "qwen2moe"):
             shapes[p + "attn_q.bias"] = (q_rows,)
             shapes[p + "attn_k.bias"] = (kv_rows,)
             shapes[p + "attn_v.bias"] = (kv_rows,)
-        if arch in ("qwen3", "gemma3"):
+        if arch in ("qwen3", "gemma3", "qwen3moe"):
             shapes[p + "attn_q_norm.weight"] = (head_dim,)
             shapes[p + "attn_k_norm.weight"] = (head_dim,)
-        if arch == "olmo2":  # over the whole projection
+        if arch in ("olmo2", "olmoe"):  # over the whole projection
             shapes[p + "attn_q_norm.weight"] = (q_rows,)
             shapes[p + "attn_k_norm.weight"] = (kv_rows,)
         shapes[p + "attn_output.weight"] = (n_embd, q_rows)
@@ -163,6 +167,32 @@ def layer_norm_shapes(
     return shapes
 
 
+def with_experts(
+    shapes: dict[str, tuple[int, ...]], n_embd: int, n_expert: int, n_ff_exp: int, n_ff_shexp: int = 0
+) -> dict[str, tuple[int, ...]]:
+    """`shapes` with each layer's dense FFN replaced by a router and 3-D expert matrices (llama.cpp's
+    ffn_gate_inp, ffn_{gate,up,down}_exps: numpy order [expert, rows, cols]), in the dense FFN's place,
+    and with n_ff_shexp a shared expert and its gate (Qwen 2 MoE's *_shexp)."""
+    out: dict[str, tuple[int, ...]] = {}
+    dense = {"ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"}
+    for name, shape in shapes.items():
+        il, _, role = name.removeprefix("blk.").partition(".")
+        if not name.startswith("blk.") or role not in dense:
+            out[name] = shape
+        elif role == "ffn_gate.weight":
+            p = f"blk.{il}."
+            out[p + "ffn_gate_inp.weight"] = (n_expert, n_embd)
+            out[p + "ffn_gate_exps.weight"] = (n_expert, n_ff_exp, n_embd)
+            out[p + "ffn_up_exps.weight"] = (n_expert, n_ff_exp, n_embd)
+            out[p + "ffn_down_exps.weight"] = (n_expert, n_embd, n_ff_exp)
+            if n_ff_shexp:
+                out[p + "ffn_gate_inp_shexp.weight"] = (n_embd,)
+                out[p + "ffn_gate_shexp.weight"] = (n_ff_shexp, n_embd)
+                out[p + "ffn_up_shexp.weight"] = (n_ff_shexp, n_embd)
+                out[p + "ffn_down_shexp.weight"] = (n_embd, n_ff_shexp)
+    return out
+
+
 def tensor_role(name: str) -> str:
     """'blk.3.attn_q.weight' -> 'attn_q'; 'attn_q.bias' roles keep '.bias'; 'output.weight' -> 'output'."""
     parts = name.split(".")
@@ -180,7 +210,8 @@ def pick_qtype(
 ) -> GGMLQuantizationType:
     """The type of one tensor: 1-D tensors (norms, biases) are always F32, as llama.cpp writes them."""
     role = tensor_role(name)
-    if role.endswith("norm") or role.endswith(".bias"):
+    # the MoE router too: llama.cpp's quantizer leaves ffn_gate_inp unquantized
+    if role.endswith("norm") or role.endswith(".bias") or role == "ffn_gate_inp":
         return T.F32
     if qtypes is None:
         qtypes = DEFAULT_QTYPES
@@ -321,6 +352,10 @@ def write_tiny_model(
     sliding_window: int = 4,
     n_vocab: int | None = None,
     quantize_kquants: bool = False,
+    n_expert: int = 0,
+    n_expert_used: int = 2,
+    n_ff_exp: int | None = None,
+    n_ff_shexp: int | None = None,
     metadata_overrides: Mapping[str, Any] | None = None,
     extra_tensors: Mapping[str, np.ndarray | tuple[int, ...]] | None = None,
     skip_tensors: Iterable[str] = (),
@@ -340,6 +375,10 @@ def write_tiny_model(
     n_vocab: pad the vocabulary with control tokens to this size (default: the tiny vocabulary, ~300).
     quantize_kquants: Q4_K / Q6_K matrices quantized from normal weights (encode.KQUANT_REF) rather than
         random blocks.
+    n_expert, n_expert_used, n_ff_exp: a mixture-of-experts FFN (qwen3moe, olmoe always, default
+        DEFAULT_N_EXPERT experts; llama with n_expert > 0, as Mixtral): n_expert experts of width n_ff_exp
+        (default n_ff; qwen3moe and qwen2moe write it as expert_feed_forward_length), n_expert_used per
+        token. n_ff_shexp: qwen2moe's shared expert width (default n_ff).
     metadata_overrides: key -> value replacing or adding metadata (None deletes the key); the value type is
         the replaced key's, else inferred (a `Typed` value sets it). "general.architecture" can be overridden.
     extra_tensors: name -> array (written as F32, values as given) or numpy-order shape (random weights of
@@ -368,6 +407,19 @@ def write_tiny_model(
         n_vocab,
     )
     n_vocab = len(md["tokenizer.ggml.tokens"][0])
+    if arch in MOE_ARCHS and not n_expert:
+        n_expert = DEFAULT_N_EXPERT
+    if arch not in EXPERT_WIDTH_ARCHS and n_ff_exp not in (None, n_ff):
+        raise ValueError(f"{arch}'s experts are n_ff wide (llama.cpp reads no expert width for it)")
+    n_ff_exp = n_ff_exp or n_ff
+    if n_expert:
+        md[arch + ".expert_count"] = (n_expert, GGUFValueType.UINT32, None)
+        md[arch + ".expert_used_count"] = (n_expert_used, GGUFValueType.UINT32, None)
+        if arch in EXPERT_WIDTH_ARCHS:
+            md[arch + ".expert_feed_forward_length"] = (n_ff_exp, GGUFValueType.UINT32, None)
+    n_ff_shexp = (n_ff_shexp or n_ff) if arch == "qwen2moe" else 0
+    if n_ff_shexp:
+        md[arch + ".expert_shared_feed_forward_length"] = (n_ff_shexp, GGUFValueType.UINT32, None)
     md = {"general.architecture": (arch, GGUFValueType.STRING, None), **md}
     for key, value in (metadata_overrides or {}).items():
         if value is None:
@@ -386,9 +438,10 @@ def write_tiny_model(
     for key, (value, vtype, sub_type) in md.items():
         writer.add_key_value(key, value, vtype, sub_type)
 
-    shapes: dict[str, tuple[int, ...] | np.ndarray] = dict(
-        tensor_shapes(arch, n_layers, n_embd, n_heads, n_kv_heads, head_dim, n_ff, n_vocab, tied)
-    )
+    standard = tensor_shapes(arch, n_layers, n_embd, n_heads, n_kv_heads, head_dim, n_ff, n_vocab, tied)
+    if n_expert:
+        standard = with_experts(standard, n_embd, n_expert, n_ff_exp, n_ff_shexp)
+    shapes: dict[str, tuple[int, ...] | np.ndarray] = dict(standard)
     if arch == "gpt2":  # learned positions, after the token embedding as GPT-2's converter writes them
         shapes = {"token_embd.weight": shapes.pop("token_embd.weight"),
                   "position_embd.weight": (context_length, n_embd), **shapes}  # fmt: skip

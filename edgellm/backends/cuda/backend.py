@@ -284,6 +284,18 @@ class CudaBackend(DeviceSampling, Backend):
         if T:
             launch(ops.add_cuda, grid, threads, *x.rows2d(), *y.rows2d(), T, n, False)
 
+    def moe_combine(self, outs: DeviceTensor, where: np.ndarray, weights: np.ndarray) -> DeviceTensor:
+        self._flush()
+        T, k = where.shape
+        n = outs.shape[1]
+        out = self.empty((T, n))
+        if T:
+            w = self._upload(np.ascontiguousarray(where, np.int32).reshape(-1))
+            wt = self._upload(np.ascontiguousarray(weights, np.float32).reshape(-1))
+            grid, threads = elem_grid(T * n)
+            launch(ops.moe_combine_cuda, grid, threads, *outs.rows2d(), w, wt, k, n, out.buf[: T * n])
+        return out
+
     def add_bias(self, x: DeviceTensor, b: DeviceTensor) -> None:
         self._flush()
         T, n = x.shape

@@ -147,3 +147,15 @@ def take_rows_cuda(x, x_off, x_ld, rows, n, out):  # noqa: ANN001
     """out (contiguous [L, n]) = x[rows]: the rows that need logits, gathered without a trip to the host."""
     for idx in range(cuda.grid(1), rows.shape[0] * n, cuda.gridsize(1)):  # grid-stride
         out[idx] = x[x_off + rows[idx // n] * x_ld + idx % n]
+
+
+@cuda.jit(cache=True)
+def moe_combine_cuda(y, y_off, y_ld, where, weights, k, n, out):  # noqa: ANN001
+    """out (contiguous [T, n])[t] = sum over slots s in order of weights[t, s] * y[where[t, s]]: the
+    mixture of experts' weighted sum (Backend.moe_combine). where, weights: [T * k] int32 / float32."""
+    for idx in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):  # grid-stride
+        t, i = idx // n, idx % n
+        acc = weights[t * k] * y[y_off + where[t * k] * y_ld + i]
+        for s in range(1, k):
+            acc += weights[t * k + s] * y[y_off + where[t * k + s] * y_ld + i]
+        out[idx] = acc

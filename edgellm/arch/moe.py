@@ -1,0 +1,195 @@
+"""The mixture-of-experts feed-forward block (qwen3moe, qwen2moe, olmoe, Mixtral-style llama), as
+llama.cpp's build_moe_ffn computes it:
+
+    h = rmsnorm(x) * ffn_norm                          # [T, n_embd]
+    p = softmax(W_router h)                            # [T, n_expert] router probabilities
+    sel = top-k(p), w = p[sel]                         # [T, k]; w / sum(w) where the architecture says
+    x += sum_s w[:, s] * W_down[sel_s] @ (silu(W_gate[sel_s] h) * (W_up[sel_s] h))   # slot order
+    (Qwen 2 MoE, then + sigmoid(w_shexp . h) * FFN_shexp(h): a shared expert every token runs, its gate a
+    row stacked under the router's, its output summed as one more slot)
+
+Expert-grouped execution: the step's (token, slot) pairs are sorted by expert, and each selected expert
+runs one gate|up and one down matmul over all its tokens (the backend's matmul, so each expert's weights
+are read once per step and unselected experts not at all); the outputs land in expert order in one buffer
+and are summed back per token in slot order, weighted by the router (Backend.moe_combine). A token's result
+depends on its own row only (the kernels are batch-invariant), not on the other tokens of the step.
+
+The expert tensors ([n_expert, rows, cols], the file's own types) stay in the file's mapping; an expert's
+slices are prepared with the backend's 2-D `load_matrix` (the same repacking as a dense matrix) the first
+time a token selects it, so experts nothing routes to are never read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from edgellm.arch.common import TensorSource, pre_norm
+from edgellm.backends.base import Backend
+from edgellm.gguf.config import ModelConfig
+from edgellm.gguf.reader import TensorInfo, release_mapped_pages
+
+
+def expert_slice(t: TensorInfo, e: int) -> TensorInfo:
+    """Expert e of a 3-D expert tensor [n_expert, rows, cols] as a 2-D tensor of the file: a view of the
+    mapped rows, not a copy."""
+    n_expert, rows = t.shape[0], t.shape[1]
+    n_bytes = t.n_bytes // n_expert
+    return dataclasses.replace(
+        t,
+        name=f"{t.name}[{e}]",
+        shape=tuple(t.shape[1:]),
+        offset=t.offset + e * n_bytes,
+        n_bytes=n_bytes,
+        data=t.data[e * rows : (e + 1) * rows],  # [rows, row_bytes]
+    )
+
+
+class ExpertMatrices:
+    """One layer's experts: the file's 3-D gate, up and down tensors, each expert's (gate|up, down)
+    matrices prepared by the backend on first use."""
+
+    def __init__(self, be: Backend, gate: TensorInfo, up: TensorInfo, down: TensorInfo) -> None:
+        self.be = be
+        self.gate, self.up, self.down = gate, up, down  # [E, n_ff_exp, n_embd] x2, [E, n_embd, n_ff_exp]
+        self.n_expert = gate.shape[0]
+        self._prepared: list[tuple[Any, Any] | None] = [None] * self.n_expert
+
+    def get(self, e: int) -> tuple[Any, Any]:
+        """(w_gate_up [2 * n_ff_exp, n_embd], w_down [n_embd, n_ff_exp]) of expert e."""
+        w = self._prepared[e]
+        if w is None:
+            gate, up, down = (expert_slice(t, e) for t in (self.gate, self.up, self.down))
+            w = self._prepared[e] = (self.be.load_matrix([gate, up]), self.be.load_matrix([down]))
+            for t in (gate, up, down):  # prepared: its file pages out of RSS (a read would refault them)
+                release_mapped_pages(t.data)
+        return w
+
+    @property
+    def expert_bytes(self) -> int:
+        """File bytes of one expert's three matrices (what a token routed to it reads)."""
+        return (self.gate.n_bytes + self.up.n_bytes + self.down.n_bytes) // self.n_expert
+
+    @property
+    def n_prepared(self) -> int:
+        return sum(w is not None for w in self._prepared)
+
+
+@dataclass
+class MoeFeedForwardWeights:
+    norm: Any  # [n_embd]
+    router: Any  # [n_expert, n_embd] (ffn_gate_inp); [n_expert + 1, n_embd] with the shared expert's gate
+    experts: ExpertMatrices
+    shared_gate_up: Any = None  # [2 * n_ff_shexp, n_embd] the shared expert's gate|up (Qwen 2 MoE)
+    shared_down: Any = None  # [n_embd, n_ff_shexp]
+    post_norm: Any = None  # no MoE architecture here has one
+
+    @property
+    def active_bytes(self) -> int:
+        """Expert bytes one token reads (its n_expert_used experts; the router is a matrix of its own)."""
+        return self.experts.expert_bytes
+
+    @property
+    def total_expert_bytes(self) -> int:
+        return self.experts.expert_bytes * self.experts.n_expert
+
+
+def load_moe_feed_forward(be: Backend, src: TensorSource, cfg: ModelConfig, il: int) -> MoeFeedForwardWeights:
+    p = f"blk.{il}."
+    e, E, fe = cfg.n_embd, cfg.n_expert, cfg.n_ff_exp
+    gate = src.get(p + "ffn_gate_exps.weight", (E, fe, e))
+    up = src.get(p + "ffn_up_exps.weight", (E, fe, e))
+    down = src.get(p + "ffn_down_exps.weight", (E, e, fe))
+    router = [src.get(p + "ffn_gate_inp.weight", (E, e))]
+    w = MoeFeedForwardWeights(
+        norm=be.load_vector(src.get(p + "ffn_norm.weight", (e,))),
+        router=None,
+        experts=ExpertMatrices(be, gate, up, down),
+    )
+    if cfg.n_ff_shexp:
+        fs = cfg.n_ff_shexp
+        shared_gate = src.get(p + "ffn_gate_inp_shexp.weight", (e,))  # [n_embd]: one more router row
+        router.append(dataclasses.replace(shared_gate, shape=(1, e)))
+        w.shared_gate_up = be.load_matrix(
+            [src.get(p + "ffn_gate_shexp.weight", (fs, e)), src.get(p + "ffn_up_shexp.weight", (fs, e))]
+        )
+        w.shared_down = be.load_matrix([src.get(p + "ffn_down_shexp.weight", (e, fs))])
+    w.router = be.load_matrix(router)
+    return w
+
+
+def route_top_k(logits: np.ndarray, k: int, renormalise: bool) -> tuple[np.ndarray, np.ndarray]:
+    """llama.cpp's softmax gating: (experts [T, k] int64, most probable first, ties to the lower id;
+    weights [T, k] float32: their softmax probabilities, divided by their sum when `renormalise`).
+    logits: [T, n_expert] float32. Row by row: a token's choice depends on its own logits only."""
+    z = logits.astype(np.float64)
+    z -= z.max(axis=1, keepdims=True)
+    np.exp(z, out=z)
+    probs = (z / z.sum(axis=1, keepdims=True)).astype(np.float32)  # [T, n_expert]
+    experts = np.argsort(-probs, axis=1, kind="stable")[:, :k]
+    weights = np.take_along_axis(probs, experts, axis=1)  # [T, k]
+    if renormalise:
+        weights = weights / weights.sum(axis=1, keepdims=True, dtype=np.float32)
+    return experts.astype(np.int64), np.ascontiguousarray(weights, np.float32)
+
+
+def group_by_expert(experts: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int]], np.ndarray]:
+    """The step's (token, slot) pairs sorted by expert: (tokens [T*k] int64 in that order (ascending
+    within an expert), runs [(expert, start, end)] into it, where [T, k] int64: each pair's row in the
+    sorted order). experts: [T, k]."""
+    T, k = experts.shape
+    flat = experts.reshape(-1)
+    order = np.argsort(flat, kind="stable")  # [T*k]
+    tokens = order // k
+    sorted_ids = flat[order]
+    cuts = np.flatnonzero(np.diff(sorted_ids)) + 1
+    starts = np.concatenate([[0], cuts])
+    ends = np.concatenate([cuts, [len(flat)]])
+    runs = [(int(sorted_ids[s]), int(s), int(t)) for s, t in zip(starts, ends, strict=True) if t > s]
+    where = np.empty(T * k, np.int64)
+    where[order] = np.arange(T * k)
+    return tokens, runs, where.reshape(T, k)
+
+
+def _expert_ffn(be: Backend, cfg: ModelConfig, x: Any, w: tuple[Any, Any], width: int, out: Any) -> None:
+    """out = W_down @ (silu(W_gate x) * (W_up x)), w = (W_gate|W_up, W_down) of FFN width `width`.
+    x: [n, n_embd]; out: [n, n_embd]."""
+    w_gate_up, w_down = w
+    n = x.shape[0]
+    gate_up = be.empty((n, 2 * width))
+    be.matmul(x, w_gate_up, gate_up)  # [n, 2*width]
+    act = be.empty((n, width))
+    be.gated_act(gate_up, act, cfg.activation)  # [n, width]
+    be.matmul(act, w_down, out)  # [n, n_embd]
+
+
+def moe_feed_forward_block(be: Backend, cfg: ModelConfig, w: MoeFeedForwardWeights, x: Any, T: int) -> None:
+    """x += MoE-FFN(norm(x)) (module doc). x: [T, n_embd]."""
+    if T == 0:
+        return
+    E, k = cfg.n_expert, cfg.n_expert_used
+    shared = w.shared_down is not None
+    h = pre_norm(be, cfg, w.norm, x, T)  # [T, n_embd]
+    logits = be.empty((T, E + shared))
+    be.matmul(h, w.router, logits)  # [T, n_expert (+1: the shared expert's gate)]
+    host_logits = be.to_host(logits)
+    experts, weights = route_top_k(np.ascontiguousarray(host_logits[:, :E]), k, cfg.moe_norm_weights)
+    tokens, runs, where = group_by_expert(experts)  # where: [T, k]
+    outs = be.empty((T * (k + shared), cfg.n_embd))  # each pair's expert output, in expert order
+    for e, start, end in runs:
+        xe = be.take_rows(h, tokens[start:end])  # [n, n_embd]: the expert's tokens
+        _expert_ffn(be, cfg, xe, w.experts.get(e), cfg.n_ff_exp, outs[start:end])
+    if shared:  # every token, as a last slot weighted by sigmoid(gate) (llama.cpp: silu(g) / g)
+        _expert_ffn(be, cfg, h, (w.shared_gate_up, w.shared_down), cfg.n_ff_shexp, outs[T * k :])
+        g = host_logits[:, E]  # [T]
+        with np.errstate(invalid="ignore"):  # g = 0: sigmoid 1/2, where llama.cpp's 0 / 0 is NaN
+            gate = np.where(g == 0, np.float32(0.5), (g / (np.float32(1) + np.exp(-g))) / g)  # [T]
+        where = np.concatenate([where, T * k + np.arange(T, dtype=np.int64)[:, None]], axis=1)
+        weights = np.concatenate([weights, gate.astype(np.float32)[:, None]], axis=1)  # [T, k + 1]
+    out = be.moe_combine(outs, where, weights)  # [T, n_embd]
+    if cfg.residual_scale != 1.0:
+        out = be.scale(out, cfg.residual_scale)
+    be.add(x, out)
