@@ -251,7 +251,7 @@ def pull(ref: HubRef, progress: Progress | None = None) -> list[Path]:
                     revision=info.sha,
                     cache_dir=cache_dir(),
                     endpoint=endpoint(),
-                    tqdm_class=_progress_bar(progress) if progress else None,
+                    tqdm_class=_progress_bar(progress, name) if progress else None,
                 )
             )
         except Exception as e:
@@ -313,21 +313,36 @@ def _check_sha256(ref: HubRef, path: Path, expected: str) -> None:
     )
 
 
-def _progress_bar(progress: Progress) -> type:
-    """huggingface_hub's tqdm, also reporting each file's bytes to `progress` (the TUI's loading panel)."""
+def _progress_bar(progress: Progress, name: str) -> type:
+    """huggingface_hub's tqdm (a bar on a terminal), also reporting the file's bytes to `progress`."""
     from huggingface_hub.utils import tqdm
 
     class ReportingBar(tqdm):
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
-            self.done = kwargs.get("initial", 0)
+            self.done, self.size = kwargs.get("initial", 0), kwargs.get("total")
 
         def update(self, n: float | None = 1) -> bool | None:
-            self.done += n or 0
-            progress(str(self.desc), int(self.done), self.total)
+            self.done += n or 0  # counted here: a disabled bar (no terminal) counts nothing
+            progress(name, int(self.done), self.size)
             return super().update(n)
 
     return ReportingBar
+
+
+def progress_lines(say: Callable[[str], None], step: float = 0.1) -> Progress:
+    """A Progress saying "downloading FILE: 40% of 12 MB" every `step` of a file (the TUI's loading panel)."""
+    said: dict[str, float] = {}
+
+    def progress(name: str, done: int, total: int | None) -> None:
+        if not total:
+            return
+        frac = done / total
+        if frac >= 1 or frac - said.get(name, -1.0) >= step:
+            said[name] = frac
+            say(f"downloading {name}: {frac:.0%} of {total / 1e6:.1f} MB")
+
+    return progress
 
 
 def log(msg: str) -> None:

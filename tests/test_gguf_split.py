@@ -59,15 +59,25 @@ def test_the_parts_join_into_the_unsplit_model(split_model: tuple[Path, Path]) -
 
 
 def test_a_split_model_generates_what_the_unsplit_file_does(split_model: tuple[Path, Path]) -> None:
+    """In process and behind the server: the same greedy tokens as the one-file model."""
     from edgellm import LLM, SamplingParams
+    from edgellm.testing.servers import httpx, start_server, stop_server  # httpx: the openai client's
 
     whole, first = split_model
-    greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    greedy = SamplingParams(max_tokens=12, temperature=0.0)
     outputs = []
     for path in (whole, first):
         with LLM(path, n_ctx=128, kv_cache_memory=1 << 20) as llm:
-            outputs.append(llm.generate(["hello world"], greedy)[0].token_ids)
-    assert len(outputs[0]) == 12 and outputs[1] == outputs[0]
+            outputs.append(llm.generate(["hello world"], greedy)[0])
+    assert len(outputs[0].token_ids) > 1 and outputs[1].token_ids == outputs[0].token_ids
+    proc, url = start_server(str(first), "--ctx", "128", "--kv-cache-memory", "1M")
+    try:
+        body = {"prompt": "hello world", "max_tokens": 12, "temperature": 0}
+        r = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+    finally:
+        stop_server(proc)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == outputs[0].text
 
 
 def test_a_missing_part_is_named(split_model: tuple[Path, Path]) -> None:

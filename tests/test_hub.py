@@ -199,3 +199,16 @@ def test_models_lists_and_rm_removes_a_downloaded_model(
     assert "tiny-Q4_0" not in edgellm(env, "models", "--models-dir", str(store)).stdout
     again = edgellm(env, "rm", f"hf://{REPO}:Q4_0", "--models-dir", str(store))
     assert again.returncode == 1 and "no downloaded model" in again.stderr
+
+
+def test_download_progress_and_the_tui_model_picker(env: dict[str, str], sources: dict[str, Path]) -> None:
+    from tui.app import catalog_options
+
+    lines: list[str] = []
+    path = resolve_model(f"hf://{REPO}:Q4_0", progress=hub.progress_lines(lines.append))
+    size = sources["tiny-Q4_0.gguf"].stat().st_size
+    assert path.stat().st_size == size
+    assert lines[-1] == f"downloading tiny-Q4_0.gguf: 100% of {size / 1e6:.1f} MB"
+    name = f"hf://{REPO}/tiny-Q4_0.gguf"
+    assert (f"{name}  {size / 1e6:.0f} MB", name) in catalog_options()
+    assert resolve_model(name) == path  # the picker's name is a model argument
