@@ -132,7 +132,7 @@ def _copy_member(pkg: dict[str, str], tmp: Path, out) -> None:
             out.write(block)
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
         while block := f.read(1 << 22):
@@ -155,7 +155,7 @@ def fetch(entry: CatalogEntry) -> Path:
     if partial.stat().st_size != entry.size_bytes:
         partial.unlink()
         raise ModelNotFoundError(f"{entry.name}: assembled file has the wrong size")
-    if entry.sha256 and _sha256(partial) != entry.sha256:
+    if entry.sha256 and file_sha256(partial) != entry.sha256:
         partial.unlink()
         raise ModelNotFoundError(f"{entry.name}: sha256 mismatch after assembling the chunks")
     partial.replace(target)

@@ -18,7 +18,6 @@ used without contacting it (as `ollama run` does); `edgellm pull` asks the hub f
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
@@ -28,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from edgellm.catalog import ModelNotFoundError
+from edgellm.catalog import ModelNotFoundError, file_sha256
 from edgellm.gguf.split import SPLIT_FILE_NAME
 
 DEFAULT_QUANTS = ("Q4_K_M", "Q8_0")  # llama.cpp's -hf without a tag
@@ -87,8 +86,8 @@ def parse_hub_ref(text: str) -> HubRef | None:
     for prefix in HUB_PREFIXES:
         if text.startswith(prefix):
             return _parse_repo_tag(text[len(prefix) :], text)
-    if ":" in text and "/" in text and not text.startswith(("/", ".", "~")):
-        return _parse_repo_tag(text, text, required_tag=True)
+    if ":" in text and "/" in text and not text.startswith(("/", ".", "~")) and ".gguf" not in text:
+        return _parse_repo_tag(text, text, required_tag=True)  # llama.cpp's -hf form; never a file path
     return None
 
 
@@ -152,7 +151,7 @@ def choose_files(files: list[str], ref: HubRef, where: str) -> list[str]:
     else:
         primary = _best_model(models, ref.quant)
         if primary is None:
-            what = f"a GGUF file tagged {ref.quant}" if ref.quant else "a GGUF model file"
+            what = f"GGUF file tagged {ref.quant}" if ref.quant else "GGUF model file"
             raise HubError(f"{ref}: {where} has no {what} (GGUF files: {_listing(models)})")
     prefix, _, count = split_info(primary)
     if count == 1:
@@ -251,7 +250,7 @@ def pull(ref: HubRef, progress: Progress | None = None) -> list[Path]:
                     revision=info.sha,
                     cache_dir=cache_dir(),
                     endpoint=endpoint(),
-                    tqdm_class=_progress_bar(progress, name) if progress else None,
+                    tqdm_class=_progress_bar(progress, name),
                 )
             )
         except Exception as e:
@@ -292,16 +291,8 @@ def _hub_failure(e: Exception) -> str:
     return f"{type(e).__name__}: {first}"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _check_sha256(ref: HubRef, path: Path, expected: str) -> None:
-    actual = _sha256(path)
+    actual = file_sha256(path)
     if actual == expected:
         return
     blob = path.resolve()
@@ -313,18 +304,21 @@ def _check_sha256(ref: HubRef, path: Path, expected: str) -> None:
     )
 
 
-def _progress_bar(progress: Progress, name: str) -> type:
-    """huggingface_hub's tqdm (a bar on a terminal), also reporting the file's bytes to `progress`."""
+def _progress_bar(progress: Progress | None, name: str) -> type:
+    """huggingface_hub's tqdm (a bar on a terminal) named by the file rather than its URL, also reporting
+    the file's bytes to `progress`."""
     from huggingface_hub.utils import tqdm
 
     class ReportingBar(tqdm):
         def __init__(self, *args, **kwargs) -> None:
+            kwargs["desc"] = name
             super().__init__(*args, **kwargs)
             self.done, self.size = kwargs.get("initial", 0), kwargs.get("total")
 
         def update(self, n: float | None = 1) -> bool | None:
             self.done += n or 0  # counted here: a disabled bar (no terminal) counts nothing
-            progress(name, int(self.done), self.size)
+            if progress is not None:
+                progress(name, int(self.done), self.size)
             return super().update(n)
 
     return ReportingBar

@@ -100,8 +100,10 @@ def test_a_wrong_checksum_is_refused_and_the_download_deleted(env: dict[str, str
     with pytest.raises(ModelNotFoundError):
         resolve_model(f"hf://{REPO}:Q4_0", download=False)
     fake_hub.repos[REPO].corrupt.clear()  # the next pull downloads it again
-    assert edgellm(env, "pull", f"hf://{REPO}:Q4_0").returncode == 0
-    assert len(fake_hub.downloads("tiny-Q4_0.gguf")) == 2
+    bar_on = {**env, "TQDM_POSITION": "-1"}  # huggingface_hub's switch: the bar as on a terminal
+    proc = edgellm(bar_on, "pull", f"hf://{REPO}:Q4_0")
+    assert proc.returncode == 0 and len(fake_hub.downloads("tiny-Q4_0.gguf")) == 2
+    assert "tiny-Q4_0.gguf: 100%|" in proc.stderr  # the progress bar, named by the file
 
 
 def test_the_default_quant_and_every_part_of_a_split_model(env: dict[str, str], tmp_path: Path) -> None:
@@ -143,7 +145,7 @@ def test_offline_mode_uses_the_cache_only(env: dict[str, str], fake_hub: FakeHub
 def test_the_hub_is_contacted_only_for_hub_names(env: dict[str, str], fake_hub: FakeHub, tmp_path) -> None:
     local = write_tiny_model(tmp_path / "local.gguf", "llama")
     assert resolve_model(str(local)) == local
-    for name in ("no-such-model", "org/repo", "./org/repo:Q4_0", "smollm2-135m-typo"):
+    for name in ("no-such-model", "org/repo", "./org/repo:Q4_0", "models/m.gguf:x", "smollm2-135m-typo"):
         with pytest.raises(ModelNotFoundError, match="no model named"):
             resolve_model(name)
     assert fake_hub.requests == []
@@ -172,7 +174,7 @@ def test_choosing_the_file_as_llamacpp_does() -> None:
     choose = lambda quant: choose_files(files, HubRef("o/r", quant), "o/r")  # noqa: E731
     assert choose(None) == ["big/m-Q4_K_M-00001-of-00002.gguf", "big/m-Q4_K_M-00002-of-00002.gguf"]
     assert choose("q8_0") == ["m-Q8_0.gguf"] and choose("IQ2_M") == ["m-IQ2_M.gguf"]
-    with pytest.raises(HubError, match=r"has no a GGUF file tagged Q5_K_M \(GGUF files: big/m-Q4"):
+    with pytest.raises(HubError, match=r"has no GGUF file tagged Q5_K_M \(GGUF files: big/m-Q4"):
         choose("Q5_K_M")
     with pytest.raises(HubError, match=r"lacks part\(s\) \[2\] of the 2-part model"):
         choose_files(files[:-3] + files[-2:], HubRef("o/r"), "o/r")  # part 2 gone
