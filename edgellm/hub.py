@@ -96,7 +96,7 @@ def _parse_repo_tag(rest: str, text: str, required_tag: bool = False) -> HubRef 
     if not required_tag and len(segments) > 2 and rest.endswith(".gguf"):  # hf://ORG/REPO/PATH.gguf
         repo = "/".join(segments[:2])
         if _REPO.fullmatch(repo):
-            return HubRef(repo, filename="/".join(segments[2:]))
+            return HubRef(repo, filename=_file_path(segments[2:], text))
     repo, _, tag = rest.partition(":")
     if not _REPO.fullmatch(repo) or (tag and not _TAG.fullmatch(tag)) or (required_tag and not tag):
         if required_tag:
@@ -118,7 +118,13 @@ def _parse_url(text: str) -> HubRef | None:
     repo = f"{parts[0]}/{parts[1]}"
     if not _REPO.fullmatch(repo):
         raise ValueError(f"{text!r}: {repo!r} is not a repository name ORG/REPO")
-    return HubRef(repo, filename="/".join(parts[4:]), revision=parts[3])
+    return HubRef(repo, filename=_file_path(parts[4:], text), revision=parts[3])
+
+
+def _file_path(segments: list[str], text: str) -> str:
+    if any(s in ("", ".", "..") for s in segments):
+        raise ValueError(f"{text!r} is not a hub file: its path in the repository has empty or '..' parts")
+    return "/".join(segments)
 
 
 # ---- choosing the file ------------------------------------------------------------------------------

@@ -161,7 +161,8 @@ def test_hub_names() -> None:
     assert parse_hub_ref(url) == HubRef("org/r-GGUF", filename="sub/m-Q8_0.gguf", revision="abc123")
     assert parse_hub_ref("hf://org/r/m.gguf") == HubRef("org/r", filename="m.gguf")
     assert parse_hub_ref("https://example.com/org/r/resolve/main/m.gguf") is None
-    for bad in ("hf://just-a-name", "hf://org/repo:bad tag", "https://huggingface.co/org/r/tree/main"):
+    bad_names = ("hf://just-a-name", "hf://org/repo:bad tag", "https://huggingface.co/org/r/tree/main")
+    for bad in (*bad_names, "hf://org/r/../../etc/m.gguf", "https://hf.co/o/r/resolve/main/a//m.gguf"):
         with pytest.raises(ValueError, match="not a hub"):
             parse_hub_ref(bad)
 
@@ -214,3 +215,15 @@ def test_download_progress_and_the_tui_model_picker(env: dict[str, str], sources
     name = f"hf://{REPO}/tiny-Q4_0.gguf"
     assert (f"{name}  {size / 1e6:.0f} MB", name) in catalog_options()
     assert resolve_model(name) == path  # the picker's name is a model argument
+
+
+def test_rm_of_a_catalog_model_deletes_its_cached_file_only(env: dict[str, str]) -> None:
+    from edgellm.catalog import CATALOG
+
+    cached = Path(env["EDGELLM_MODELS_DIR"]) / CATALOG["gemma3-270m"].file
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"GGUF")
+    proc = edgellm(env, "rm", "gemma3-270m")
+    assert proc.returncode == 0 and not cached.exists() and str(cached) in proc.stdout
+    again = edgellm(env, "rm", "gemma3-270m")
+    assert again.returncode == 1 and "nothing to remove" in again.stderr
