@@ -222,6 +222,10 @@ def server_options(args: argparse.Namespace) -> dict:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    if args.models is not None:
+        from edgellm.server.multi import serve_models
+
+        return serve_models(args)
     if args.replicas is not None:
         return _serve_on_ray(args)
     if args.ray_address is not None or args.threads_per_replica is not None:
@@ -349,6 +353,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--threads-per-replica", type=int, default=None, help="with --replicas: CPU threads per engine"
     )
+    p.add_argument(
+        "--models",
+        default=None,
+        metavar="NAME[,NAME...]",
+        help="serve several models, each request routed by its 'model' field; each model loads on first use "
+        "(its own engine process) and unloads after --keep-alive idle seconds",
+    )
+    p.add_argument(
+        "--keep-alive", type=float, default=300.0, help="with --models: idle seconds before unload"
+    )
+    p.add_argument("--models-max", type=int, default=2, help="with --models: models loaded at once at most")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("bench", help="measure prefill/decode speed (batch 1, or N requests in flight)")

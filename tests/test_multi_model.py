@@ -1,0 +1,106 @@
+"""`edgellm serve --models A,B` (edgellm/server/multi.py): two tiny models behind one port, each loaded on
+first use in its own server and engine process, routed by the request's model field, unloaded when idle."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from edgellm.testing.servers import ROOT, free_port, httpx, stop_server
+from edgellm.testing.synthetic import write_tiny_model
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+
+
+def _start_router(*args: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "edgellm", "serve", "--port", str(port), *args]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    lines = []
+    while line := proc.stdout.readline():
+        lines.append(line)
+        if line.startswith("edgellm: serving"):
+            threading.Thread(target=proc.stdout.read, daemon=True).start()
+            return proc, f"http://127.0.0.1:{port}"
+    raise RuntimeError("the router did not start:\n" + "".join(lines))
+
+
+def _loaded(url: str) -> dict[str, bool]:
+    data = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
+    return {m["id"]: m["status"]["loaded"] for m in data}
+
+
+def test_two_models_behind_one_port(tmp_path: Path) -> None:
+    a = str(write_tiny_model(tmp_path / "a.gguf", "llama", seed=1))
+    b = str(write_tiny_model(tmp_path / "b.gguf", "qwen3", seed=2))
+    router, url = _start_router(
+        "--models", f"{a},{b}", "--keep-alive", "6", "--ctx", "128", "--kv-cache-memory", "1M"
+    )
+    try:
+        assert _loaded(url) == {a: False, b: False}  # nothing loads before it is asked for
+
+        async def both() -> list:
+            async with httpx.AsyncClient(timeout=300) as client:
+                bodies = [{"model": m, "prompt": "hello", "max_tokens": 4, "temperature": 0} for m in (a, b)]
+                return await asyncio.gather(*(client.post(f"{url}/v1/completions", json=x) for x in bodies))
+
+        ra, rb = asyncio.run(both())
+        assert (ra.status_code, rb.status_code) == (200, 200), (ra.text, rb.text)
+        assert ra.json()["model"] == a and rb.json()["model"] == b
+        assert _loaded(url) == {a: True, b: True}
+
+        unknown = httpx.post(f"{url}/v1/completions", json={"model": "nope", "prompt": "x"}, timeout=10)
+        assert unknown.status_code == 404 and a in unknown.text and b in unknown.text
+
+        servers = {_cmdline(p).split(" serve ")[1].split()[0]: p for p in _children(router.pid)}
+        for core in _children(servers[a]):  # kill -9 of model a's engine core
+            os.kill(core, signal.SIGKILL)
+        again = httpx.post(
+            f"{url}/v1/completions", json={"model": b, "prompt": "hi", "max_tokens": 4}, timeout=120
+        )
+        assert again.status_code == 200, again.text  # b never noticed
+
+        deadline = time.monotonic() + 90
+        while (any(_loaded(url).values()) or _children(router.pid)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _loaded(url) == {a: False, b: False}  # both unloaded after 6 idle seconds
+        left = _children(router.pid)
+        assert left == [], [_cmdline(p) for p in left]  # their processes have ended
+    finally:
+        stop_server(router)
+
+
+def test_models_max_unloads_the_least_recently_used_and_load_unload_routes(tmp_path: Path) -> None:
+    a = str(write_tiny_model(tmp_path / "a.gguf", "llama", seed=1))
+    b = str(write_tiny_model(tmp_path / "b.gguf", "llama", seed=2))
+    router, url = _start_router("--models", f"{a},{b}", "--models-max", "1", "--ctx", "128")
+    try:
+        load = httpx.post(f"{url}/models/load", json={"model": a}, timeout=300)
+        assert load.status_code == 200 and load.json() == {"model": a, "loaded": True}
+        assert _loaded(url) == {a: True, b: False}
+        r = httpx.post(
+            f"{url}/v1/completions", json={"model": b, "prompt": "hi", "max_tokens": 2}, timeout=300
+        )
+        assert r.status_code == 200, r.text
+        assert _loaded(url) == {a: False, b: True}  # one at most: a, idle, made room
+        unload = httpx.post(f"{url}/models/unload", json={"model": b}, timeout=120)
+        assert unload.status_code == 200 and _loaded(url) == {a: False, b: False}
+        assert httpx.post(f"{url}/models/load", json={"model": "c"}, timeout=10).status_code == 404
+    finally:
+        stop_server(router)
