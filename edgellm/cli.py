@@ -364,6 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--keep-alive", type=float, default=300.0, help="with --models: idle seconds before unload"
     )
     p.add_argument("--models-max", type=int, default=2, help="with --models: models loaded at once at most")
+    p.add_argument("--presets", default=None, help="with --models: a TOML file of per-model settings")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("bench", help="measure prefill/decode speed (batch 1, or N requests in flight)")

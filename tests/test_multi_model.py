@@ -97,7 +97,11 @@ def test_two_models_behind_one_port(tmp_path: Path) -> None:
 def test_models_max_unloads_the_least_recently_used_and_load_unload_routes(tmp_path: Path) -> None:
     a = str(write_tiny_model(tmp_path / "a.gguf", "llama", seed=1))
     b = str(write_tiny_model(tmp_path / "b.gguf", "llama", seed=2))
-    router, url = _start_router("--models", f"{a},{b}", "--models-max", "1", "--ctx", "128")
+    presets = tmp_path / "presets.toml"
+    presets.write_text(f'[models."{b}"]\nctx = 64\nmax_queue = 8\n')
+    router, url = _start_router(
+        "--models", f"{a},{b}", "--models-max", "1", "--ctx", "128", "--presets", str(presets)
+    )
     try:
         load = httpx.post(f"{url}/models/load", json={"model": a}, timeout=300)
         assert load.status_code == 200 and load.json() == {"model": a, "loaded": True}
@@ -107,8 +111,21 @@ def test_models_max_unloads_the_least_recently_used_and_load_unload_routes(tmp_p
         )
         assert r.status_code == 200, r.text
         assert _loaded(url) == {a: False, b: True}  # one at most: a, idle, made room
+        [server] = [p for p in _children(router.pid) if f" serve {b} " in _cmdline(p)]
+        assert _cmdline(server).endswith("--ctx=64 --max-queue=8 ")  # b's preset, after --ctx=128
         unload = httpx.post(f"{url}/models/unload", json={"model": b}, timeout=120)
         assert unload.status_code == 200 and _loaded(url) == {a: False, b: False}
         assert httpx.post(f"{url}/models/load", json={"model": "c"}, timeout=10).status_code == 404
     finally:
         stop_server(router)
+
+
+def test_a_presets_file_with_an_unknown_key_is_an_error(tmp_path: Path) -> None:
+    presets = tmp_path / "presets.toml"
+    presets.write_text('[models."m"]\ntemperature = 0.2\n')
+    cmd = [sys.executable, "-m", "edgellm", "serve", "--models", "m", "--presets", str(presets)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "unsupported key(s) ['temperature']" in proc.stderr
+    presets.write_text('[models."other"]\nctx = 64\n')
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "preset for 'other', which --models does not serve (m)" in proc.stderr

@@ -6,7 +6,7 @@ model. The child starts on the model's first request (or POST /models/load) and 
 idle seconds, or when --models-max models are loaded and another is asked for: the least recently used
 model with no request in flight goes first (none idle: 503). Requests are relayed to the child by their
 `model` field, streams included; an unknown name is a 404 listing the names served. GET /v1/models lists
-them with whether each is loaded.
+them with whether each is loaded. `--presets FILE` gives models flags of their own (read_presets).
 """
 
 from __future__ import annotations
@@ -33,6 +33,43 @@ except ImportError:
     import httpx2 as httpx  # type: ignore[no-redef]
 
 READY_LINE = "edgellm: serving"
+# A presets file's per-model keys -> the flag of the model's `edgellm serve` they become.
+PRESET_FLAGS = {
+    "ctx": "--ctx",
+    "threads": "--threads",
+    "kv_cache_dtype": "--kv-cache-dtype",
+    "kv_cache_memory": "--kv-cache-memory",
+    "chat_template_file": "--chat-template-file",
+    "max_queue": "--max-queue",
+}
+
+
+def read_presets(path: str, models: list[str]) -> dict[str, list[str]]:
+    """`--presets FILE` (TOML): `[models."NAME"]` tables of PRESET_FLAGS keys -> each model's extra flags
+    (after the command line's, so they win). A key or a model the router does not know is an error."""
+    import tomllib
+
+    with open(path, "rb") as f:
+        data = tomllib.load(f)
+    unknown_top = set(data) - {"models"}
+    if unknown_top:
+        raise ValueError(f'{path}: unknown table(s) {sorted(unknown_top)}; presets go in [models."NAME"]')
+    out = {}
+    for name, table in data.get("models", {}).items():
+        if name not in models:
+            raise ValueError(
+                f"{path}: preset for {name!r}, which --models does not serve ({', '.join(models)})"
+            )
+        bad = set(table) - set(PRESET_FLAGS)
+        if bad:
+            raise ValueError(
+                f"{path}: [models.{name!r}]: unsupported key(s) {sorted(bad)} "
+                f"(known: {', '.join(PRESET_FLAGS)})"
+            )
+        out[name] = [f"{PRESET_FLAGS[k]}={v}" for k, v in table.items()]
+    return out
+
+
 _HOP_HEADERS = {"host", "content-length", "connection", "transfer-encoding"}
 
 
@@ -55,11 +92,19 @@ def _error(status: int, message: str, kind: str) -> JSONResponse:
 
 
 class ModelRouter:
-    def __init__(self, models: list[str], keep_alive: float, models_max: int, child_args: list[str]) -> None:
+    def __init__(
+        self,
+        models: list[str],
+        keep_alive: float,
+        models_max: int,
+        child_args: list[str],
+        presets: dict[str, list[str]] | None = None,
+    ) -> None:
         if not models or models_max < 1 or keep_alive <= 0:
             raise ValueError("--models needs a name, --models-max >= 1 and --keep-alive > 0 seconds")
         self.slots = {name: ModelSlot(name) for name in models}
         self.keep_alive, self.models_max, self.child_args = keep_alive, models_max, child_args
+        self.presets = presets or {}
         self.client = httpx.AsyncClient(timeout=None)
 
     def _start_child(self, slot: ModelSlot) -> None:
@@ -67,7 +112,8 @@ class ModelRouter:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         cmd = [sys.executable, "-m", "edgellm", "serve", slot.name, "--port", str(port),
-               "--served-model-name", slot.name, *self.child_args]  # fmt: skip
+               "--served-model-name", slot.name, *self.child_args,
+               *self.presets.get(slot.name, ())]  # fmt: skip
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         lines = []
         assert proc.stdout is not None
@@ -216,11 +262,17 @@ def build_router_app(router: ModelRouter) -> Starlette:
 
 
 def run_multi_server(
-    models: list[str], host: str, port: int, keep_alive: float, models_max: int, child_args: list[str]
+    models: list[str],
+    host: str,
+    port: int,
+    keep_alive: float,
+    models_max: int,
+    child_args: list[str],
+    presets: dict[str, list[str]] | None = None,
 ) -> None:
     import uvicorn
 
-    router = ModelRouter(models, keep_alive, models_max, child_args)
+    router = ModelRouter(models, keep_alive, models_max, child_args, presets)
     server = uvicorn.Server(
         uvicorn.Config(build_router_app(router), host=host, port=port, log_level="warning")
     )
@@ -261,5 +313,6 @@ def serve_models(args) -> int:
         if value is not None:
             child.append(f"{flag}={value}")
     models = [m for m in args.models.split(",") if m]
-    run_multi_server(models, args.host, args.port, args.keep_alive, args.models_max, child)
+    presets = read_presets(args.presets, models) if args.presets else None
+    run_multi_server(models, args.host, args.port, args.keep_alive, args.models_max, child, presets)
     return 0
