@@ -41,8 +41,8 @@ def _start_router(*args: str) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("the router did not start:\n" + "".join(lines))
 
 
-def _loaded(url: str) -> dict[str, bool]:
-    data = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
+def _loaded(url: str, headers: dict[str, str] | None = None) -> dict[str, bool]:
+    data = httpx.get(f"{url}/v1/models", headers=headers, timeout=10).json()["data"]
     return {m["id"]: m["status"]["loaded"] for m in data}
 
 
@@ -100,22 +100,28 @@ def test_models_max_unloads_the_least_recently_used_and_load_unload_routes(tmp_p
     presets = tmp_path / "presets.toml"
     presets.write_text(f'[models."{b}"]\nctx = 64\nmax_queue = 8\n')
     router, url = _start_router(
-        "--models", f"{a},{b}", "--models-max", "1", "--ctx", "128", "--presets", str(presets)
-    )
+        "--models", f"{a},{b}", "--models-max", "1", "--ctx", "128", "--presets", str(presets),
+        "--api-key", "k",
+    )  # fmt: skip
+    key = {"Authorization": "Bearer k"}
     try:
-        load = httpx.post(f"{url}/models/load", json={"model": a}, timeout=300)
+        assert httpx.get(f"{url}/v1/models", timeout=10).status_code == 401  # every route wants the key
+        assert httpx.post(f"{url}/models/load", json={"model": a}, timeout=10).status_code == 401
+        load = httpx.post(f"{url}/models/load", json={"model": a}, headers=key, timeout=300)
         assert load.status_code == 200 and load.json() == {"model": a, "loaded": True}
-        assert _loaded(url) == {a: True, b: False}
-        r = httpx.post(
-            f"{url}/v1/completions", json={"model": b, "prompt": "hi", "max_tokens": 2}, timeout=300
-        )
+        assert _loaded(url, key) == {a: True, b: False}
+        body = {"model": b, "prompt": "hi", "max_tokens": 2}
+        r = httpx.post(f"{url}/v1/completions", json=body, headers=key, timeout=300)
         assert r.status_code == 200, r.text
-        assert _loaded(url) == {a: False, b: True}  # one at most: a, idle, made room
+        assert _loaded(url, key) == {a: False, b: True}  # one at most: a, idle, made room
         [server] = [p for p in _children(router.pid) if f" serve {b} " in _cmdline(p)]
+        assert "--api-key=k" in _cmdline(server)  # the model's server checks the key too
         assert _cmdline(server).endswith("--ctx=64 --max-queue=8 ")  # b's preset, after --ctx=128
-        unload = httpx.post(f"{url}/models/unload", json={"model": b}, timeout=120)
-        assert unload.status_code == 200 and _loaded(url) == {a: False, b: False}
-        assert httpx.post(f"{url}/models/load", json={"model": "c"}, timeout=10).status_code == 404
+        unload = httpx.post(f"{url}/models/unload", json={"model": b}, headers=key, timeout=120)
+        assert unload.status_code == 200 and _loaded(url, key) == {a: False, b: False}
+        assert (
+            httpx.post(f"{url}/models/load", json={"model": "c"}, headers=key, timeout=10).status_code == 404
+        )
     finally:
         stop_server(router)
 

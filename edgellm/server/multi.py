@@ -175,8 +175,20 @@ class ModelRouter:
             self.unload(slot)
 
 
-def build_router_app(router: ModelRouter) -> Starlette:
+def build_router_app(router: ModelRouter, api_key: str | None = None) -> Starlette:
+    """The router's routes; with `api_key` every route but /health wants it (the models' servers too)."""
+    from edgellm.server.auth import has_api_key
+
     names = ", ".join(router.slots)
+
+    def guarded(handler):
+        async def checked(request: Request) -> Response:
+            if api_key and not has_api_key(request, api_key):
+                msg = "missing or invalid API key (send 'Authorization: Bearer <key>')"
+                return _error(401, msg, "authentication_error")
+            return await handler(request)
+
+        return checked
 
     async def relay(request: Request) -> Response:
         body = await request.body()
@@ -252,11 +264,11 @@ def build_router_app(router: ModelRouter) -> Starlette:
             await asyncio.to_thread(router.close)
 
     routes = [
-        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models", guarded(models), methods=["GET"]),
         Route("/health", health, methods=["GET"]),
-        Route("/models/load", load_or_unload, methods=["POST"]),
-        Route("/models/unload", load_or_unload, methods=["POST"]),
-        Route("/v1/{path:path}", relay, methods=["POST"]),
+        Route("/models/load", guarded(load_or_unload), methods=["POST"]),
+        Route("/models/unload", guarded(load_or_unload), methods=["POST"]),
+        Route("/v1/{path:path}", guarded(relay), methods=["POST"]),
     ]
     return Starlette(routes=routes, lifespan=lifespan)
 
@@ -269,13 +281,13 @@ def run_multi_server(
     models_max: int,
     child_args: list[str],
     presets: dict[str, list[str]] | None = None,
+    api_key: str | None = None,
 ) -> None:
     import uvicorn
 
     router = ModelRouter(models, keep_alive, models_max, child_args, presets)
-    server = uvicorn.Server(
-        uvicorn.Config(build_router_app(router), host=host, port=port, log_level="warning")
-    )
+    app = build_router_app(router, api_key)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
 
     def say_when_listening() -> None:
         while not server.started and not server.should_exit:
@@ -314,5 +326,7 @@ def serve_models(args) -> int:
             child.append(f"{flag}={value}")
     models = [m for m in args.models.split(",") if m]
     presets = read_presets(args.presets, models) if args.presets else None
-    run_multi_server(models, args.host, args.port, args.keep_alive, args.models_max, child, presets)
+    run_multi_server(
+        models, args.host, args.port, args.keep_alive, args.models_max, child, presets, args.api_key
+    )
     return 0
