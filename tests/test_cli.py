@@ -54,7 +54,7 @@ def test_models_lists_the_catalog(smollm2_path) -> None:
     proc = edgellm("models")
     assert proc.returncode == 0
     lines = proc.stdout.splitlines()
-    assert lines[0].split()[:4] == ["NAME", "SIZE", "QUANT", "PRESENT"]
+    assert lines[0].split()[:6] == ["NAME", "SIZE", "QUANT", "ARCH", "SOURCE", "PATH"]
     for name, entry in CATALOG.items():
         row = next(line for line in lines if line.startswith(name))
         assert entry.quant in row

@@ -29,14 +29,16 @@ BackendFactory = Callable[[str], ChatBackend]
 
 
 def catalog_options() -> list[tuple[str, str]]:
-    """(label, name) for every catalog model, saying which still need a download."""
+    """(label, name) for every catalog model, saying which still need a download, then every model
+    downloaded from Hugging Face (hub.py)."""
     from edgellm.catalog import CATALOG, local_path
+    from edgellm.hub import cached_models
 
     missing = "  (not downloaded)"
     return [
         (f"{name}  {e.size_bytes / 1e6:.0f} MB {e.quant}{'' if local_path(e) else missing}", name)
         for name, e in CATALOG.items()
-    ]
+    ] + [(f"{m.name}  {m.size_bytes / 1e6:.0f} MB", m.name) for m in cached_models()]
 
 
 # The engine's kernels run on every core, so drawing a frame costs the engine about (the UI's CPU) /

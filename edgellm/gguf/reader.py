@@ -55,7 +55,7 @@ class TensorInfo:
     name: str
     qtype: GGMLQuantizationType
     shape: tuple[int, ...]
-    offset: int  # absolute byte offset of the data in the file
+    offset: int  # absolute byte offset of the data in its file (its part's, for a split model)
     n_bytes: int
     data: np.ndarray  # read-only uint8 memmap view, (rows, row_bytes) where rows = prod(shape[:-1])
 
@@ -66,19 +66,24 @@ class TensorInfo:
 
 @dataclass
 class GGUFFile:
+    """A model: one GGUF file, or every part of a split one (gguf-split's `-0000K-of-0000N.gguf`, joined
+    by split.py: `path` is the first part, whose metadata is the model's; `parts` lists them all)."""
+
     path: Path
     version: int
     metadata: dict[str, Any]
     tensors: dict[str, TensorInfo]
-    file_size: int
-    _mmap: mmap.mmap | None = None
+    file_size: int  # bytes of all its files together
+    _mmaps: tuple[mmap.mmap, ...] = ()
+    parts: tuple[Path, ...] = ()
 
     def release_pages(self) -> None:
         """Drop the file's pages from this process's resident set (MADV_DONTNEED). Call once weights have
         been repacked: nothing reads the raw blocks again, and re-reading would just fault them back in
         from the file. Without it the raw GGUF stays counted in RSS next to the repacked weights."""
-        if self._mmap is not None and hasattr(mmap, "MADV_DONTNEED"):
-            self._mmap.madvise(mmap.MADV_DONTNEED)
+        if hasattr(mmap, "MADV_DONTNEED"):
+            for mm in self._mmaps:
+                mm.madvise(mmap.MADV_DONTNEED)
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
@@ -202,7 +207,18 @@ def _value_type(raw: int, path: Path, what: str) -> GGUFValueType:
 
 
 def load_gguf(path: str | Path) -> GGUFFile:
-    """Parse the header, metadata and tensor table of a GGUF file; tensor data stays memory-mapped."""
+    """Parse the header, metadata and tensor table of a GGUF file; tensor data stays memory-mapped. The
+    first part of a split model (split.count > 1 in its metadata) brings every part (split.py)."""
+    g = load_gguf_part(path)
+    if "split.count" in g.metadata or "split.no" in g.metadata:
+        from edgellm.gguf.split import join_split_parts
+
+        return join_split_parts(g)
+    return g
+
+
+def load_gguf_part(path: str | Path) -> GGUFFile:
+    """One GGUF file as it stands: a whole model, or one part of a split one."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"model file not found: {path}")
@@ -254,7 +270,15 @@ def load_gguf(path: str | Path) -> GGUFFile:
         if name in tensors:
             raise GGUFError(f"{path}: corrupt GGUF: duplicate tensor name {name!r}")
         tensors[name] = _tensor_info(mm, path, size, data_start, alignment, name, ne, qraw, offset)
-    return GGUFFile(path=path, version=version, metadata=metadata, tensors=tensors, file_size=size, _mmap=mm)
+    return GGUFFile(
+        path=path,
+        version=version,
+        metadata=metadata,
+        tensors=tensors,
+        file_size=size,
+        _mmaps=(mm,),
+        parts=(path,),
+    )
 
 
 def _tensor_info(

@@ -222,9 +222,9 @@ OTHER_KEYS: dict[str, tuple[Any, ...] | None] = {
     "tokenizer.ggml.normalizer.lowercase": (False,),
     "tokenizer.ggml.normalizer.strip_accents": (False,),
     "tokenizer.ggml.suppress_tokens": ((),),  # () : an empty array
-    # one file of a split model holds every tensor only when it is the only one
+    # a split model's parts: the reader has joined them all (split.py), the first one's keys remain
     "split.no": (0,),
-    "split.count": (0, 1),
+    "split.count": None,
     "split.tensors.count": None,
 }
 

@@ -22,7 +22,7 @@ import gguf
 import numpy as np
 from gguf import GGUFValueType as V
 
-from edgellm.gguf.reader import load_gguf
+from edgellm.gguf.reader import load_gguf_part
 
 SCALAR_FORMATS = {
     V.UINT8: "<B", V.INT8: "<b", V.UINT16: "<H", V.INT16: "<h", V.UINT32: "<I", V.INT32: "<i",
@@ -84,7 +84,7 @@ def read_editable(path: str | Path) -> EditableGGUF:
     for key, f in theirs.fields.items():
         if not key.startswith("GGUF."):
             model.fields.append(Field(key, *_typed([int(t) for t in f.types], f.contents())))
-    for name, t in load_gguf(path).tensors.items():
+    for name, t in load_gguf_part(path).tensors.items():
         ne = list(reversed(t.shape))
         model.tensors.append(Tensor(name, ne, int(t.qtype), t.data.tobytes()))
     return model

@@ -360,6 +360,7 @@ def write_tiny_model(
     extra_tensors: Mapping[str, np.ndarray | tuple[int, ...]] | None = None,
     skip_tensors: Iterable[str] = (),
     shape_overrides: Mapping[str, tuple[int, ...]] | None = None,
+    split_max_tensors: int = 0,
 ) -> Path:
     """Write a tiny random `arch` model (one of ARCHS) to `path`; returns it.
 
@@ -385,6 +386,8 @@ def write_tiny_model(
         the name's role, typed by `qtypes` as the standard tensors are: biases F32 ~N(0, 0.1^2)). Written
         after the standard tensors and drawn after them, so adding one leaves every other weight unchanged.
     skip_tensors / shape_overrides: leave tensors out / write them with another (numpy-order) shape.
+    split_max_tensors: write a split model of parts of at most this many tensors, as llama.cpp's gguf-split
+        lays them out (gguf-py's own sharding: PATH-00001-of-0000N.gguf, ...); returns the first part.
     """
     if arch not in ARCHS:
         raise ValueError(f"unknown synthetic architecture {arch!r} (one of {ARCHS})")
@@ -433,7 +436,9 @@ def write_tiny_model(
         else:
             md[key] = (value, GGUFValueType.get_type(value), None)
 
-    writer = gguf.GGUFWriter(path, str(md.get("general.architecture", (arch,))[0]))
+    writer = gguf.GGUFWriter(
+        path, str(md.get("general.architecture", (arch,))[0]), split_max_tensors=split_max_tensors
+    )
     writer.kv_data[0].clear()  # the constructor's general.architecture: written from `md` instead
     for key, (value, vtype, sub_type) in md.items():
         writer.add_key_value(key, value, vtype, sub_type)
@@ -480,4 +485,4 @@ def write_tiny_model(
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return path
+    return writer.format_shard_names(path)[0]

@@ -1,0 +1,332 @@
+"""Several models behind one port: `edgellm serve --models NAME[,NAME...]`.
+
+Each model is served by its own `edgellm serve` child on a loopback port (its own engine core process, so
+a crashed model leaves the others alone), as llama-swap and llama.cpp's router mode run one server per
+model. The child starts on the model's first request (or POST /models/load) and stops after --keep-alive
+idle seconds, or when --models-max models are loaded and another is asked for: the least recently used
+model with no request in flight goes first (none idle: 503). Requests are relayed to the child by their
+`model` field, streams included; an unknown name is a 404 listing the names served. GET /v1/models lists
+them with whether each is loaded. `--presets FILE` gives models flags of their own (read_presets).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+try:  # the openai client's HTTP library: httpx, or httpx2 in recent openai releases
+    import httpx
+except ImportError:
+    import httpx2 as httpx  # type: ignore[no-redef]
+
+READY_LINE = "edgellm: serving"
+# A presets file's per-model keys -> the flag of the model's `edgellm serve` they become.
+PRESET_FLAGS = {
+    "ctx": "--ctx",
+    "threads": "--threads",
+    "kv_cache_dtype": "--kv-cache-dtype",
+    "kv_cache_memory": "--kv-cache-memory",
+    "chat_template_file": "--chat-template-file",
+    "max_queue": "--max-queue",
+}
+
+
+def read_presets(path: str, models: list[str]) -> dict[str, list[str]]:
+    """`--presets FILE` (TOML): `[models."NAME"]` tables of PRESET_FLAGS keys -> each model's extra flags
+    (after the command line's, so they win). A key or a model the router does not know is an error."""
+    import tomllib
+
+    with open(path, "rb") as f:
+        data = tomllib.load(f)
+    unknown_top = set(data) - {"models"}
+    if unknown_top:
+        raise ValueError(f'{path}: unknown table(s) {sorted(unknown_top)}; presets go in [models."NAME"]')
+    out = {}
+    for name, table in data.get("models", {}).items():
+        if name not in models:
+            raise ValueError(
+                f"{path}: preset for {name!r}, which --models does not serve ({', '.join(models)})"
+            )
+        bad = set(table) - set(PRESET_FLAGS)
+        if bad:
+            raise ValueError(
+                f"{path}: [models.{name!r}]: unsupported key(s) {sorted(bad)} "
+                f"(known: {', '.join(PRESET_FLAGS)})"
+            )
+        out[name] = [f"{PRESET_FLAGS[k]}={v}" for k, v in table.items()]
+    return out
+
+
+_HOP_HEADERS = {"host", "content-length", "connection", "transfer-encoding"}
+
+
+@dataclass
+class ModelSlot:
+    name: str
+    proc: subprocess.Popen | None = None
+    url: str | None = None
+    in_flight: int = 0
+    last_used: float = 0.0
+    starting: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def loaded(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+def _error(status: int, message: str, kind: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+
+
+class ModelRouter:
+    def __init__(
+        self,
+        models: list[str],
+        keep_alive: float,
+        models_max: int,
+        child_args: list[str],
+        presets: dict[str, list[str]] | None = None,
+    ) -> None:
+        if not models or models_max < 1 or keep_alive <= 0:
+            raise ValueError("--models needs a name, --models-max >= 1 and --keep-alive > 0 seconds")
+        self.slots = {name: ModelSlot(name) for name in models}
+        self.keep_alive, self.models_max, self.child_args = keep_alive, models_max, child_args
+        self.presets = presets or {}
+        self.client = httpx.AsyncClient(timeout=None)
+
+    def _start_child(self, slot: ModelSlot) -> None:
+        with socket.socket() as s:  # a free loopback port
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cmd = [sys.executable, "-m", "edgellm", "serve", slot.name, "--port", str(port),
+               "--served-model-name", slot.name, *self.child_args,
+               *self.presets.get(slot.name, ())]  # fmt: skip
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines = []
+        assert proc.stdout is not None
+        while line := proc.stdout.readline():
+            lines.append(line)
+            if line.startswith(READY_LINE):
+                threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep the pipe drained
+                slot.proc, slot.url = proc, f"http://127.0.0.1:{port}"
+                return
+        proc.wait()
+        raise RuntimeError(f"model {slot.name} did not start:\n" + "".join(lines[-20:]))
+
+    async def acquire(self, slot: ModelSlot) -> None:
+        """Count a request in on `slot`, loading its model first if need be."""
+        slot.in_flight += 1
+        slot.last_used = time.monotonic()
+        try:
+            async with slot.starting:
+                if not slot.loaded:
+                    self._make_room(slot)
+                    await asyncio.to_thread(self._start_child, slot)
+        except BaseException:
+            slot.in_flight -= 1
+            raise
+
+    def release(self, slot: ModelSlot) -> None:
+        slot.in_flight -= 1
+        slot.last_used = time.monotonic()
+
+    def _make_room(self, wanted: ModelSlot) -> None:
+        loaded = [s for s in self.slots.values() if s.loaded and s is not wanted]
+        while len(loaded) >= self.models_max:
+            idle = sorted((s for s in loaded if s.in_flight == 0), key=lambda s: s.last_used)
+            if not idle:
+                raise RuntimeError(f"{len(loaded)} models are loaded (--models-max) and all are busy")
+            self.unload(idle[0])
+            loaded.remove(idle[0])
+
+    def unload(self, slot: ModelSlot) -> None:
+        proc, slot.proc, slot.url = slot.proc, None, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    async def reap_idle(self) -> None:
+        while True:
+            await asyncio.sleep(min(1.0, self.keep_alive / 4))
+            now = time.monotonic()
+            for slot in self.slots.values():
+                if slot.loaded and slot.in_flight == 0 and now - slot.last_used > self.keep_alive:
+                    await asyncio.to_thread(self.unload, slot)
+
+    def close(self) -> None:
+        for slot in self.slots.values():
+            self.unload(slot)
+
+
+def build_router_app(router: ModelRouter, api_key: str | None = None) -> Starlette:
+    """The router's routes; with `api_key` every route but /health wants it (the models' servers too)."""
+    from edgellm.server.auth import has_api_key
+
+    names = ", ".join(router.slots)
+
+    def guarded(handler):
+        async def checked(request: Request) -> Response:
+            if api_key and not has_api_key(request, api_key):
+                msg = "missing or invalid API key (send 'Authorization: Bearer <key>')"
+                return _error(401, msg, "authentication_error")
+            return await handler(request)
+
+        return checked
+
+    async def relay(request: Request) -> Response:
+        body = await request.body()
+        try:
+            name = json.loads(body).get("model") if body else None
+        except (ValueError, AttributeError):
+            return _error(400, "the request body is not a JSON object", "invalid_request_error")
+        slot = router.slots.get(name) if isinstance(name, str) else None
+        if slot is None:
+            return _error(404, f"model {name!r} is not served here; available: {names}", "not_found_error")
+        try:
+            await router.acquire(slot)
+        except RuntimeError as e:
+            return _error(503, str(e), "unavailable_error")
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
+        try:
+            upstream = await router.client.send(
+                router.client.build_request(
+                    "POST", f"{slot.url}{request.url.path}", content=body, headers=headers
+                ),
+                stream=True,
+            )
+        except httpx.HTTPError as e:
+            router.release(slot)
+            return _error(502, f"model {slot.name}'s server failed: {e}", "server_error")
+
+        async def chunks():
+            try:
+                async for chunk in upstream.aiter_raw():
+                    yield chunk
+            finally:
+                await upstream.aclose()
+                router.release(slot)
+
+        kept = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS}
+        return StreamingResponse(chunks(), status_code=upstream.status_code, headers=kept)
+
+    async def models(request: Request) -> Response:
+        data = [{"id": s.name, "object": "model", "owned_by": "edgellm", "status": {"loaded": s.loaded}}
+                for s in router.slots.values()]  # fmt: skip
+        return JSONResponse({"object": "list", "data": data})
+
+    async def load_or_unload(request: Request) -> Response:
+        try:
+            name = (await request.json()).get("model")
+        except (ValueError, AttributeError):
+            return _error(400, 'expected {"model": NAME}', "invalid_request_error")
+        slot = router.slots.get(name) if isinstance(name, str) else None
+        if slot is None:
+            return _error(404, f"model {name!r} is not served here; available: {names}", "not_found_error")
+        if request.url.path.endswith("/load"):
+            try:
+                await router.acquire(slot)
+            except RuntimeError as e:
+                return _error(503, str(e), "unavailable_error")
+            router.release(slot)
+        elif slot.in_flight:
+            return _error(409, f"model {name} has {slot.in_flight} requests in flight", "conflict_error")
+        else:
+            await asyncio.to_thread(router.unload, slot)
+        return JSONResponse({"model": name, "loaded": slot.loaded})
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        reaper = asyncio.create_task(router.reap_idle())
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            await asyncio.to_thread(router.close)
+
+    routes = [
+        Route("/v1/models", guarded(models), methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/models/load", guarded(load_or_unload), methods=["POST"]),
+        Route("/models/unload", guarded(load_or_unload), methods=["POST"]),
+        Route("/v1/{path:path}", guarded(relay), methods=["POST"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+def run_multi_server(
+    models: list[str],
+    host: str,
+    port: int,
+    keep_alive: float,
+    models_max: int,
+    child_args: list[str],
+    presets: dict[str, list[str]] | None = None,
+    api_key: str | None = None,
+) -> None:
+    import uvicorn
+
+    router = ModelRouter(models, keep_alive, models_max, child_args, presets)
+    app = build_router_app(router, api_key)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+
+    def say_when_listening() -> None:
+        while not server.started and not server.should_exit:
+            time.sleep(0.05)
+        if server.started:
+            print(f"edgellm: serving {', '.join(models)} at http://{host}:{port}/v1", flush=True)
+
+    threading.Thread(target=say_when_listening, daemon=True).start()
+    server.run()
+
+
+def serve_models(args) -> int:
+    """`edgellm serve --models A,B`: the router, with the engine flags passed on to every model's server."""
+    from edgellm.catalog import DEFAULT_MODEL
+
+    others = {
+        "MODEL": args.model != DEFAULT_MODEL,
+        "--replicas": args.replicas is not None,
+        "--speculative": args.speculative is not None,
+        "--served-model-name": bool(args.served_model_name),
+        "--chat-template-file": args.chat_template_file is not None,
+        "--cors-origin": bool(args.cors_origin),
+    }
+    if any(others.values()):
+        given = ", ".join(k for k, v in others.items() if v)
+        print(f"edgellm: error: --models serves each model as named; not with {given}", file=sys.stderr)
+        return 2
+    child = [
+        f"--kv-cache-dtype={args.kv_cache_dtype}",
+        f"--backend={args.backend}",
+        f"--max-queue={args.max_queue}",
+    ]
+    flags = (("--ctx", args.ctx), ("--threads", args.threads), ("--api-key", args.api_key))
+    for flag, value in (*flags, ("--kv-cache-memory", args.kv_cache_memory)):
+        if value is not None:
+            child.append(f"{flag}={value}")
+    models = [m for m in args.models.split(",") if m]
+    presets = read_presets(args.presets, models) if args.presets else None
+    run_multi_server(
+        models, args.host, args.port, args.keep_alive, args.models_max, child, presets, args.api_key
+    )
+    return 0

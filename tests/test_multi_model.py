@@ -1,0 +1,137 @@
+"""`edgellm serve --models A,B` (edgellm/server/multi.py): two tiny models behind one port, each loaded on
+first use in its own server and engine process, routed by the request's model field, unloaded when idle."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from edgellm.testing.servers import ROOT, free_port, httpx, stop_server
+from edgellm.testing.synthetic import write_tiny_model
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+
+
+def _start_router(*args: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "edgellm", "serve", "--port", str(port), *args]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    lines = []
+    while line := proc.stdout.readline():
+        lines.append(line)
+        if line.startswith("edgellm: serving"):
+            threading.Thread(target=proc.stdout.read, daemon=True).start()
+            return proc, f"http://127.0.0.1:{port}"
+    raise RuntimeError("the router did not start:\n" + "".join(lines))
+
+
+def _loaded(url: str, headers: dict[str, str] | None = None) -> dict[str, bool]:
+    data = httpx.get(f"{url}/v1/models", headers=headers, timeout=10).json()["data"]
+    return {m["id"]: m["status"]["loaded"] for m in data}
+
+
+def test_two_models_behind_one_port(tmp_path: Path) -> None:
+    a = str(write_tiny_model(tmp_path / "a.gguf", "llama", seed=1))
+    b = str(write_tiny_model(tmp_path / "b.gguf", "qwen3", seed=2))
+    router, url = _start_router(
+        "--models", f"{a},{b}", "--keep-alive", "6", "--ctx", "128", "--kv-cache-memory", "1M"
+    )
+    try:
+        assert _loaded(url) == {a: False, b: False}  # nothing loads before it is asked for
+
+        async def both() -> list:
+            async with httpx.AsyncClient(timeout=300) as client:
+                bodies = [{"model": m, "prompt": "hello", "max_tokens": 4, "temperature": 0} for m in (a, b)]
+                return await asyncio.gather(*(client.post(f"{url}/v1/completions", json=x) for x in bodies))
+
+        ra, rb = asyncio.run(both())
+        assert (ra.status_code, rb.status_code) == (200, 200), (ra.text, rb.text)
+        assert ra.json()["model"] == a and rb.json()["model"] == b
+        assert _loaded(url) == {a: True, b: True}
+
+        unknown = httpx.post(f"{url}/v1/completions", json={"model": "nope", "prompt": "x"}, timeout=10)
+        assert unknown.status_code == 404 and a in unknown.text and b in unknown.text
+
+        servers = {_cmdline(p).split(" serve ")[1].split()[0]: p for p in _children(router.pid)}
+        cores = [p for p in _children(servers[a]) if "edgellm" in _cmdline(p) or "python" in _cmdline(p)]
+        assert cores, "model a's server has no engine process"
+        for core in cores:  # kill -9 of model a's engine core
+            os.kill(core, signal.SIGKILL)
+        again = httpx.post(
+            f"{url}/v1/completions", json={"model": b, "prompt": "hi", "max_tokens": 4}, timeout=120
+        )
+        assert again.status_code == 200, again.text  # b never noticed
+        deadline = time.monotonic() + 120  # a's server restarts its core: 503 meanwhile, then a answers
+        body = {"model": a, "prompt": "hi", "max_tokens": 4}
+        while (r := httpx.post(f"{url}/v1/completions", json=body, timeout=120)).status_code == 503:
+            assert time.monotonic() < deadline, r.text
+            time.sleep(0.5)
+        assert r.status_code == 200, r.text
+
+        deadline = time.monotonic() + 90
+        while (any(_loaded(url).values()) or _children(router.pid)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _loaded(url) == {a: False, b: False}  # both unloaded after 6 idle seconds
+        left = _children(router.pid)
+        assert left == [], [_cmdline(p) for p in left]  # their processes have ended
+    finally:
+        stop_server(router)
+
+
+def test_models_max_unloads_the_least_recently_used_and_load_unload_routes(tmp_path: Path) -> None:
+    a = str(write_tiny_model(tmp_path / "a.gguf", "llama", seed=1))
+    b = str(write_tiny_model(tmp_path / "b.gguf", "llama", seed=2))
+    presets = tmp_path / "presets.toml"
+    presets.write_text(f'[models."{b}"]\nctx = 64\nmax_queue = 8\n')
+    router, url = _start_router(
+        "--models", f"{a},{b}", "--models-max", "1", "--ctx", "128", "--presets", str(presets),
+        "--api-key", "k",
+    )  # fmt: skip
+    key = {"Authorization": "Bearer k"}
+    try:
+        assert httpx.get(f"{url}/v1/models", timeout=10).status_code == 401  # every route wants the key
+        assert httpx.post(f"{url}/models/load", json={"model": a}, timeout=10).status_code == 401
+        load = httpx.post(f"{url}/models/load", json={"model": a}, headers=key, timeout=300)
+        assert load.status_code == 200 and load.json() == {"model": a, "loaded": True}
+        assert _loaded(url, key) == {a: True, b: False}
+        body = {"model": b, "prompt": "hi", "max_tokens": 2}
+        r = httpx.post(f"{url}/v1/completions", json=body, headers=key, timeout=300)
+        assert r.status_code == 200, r.text
+        assert _loaded(url, key) == {a: False, b: True}  # one at most: a, idle, made room
+        [server] = [p for p in _children(router.pid) if f" serve {b} " in _cmdline(p)]
+        assert "--api-key=k" in _cmdline(server)  # the model's server checks the key too
+        assert _cmdline(server).endswith("--ctx=64 --max-queue=8 ")  # b's preset, after --ctx=128
+        unload = httpx.post(f"{url}/models/unload", json={"model": b}, headers=key, timeout=120)
+        assert unload.status_code == 200 and _loaded(url, key) == {a: False, b: False}
+        assert (
+            httpx.post(f"{url}/models/load", json={"model": "c"}, headers=key, timeout=10).status_code == 404
+        )
+    finally:
+        stop_server(router)
+
+
+def test_a_presets_file_with_an_unknown_key_is_an_error(tmp_path: Path) -> None:
+    presets = tmp_path / "presets.toml"
+    presets.write_text('[models."m"]\ntemperature = 0.2\n')
+    cmd = [sys.executable, "-m", "edgellm", "serve", "--models", "m", "--presets", str(presets)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "unsupported key(s) ['temperature']" in proc.stderr
+    presets.write_text('[models."other"]\nctx = 64\n')
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "preset for 'other', which --models does not serve (m)" in proc.stderr
