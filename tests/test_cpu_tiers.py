@@ -136,3 +136,45 @@ def test_numba_target_of_a_lower_tier_turns_off_what_is_above_it() -> None:
     vnni = tiers.numba_target_env(tiers.BY_NAME["avxvnni"], host)["NUMBA_CPU_FEATURES"].split(",")
     assert "+avxvnni" in vnni and "-avx512f" in vnni and "-amx-tile" in vnni
     assert tiers.numba_target_env(tiers.BY_NAME["avx512vnni"], host) == {}
+
+
+def test_neon_tile_kernels_compile_to_sdot_for_aarch64() -> None:
+    """The NEON primitives (tiers.NEON_TILES: sdot, tbl for the tables) through the same kernel builders,
+    compiled for an aarch64 CPU with dotprod (no ARM host needed)."""
+    llb.initialize_all_targets()
+    llb.initialize_all_asmprinters()
+    module = ir.Module()
+    module.triple = "aarch64-unknown-linux-gnu"
+    for qtype in (T.Q4_1, T.Q6_K, T.Q8_0, T.IQ4_NL):
+        build_tile_kernel(module, qtype.name, TILE_LAYOUTS[qtype].key, 4, tiers.NEON_TILES).linkage = ""
+    silu_ir._build(module, "swiglu", tiers.NEON_TILES).linkage = ""
+    parsed = llb.parse_assembly(str(module))
+    parsed.verify()
+    target = llb.Target.from_triple(module.triple)
+    machine = target.create_target_machine(cpu="cortex-a76", features="+neon,+dotprod", opt=2)
+    asm = machine.emit_assembly(parsed)
+    assert re.search(r"\bsdot\s+v\d+\.4s, v\d+\.16b", asm)
+    assert re.search(r"\btbl\s+v\d+\.16b", asm)
+    assert not re.search(r"^\s+bl\s", asm, re.M)  # no library call: the fma and exp scaling are instructions
+
+
+@pytest.mark.skipif(tiers.missing_features(tiers.BY_NAME["avx2"]), reason="host cannot run the avx2 tier")
+def test_a_forced_tier_at_start_sets_numbas_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    """EDGELLM_CPU_TIER=avx2 at process start: Numba compiles for haswell without AVX-512 (its cache keys
+    entries on that target, so they never mix with the host's), and only the avx2 tier's IR is built."""
+    code = (
+        "import edgellm; from numba.core.registry import cpu_target; from edgellm.backends.cpu import tiers;"
+        "print(cpu_target.target_context.codegen().magic_tuple(), [t.name for t in tiers.compiled_tiers()])"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EDGELLM_", "NUMBA_CPU"))}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env={**env, "EDGELLM_CPU_TIER": "avx2"}, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert "'haswell'" in out.stdout and "-avx512f" in out.stdout and out.stdout.endswith("['avx2']\n")
+    # every tier compiled under a target without AVX-512: the tiers needing it are left out
+    monkeypatch.setenv("EDGELLM_CPU_ALL_TIERS", "1")
+    avx2_target = tiers.numba_target_env(tiers.BY_NAME["avx2"])
+    monkeypatch.setenv("NUMBA_CPU_FEATURES", avx2_target["NUMBA_CPU_FEATURES"])
+    names = [t.name for t in tiers.compiled_tiers.__wrapped__()]
+    assert "avx2" in names and "avx512vnni" not in names and "avxvnni" not in names

@@ -109,3 +109,35 @@ def scale2n_generic(b: ir.IRBuilder, j: ir.Value, n: ir.Value, n_int: ir.Value) 
     bias, shift = ir.Constant(V16I32, [127] * 16), ir.Constant(V16I32, [23] * 16)
     p1, p2 = (b.bitcast(b.shl(b.add(k, bias), shift), V16F32) for k in (n1, n2))
     return b.fmul(b.fmul(j, p1), p2)
+
+
+# ---- ARM NEON with dotprod: four 16-byte quarters ------------------------------------------------------
+_V4I32, _V16I8 = ir.VectorType(_I32, 4), ir.VectorType(_I8, 16)
+
+
+def _quarters(b: ir.IRBuilder, v: ir.Value, part_t: ir.VectorType) -> list[ir.Value]:
+    n = part_t.count
+    whole = b.bitcast(v, ir.VectorType(part_t.element, 4 * n))
+    mask = lambda q: ir.Constant(ir.VectorType(_I32, n), list(range(q * n, (q + 1) * n)))  # noqa: E731
+    return [b.shuffle_vector(whole, whole, mask(q)) for q in range(4)]
+
+
+def _join4(b: ir.IRBuilder, parts: list[ir.Value], whole_t: ir.VectorType) -> ir.Value:
+    pair_t = ir.VectorType(parts[0].type.element, 2 * parts[0].type.count)
+    lo, hi = (_join(b, parts[i], parts[i + 1], pair_t) for i in (0, 2))
+    return _join(b, lo, hi, whole_t)
+
+
+def signed_dot_neon(b: ir.IRBuilder, acc: ir.Value, w: ir.Value, x: ir.Value) -> ir.Value:
+    """sdot: signed x signed bytes, 4 products a lane; also `dot` for weights below 128 (the same bytes
+    read as signed)."""
+    fn = declare(b.module, "llvm.aarch64.neon.sdot.v4i32.v16i8", _V4I32, [_V4I32, _V16I8, _V16I8])
+    parts = zip(_quarters(b, acc, _V4I32), _quarters(b, w, _V16I8), _quarters(b, x, _V16I8), strict=True)
+    return _join4(b, [b.call(fn, list(p)) for p in parts], V16I32)
+
+
+def shuffle_neon(b: ir.IRBuilder, table: ir.Value, idx: ir.Value) -> ir.Value:
+    """tbl1 per 16 bytes (the table repeats in each, as for pshufb; indices are below 16)."""
+    fn = declare(b.module, "llvm.aarch64.neon.tbl1.v16i8", _V16I8, [_V16I8, _V16I8])
+    parts = zip(_quarters(b, table, _V16I8), _quarters(b, idx, _V16I8), strict=True)
+    return _join4(b, [b.call(fn, list(p)) for p in parts], V64I8)

@@ -77,9 +77,14 @@ _TIERS = [
         ("avx512", "amx", "avx10"),
     ),
     CpuTier("avx2", _X86, _AVX2_OPS, "haswell", ("avx512", "amx", "avx10", "avxvnni", "avxifma", "avxne")),
-    CpuTier("neon", ("neon", "dotprod"), None, ""),  # no IR yet: the portable kernels
+    CpuTier("neon", ("neon", "dotprod"), None, ""),  # the portable kernels until NEON_TILES has run (below)
     CpuTier("portable", (), None, ""),
 ]
+# The neon tier's tile primitives, compile-checked for an aarch64 target only (tests/test_cpu_tiers.py):
+# the tier takes them once its kernel tests have run on an ARM machine.
+NEON_TILES = TileOps(
+    tier_ir.signed_dot_neon, 127, tier_ir.shuffle_neon, tier_ir.scale2n_generic, tier_ir.signed_dot_neon
+)
 TIERS: tuple[CpuTier, ...] = tuple(
     CpuTier(t.name, t.needs, t.tiles, t.numba_cpu, t.beyond, i) for i, t in enumerate(_TIERS)
 )  # best first
