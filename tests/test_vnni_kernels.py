@@ -61,13 +61,15 @@ def test_vnni_matches_portable_bit_for_bit(qtype: T, tier: str) -> None:
 
 @each_tier
 def test_vnni_extreme_int8_values_are_exact(tier: str) -> None:
-    """Weights of -128 (no positive counterpart) against activations of +-127: the largest group sums, where
-    a wrong unsigned/signed split, offset correction or a saturating instruction would show."""
+    """Weights of -128 (no positive counterpart) and rows of 127 against activations of +-127: the largest
+    group sums, where a wrong unsigned/signed split, offset correction or a saturating instruction (AVX2's
+    pmaddubsw on the stored unsigned bytes) would show."""
     rows, cols = 8, 128
     raw = random_raw(T.Q8_0, rows, cols, np.random.default_rng(1))
     blocks = raw.view([("d", "<f2"), ("qs", "i1", 32)])
     blocks["qs"] = -128
     blocks["qs"][::2, :, ::3] = 127
+    blocks["qs"][1::4] = 127  # whole rows of 127: pairs of 127 * 127 products (past int16 if unsigned)
     packed = pack_weight(T.Q8_0, raw, rows, cols)
     x = np.full((3, cols), -1.0, np.float32)
     x[1] = 1.0
