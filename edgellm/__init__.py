@@ -13,6 +13,12 @@ _os.environ.setdefault("NUMBA_THREADING_LAYER_PRIORITY", "omp tbb workqueue")
 # libgomp when it loads, so it is set here, before any kernel runs (and inherited by engine processes).
 if "OMP_WAIT_POLICY" not in _os.environ:
     _os.environ.setdefault("GOMP_SPINCOUNT", "1000")
+# A forced CPU tier (EDGELLM_CPU_TIER) also sets Numba's target to that tier's instruction set, so the
+# generic code around its kernels is what a CPU of that tier runs (edgellm/backends/cpu/tiers.py).
+if _os.environ.get("EDGELLM_CPU_TIER"):
+    from edgellm.backends.cpu.tiers import apply_numba_target
+
+    apply_numba_target(_os.environ)
 
 __version__ = "0.1.0"
 

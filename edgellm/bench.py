@@ -150,6 +150,13 @@ def gguf_matrix_bytes(path: str) -> int:
     return sum(t.n_bytes for name, t in tensors.items() if len(t.shape) in (2, 3) and name not in skip)
 
 
+def cpu_tier() -> str:
+    """The CPU kernel tier the engine runs (its process reads the same environment)."""
+    from edgellm.backends.cpu.tiers import active_tier
+
+    return active_tier().name
+
+
 def run_bench(args: argparse.Namespace) -> dict:
     from edgellm import LLM
 
@@ -171,6 +178,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         "model": llm.path.name,
         "threads": llm.threads,
         "backend": args.backend,
+        "cpu_tier": cpu_tier() if args.backend == "cpu" else None,
         "kv_cache_dtype": llm.kv_cache_dtype,
         "kv_bytes_per_token": llm.kv_bytes_per_token,
         "kv_cache_tokens": llm.num_kv_blocks * llm.block_size,

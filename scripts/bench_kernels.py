@@ -5,32 +5,30 @@ from RAM as in decode. GEMM (M=8/64/128) is timed hot (one matrix), as in prefil
 reused by every token. Prints GB/s of weight bytes (GGUF and repacked) and us/call, for 1 and 2 threads,
 as the median over repetitions (the box is shared: medians are steadier than best times).
 
-    python scripts/bench_kernels.py [--quick] [--set smollm2|gemma|all] [--threads 2] [--no-vnni]
+    EDGELLM_CPU_TIER=avx2 python scripts/bench_kernels.py [--quick] [--set smollm2|gemma|all] [--threads 2]
 
---no-vnni sets EDGELLM_NO_VNNI=1 before the kernels load, timing the portable fallback.
+EDGELLM_CPU_TIER (edgellm/backends/cpu/tiers.py) picks the kernel tier timed; set it on the command line,
+as it must be in the environment before Numba is imported.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import os
 import statistics
-import sys
 import time
 
-if "--no-vnni" in sys.argv:  # must precede the kernel imports (the path is chosen at import)
-    os.environ["EDGELLM_NO_VNNI"] = "1"
-# as edgellm/__init__ does, but before this script's own `import numba` (which isort puts first)
-os.environ.setdefault("NUMBA_THREADING_LAYER_PRIORITY", "omp tbb workqueue")
+import edgellm  # noqa: F401 - first: its environment settings (threading layer, a forced tier's target)
+
+# isort: split
 
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
 from gguf import GGMLQuantizationType as T  # noqa: E402
 
-from edgellm.backends.cpu import vnni  # noqa: E402
 from edgellm.backends.cpu.matmul import matmul_cpu  # noqa: E402
 from edgellm.backends.cpu.packed import PackedWeight, pack_weight, pack_weight_tiled  # noqa: E402
+from edgellm.backends.cpu.tiers import active_tier  # noqa: E402
 from edgellm.quants import BLOCK_DTYPES, get_traits  # noqa: E402
 
 L3_BYTES = 32 * 2**20
@@ -93,8 +91,8 @@ def bench_case(
 ) -> None:
     raw = random_raw(qtype, rows, cols, rng)
     gguf_bytes = raw.nbytes
-    # the layout the CPU backend uses on this host (tile16 with VNNI, int8 rows otherwise)
-    pack = pack_weight_tiled if vnni.VNNI_ACTIVE else pack_weight
+    # the layout the CPU backend uses on this tier (tile16 on a tile tier, int8 rows otherwise)
+    pack = pack_weight_tiled if active_tier().tiles is not None else pack_weight
     first = pack(qtype, raw, rows, cols)
     n_copies = max(1, -(-2 * L3_BYTES // first.nbytes))  # 2x L3 worth of weights for the cold GEMV
     weights: list[PackedWeight] = [first] + [copy.deepcopy(first) for _ in range(n_copies - 1)]
@@ -131,9 +129,8 @@ def main() -> None:
     parser.add_argument("--set", choices=sorted(CASE_SETS), default="smollm2", help="which shapes")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="thread counts to time")
     parser.add_argument("--m", type=int, nargs="*", default=[8, 128], help="GEMM batch sizes to time")
-    parser.add_argument("--no-vnni", action="store_true", help="time the portable kernels")
     args = parser.parse_args()
-    print(f"numba {numba.__version__}, vnni path: {vnni.VNNI_ACTIVE}, threading layer: ", end="")
+    print(f"numba {numba.__version__}, cpu tier: {active_tier().name}, threading layer: ", end="")
     rng = np.random.default_rng(0)
     warm = pack_weight(T.Q8_0, random_raw(T.Q8_0, 8, 64, rng), 8, 64)
     matmul_cpu(np.ones((1, 64), np.float32), warm, np.empty((1, 8), np.float32))

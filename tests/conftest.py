@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+# Every CPU tier the host can run compiled into the kernels, before anything imports them: the kernel
+# tests run each tier in this one process (edgellm/backends/cpu/tiers.py). Child processes inherit it
+# and so share the same cached kernels.
+os.environ.setdefault("EDGELLM_CPU_ALL_TIERS", "1")
 
 import pytest
 

@@ -166,12 +166,11 @@ def test_engine_core_takes_the_factors_of_its_context(tmp_path: Path) -> None:
 def test_fused_cpu_layer_leaves_smollm3s_nope_layer_to_the_blocks(tmp_path: Path) -> None:
     """The one-call CPU layer always rotates: it declines the layer without rope, and the model's logits
     are those of the blocks."""
-    from edgellm.backends.cpu import vnni
-    from edgellm.backends.cpu.fp16 import HOST_F16C
+    from edgellm.backends.cpu import tiers
     from tests.test_fused_layer import QTYPES, _load, _logits
 
-    if not (vnni.VNNI_ACTIVE and HOST_F16C):
-        pytest.skip("the fused layer needs VNNI and F16C")
+    if not tiers.active_tier().fused_layer:
+        pytest.skip("the fused layer needs a tile tier with F16C")
     path = write_tiny_model(tmp_path / "m.gguf", "smollm3", QTYPES, n_layers=4)
     fused_model, fused = _load(path, True)
     assert [f is None for f in fused_model.fused] == [False, False, False, True]

@@ -19,7 +19,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
 
-from edgellm.backends.cpu import vnni
+from edgellm.backends.cpu import tiers
 from edgellm.backends.cpu.matmul import ACT_MODES, matmul_cpu, quantize_act_cpu
 from edgellm.backends.cpu.packed import dequantize_rows_cpu, pack_weight, pack_weight_tiled
 from edgellm.quants import BLOCK_DTYPES, QUANT_TRAITS, UnsupportedQuantError, get_traits
@@ -69,8 +69,8 @@ def assert_guards_untouched(buf: np.ndarray, rows: int, cols: int) -> None:
     assert np.isnan(buf[mask]).all(), "op wrote outside its output slice"
 
 
-# Weight layouts of the CPU backend: int8 rows (portable kernels, every host) and vnni's tile16 (hosts with
-# AVX-512 VNNI; the backend uses it there). Float types have one layout.
+# Weight layouts of the CPU backend: int8 rows (portable kernels, every host) and vnni's tile16 (the tile
+# tiers, run here with the active one; tests/test_vnni_kernels.py runs every tier). Float types: one layout.
 CASES = [
     pytest.param(op, qtype, shape, layout, id=f"{op}-{qtype.name}-{shape[0]}x{shape[1]}-{layout}")
     for op in ("matmul_m1", "matmul_m2", "matmul_m7", "matmul_m33", "get_rows")
@@ -82,8 +82,8 @@ CASES = [
 
 @pytest.mark.parametrize("op,qtype,shape,layout", CASES)
 def test_backend_op_matches_reference(op: str, qtype: T, shape: tuple[int, int], layout: str) -> None:
-    if layout == "tile16" and not vnni._host_has_vnni():
-        pytest.skip("host CPU has no AVX-512 VNNI")
+    if layout == "tile16" and not tiers.compiled_tiers():
+        pytest.skip("host CPU has no tile tier")
     rows, cols = shape
     rng = np.random.default_rng(zlib.crc32(f"{op}-{qtype.name}-{shape}".encode()))
     raw = random_raw(qtype, rows, cols, rng)

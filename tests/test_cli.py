@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from edgellm.backends.cpu import vnni
+from edgellm.backends.cpu import tiers
 from edgellm.catalog import CATALOG, DEFAULT_MODEL, ModelNotFoundError, resolve_model
 
 
@@ -43,8 +43,10 @@ def test_bench_json_has_the_llamacpp_bench_fields() -> None:
     result = json.loads(proc.stdout)
     assert result["prefill_tok_s"] > 0 and result["decode_tok_s"] > 0
     assert result["peak_rss_mb"] > 0 and 0 < result["decode_vs_ceiling"]
-    # With VNNI the weights stay at the file's bit width; the portable int8 rows are about twice the Q4_1.
-    assert 1.0 <= result["weight_bytes_vs_gguf"] <= (1.05 if vnni.VNNI_ACTIVE else 2.2)
+    # A tile tier keeps the weights at the file's bit width; the portable int8 rows: about twice the Q4_1.
+    tier = tiers.active_tier()
+    assert result["cpu_tier"] == tier.name
+    assert 1.0 <= result["weight_bytes_vs_gguf"] <= (1.05 if tier.tiles is not None else 2.2)
     # SmolLM2: 30 layers x 3 KV heads x (64 + 64) values at 34 bytes per 32
     assert (result["kv_cache_dtype"], result["kv_bytes_per_token"]) == ("q8_0", 12240)
     assert result["kv_cache_tokens"] >= 2048

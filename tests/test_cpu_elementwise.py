@@ -1,16 +1,17 @@
-"""CPU elementwise kernels: SwiGLU (ggml's vectorised form on AVX-512 hosts, libm elsewhere) and rotary
-embedding from the backend's cached cos/sin tables, against float64 references and each other."""
+"""CPU elementwise kernels: SwiGLU (ggml's AVX-512 vectorised form on every tile tier, libm on the portable
+one) and rotary embedding from the backend's cached cos/sin tables, against float64 references and each
+other."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from edgellm.backends.cpu import ops, silu_avx512, vnni
+from edgellm.backends.cpu import ops, silu_ir, tiers
 from edgellm.backends.cpu.backend import CpuBackend
 from edgellm.gguf.rope import RopeParams
 
-needs_avx512 = pytest.mark.skipif(not vnni.VNNI_ACTIVE, reason="no AVX-512 (VNNI path inactive)")
+TILE_TIERS = [t.name for t in tiers.compiled_tiers()]
 
 
 def swiglu_ref(gate_up: np.ndarray) -> np.ndarray:
@@ -20,36 +21,56 @@ def swiglu_ref(gate_up: np.ndarray) -> np.ndarray:
         return g / (1.0 + np.exp(-g)) * gate_up[:, ff:].astype(np.float64)
 
 
-@needs_avx512
+@pytest.mark.parametrize("tier", TILE_TIERS)
 @pytest.mark.parametrize("ff", [1536, 1544, 7])  # 7 / 1544: the n % 16 leftovers take libm's expf
-def test_swiglu_avx512_matches_reference(ff: int) -> None:
+def test_swiglu_vec_matches_reference(ff: int, tier: str) -> None:
     rng = np.random.default_rng(ff)
     gate_up = (rng.standard_normal((9, 2 * ff)) * 4).astype(np.float32)
     special = [0.0, -0.0, 1e-30, 30.0, -30.0, 88.0, -88.0, 100.0, -100.0, 150.0, -150.0, 5.0, -5.0]
     gate_up[0, : min(ff, len(special))] = special[:ff]
     out = np.full((9, ff), np.nan, np.float32)
-    silu_avx512.swiglu_avx512_cpu(gate_up, out)
+    index = tiers.by_name(tier).index
+    silu_ir.swiglu_vec_cpu(gate_up, out, index)
     ref = swiglu_ref(gate_up)
     big = np.abs(ref) > 1e-30
     rel = np.abs(out[big] - ref[big]) / np.abs(ref[big])
     assert rel.max() < 1e-6, rel.max()  # ggml's exp: <= 1.5 ulp, plus the division's rounding
     assert np.all(out[~big] == 0) or np.allclose(out[~big], ref[~big], atol=1e-30)
     par = np.empty_like(out)
-    silu_avx512.swiglu_avx512_par_cpu(gate_up, par)
+    silu_ir.swiglu_vec_par_cpu(gate_up, par, index)
     np.testing.assert_array_equal(par, out)  # same row code serial and parallel
     portable = np.empty_like(out)
     ops.swiglu_cpu(gate_up, portable)
     np.testing.assert_allclose(out, portable, rtol=1e-6, atol=1e-30)
 
 
-def test_backend_swiglu_path_follows_host() -> None:
-    """The backend uses ggml's vectorised form exactly when the AVX-512 path is active."""
+@pytest.mark.parametrize("tier", TILE_TIERS[1:])
+def test_swiglu_vec_lower_tiers_give_the_best_tiers_bits(tier: str) -> None:
+    """Every x in steps of 1/64 over [-110, 110] (exp(-x) overflowing, subnormal, in between) and random
+    values: a tier's exp scaling (vscalefps, or its two-multiply form) gives the same bits."""
+    dense = np.arange(-110 * 64, 110 * 64 + 16, dtype=np.float32)[: 220 * 64] / np.float32(64)
+    gate = np.concatenate([dense, np.random.default_rng(7).standard_normal(4096).astype(np.float32) * 30])
+    gate_up = np.concatenate([gate, np.ones_like(gate)])[None, :]
+    outs = []
+    for name in (TILE_TIERS[0], tier):
+        out = np.empty((1, gate.size), np.float32)
+        silu_ir.swiglu_vec_cpu(gate_up, out, tiers.by_name(name).index)
+        outs.append(out)
+    np.testing.assert_array_equal(outs[1], outs[0])
+
+
+@pytest.mark.parametrize("tier", ["portable", *TILE_TIERS])
+def test_backend_swiglu_path_follows_its_tier(tier: str) -> None:
+    """The backend uses ggml's vectorised form exactly on a tile tier."""
     rng = np.random.default_rng(1)
     gate_up = rng.standard_normal((3, 64)).astype(np.float32)
     out = np.empty((3, 32), np.float32)
-    CpuBackend().gated_act(gate_up, out, "silu")
+    CpuBackend(tier).gated_act(gate_up, out, "silu")
     expect = np.empty_like(out)
-    (silu_avx512.swiglu_avx512_cpu if vnni.VNNI_ACTIVE else ops.swiglu_par_cpu)(gate_up, expect)
+    if tier == "portable":
+        ops.swiglu_par_cpu(gate_up, expect)
+    else:
+        silu_ir.swiglu_vec_cpu(gate_up, expect, tiers.by_name(tier).index)
     np.testing.assert_array_equal(out, expect)
 
 

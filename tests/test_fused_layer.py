@@ -1,6 +1,7 @@
 """The CPU backend's one-call decoder layer (backends/cpu/layer.py) against the model's kernel-by-kernel
 blocks: the same logits bit for bit, for every architecture, over a prefill of two sequences and decode
-steps at batch 2 and 1, and the fallbacks where it has no fused form."""
+steps at batch 2 and 1, and the fallbacks where it has no fused form; on every CPU tier the host can run,
+the same logits as the best tier's."""
 
 from __future__ import annotations
 
@@ -8,27 +9,27 @@ import numpy as np
 import pytest
 
 from edgellm.arch import ARCHITECTURES
-from edgellm.backends.cpu import vnni
+from edgellm.backends.cpu import tiers, vnni
 from edgellm.backends.cpu.backend import CpuBackend
-from edgellm.backends.cpu.fp16 import HOST_F16C
 from edgellm.engine.model_runner import ModelRunner, RunItem
 from edgellm.gguf.config import config_from_gguf
 from edgellm.gguf.reader import load_gguf
 from edgellm.testing.oracle_cases import LLAMA_BIASES, SMALL, SOME_BIASES, bias_tensors
 from edgellm.testing.synthetic import ARCHS, DEFAULT_QTYPES, write_tiny_model
 
+FUSED_TIERS = [t.name for t in tiers.compiled_tiers() if t.fused_layer]
 pytestmark = pytest.mark.skipif(
-    not (vnni.VNNI_ACTIVE and HOST_F16C), reason="the fused layer needs VNNI and F16C"
+    not tiers.active_tier().fused_layer, reason="the fused layer needs a tile tier with F16C"
 )
 BS = 16
 # Q|K|V of three types (three stacked parts), and every matrix tiled
 QTYPES = {**DEFAULT_QTYPES, "ffn_down": "Q8_0"}
 
 
-def _load(path, fuse: bool, kv_dtype: str = "f16"):  # noqa: ANN001, ANN202
+def _load(path, fuse: bool, kv_dtype: str = "f16", tier: str | None = None):  # noqa: ANN001, ANN202
     gguf = load_gguf(str(path))
     cfg = config_from_gguf(gguf)
-    be = CpuBackend()
+    be = CpuBackend(tier)
     be.fuse_layers = fuse
     model = ARCHITECTURES[cfg.arch](cfg, gguf, be)
     return model, ModelRunner(model, cfg, be, num_blocks=12, block_size=BS, kv_dtype=kv_dtype)
@@ -109,6 +110,20 @@ def test_fused_layer_applies_biases_as_the_blocks_do(tmp_path, roles: tuple, n_b
         np.testing.assert_array_equal(g, w)
     _, unbiased = _load(write_tiny_model(tmp_path / "u.gguf", "llama", QTYPES, **SMALL), True)
     assert np.abs(_logits(unbiased, np.random.default_rng(3))[0] - got[0]).max() > 0.1
+
+
+@pytest.mark.parametrize("tier", FUSED_TIERS[1:])
+@pytest.mark.parametrize("qtypes", [QTYPES, TABLE_QTYPES], ids=["kquants", "table32"])
+def test_fused_layer_on_a_lower_tier_gives_the_best_tiers_logits(tmp_path, tier: str, qtypes: dict) -> None:
+    """A lower tier's fused layers (its dot, byte shuffle and exp scaling) produce the best tier's logits
+    bit for bit: Q|K|V of three layouts (Q8_0's full bytes among them), and the table types."""
+    path = write_tiny_model(tmp_path / "t.gguf", "llama", qtypes, **SMALL)
+    lower_model, lower = _load(path, True, tier=tier)
+    assert lower.be.tier.name == tier and all(f is not None for f in lower_model.fused)
+    _, best = _load(path, True, tier=FUSED_TIERS[0])
+    got, want = _logits(lower, np.random.default_rng(4)), _logits(best, np.random.default_rng(4))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
 
 
 def test_fallbacks(tmp_path) -> None:

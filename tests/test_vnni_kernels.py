@@ -1,20 +1,17 @@
-"""The AVX-512 VNNI matmul path (vnni's tile16 layouts, at the GGUF's bit width) against the portable
-kernels over int8 rows: bit-identical outputs for every quantized type and batch size, exact extreme values,
-the bytes each layout streams, stacking, chunked repacking, and the dispatch (host feature check,
-EDGELLM_NO_VNNI=1 forcing the portable path)."""
+"""The tile matmul path (vnni's tile16 layouts, at the GGUF's bit width) on every CPU tier the host can run
+(tests/conftest.py compiles them all) against the portable kernels over int8 rows: bit-identical outputs
+for every quantized type and batch size, exact extreme values, the bytes each layout streams, stacking,
+chunked repacking, and the backend's layout following its tier."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import zlib
 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from edgellm.backends.cpu import vnni
+from edgellm.backends.cpu import tiers
 from edgellm.backends.cpu.backend import CpuBackend
 from edgellm.backends.cpu.matmul import matmul_cpu
 from edgellm.backends.cpu.packed import dequantize_rows_cpu, pack_tiles, pack_weight, pack_weight_tiled
@@ -24,7 +21,9 @@ from edgellm.quants import BLOCK_DTYPES, QUANT_TRAITS, get_traits
 from tests.test_backend_ops import FLOAT_TYPES, random_raw
 
 QUANT_TYPES = [t for t in QUANT_TRAITS if t not in FLOAT_TYPES]
-needs_vnni = pytest.mark.skipif(not vnni._host_has_vnni(), reason="host CPU has no AVX-512 VNNI")
+TILE_TIERS = [t.name for t in tiers.compiled_tiers()]  # every tier with tile kernels the host runs
+needs_tiles = pytest.mark.skipif(not TILE_TIERS, reason="host CPU has no tile tier (tiers.py)")
+each_tier = pytest.mark.parametrize("tier", TILE_TIERS)
 
 
 def shapes_for(qtype: T) -> list[tuple[int, int]]:
@@ -35,52 +34,55 @@ def shapes_for(qtype: T) -> list[tuple[int, int]]:
     return [(38, 576), (7, 544), (64, 256), (3, 64)]
 
 
-def both_layouts(x: np.ndarray, qtype: T, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def both_layouts(x: np.ndarray, qtype: T, raw: np.ndarray, tier: str) -> tuple[np.ndarray, np.ndarray]:
+    """(portable kernels over int8 rows, tier's tile kernels) outputs."""
     rows, cols = raw.shape[0], x.shape[1]
     packed = pack_weight(qtype, raw, rows, cols)
     outs = []
     for w in (packed, pack_weight_tiled(qtype, raw, rows, cols)):
         out = np.full((x.shape[0], packed.rows), np.nan, np.float32)
-        matmul_cpu(x, w, out)
+        matmul_cpu(x, w, out, None, tiers.by_name(tier).index)
         outs.append(out)
     return outs[0], outs[1]
 
 
-@needs_vnni
+@each_tier
 @pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
-def test_vnni_matches_portable_bit_for_bit(qtype: T) -> None:
+def test_vnni_matches_portable_bit_for_bit(qtype: T, tier: str) -> None:
     rng = np.random.default_rng(zlib.crc32(qtype.name.encode()))
     for rows, cols in shapes_for(qtype):
         raw = random_raw(qtype, rows, cols, rng)
         for m_rows in (1, 2, 5, 9):  # 5 and 9: register blocks of 4 plus single leftover rows
             x = rng.standard_normal((m_rows, cols)).astype(np.float32)
-            portable, fast = both_layouts(x, qtype, raw)
+            portable, fast = both_layouts(x, qtype, raw, tier)
             assert np.isfinite(portable).all()
             np.testing.assert_array_equal(fast, portable, err_msg=f"{qtype.name} {rows}x{cols} M={m_rows}")
 
 
-@needs_vnni
-def test_vnni_extreme_int8_values_are_exact() -> None:
-    """Weights of -128 (no positive counterpart) against activations of +-127: the largest group sums, where
-    a wrong unsigned/signed split, offset correction or a saturating instruction would show."""
+@each_tier
+def test_vnni_extreme_int8_values_are_exact(tier: str) -> None:
+    """Weights of -128 (no positive counterpart) and rows of 127 against activations of +-127: the largest
+    group sums, where a wrong unsigned/signed split, offset correction or a saturating instruction (AVX2's
+    pmaddubsw on the stored unsigned bytes) would show."""
     rows, cols = 8, 128
     raw = random_raw(T.Q8_0, rows, cols, np.random.default_rng(1))
     blocks = raw.view([("d", "<f2"), ("qs", "i1", 32)])
     blocks["qs"] = -128
     blocks["qs"][::2, :, ::3] = 127
+    blocks["qs"][1::4] = 127  # whole rows of 127: pairs of 127 * 127 products (past int16 if unsigned)
     packed = pack_weight(T.Q8_0, raw, rows, cols)
     x = np.full((3, cols), -1.0, np.float32)
     x[1] = 1.0
     x[2, ::2] = 1.0
-    portable, fast = both_layouts(x, T.Q8_0, raw)
+    portable, fast = both_layouts(x, T.Q8_0, raw, tier)
     np.testing.assert_array_equal(fast, portable)
     ref = x.astype(np.float64) @ (packed.scale.repeat(32, axis=1) * packed.q).T.astype(np.float64)
     np.testing.assert_allclose(fast, ref, rtol=1e-3)  # f16 activation scale: ~1e-4 relative
 
 
-@needs_vnni
+@each_tier
 @pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
-def test_vnni_extreme_quants_are_exact(qtype: T) -> None:
+def test_vnni_extreme_quants_are_exact(qtype: T, tier: str) -> None:
     """Every quant bit set or clear (largest and smallest values of each type, high bits included) against
     activations of +-127: where a wrong nibble/bit-plane split, shift or offset would show."""
     rows, cols = 32, 256
@@ -93,12 +95,12 @@ def test_vnni_extreme_quants_are_exact(qtype: T) -> None:
     x = np.full((3, cols), -1.0, np.float32)
     x[1] = 1.0
     x[2, ::2] = 1.0
-    portable, fast = both_layouts(x, qtype, raw)
+    portable, fast = both_layouts(x, qtype, raw, tier)
     np.testing.assert_array_equal(fast, portable)
 
 
-@needs_vnni
-def test_mxfp4_exponents_widen_exactly() -> None:
+@each_tier
+def test_mxfp4_exponents_widen_exactly(tier: str) -> None:
     """MXFP4's E8M0 scale byte, widened in the kernel and the row gather: every exponent from the two
     subnormal ones (e < 2) up, the same bits as gguf's e8m0_to_fp32_half."""
     rows, cols = 32, 1024  # 1,024 blocks of 32: exponents 0..199 (past that the products overflow)
@@ -110,7 +112,7 @@ def test_mxfp4_exponents_widen_exactly() -> None:
     want = get_traits(T.MXFP4).dequantize_ref(raw).reshape(rows, cols)
     np.testing.assert_array_equal(dequantize_rows_cpu(tiled, ids), want)
     x = np.random.default_rng(6).standard_normal((2, cols)).astype(np.float32)
-    portable, fast = both_layouts(x, T.MXFP4, raw)
+    portable, fast = both_layouts(x, T.MXFP4, raw, tier)
     np.testing.assert_array_equal(fast, portable)
 
 
@@ -132,7 +134,7 @@ def test_tiles_keep_the_gguf_bit_width(qtype: T) -> None:
         assert w.nbytes == rows * cols + rows * cols // traits.group * per_group
 
 
-@needs_vnni
+@needs_tiles
 def test_stacked_tiles_equal_separate_matrices() -> None:
     """Q|K|V stacked into one tile16 weight give the separate matrices' outputs side by side; a part
     that would leave a tile half filled (not last) is refused."""
@@ -153,27 +155,29 @@ def test_stacked_tiles_equal_separate_matrices() -> None:
         pack_tiles(T.Q4_K, [raws[2], raws[0]], 256)
 
 
-def test_backend_layout_follows_vnni_active(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The CPU backend tiles quantized weights exactly when the VNNI path is active, and the results agree."""
+def test_backend_layout_follows_its_tier() -> None:
+    """The CPU backend tiles quantized weights exactly on a tier with tile kernels, and every tier's
+    results agree with the portable tier's."""
     rng = np.random.default_rng(3)
     raw = random_raw(T.Q4_0, 16, 256, rng)
     tensors = [TensorInfo(name="w", qtype=T.Q4_0, shape=(16, 256), offset=0, n_bytes=raw.nbytes, data=raw)]
     x = rng.standard_normal((2, 256)).astype(np.float32)
     outs = []
-    for active in (False, True) if vnni._host_has_vnni() else (False,):
-        monkeypatch.setattr(vnni, "VNNI_ACTIVE", active)
-        w = CpuBackend().load_matrix(tensors)
+    for tier in ("portable", *TILE_TIERS):
+        be = CpuBackend(tier)
+        w = be.load_matrix(tensors)
+        active = tier != "portable"
         assert (w.tiles is not None) == active and (w.q is None) == active
         out = np.empty((2, 16), np.float32)
-        CpuBackend().matmul(x, w, out)
+        be.matmul(x, w, out)
         outs.append(out)
     for out in outs[1:]:
         np.testing.assert_array_equal(out, outs[0])
 
 
-def test_backend_stacks_runs_of_one_type(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Q, K (Q4_K) and V (Q6_K), as in a Q4_K_M file: on VNNI hosts Q|K share one tiled weight and V is
-    its own; every host writes the same outputs into the right columns."""
+def test_backend_stacks_runs_of_one_type() -> None:
+    """Q, K (Q4_K) and V (Q6_K), as in a Q4_K_M file: on a tile tier Q|K share one tiled weight and V is
+    its own; every tier writes the same outputs into the right columns."""
     rng = np.random.default_rng(6)
     specs = [("q", T.Q4_K, 32), ("k", T.Q4_K, 16), ("v", T.Q6_K, 16)]
     tensors = []
@@ -182,26 +186,17 @@ def test_backend_stacks_runs_of_one_type(monkeypatch: pytest.MonkeyPatch) -> Non
         tensors.append(TensorInfo(name, qtype, (rows, 256), 0, raw.nbytes, raw))
     x = rng.standard_normal((3, 256)).astype(np.float32)
     outs = []
-    for active in (False, True) if vnni._host_has_vnni() else (False,):
-        monkeypatch.setattr(vnni, "VNNI_ACTIVE", active)
-        w = CpuBackend().load_matrix(tensors)
-        if active:
+    for tier in ("portable", *TILE_TIERS):
+        be = CpuBackend(tier)
+        w = be.load_matrix(tensors)
+        if tier != "portable":
             assert [(p.qtype, p.rows) for p in w.parts] == [(T.Q4_K, 48), (T.Q6_K, 16)]
         out = np.full((3, 64), np.nan, np.float32)
-        CpuBackend().matmul(x, w, out)
+        be.matmul(x, w, out)
         outs.append(out)
     assert np.isfinite(outs[0]).all()
     for out in outs[1:]:
         np.testing.assert_array_equal(out, outs[0])
-
-
-@pytest.mark.parametrize("env_value,expect_active", [("1", False), ("0", None)])
-def test_env_forces_portable_path(env_value: str, expect_active: bool | None) -> None:
-    env = dict(os.environ, EDGELLM_NO_VNNI=env_value)
-    code = "from edgellm.backends.cpu import vnni; print(vnni.VNNI_ACTIVE, vnni._host_has_vnni())"
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    active, host = result.stdout.split()
-    assert active == str(expect_active if expect_active is not None else host == "True")
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q8_0, T.Q5_0, T.Q6_K, T.Q2_K], ids=lambda t: t.name)

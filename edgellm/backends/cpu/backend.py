@@ -9,9 +9,8 @@ import numba
 import numpy as np
 
 from edgellm.backends.base import Backend, StepIndex, StepInputs
-from edgellm.backends.cpu import layernorm_gelu, ops, silu_avx512, vnni
+from edgellm.backends.cpu import layernorm_gelu, ops, silu_ir, tiers
 from edgellm.backends.cpu.attention import attention_paged_cpu
-from edgellm.backends.cpu.fp16 import HOST_F16C
 from edgellm.backends.cpu.kv_cache import CpuKvCache
 from edgellm.backends.cpu.layer import FusedLayer, decoder_layer_cpu, pack_layer
 from edgellm.backends.cpu.matmul import matmul_cpu
@@ -49,7 +48,10 @@ def _tile_runs(tensors: list[TensorInfo]) -> list[list[TensorInfo]]:
 class CpuBackend(Backend):
     name = "cpu"
 
-    def __init__(self) -> None:
+    def __init__(self, tier: str | None = None) -> None:
+        # The kernel tier (tiers.py): the active one, or a named one this process's kernels hold (tests).
+        # CpuTierError names the problem for an EDGELLM_CPU_TIER the host cannot run.
+        self.tier = tiers.check_compiled(tiers.active_tier() if tier is None else tiers.by_name(tier))
         # Numba's thread count when the backend is made (the engine sets it first); asked once, not per call.
         self.n_threads = numba.get_num_threads()
         self._rope_tables: dict[RopeParams, tuple[np.ndarray, np.ndarray]] = {}
@@ -63,7 +65,7 @@ class CpuBackend(Backend):
     def load_matrix(self, tensors: list[TensorInfo]) -> Any:
         for t in tensors:
             get_traits(t.qtype, t.name)  # clear error for unsupported types, naming the tensor
-        if vnni.VNNI_ACTIVE and all(t.qtype in TILE_LAYOUTS for t in tensors):
+        if self.tier.tiles is not None and all(t.qtype in TILE_LAYOUTS for t in tensors):
             # Straight from the file's blocks to the tiles, a chunk of rows at a time; consecutive
             # matrices of one type (Q|K, gate|up) share one weight, so one kernel call serves them.
             runs = _tile_runs(tensors)
@@ -108,10 +110,10 @@ class CpuBackend(Backend):
             c = 0
             x = np.ascontiguousarray(x)
             for p in w.parts:  # each part writes its columns of out in place
-                matmul_cpu(x, p, out[:, c : c + p.rows], self.n_threads)
+                matmul_cpu(x, p, out[:, c : c + p.rows], self.n_threads, self.tier.index)
                 c += p.rows
             return
-        matmul_cpu(np.ascontiguousarray(x), w, out, self.n_threads)
+        matmul_cpu(np.ascontiguousarray(x), w, out, self.n_threads, self.tier.index)
 
     def rmsnorm(self, x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:
         ops.rmsnorm_cpu(x, w, eps, out)
@@ -136,9 +138,10 @@ class CpuBackend(Backend):
     def gated_act(self, gate_up: np.ndarray, out: np.ndarray, kind: str) -> None:
         # A parallel region costs more than the work for a few rows (decode), and pays from ~8 rows on.
         parallel = gate_up.shape[0] >= 8
-        if kind != "gelu" and vnni.VNNI_ACTIVE and gate_up.strides[1] == 4 and out.strides[1] == 4:
-            # ggml's vectorised silu, bit for bit (VNNI hosts have AVX-512F)
-            (silu_avx512.swiglu_avx512_par_cpu if parallel else silu_avx512.swiglu_avx512_cpu)(gate_up, out)
+        if kind != "gelu" and self.tier.tiles is not None and gate_up.strides[1] == 4 and out.strides[1] == 4:
+            # ggml's AVX-512 vectorised silu, bit for bit, on every tile tier
+            kernel = silu_ir.swiglu_vec_par_cpu if parallel else silu_ir.swiglu_vec_cpu
+            kernel(gate_up, out, self.tier.index)
         else:
             # Always the row-parallel kernel: LLVM vectorises exp/tanh differently in the serial one, so a
             # row's bits would depend on the batch's size (speculative decoding's verify must score a token
@@ -197,7 +200,7 @@ class CpuBackend(Backend):
         return x
 
     def prepare_layer(self, cfg: Any, attn: Any, ffn: Any, layer: int) -> FusedLayer | None:
-        if not (self.fuse_layers and vnni.VNNI_ACTIVE and HOST_F16C):
+        if not (self.fuse_layers and self.tier.fused_layer):
             return None
         return pack_layer(cfg, attn, ffn, layer)
 
@@ -213,7 +216,7 @@ class CpuBackend(Backend):
         decoder_layer_cpu(
             x, fused.norms, fused.biases, fused.planes, fused.meta, fused.dims, fused.eps, fused.scale,
             fused.softcap, fused.residual, cos_t, sin_t, k_cache, v_cache, inp.block_tables, inp.seq_index,
-            inp.positions, inp.slots, self.n_threads,
+            inp.positions, inp.slots, self.n_threads, self.tier.index,
         )  # fmt: skip
         return True
 

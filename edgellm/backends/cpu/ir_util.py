@@ -1,4 +1,4 @@
-"""Small helpers shared by the kernels written as LLVM IR (vnni.py, attention.py, silu_avx512.py)."""
+"""Small helpers shared by the kernels written as LLVM IR (vnni.py, attention.py, silu_ir.py)."""
 
 from __future__ import annotations
 
@@ -8,20 +8,9 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from edgellm.backends.cpu.ir_basic import declare, splat  # noqa: F401 - re-exported
+
 I32, I64 = ir.IntType(32), ir.IntType(64)
-
-
-def splat(b: ir.IRBuilder, v: ir.Value, vec_t: ir.VectorType) -> ir.Value:
-    """A vector of vec_t with every lane = v."""
-    one = b.insert_element(ir.Constant(vec_t, ir.Undefined), v, ir.Constant(I32, 0))
-    mask = ir.Constant(ir.VectorType(I32, vec_t.count), [0] * vec_t.count)
-    return b.shuffle_vector(one, ir.Constant(vec_t, ir.Undefined), mask)
-
-
-def declare(module: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
-    """The module's function `name` (an LLVM intrinsic or one of ours), declared on first use."""
-    fn = module.globals.get(name)
-    return fn if fn is not None else ir.Function(module, ir.FunctionType(ret, args), name)
 
 
 def switch_intrinsic(variants: dict[int, tuple[str, Callable[[ir.Module, str], ir.Function]]], n_args: int):
@@ -45,6 +34,13 @@ def switch_intrinsic(variants: dict[int, tuple[str, Callable[[ir.Module, str], i
         return context.get_dummy_value()
 
     sig = types.void(*([types.intp] * (n_args + 1)))
+    if n_args == 4:
+
+        @intrinsic
+        def kernel4(typingctx, key, a0, a1, a2, a3):  # noqa: ANN001, ANN202
+            return sig, codegen
+
+        return kernel4
     if n_args == 7:
 
         @intrinsic

@@ -8,7 +8,8 @@ feed_forward_block, with the same inputs, so the results are bit for bit the unf
 differently when compiled into this module (rope did, so its FMAs are explicit): the tests compare
 every architecture, prefill and decode, and the real models' llama.cpp fixtures run through this path.
 
-Only the VNNI tile path with an f16 KV cache (F16C) has this form; everything else (and every check that
+Only the tile tiers (tiers.CpuTier.fused_layer: tile primitives and F16C) with an f16 KV cache have this
+form; everything else (and every check that
 fails) leaves the layer to the model's blocks. A layer's data are packed once at load (FusedLayer).
 """
 
@@ -24,7 +25,7 @@ from edgellm.backends.cpu import ops
 from edgellm.backends.cpu.attention import attention_paged_cpu
 from edgellm.backends.cpu.matmul import ORDERED_MATH, matmul_tiles_fused_at_cpu
 from edgellm.backends.cpu.numba_cache import follow_sources
-from edgellm.backends.cpu.silu_avx512 import swiglu_avx512_cpu, swiglu_avx512_par_cpu
+from edgellm.backends.cpu.silu_ir import swiglu_vec_cpu, swiglu_vec_par_cpu
 from edgellm.backends.cpu.tile_layouts import TILE, TILE_LAYOUTS
 from edgellm.gguf.rope import RopeParams
 
@@ -58,7 +59,7 @@ class FusedLayer:
 
 
 @njit(cache=True, nogil=True, fastmath=ORDERED_MATH)
-def _matmul_parts(x, planes, meta, out, n_threads) -> None:
+def _matmul_parts(x, planes, meta, out, n_threads, tier) -> None:
     """out[:, part columns] = x @ part.T for each part of one matrix (as CpuBackend.matmul does).
     planes: int64 [PARTS, 6, 2] plane addresses; meta: int64 [PARTS, META]."""
     for p in range(PARTS):
@@ -67,7 +68,7 @@ def _matmul_parts(x, planes, meta, out, n_threads) -> None:
             continue
         c0 = meta[p, 5]
         matmul_tiles_fused_at_cpu(
-            x, planes[p], meta[p, 6], meta[p, 0], meta[p, 1], meta[p, 2], meta[p, 3], rows, n_threads,
+            x, planes[p], meta[p, 6], meta[p, 0], meta[p, 1], meta[p, 2], meta[p, 3], rows, n_threads, tier,
             out[:, c0 : c0 + rows],
         )  # fmt: skip
 
@@ -91,16 +92,17 @@ def _split_heads(qkv, q, k, v) -> None:
 @njit(cache=True, nogil=True)
 def decoder_layer_cpu(
     x, norms, biases, planes, meta, dims, eps, scale, softcap, residual, cos_t, sin_t,
-    k_cache, v_cache, block_tables, seq_index, positions, slots, n_threads,
+    k_cache, v_cache, block_tables, seq_index, positions, slots, n_threads, tier,
 ) -> None:  # fmt: skip
     """x [T, n_embd] += Attention(...) then += FFN(...), writing the tokens' K/V: attention_block then
-    feed_forward_block of arch/common.py, kernel for kernel. The caller has checked every shape."""
+    feed_forward_block of arch/common.py, kernel for kernel. The caller has checked every shape and that
+    tier (a CpuTier.index) is compiled."""
     T, E = x.shape
     H, hkv, d, dv, ff = dims[H_], dims[HKV_], dims[D_], dims[DV_], dims[FF_]
     h = np.empty((T, E), np.float32)
     ops.rmsnorm_cpu(x, norms[ATTN_NORM], eps, h)
     qkv = np.empty((T, (H + hkv) * d + hkv * dv), np.float32)
-    _matmul_parts(h, planes[0:3], meta[0:3], qkv, n_threads)
+    _matmul_parts(h, planes[0:3], meta[0:3], qkv, n_threads, tier)
     if biases[QKV_B].shape[0]:
         qkv += biases[QKV_B]
     q = np.empty((T, H, d), np.float32)
@@ -120,7 +122,7 @@ def decoder_layer_cpu(
         attn,
     )
     o = np.empty((T, E), np.float32)
-    _matmul_parts(attn.reshape(T, H * dv), planes[3:6], meta[3:6], o, n_threads)
+    _matmul_parts(attn.reshape(T, H * dv), planes[3:6], meta[3:6], o, n_threads, tier)
     if biases[O_B].shape[0]:
         o += biases[O_B]
     if norms[ATTN_POST].shape[0]:
@@ -131,17 +133,17 @@ def decoder_layer_cpu(
 
     ops.rmsnorm_cpu(x, norms[FFN_NORM], eps, h)
     gate_up = np.empty((T, 2 * ff), np.float32)
-    _matmul_parts(h, planes[6:9], meta[6:9], gate_up, n_threads)
+    _matmul_parts(h, planes[6:9], meta[6:9], gate_up, n_threads, tier)
     if biases[GATE_UP_B].shape[0]:
         gate_up += biases[GATE_UP_B]
     act = np.empty((T, ff), np.float32)
     if dims[GELU_]:
         ops.geglu_par_cpu(gate_up, act)
     elif T >= 8:  # the thresholds of CpuBackend.gated_act
-        swiglu_avx512_par_cpu(gate_up, act)
+        swiglu_vec_par_cpu(gate_up, act, tier)
     else:
-        swiglu_avx512_cpu(gate_up, act)
-    _matmul_parts(act, planes[9:12], meta[9:12], o, n_threads)
+        swiglu_vec_cpu(gate_up, act, tier)
+    _matmul_parts(act, planes[9:12], meta[9:12], o, n_threads, tier)
     if biases[DOWN_B].shape[0]:
         o += biases[DOWN_B]
     if norms[FFN_POST].shape[0]:

@@ -22,6 +22,7 @@ from numba import njit, prange
 from edgellm.backends.cpu import vnni
 from edgellm.backends.cpu.fp16 import f16_round
 from edgellm.backends.cpu.numba_cache import follow_sources
+from edgellm.backends.cpu.tiers import TIERS, CpuTierError, active_tier, compiled_tiers
 from edgellm.backends.cpu.tile_layouts import TILE_LAYOUTS
 from edgellm.quants.packing import ACT_MODES, ACT_Q8_0, ACT_Q8_1, ACT_Q8_K  # noqa: F401 - re-exported
 
@@ -119,21 +120,23 @@ def quantize_act_serial_cpu(x: np.ndarray, group: int, mode: int) -> tuple[np.nd
 
 
 @njit(cache=True, nogil=True, fastmath=ORDERED_MATH)
-def matmul_tiles_fused_cpu(x, planes, layout_id, group, mode, n_units, n_rows, n_threads, out) -> None:
-    """Quantize + VNNI tiles in one call from Python (no boxing of the quantized activations)."""
+def matmul_tiles_fused_cpu(x, planes, layout_id, group, mode, n_units, n_rows, n_threads, tier, out) -> None:
+    """Quantize + tiles in one call from Python (no boxing of the quantized activations)."""
     at, n_tiles = vnni.plane_addresses(planes), planes[0].shape[0]
-    matmul_tiles_fused_at_cpu(x, at, n_tiles, layout_id, group, mode, n_units, n_rows, n_threads, out)
+    matmul_tiles_fused_at_cpu(x, at, n_tiles, layout_id, group, mode, n_units, n_rows, n_threads, tier, out)
 
 
 @njit(cache=True, nogil=True, fastmath=ORDERED_MATH)
-def matmul_tiles_fused_at_cpu(x, at, n_tiles, layout_id, group, mode, n_units, n_rows, n_threads, out):  # noqa: ANN201
+def matmul_tiles_fused_at_cpu(x, at, n_tiles, layout_id, group, mode, n_units, n_rows, n_threads, tier, out):  # noqa: ANN201
     """matmul_tiles_fused_cpu over planes given by vnni.plane_addresses: a serial quantize for a few rows
     (a parallel region costs more than ~1 us of work), a parallel one past 16."""
     if x.shape[0] <= 16:
         xq, xs, xsum, xisum = quantize_act_serial_cpu(x, group, mode)
     else:
         xq, xs, xsum, xisum = quantize_act_cpu(x, group, mode)
-    vnni.matmul_tiles_at_cpu(xq, xs, xsum, xisum, at, n_tiles, layout_id, n_units, n_rows, n_threads, out)
+    vnni.matmul_tiles_at_cpu(
+        xq, xs, xsum, xisum, at, n_tiles, layout_id, n_units, n_rows, n_threads, tier, out
+    )
 
 
 follow_sources(matmul_tiles_fused_cpu, matmul_tiles_fused_at_cpu)  # their code includes other files' IR
@@ -279,21 +282,40 @@ def _check(x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
         )
 
 
-def matmul_grouped_cpu(x: np.ndarray, w: PackedWeight, out: np.ndarray, n_threads: int | None = None) -> None:
+def tile_tier_index(tier: int | None) -> int:
+    """The tier index to run tile kernels with: `tier` if its IR is compiled, by default the active tier
+    (or, where that has no tiles, the first compiled one); CpuTierError where none is."""
+    compiled = compiled_tiers()
+    if tier is None and compiled:
+        return (active_tier() if active_tier() in compiled else compiled[0]).index
+    if tier is None or TIERS[tier] not in compiled:
+        asked = "none" if tier is None else TIERS[tier].name
+        names = ", ".join(t.name for t in compiled) or "none"
+        raise CpuTierError(f"tiled weights need a compiled tile tier (asked: {asked}; compiled: {names})")
+    return tier
+
+
+def matmul_grouped_cpu(
+    x: np.ndarray, w: PackedWeight, out: np.ndarray, n_threads: int | None = None, tier: int | None = None
+) -> None:
     """out[M, N] = x[M, K] @ W.T for quantized weights (writes in place; out may be a strided view).
     n_threads: how many runs of tiles to split the work into (default: Numba's thread count; the backend
-    passes it in, as asking Numba costs ~1.5 us a call, ~0.2 ms of a small model's decode step)."""
+    passes it in, as asking Numba costs ~1.5 us a call, ~0.2 ms of a small model's decode step).
+    tier: the CpuTier.index tiled weights run with (tile_tier_index)."""
     _check(x, w, out)
     if w.tiles is not None:
         if out.strides[1] != 4:  # the tiles store 16 contiguous floats per row
             tmp = np.empty(out.shape, np.float32)
-            matmul_grouped_cpu(x, w, tmp, n_threads)
+            matmul_grouped_cpu(x, w, tmp, n_threads, tier)
             out[...] = tmp
             return
         t = w.tiles
         n_units = w.cols // TILE_LAYOUTS[w.qtype].unit
         n_threads = n_threads or numba.get_num_threads()
-        matmul_tiles_fused_cpu(x, t.planes, t.layout_id, w.group, w.act_mode, n_units, w.rows, n_threads, out)
+        tier = tile_tier_index(tier)
+        matmul_tiles_fused_cpu(
+            x, t.planes, t.layout_id, w.group, w.act_mode, n_units, w.rows, n_threads, tier, out
+        )
         return
     has_min = w.minv is not None
     minv = w.minv if has_min else w.scale  # placeholder of the right type; unused when has_min is False
@@ -310,9 +332,11 @@ def matmul_dense_cpu(x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
     matmul_dense_f32_cpu(x, w.dense, out)
 
 
-def matmul_cpu(x: np.ndarray, w: PackedWeight, out: np.ndarray, n_threads: int | None = None) -> None:
+def matmul_cpu(
+    x: np.ndarray, w: PackedWeight, out: np.ndarray, n_threads: int | None = None, tier: int | None = None
+) -> None:
     """Entry point: out[M, N] = x[M, K] @ W.T, written in place, results independent of M per row."""
     if w.dense is not None:
         matmul_dense_cpu(x, w, out)
     else:
-        matmul_grouped_cpu(x, w, out, n_threads)
+        matmul_grouped_cpu(x, w, out, n_threads, tier)

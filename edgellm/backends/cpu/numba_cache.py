@@ -3,8 +3,9 @@
 Numba keys a cached function on its own source file only, yet the machine code it stores includes every
 njit function it calls and every IR builder behind an intrinsic (vnni_ir.py, tile_layouts.py, ...): an
 edit to one of those would leave a stale kernel in the cache. follow_sources adds a hash of this package's
-sources (and the tables its kernels read as constants) to a function's cache stamp, so any such edit
-recompiles it.
+sources (and the tables its kernels read as constants) and the CPU tiers whose IR the kernels hold
+(tiers.compiled_tiers) to a function's cache stamp, so any such edit or another set of tiers recompiles
+it. (Numba itself keys entries on the target CPU and features, NUMBA_CPU_NAME / NUMBA_CPU_FEATURES.)
 """
 
 from __future__ import annotations
@@ -15,14 +16,17 @@ from pathlib import Path
 
 from numba.core.caching import NullCache
 
+from edgellm.backends.cpu.tiers import compiled_tiers
+
 _PACKAGE = Path(__file__).resolve().parent
 _EXTRA = [_PACKAGE.parent.parent / "quants" / "packing.py"]  # ACT_* modes, read as compile-time constants
 
 
 @cache
 def sources_hash() -> str:
-    """sha256 over the names and contents of the CPU backend's sources (and _EXTRA)."""
-    h = hashlib.sha256()
+    """sha256 over the compiled tiers' names and the names and contents of the CPU backend's sources
+    (and _EXTRA)."""
+    h = hashlib.sha256(" ".join(t.name for t in compiled_tiers()).encode())
     for path in sorted(_PACKAGE.glob("*.py")) + _EXTRA:
         h.update(path.name.encode())
         h.update(path.read_bytes())

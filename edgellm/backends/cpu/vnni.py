@@ -1,49 +1,42 @@
-"""AVX-512 VNNI dequant-matmul over the tile16 weight layouts (x86 with avx512vnni only).
+"""Dequant-matmul over the tile16 weight layouts, for every CPU tier with tile primitives (tiers.py).
 
 The layouts (tile_layouts.py) keep each GGUF type at its own bit width, rows interleaved 16 at a time;
-the kernel's IR (vnni_ir.py) has one variant per layout and per activation rows per register block.
-Outputs are bit-identical to the portable kernels over the int8 rows (matmul.py). Only compiled when first
-called, and only used when the host has the feature (VNNI_ACTIVE): CPUs without it (AVX2-only x86, ARM)
-never see the x86 intrinsic and keep the row layout and the portable kernels. EDGELLM_NO_VNNI=1 forces
-the portable path.
+the kernel's IR (vnni_ir.py) has one variant per compiled tier, layout and activation rows per block,
+chosen by the `tier` argument (a CpuTier.index). Outputs are bit-identical to the portable kernels over
+the int8 rows (matmul.py) on every tier. Only compiled when first called, and only with the IR of
+tiers.compiled_tiers(), which the host can run: a CPU never sees another tier's instructions.
 """
 
 from __future__ import annotations
 
 import math
-import os
 
-import llvmlite.binding as llb
 import numpy as np
 from numba import njit, prange
 
 from edgellm.backends.cpu.fp16 import f16_bits_to_f32
 from edgellm.backends.cpu.ir_util import switch_intrinsic
 from edgellm.backends.cpu.numba_cache import follow_sources
+from edgellm.backends.cpu.tiers import compiled_tiers
 from edgellm.backends.cpu.tile_layouts import E8M0, F16, I8, LAYOUT_KEYS, TILE
 from edgellm.backends.cpu.vnni_ir import N_ARGS, build_tile_kernel
 
-
-def _host_has_vnni() -> bool:
-    features = llb.get_host_cpu_features()
-    return bool(features.get("avx512vnni") and features.get("avx512bw") and features.get("avx512f"))
-
-
-VNNI_ACTIVE = _host_has_vnni() and os.environ.get("EDGELLM_NO_VNNI", "") in ("", "0")
 RM = 4  # activation rows per register block (4 x (int, acc, macc) + the group's weight words fit 32 zmm)
+TIER_VARIANTS = 2 * len(LAYOUT_KEYS)  # variants per tier
 
 
-def variant_key(layout_id: int, rm: int) -> int:
-    return 2 * layout_id + (rm == RM)
+def variant_key(tier: int, layout_id: int, rm: int) -> int:
+    return tier * TIER_VARIANTS + 2 * layout_id + (rm == RM)
 
 
-# _tile(key, ...): one IR variant per (layout, activation rows per block)
+# _tile(key, ...): one IR variant per (compiled tier, layout, activation rows per block)
 _tile = switch_intrinsic(
     {
-        variant_key(i, rm): (
-            f"edgellm_vnni_tile16_l{i}_rm{rm}",
-            lambda m, n, key=key, rm=rm: build_tile_kernel(m, n, key, rm),
+        variant_key(tier.index, i, rm): (
+            f"edgellm_tile16_{tier.name}_l{i}_rm{rm}",
+            lambda m, n, key=key, rm=rm, ops=tier.tiles: build_tile_kernel(m, n, key, rm, ops),
         )
+        for tier in compiled_tiers()
         for i, key in enumerate(LAYOUT_KEYS)
         for rm in (1, RM)
     },
@@ -66,21 +59,22 @@ def plane_addresses(planes) -> np.ndarray:
 
 
 @njit(cache=True, nogil=True)
-def matmul_tiles_cpu(xq, xs, xsum, xisum, planes, layout_id, n_units, n_rows, n_threads, out) -> None:
+def matmul_tiles_cpu(xq, xs, xsum, xisum, planes, layout_id, n_units, n_rows, n_threads, tier, out) -> None:
     """out[M, :n_rows] from tile16 weights. planes: the 6 planes (lo, hi, d, sub, m, msub) as uint8
     [T, bytes per tile] (an absent plane: [T, 0]). See matmul_tiles_at_cpu."""
     at, n_tiles = plane_addresses(planes), planes[0].shape[0]
-    matmul_tiles_at_cpu(xq, xs, xsum, xisum, at, n_tiles, layout_id, n_units, n_rows, n_threads, out)
+    matmul_tiles_at_cpu(xq, xs, xsum, xisum, at, n_tiles, layout_id, n_units, n_rows, n_threads, tier, out)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def matmul_tiles_at_cpu(xq, xs, xsum, xisum, at, n_tiles, layout_id, n_units, n_rows, n_threads, out) -> None:
+def matmul_tiles_at_cpu(xq, xs, xsum, xisum, at, n_tiles, layout_id, n_units, n_rows, n_threads, tier, out):  # noqa: ANN201
     """matmul_tiles_cpu over planes given by plane_addresses (at: int64 [6, 2]) and their n_tiles tiles:
     a layer's weights reach the fused layer (layer.py) as one small array, not 72 to unbox per call; the
     caller keeps the planes alive. Each thread takes a contiguous run of tiles; per tile, the activation
     rows pass in blocks of RM (the tile's weights stay in L1), then one at a time. A partial last tile is
     computed into a scratch block and copied. xq/xs/xsum/xisum must be C-contiguous; out's rows must be
-    contiguous (any row stride)."""
+    contiguous (any row stride). tier: a compiled CpuTier's index (the caller checks; another writes
+    nothing)."""
     m_rows = xq.shape[0]
     n_blocks = min(n_tiles, n_threads)  # an argument: get_num_threads() inside njit defeats cache=True
     out_stride = out.strides[0] // 4
@@ -94,7 +88,7 @@ def matmul_tiles_at_cpu(xq, xs, xsum, xisum, at, n_tiles, layout_id, n_units, n_
                 rm = RM if m + RM <= m_rows else 1
                 dst = out.ctypes.data + (m * out.strides[0] + n0 * 4) if full else scratch.ctypes.data
                 _tile(
-                    2 * layout_id + (rm == RM),  # variant_key
+                    tier * TIER_VARIANTS + 2 * layout_id + (rm == RM),  # variant_key
                     at[0, 0] + t * at[0, 1], at[1, 0] + t * at[1, 1], at[2, 0] + t * at[2, 1],
                     at[3, 0] + t * at[3, 1], at[4, 0] + t * at[4, 1], at[5, 0] + t * at[5, 1],
                     n_units,

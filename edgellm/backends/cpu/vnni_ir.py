@@ -1,12 +1,14 @@
-"""LLVM IR of the VNNI tile kernel: one function per (tile layout, activation rows per block).
+"""LLVM IR of the tile kernel: one function per (CPU tier, tile layout, activation rows per block).
 
 For one tile (16 weight rows) and rm activation rows it walks the row in units (tile_layouts.TileLayout
 .unit columns). Per group of the unit and per 4-column word: take the word's 64-byte vector of the lo
 plane (its low or high nibbles, or its bytes), OR in the high bits from the hi plane shifted to bit 4 (a
-table type instead replaces each nibble by its table byte with `vpshufb`), and `vpdpbusd` it with the 4
-activation bytes broadcast, into the group's int32 sums (16 rows at once).
+table type instead replaces each nibble by its table byte with the tier's byte shuffle), and the tier's
+dot (`vpdpbusd` on AVX-512 VNNI) with the 4 activation bytes broadcast, into the group's int32 sums (16
+rows at once; tier_ir.py has each tier's instructions).
 The sums start at -offset * sum(x over the group), which removes the unsigned storage offset exactly,
-so each is the exact integer dot product of the row layout's signed quants with the int8 activations.
+so each is the exact integer dot product of the row layout's signed quants with the int8 activations
+(a tier with a signed dot takes the 8-bit layouts' bytes ^ 0x80, the signed quants, and starts at 0).
 Then the float part, lane-wise and in matmul._row_dot's order (acc += (xs * scale) * isum;
 macc += min * xsum; out = acc + macc), no FMA contraction or reassociation: bit-identical to the
 portable kernels whatever the batch size and tile position.
@@ -22,6 +24,8 @@ from __future__ import annotations
 from llvmlite import ir
 
 from edgellm.backends.cpu.ir_util import declare, splat
+from edgellm.backends.cpu.tier_ir import V64I8
+from edgellm.backends.cpu.tiers import TileOps
 from edgellm.backends.cpu.tile_layouts import E8M0, F16, I8, TILE
 
 _I8, _I16, _I32, _I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
@@ -30,11 +34,8 @@ _V16I32 = ir.VectorType(_I32, TILE)
 _V16F32 = ir.VectorType(_F32, TILE)
 _V16I16 = ir.VectorType(_I16, TILE)
 _V16I8 = ir.VectorType(_I8, TILE)
-_V64I8 = ir.VectorType(_I8, 4 * TILE)
 _V16F16 = ir.VectorType(ir.HalfType(), TILE)
 _FLAGS = ("nsz", "arcp", "afn")  # matmul.ORDERED_MATH: each lane rounds exactly as the scalar code
-_DPBUSD = "llvm.x86.avx512.vpdpbusd.512"
-_PSHUFB = "llvm.x86.avx512.pshuf.b.512"
 _PREFETCH = "llvm.prefetch.p0"
 PREFETCH_VECTORS = 64  # weight vectors (64 B) ahead
 N_ARGS = 15
@@ -48,16 +49,25 @@ def _vconst(v: int) -> ir.Constant:
     return ir.Constant(_V16I32, [v] * TILE)
 
 
-def build_tile_kernel(module: ir.Module, name: str, key: tuple, rm: int) -> ir.Function:
+def _max_weight(split: int, hi_bits: int, lut: tuple) -> int:
+    """The largest unsigned weight byte a layout gives the dot."""
+    return max(lut) if lut else (16 << hi_bits) - 1 if split else 255
+
+
+def build_tile_kernel(module: ir.Module, name: str, key: tuple, rm: int, ops: TileOps) -> ir.Function:
     """void name(lo, hi, d, sub, m, msub, n_units, x, x_stride, xs, xsum, xisum, a_stride, out,
     out_stride), all i64: addresses of the tile's planes, rm activation rows (int8, x_stride bytes apart),
     their per-group scales, sums and int sums (f32/f32/i32, a_stride elements apart), and rm output rows
-    of 16 floats (out_stride floats apart). `key` is a TileLayout.key."""
+    of 16 floats (out_stride floats apart). `key` is a TileLayout.key; ops the tier's primitives."""
     split, hi_bits, hi_stride, offset, group, unit, d_cols, d_kind, sub_kind, m_kind, m_neg_sub = key[:11]
     lut = key[11:]
-    dp = declare(module, _DPBUSD, _V16I32, [_V16I32] * 3)
-    shuf = declare(module, _PSHUFB, _V64I8, [_V64I8] * 2) if lut else None
-    lut_vec = ir.Constant(_V64I8, list(lut) * 4) if lut else None  # the table in each 128-bit lane
+    signed = offset == 128 and ops.signed_dot is not None  # bytes ^ 0x80 = the signed quants
+    top = _max_weight(split, hi_bits, lut)
+    if not signed and top > ops.dot_max:
+        raise ValueError(f"layout {key[:11]}: weights up to {top} overflow the tier's dot ({ops.dot_max})")
+    dot = ops.signed_dot if signed else ops.dot
+    table = [v ^ 0x80 for v in lut] if signed else list(lut)
+    lut_vec = ir.Constant(V64I8, table * 4) if lut else None  # the table in each 128-bit lane
     pf = declare(module, _PREFETCH, ir.VoidType(), [_I8.as_pointer(), _I32, _I32, _I32])
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [_I64] * N_ARGS), name)
     fn.linkage = "internal"
@@ -126,9 +136,11 @@ def build_tile_kernel(module: ir.Module, name: str, key: tuple, rm: int) -> ir.F
             v = lo_vec((run * split + within - split * high) // 4)
             w = b.and_(b.lshr(v, _vconst(4)) if high else v, _vconst(0x0F0F0F0F))
             if lut_vec is not None:  # each nibble (a byte 0..15) picks its table value
-                w = b.bitcast(b.call(shuf, [lut_vec, b.bitcast(w, _V64I8)]), _V16I32)
+                w = b.bitcast(ops.shuffle(b, lut_vec, b.bitcast(w, V64I8)), _V16I32)
         else:
             w = lo_vec(col // 4)
+            if signed:
+                w = b.xor(w, _vconst(-0x7F7F7F80))  # 0x80808080
         if hi_bits:
             field, o = divmod(col, hi_stride)
             v = hi_vec(o // 4)
@@ -161,7 +173,7 @@ def build_tile_kernel(module: ir.Module, name: str, key: tuple, rm: int) -> ir.F
     new_accs, new_maccs = list(accs), list(maccs)
     for gi in range(groups):
         g = b.add(b.mul(u, _c64(groups)), _c64(gi))
-        if offset:  # sums start at -offset * sum(x): the stored weights are the quants + offset
+        if offset and not signed:  # sums start at -offset * sum(x): stored weights = the quants + offset
             isums = [
                 splat(b, b.mul(b.load(b.gep(p, [g])), ir.Constant(_I32, -offset)), _V16I32) for p in xi_rows
             ]
@@ -172,7 +184,7 @@ def build_tile_kernel(module: ir.Module, name: str, key: tuple, rm: int) -> ir.F
             xw_index = b.add(b.mul(u, _c64(unit // 4)), _c64(col // 4))
             for m in range(rm):
                 xw = b.load(b.gep(x_rows[m], [xw_index]), align=1)
-                isums[m] = b.call(dp, [isums[m], w, splat(b, xw, _V16I32)])
+                isums[m] = dot(b, isums[m], w, splat(b, xw, _V16I32))
         scv = b.fmul(dv, widen_bytes(sub_a, g, sub_kind == I8), flags=_FLAGS) if sub_kind else dv
         mnv = mv
         if m_kind and m_neg_sub:  # the K-quants' min: -(dmin * mn)

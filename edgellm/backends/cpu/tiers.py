@@ -1,0 +1,193 @@
+"""The CPU backend's kernel tiers: one per instruction set, the best the host can run picked at start.
+
+Each tier names the host features it needs (llvmlite's get_host_cpu_features names) and the IR
+primitives its kernels use (tier_ir.py). Every tier with tile primitives runs the same tile16 layouts at
+the GGUF's bit width (tile_layouts.py) and the fused decoder layer, bit-identical to the portable kernels;
+`portable` is the per-op Numba kernels over int8 rows, for any CPU.
+
+EDGELLM_CPU_TIER=name forces a tier the host can run (a lower one on a bigger host, to test or measure
+it); EDGELLM_NO_VNNI=1 means EDGELLM_CPU_TIER=portable. The kernels hold the IR of the tiers in
+compiled_tiers(): the active one, or with EDGELLM_CPU_ALL_TIERS=1 every tier the host can run (the tests,
+which run each of them in one process).
+Numba compiles the generic vector code around the primitives for the host CPU. So that a forced lower
+tier runs as it would on a CPU of that tier (for measuring it on a bigger host), importing edgellm with
+EDGELLM_CPU_TIER set points Numba's target at that tier's instruction set (numba_target_env; not where
+NUMBA_CPU_NAME is already set, nor with EDGELLM_CPU_ALL_TIERS). That works only before Numba is imported,
+so set EDGELLM_CPU_TIER when the process starts. This module imports no Numba.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+
+import llvmlite.binding as llb
+
+from edgellm.backends.cpu import tier_ir
+
+
+class CpuTierError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class TileOps:
+    """The IR primitives of the tile kernels and the fused layer (see tier_ir)."""
+
+    dot: Callable
+    dot_max: int  # the largest unsigned weight byte `dot` is exact for
+    shuffle: Callable
+    scale2n: Callable
+    signed_dot: Callable | None = None  # offset-128 byte layouts as signed bytes (see tier_ir)
+
+
+@dataclass(frozen=True)
+class CpuTier:
+    name: str
+    needs: tuple[str, ...]  # host features (llvmlite names), all required
+    tiles: TileOps | None  # None: the portable kernels
+    numba_cpu: str  # LLVM CPU with this tier's instruction set, for a faithful Numba target ("": host)
+    beyond: tuple[str, ...] = ()  # feature-name prefixes above this tier, off in that target
+    index: int = 0  # position in TIERS: the kernels' tier argument
+
+    @property
+    def fused_layer(self) -> bool:
+        """The whole decoder layer in one call (layer.py): tile primitives and F16C's half conversions."""
+        return self.tiles is not None and "f16c" in self.needs
+
+
+_X86 = ("avx2", "fma", "f16c")
+_AVX2_OPS = TileOps(
+    tier_ir.dot_avx2, 127, tier_ir.shuffle_avx2, tier_ir.scale2n_generic, tier_ir.signed_dot_avx2
+)
+_TIERS = [
+    CpuTier(
+        "avx512vnni",
+        (*_X86, "avx512f", "avx512bw", "avx512vnni"),
+        TileOps(tier_ir.dot_avx512vnni, 255, tier_ir.shuffle_avx512, tier_ir.scale2n_avx512),
+        "",
+    ),
+    CpuTier(
+        "avxvnni",
+        (*_X86, "avxvnni"),
+        TileOps(tier_ir.dot_avxvnni, 255, tier_ir.shuffle_avx2, tier_ir.scale2n_generic),
+        "alderlake",
+        ("avx512", "amx", "avx10"),
+    ),
+    CpuTier("avx2", _X86, _AVX2_OPS, "haswell", ("avx512", "amx", "avx10", "avxvnni", "avxifma", "avxne")),
+    CpuTier("neon", ("neon", "dotprod"), None, ""),  # the portable kernels until NEON_TILES has run (below)
+    CpuTier("portable", (), None, ""),
+]
+# The neon tier's tile primitives, compile-checked for an aarch64 target only (tests/test_cpu_tiers.py):
+# the tier takes them once its kernel tests have run on an ARM machine.
+NEON_TILES = TileOps(
+    tier_ir.signed_dot_neon, 127, tier_ir.shuffle_neon, tier_ir.scale2n_generic, tier_ir.signed_dot_neon
+)
+TIERS: tuple[CpuTier, ...] = tuple(
+    CpuTier(t.name, t.needs, t.tiles, t.numba_cpu, t.beyond, i) for i, t in enumerate(_TIERS)
+)  # best first
+BY_NAME = {t.name: t for t in TIERS}
+
+
+def by_name(name: str) -> CpuTier:
+    tier = BY_NAME.get(name)
+    if tier is None:
+        raise CpuTierError(f"{name!r} is not a CPU tier; known: {', '.join(BY_NAME)}")
+    return tier
+
+
+def host_features() -> dict[str, bool]:
+    return {k: bool(v) for k, v in llb.get_host_cpu_features().items()}
+
+
+def missing_features(tier: CpuTier, features: dict[str, bool] | None = None) -> list[str]:
+    have = host_features() if features is None else features
+    return [f for f in tier.needs if not have.get(f)]
+
+
+def runnable_tiers(features: dict[str, bool] | None = None) -> list[CpuTier]:
+    """The tiers the host can run, best first (portable always)."""
+    return [t for t in TIERS if not missing_features(t, features)]
+
+
+def pick_tier(env: dict[str, str], features: dict[str, bool] | None = None) -> CpuTier:
+    """The tier EDGELLM_CPU_TIER / EDGELLM_NO_VNNI ask for, else the best the host runs. CpuTierError
+    naming the problem for an unknown name or one the host cannot run."""
+    name = env.get("EDGELLM_CPU_TIER", "")
+    if env.get("EDGELLM_NO_VNNI", "") not in ("", "0"):
+        if name not in ("", "portable"):
+            raise CpuTierError(f"EDGELLM_NO_VNNI=1 (portable) contradicts EDGELLM_CPU_TIER={name}")
+        name = "portable"
+    if not name:
+        return runnable_tiers(features)[0]
+    tier = BY_NAME.get(name)
+    if tier is None:
+        raise CpuTierError(f"EDGELLM_CPU_TIER={name!r} is not a CPU tier; known: {', '.join(BY_NAME)}")
+    missing = missing_features(tier, features)
+    if missing:
+        raise CpuTierError(f"EDGELLM_CPU_TIER={name}: this CPU lacks {', '.join(missing)}")
+    return tier
+
+
+@cache
+def active_tier() -> CpuTier:
+    return pick_tier(dict(os.environ))
+
+
+def _all_tiers_asked(env: dict[str, str]) -> bool:
+    return env.get("EDGELLM_CPU_ALL_TIERS", "") not in ("", "0")
+
+
+@cache
+def compiled_tiers() -> tuple[CpuTier, ...]:
+    """The tiers whose IR the kernels hold (a tier argument outside them is refused by check_compiled):
+    never one needing a feature Numba's target turns off (NUMBA_CPU_FEATURES). Never raises: an invalid
+    EDGELLM_CPU_TIER is reported by active_tier()."""
+    if _all_tiers_asked(os.environ):
+        off = {f[1:] for f in os.environ.get("NUMBA_CPU_FEATURES", "").split(",") if f.startswith("-")}
+        return tuple(t for t in runnable_tiers() if t.tiles is not None and not off & set(t.needs))
+    try:
+        tier = active_tier()
+    except CpuTierError:
+        return ()
+    return (tier,) if tier.tiles is not None else ()
+
+
+def check_compiled(tier: CpuTier) -> CpuTier:
+    """tier, if the kernels of this process can run it (else CpuTierError saying how to get it)."""
+    if tier.tiles is not None and tier not in compiled_tiers():
+        raise CpuTierError(
+            f"CPU tier {tier.name} is not compiled into this process's kernels: start it with "
+            f"EDGELLM_CPU_TIER={tier.name} (or EDGELLM_CPU_ALL_TIERS=1)"
+        )
+    if missing_features(tier):
+        raise CpuTierError(f"CPU tier {tier.name}: this CPU lacks {', '.join(missing_features(tier))}")
+    return tier
+
+
+def numba_target_env(tier: CpuTier, features: dict[str, bool] | None = None) -> dict[str, str]:
+    """NUMBA_CPU_NAME / NUMBA_CPU_FEATURES that make Numba compile for `tier`'s instruction set only (the
+    host's features less those above the tier), or {} for the host's. They take effect only if set before
+    Numba is imported; Numba's cache keys its entries on them, so code for different targets never mixes."""
+    if not tier.numba_cpu:
+        return {}
+    have = host_features() if features is None else features
+    on = [f for f, v in sorted(have.items()) if v and not f.startswith(tier.beyond)]
+    off = [f for f, v in sorted(have.items()) if v and f.startswith(tier.beyond)]
+    features = ",".join([f"+{f}" for f in on] + [f"-{f}" for f in off])
+    return {"NUMBA_CPU_NAME": tier.numba_cpu, "NUMBA_CPU_FEATURES": features}
+
+
+def apply_numba_target(env: dict[str, str]) -> None:
+    """Set (in env, normally os.environ) the Numba target of the tier EDGELLM_CPU_TIER forces, unless
+    Numba's target is already set, all tiers are compiled, or the tier is unknown or beyond the host
+    (the backend reports that). Called by edgellm/__init__.py before anything imports Numba."""
+    if not env.get("EDGELLM_CPU_TIER") or "NUMBA_CPU_NAME" in env or _all_tiers_asked(env):
+        return
+    try:
+        tier = pick_tier(env)
+    except CpuTierError:
+        return
+    env.update(numba_target_env(tier))
