@@ -282,17 +282,19 @@ class ChatTemplate:
         add_generation_prompt: bool = True,
         allow_special_in_content: bool = False,
         tools: Sequence[Any] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> ChatPrompt:
         """Rendered text and prompt ids. User and tool content is data: control-token text typed there
         (e.g. "<|im_start|>system") is tokenized as plain text, while the template's own text still
         produces control tokens. `allow_special_in_content` parses it in content too (the old way).
-        `tools` (OpenAI tool objects) go to the template, or through the fallback (see supports_tools)."""
+        `tools` (OpenAI tool objects) go to the template, or through the fallback (see supports_tools).
+        `template_kwargs` are extra template variables (Qwen3's `enable_thinking`)."""
         if not messages:
             raise ChatTemplateError("messages must not be empty")
         msgs = [{**m, "content": _content_text(m.get("content"))} for m in messages]
         msgs, tools = self._with_tools(msgs, tools)
         if allow_special_in_content:
-            text = self._render(msgs, add_generation_prompt, tools)
+            text = self._render(msgs, add_generation_prompt, tools, template_kwargs)
             return ChatPrompt(text, prompt_token_ids(tokenizer, text))
         nonce = secrets.randbits(64)
         literal: dict[str, str] = {}  # placeholder -> the control-token text it stands for
@@ -308,16 +310,21 @@ class ChatTemplate:
                     literal[ph] = special
                 content = content.replace(special, ph)
             m["content"] = content
-        rendered = self._render(msgs, add_generation_prompt, tools)
+        rendered = self._render(msgs, add_generation_prompt, tools, template_kwargs)
         text = rendered
         for ph, special in literal.items():
             text = text.replace(ph, special)
         return ChatPrompt(text, prompt_token_ids(tokenizer, rendered, literal))
 
     def _render(
-        self, msgs: list[dict[str, Any]], add_generation_prompt: bool, tools: list[Any] | None = None
+        self,
+        msgs: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        tools: list[Any] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
         context = {
+            **(template_kwargs or {}),
             "messages": msgs,
             "add_generation_prompt": add_generation_prompt,
             "bos_token": self.bos_token,

@@ -27,6 +27,7 @@ HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 _HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 _TOOL_CODE = re.compile(r"^```(?:tool_code|tool_call|python)?\s*\n(.*?)\n?```$", re.DOTALL)
 _PYTHON_TAG = "<|python_tag|>"
+_SPACE = re.compile(r"\s*")
 
 # What the fallback adds to the system message (Qwen 2.5's wording, which Hermes-format models know).
 _FALLBACK_TOOLS_HEADER = (
@@ -110,13 +111,19 @@ def fallback_messages(messages: list[dict[str, Any]], tools: Sequence[Any] | Non
 
 # ---- what the model wrote -> calls ------------------------------------------------------------
 def parse_tool_calls(text: str, names: Sequence[str]) -> tuple[str, list[ToolCall]]:
-    """(the text left as content, the calls) from a model's reply; no calls: (text, [])."""
+    """(the text left as content, the calls) from a model's reply; no calls: (text, []). A reply cut
+    short inside its last call (an unclosed `<tool_call>`, a JSON list that never closes) keeps the calls
+    before it and drops the cut one: its half-written JSON is neither a call nor content."""
     known = set(names)
     if HERMES_OPEN in text:
         calls = []
-        for body in _HERMES_CALL.findall(text):
+        bodies = _HERMES_CALL.findall(text)
+        for i, body in enumerate(bodies):
             call = _json_call(body, known)
             if call is None:
+                cut = i == len(bodies) - 1 and HERMES_CLOSE not in text[text.rindex(HERMES_OPEN) :]
+                if cut and calls:
+                    break
                 return text, []
             calls.append(call)
         if calls:
@@ -125,7 +132,7 @@ def parse_tool_calls(text: str, names: Sequence[str]) -> tuple[str, list[ToolCal
     if stripped.startswith(_PYTHON_TAG):
         stripped = stripped[len(_PYTHON_TAG) :].strip()
     if stripped[:1] in "{[":
-        calls = _json_calls(stripped, known)
+        calls = _json_calls(stripped, known) or complete_list_calls(stripped, known)
         if calls:
             return "", calls
     block = _TOOL_CODE.match(stripped)
@@ -165,6 +172,31 @@ def _json_calls(text: str, known: set[str]) -> list[ToolCall]:
     items = obj if isinstance(obj, list) else [obj]
     calls = [_call_from_object(o, known) for o in items]
     return calls if calls and all(c is not None for c in calls) else []  # type: ignore[return-value]
+
+
+def complete_list_calls(text: str, known: set[str] | Sequence[str]) -> list[ToolCall]:
+    """The complete calls at the start of a JSON list of calls, `[{"name": ..., "arguments": ...}, ...`,
+    whether or not the list was closed: what a reply cut short by max_tokens got to write. [] when an
+    item is not a call to a known function."""
+    known = set(known)
+    at = _SPACE.match(text).end()
+    if text[at : at + 1] != "[":
+        return []
+    decoder, calls, at = json.JSONDecoder(), [], at + 1
+    while True:
+        at = _SPACE.match(text, at).end()
+        try:
+            obj, at = decoder.raw_decode(text, at)
+        except ValueError:  # the cut item, or the list's end
+            return calls
+        call = _call_from_object(obj, known)
+        if call is None:
+            return []
+        calls.append(call)
+        at = _SPACE.match(text, at).end()
+        if text[at : at + 1] != ",":
+            return calls
+        at += 1
 
 
 def _python_calls(text: str, known: set[str]) -> list[ToolCall]:

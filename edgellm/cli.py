@@ -117,6 +117,21 @@ def add_server_security_args(p: argparse.ArgumentParser) -> None:
         "404, without it any name is accepted",
     )
     p.add_argument(
+        "--reasoning-format",
+        choices=["none", "auto", "deepseek"],
+        default="auto",
+        help="split <think>...</think> out of chat replies into reasoning_content/reasoning: auto (default) "
+        "when the chat template thinks, deepseek always, none never",
+    )
+    p.add_argument(
+        "--reasoning-budget",
+        type=int,
+        default=-1,
+        metavar="N",
+        help="reasoning tokens per chat reply before the think block is closed (-1: unlimited, the "
+        "default; 0: no thinking)",
+    )
+    p.add_argument(
         "--cors-origin",
         action="append",
         default=[],
@@ -244,6 +259,8 @@ def server_options(args: argparse.Namespace) -> dict:
         chat_template_file=args.chat_template_file,
         served_model_names=tuple(args.served_model_name),
         cors_origins=tuple(args.cors_origin),
+        reasoning_format=args.reasoning_format,
+        reasoning_budget=args.reasoning_budget,
         **speculative_options(args),
     )
 

@@ -61,6 +61,10 @@ class GenerationOutput:
     def finish_reason(self) -> str | None:
         return self.outputs[0].finish_reason
 
+    @property
+    def reasoning(self) -> str:
+        return self.outputs[0].reasoning
+
 
 class _Collector:
     """Accumulates one request's deltas into a GenerationOutput."""
@@ -75,6 +79,7 @@ class _Collector:
             c = self.outs[d.index]
             c.token_ids.extend(d.token_ids)
             c.text += d.text
+            c.reasoning += d.reasoning
             c.finish_reason = d.finish_reason or c.finish_reason
             if d.logprobs:
                 c.logprobs = (c.logprobs or []) + d.logprobs

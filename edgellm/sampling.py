@@ -55,6 +55,15 @@ class SamplingParams:
     # the vocabulary a worker built its matcher for (edgellm.grammar.check_for_vocabulary).
     compiled_grammar: str | None = field(default=None, init=False, repr=False, compare=False)
     grammar_vocab_key: int | None = field(default=None, init=False, repr=False, compare=False)
+    # The reasoning split (edgellm.reasoning): how the front-end splits the text (None, "open", "tag"),
+    # and the budget of reasoning tokens the engine core closes the think block at (None: unlimited),
+    # with the ids it forces then (REASONING_END) and the ids of an open and a close the model writes
+    # itself. `set_reasoning` fills them in from the tokenizer.
+    reasoning_split: str | None = None
+    reasoning_budget: int | None = None
+    reasoning_open_ids: list[int] = field(default_factory=list)  # "tag": THINK_OPEN's ids
+    reasoning_end_ids: list[int] = field(default_factory=list)
+    reasoning_close_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -69,6 +78,10 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
+        if self.reasoning_split not in (None, "open", "tag"):
+            raise ValueError(f"reasoning_split must be None, 'open' or 'tag', got {self.reasoning_split!r}")
+        if self.reasoning_budget is not None and self.reasoning_budget < 0:
+            raise ValueError(f"reasoning_budget must be >= 0 or None, got {self.reasoning_budget}")
         if self.json_schema is not None or self.grammar is not None or self.regex is not None:
             from edgellm.grammar import compile_grammar
 
@@ -220,6 +233,7 @@ class Sampler:
         """One token from a distribution (ids, probs), with this request's generator."""
         cdf = np.cumsum(probs)
         return int(ids[min(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"), len(ids) - 1)])
+
 
 def top_k_stable(x: np.ndarray, k: int) -> np.ndarray:
     """np.argsort(-x, kind="stable")[:k] (larger first, equal values by lower id, NaN last) without

@@ -1,16 +1,20 @@
-"""Gemma 2, Granite and OLMo 2 files edgellm does not run as llama.cpp would are refused at load, naming why
-(the logits of the ones it runs: tests/test_oracle_cases.py, cases gemma2_*, granite_* and olmo2_*)."""
+"""Gemma 2, Granite, OLMo 2, StarCoder 2 and GPT-2 files edgellm does not run as llama.cpp would, and
+architectures it does not implement (LFM2), are refused at load, naming why (the logits of the ones it runs:
+tests/test_oracle_cases.py, cases gemma2_*, granite_*, olmo2_*, starcoder2_* and gpt2_*)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from gguf import GGUFValueType
 
-from edgellm.gguf.config import config_from_gguf
+from edgellm.gguf.config import UnsupportedArchitectureError, config_from_gguf
 from edgellm.gguf.reader import GGUFError, load_gguf
 from edgellm.gguf.validation import validate_model
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.testing.synthetic import Typed, write_tiny_model
+
+U32 = GGUFValueType.UINT32
 
 
 def load(path: Path) -> None:
@@ -79,4 +83,90 @@ def test_olmo2_pre_norm_is_refused(tmp_path: Path) -> None:
     """OLMo 2 has no norm before attention: a file carrying one is not what llama.cpp's OLMo 2 runs."""
     path = write_tiny_model(tmp_path / "m.gguf", "olmo2", extra_tensors={"blk.0.attn_norm.weight": (64,)})
     with pytest.raises(GGUFError, match=r"tensor 'blk.0.attn_norm.weight' \(attn_norm.weight\) is not one"):
+        load(path)
+
+
+# ---- StarCoder 2, GPT-2 (LayerNorm architectures) and what is not implemented --------------------------
+def test_starcoder2_partial_rope_is_refused(tmp_path: Path) -> None:
+    """llama.cpp's StarCoder 2 asserts that rope rotates the whole head."""
+    path = write_tiny_model(
+        tmp_path / "m.gguf",
+        "starcoder2",
+        metadata_overrides={"starcoder2.rope.dimension_count": Typed(8, U32)},
+    )
+    with pytest.raises(GGUFError, match=r"starcoder2\.rope\.dimension_count = 8: partial rotary embedding"):
+        load(path)
+
+
+@pytest.mark.parametrize("arch", ["starcoder2", "gpt2"])
+def test_layer_norm_epsilon_is_required(tmp_path: Path, arch: str) -> None:
+    """llama.cpp reads {arch}.attention.layer_norm_epsilon as required (no default)."""
+    drop = {f"{arch}.attention.layer_norm_epsilon": None}
+    path = write_tiny_model(tmp_path / "m.gguf", arch, metadata_overrides=drop)
+    with pytest.raises(GGUFError, match=rf"{arch}\.attention\.layer_norm_epsilon"):
+        load(path)
+
+
+@pytest.mark.parametrize(
+    "arch, tensor, why",
+    [
+        (
+            "starcoder2",
+            "blk.0.ffn_gate.weight",
+            r"tensor 'blk.0.ffn_gate.weight' \(ffn_gate.weight\) is not one",
+        ),
+        ("gpt2", "blk.1.attn_q.weight", r"tensor 'blk.1.attn_q.weight' \(attn_q.weight\) is not one"),
+        (
+            "starcoder2",
+            "position_embd.weight",
+            r"tensor 'position_embd.weight' is not one edgellm implements",
+        ),
+    ],
+)
+def test_layer_norm_arch_foreign_tensor_is_refused(tmp_path: Path, arch: str, tensor: str, why: str) -> None:
+    """A gate on StarCoder 2's MLP, separate Q on GPT-2 (llama.cpp reads only attn_qkv), learned positions
+    on StarCoder 2: tensors llama.cpp's graphs for these architectures never read."""
+    shape = (128, 64) if "blk" in tensor else (2048, 64)
+    path = write_tiny_model(tmp_path / "m.gguf", arch, extra_tensors={tensor: shape})
+    with pytest.raises(GGUFError, match=why):
+        load(path)
+
+
+@pytest.mark.parametrize(
+    "arch, skip",
+    [("starcoder2", "blk.1.attn_k.bias"), ("gpt2", "output_norm.bias"), ("gpt2", "position_embd.weight")],
+)
+def test_layer_norm_arch_required_tensor_missing_is_refused(tmp_path: Path, arch: str, skip: str) -> None:
+    """llama.cpp requires every bias of these architectures (and GPT-2's position embeddings)."""
+    path = write_tiny_model(tmp_path / "m.gguf", arch, skip_tensors=[skip])
+    with pytest.raises(GGUFError, match=rf"missing tensor '{skip}'"):
+        load(path)
+
+
+def test_gpt2_position_rows_must_cover_the_context(tmp_path: Path) -> None:
+    """position_embd.weight holds one row per position of gpt2.context_length: fewer rows would leave
+    positions the engine allows (n_ctx is capped at the context length) without an embedding."""
+    path = write_tiny_model(
+        tmp_path / "m.gguf", "gpt2", context_length=256, shape_overrides={"position_embd.weight": (128, 64)}
+    )
+    with pytest.raises(
+        GGUFError, match=r"'position_embd.weight' has shape \(128, 64\), expected \(256, 64\)"
+    ):
+        load(path)
+
+
+def test_layer_norm_arch_heads_must_span_the_model(tmp_path: Path) -> None:
+    """llama.cpp's StarCoder 2 / GPT-2 tensors have Q as wide as the model (n_heads * head = n_embd)."""
+    path = write_tiny_model(tmp_path / "m.gguf", "starcoder2", head_dim=8)
+    with pytest.raises(GGUFError, match=r"starcoder2 heads of 8 \(K\) / 8 \(V\) x 4 must span"):
+        load(path)
+
+
+def test_lfm2_is_refused_naming_it(tmp_path: Path) -> None:
+    """LiquidAI's LFM2 (short convolutions beside attention, a per-sequence conv state) is not implemented:
+    the file is refused at load, naming the architecture, before any tensor is read."""
+    path = write_tiny_model(tmp_path / "m.gguf", "llama", metadata_overrides={"general.architecture": "lfm2"})
+    with pytest.raises(
+        UnsupportedArchitectureError, match=r"unsupported architecture 'lfm2' \(supported: .*gpt2"
+    ):
         load(path)

@@ -10,6 +10,8 @@ Outputs are written into a slice of a larger buffer whose guard regions must sta
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import zlib
 
 import numpy as np
@@ -162,3 +164,85 @@ def test_activation_quantization_matches_llama_cpp_rule(vec_dot: str, group: int
     for g, w in zip((xq, xs, xsum), want, strict=True):
         np.testing.assert_array_equal(g, w)
     np.testing.assert_array_equal(xisum, want[0].reshape(5, -1, group).astype(np.int64).sum(-1))
+
+
+# ---- LayerNorm and GELU (StarCoder 2, GPT-2) ------------------------------------------------------------
+def layernorm_ref(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+    """(x - mean) / sqrt(var + eps) * w + b per row, in float64."""
+    x = x.astype(np.float64)
+    c = x - x.mean(-1, keepdims=True)
+    return c / np.sqrt((c**2).mean(-1, keepdims=True) + eps) * w + b
+
+
+def _gelu_f16_table() -> np.ndarray:
+    """ggml's ggml_table_gelu_f16: for each of the 65,536 f16 values v, the f16 of the float32 tanh form
+    0.5 v (1 + tanh(sqrt(2/pi) v (1 + 0.044715 v^2))) (vec.h ggml_gelu_f32) as llama.cpp's build computes
+    it: C's tanhf (numpy's float32 tanh differs from it in the last bit) and 1 + a v^2 one fused
+    multiply-add (float64, exact here), which reproduces the table llama-cpp-python 0.3.36 ships bit for
+    bit (without the FMA one entry, -1.999, differs)."""
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    libm.tanhf.restype, libm.tanhf.argtypes = ctypes.c_float, [ctypes.c_float]
+    v = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    v = np.where(np.isfinite(v), v, np.float32(0))  # inf / NaN entries are never read (|x| >= 10 cut-offs)
+    c, a, half, one = (np.float32(k) for k in (0.79788456080286535587989211986876, 0.044715, 0.5, 1.0))
+    fused = ((a * v).astype(np.float64) * v + 1.0).astype(np.float32)
+    tanh = np.array([libm.tanhf(float(z)) for z in c * v * fused], np.float32)
+    return (half * v * (one + tanh)).astype(np.float16).astype(np.float32)
+
+
+GELU_TABLE = _gelu_f16_table()
+
+
+def gelu_ref(x: np.ndarray) -> np.ndarray:
+    """ggml_vec_gelu_f32 with GGML_GELU_FP16 (always defined): 0 at x <= -10, x at x >= 10, else the table
+    entry of x rounded to f16."""
+    x = np.asarray(x, np.float32)
+    with np.errstate(over="ignore"):
+        bits = x.astype(np.float16).view(np.uint16)
+    return np.where(x <= -10, np.float32(0), np.where(x >= 10, x, GELU_TABLE[bits])).astype(np.float32)
+
+
+# Values where the table's edges and f16's rounding matter: the +-10 cut-offs, f16 subnormals and
+# overflow, signed zeros, ties between two f16 values, and -1.9990234375, the one entry where the table
+# needs the FMA in 1 + a x^2.
+GELU_SPECIAL = [-10.0, 10.0, -10.000001, 9.999999, -9.99, 0.0, -0.0, 1e-7, -3e-6, 5e-5, 65519.0, -65519.0,
+                1e30, -1e30, 1.0 + 2.0**-11, -2.5 - 2.0**-10, -1.9990234375, 3.0]  # fmt: skip
+
+
+@pytest.mark.parametrize("shape", [(1, 64), (7, 300), (33, 768)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("in_place", [False, True], ids=["out", "in_place"])
+def test_layernorm_cpu_matches_reference(shape: tuple[int, int], in_place: bool) -> None:
+    from edgellm.backends.cpu.layernorm_gelu import layernorm_cpu
+
+    rows, n = shape
+    rng = np.random.default_rng(zlib.crc32(f"layernorm-{shape}".encode()))
+    x = (rng.standard_normal((rows, n)) * 3 + rng.standard_normal((rows, 1)) * 5).astype(np.float32)
+    w = (rng.standard_normal(n) * 0.5 + 1).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    ref = layernorm_ref(x, w, b, 1e-5)
+    buf, view = guarded_buffer(rows, n)
+    view[:] = x
+    if in_place:
+        layernorm_cpu(view, w, b, 1e-5, view)
+    else:
+        o_buf, out = guarded_buffer(rows, n)
+        layernorm_cpu(view, w, b, 1e-5, out)
+        assert_guards_untouched(o_buf, rows, n)
+        view = out
+    assert_guards_untouched(buf, rows, n)
+    assert nmse(view, ref) < 1e-12
+
+
+@pytest.mark.parametrize("shape", [(1, 64), (9, 1000)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_gelu_cpu_is_ggmls_f16_table(shape: tuple[int, int]) -> None:
+    from edgellm.backends.cpu.layernorm_gelu import gelu_cpu
+
+    rows, n = shape
+    rng = np.random.default_rng(zlib.crc32(f"gelu-{shape}".encode()))
+    x = (rng.standard_normal((rows, n)) * 4).astype(np.float32)
+    x.reshape(-1)[: len(GELU_SPECIAL)] = GELU_SPECIAL
+    buf, view = guarded_buffer(rows, n)
+    view[:] = x
+    gelu_cpu(view)
+    assert_guards_untouched(buf, rows, n)
+    np.testing.assert_array_equal(view, gelu_ref(x))

@@ -65,7 +65,15 @@ else:
     from edgellm.quants import QUANT_TRAITS
     from edgellm.quants.activations import quantize_act_ref
     from edgellm.quants.packing import pack_weight
-    from tests.test_backend_ops import NMSE_LIMIT, nmse, random_raw, reference_weight
+    from tests.test_backend_ops import (
+        GELU_SPECIAL,
+        NMSE_LIMIT,
+        gelu_ref,
+        layernorm_ref,
+        nmse,
+        random_raw,
+        reference_weight,
+    )
 
     GUARD = 2
     BE = get_cuda_backend()
@@ -161,6 +169,7 @@ else:
     OPS = ["rmsnorm", "rmsnorm_heads", "rope_norm", "rope_neox", "rope_scaled", "swiglu", "geglu", "add"]
     OPS.append("add_bias")
     OPS.append("argmax")
+    OPS += ["layernorm", "gelu"]  # StarCoder 2, GPT-2
 
     def scaled_rope(d: int) -> RopeParams:
         """YaRN with llama3 frequency factors and an attention factor (every term of the rotation)."""
@@ -186,6 +195,26 @@ else:
             r = ref[:, :n] / np.sqrt((ref[:, :n] ** 2).mean(1, keepdims=True) + 1e-5) * w
             assert guards_intact(o_whole, (T_, n))
             assert nmse(BE.to_host(out), r) < 1e-12
+            return
+        if op == "layernorm":  # into a column slice of another guarded buffer, and in place
+            b = rng.standard_normal(n).astype(np.float32)
+            o_whole, out = guarded(np.full((T_, n), np.nan, np.float32))
+            BE.layernorm(xv[:, :n], BE.from_host(w), BE.from_host(b), 1e-5, out)
+            BE.layernorm(xv[:, n : 2 * n], BE.from_host(w), BE.from_host(b), 1e-5, xv[:, n : 2 * n])
+            assert guards_intact(o_whole, (T_, n)) and guards_intact(whole, x.shape)
+            assert nmse(BE.to_host(out), layernorm_ref(x[:, :n], w, b, 1e-5)) < 1e-12
+            assert nmse(BE.to_host(xv[:, n : 2 * n]), layernorm_ref(x[:, n : 2 * n], w, b, 1e-5)) < 1e-12
+            return
+        if op == "gelu":  # in place over the middle third: ggml's f16-table values, exactly
+            mid = x[:, n : 2 * n] * 4
+            mid.reshape(-1)[: len(GELU_SPECIAL)] = GELU_SPECIAL[: T_ * n]
+            x[:, n : 2 * n] = mid
+            whole, xv = guarded(x)
+            BE.gelu(xv[:, n : 2 * n])
+            ref[:, n : 2 * n] = gelu_ref(x[:, n : 2 * n])
+            ref[:, :n], ref[:, 2 * n :] = x[:, :n], x[:, 2 * n :]
+            assert guards_intact(whole, x.shape)
+            np.testing.assert_array_equal(BE.to_host(xv), ref.astype(np.float32))
             return
         if op == "argmax":
             x[0, 7] = x[0, 3] = x[0].max() + 1  # a tie: the first index wins, as numpy

@@ -388,7 +388,8 @@ def test_engine_embeddings_match_the_cpu(llms: dict[str, EngineCore]) -> None:
 # Each ~12 s in the simulator: one case per architecture and path runs by default, the rest on a GPU or
 # with EDGELLM_CUDA_SIM_FULL=1.
 DEFAULT_ARCH_CASES = {("gemma2", "f16", False), ("gemma2", "q8_0", True), ("granite", "f16", True),
-                      ("olmo2", "f16", False)}  # fmt: skip
+                      ("olmo2", "f16", False), ("starcoder2", "f16", True),
+                      ("gpt2", "f16", True)}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -400,7 +401,8 @@ DEFAULT_ARCH_CASES = {("gemma2", "f16", False), ("gemma2", "q8_0", True), ("gran
                 not FULL and (arch, kv, fuse) not in DEFAULT_ARCH_CASES, reason="slow in the simulator"
             ),
         )
-        for arch, kv in [("gemma2", "f16"), ("gemma2", "q8_0"), ("granite", "f16"), ("olmo2", "f16")]
+        for arch, kv in [("gemma2", "f16"), ("gemma2", "q8_0"), ("granite", "f16"), ("olmo2", "f16"),
+                         ("starcoder2", "f16"), ("gpt2", "f16")]
         for fuse in (False, True)
     ],
 )  # fmt: skip
@@ -409,7 +411,8 @@ def test_gemma2_granite_olmo2_logits_match_the_cpu(
 ) -> None:
     """Gemma 2's attention soft-capping (caps small enough to bind), Granite's multipliers (Backend.scale)
     and OLMo 2's norm placement through the CUDA backend's kernels and its fused chains (which must not
-    drop the cap, the extra scale or the missing pre-norms): the CPU backend's logits."""
+    drop the cap, the extra scale or the missing pre-norms), StarCoder 2's and GPT-2's LayerNorm, GELU MLP
+    and (GPT-2) learned positions: the CPU backend's logits."""
     from edgellm.arch import ARCHITECTURES
     from edgellm.backends.cpu.backend import CpuBackend
     from edgellm.engine.model_runner import ModelRunner, RunItem
@@ -435,6 +438,44 @@ def test_gemma2_granite_olmo2_logits_match_the_cpu(
     runner = ModelRunner(
         ARCHITECTURES[arch](cfg, g, be), cfg, be, num_blocks=4, block_size=4, kv_dtype=kv_dtype
     )
+    cpu_logits = runner.run([RunItem([2, 3], [1, 17, 42], 0)]) + runner.run([RunItem([2, 3], [5], 3)])
+    for got, want in zip(cuda_logits, cpu_logits, strict=True):
+        assert nmse(got, want) < 1e-6
+
+
+@pytest.mark.parametrize("arch", ["phi3", "smollm3"])
+def test_phi3_smollm3_logits_match_the_cpu(arch: str, tmp_path: Path) -> None:
+    """Phi-3's fused Q|K|V and gate|up with LongRoPE's factors and attention factor, SmolLM3's layer without
+    rope (4 layers: the fused chain of the last has no rope step), through the CUDA backend's fused chains:
+    the CPU backend's logits."""
+    from edgellm.arch import ARCHITECTURES
+    from edgellm.backends.cpu.backend import CpuBackend
+    from edgellm.engine.model_runner import ModelRunner, RunItem
+    from edgellm.gguf.config import config_from_gguf
+    from edgellm.gguf.reader import load_gguf
+
+    n_rot = 8
+    phi3 = {
+        "metadata_overrides": {"phi3.rope.scaling.attn_factor": 1.19},
+        "extra_tensors": {f"rope_factors_{s}.weight": np.geomspace(1.0, f, n_rot // 2).astype(np.float32)
+                          for s, f in (("short", 2.0), ("long", 40.0))},
+    }  # fmt: skip
+    path = write_tiny_model(
+        tmp_path / f"{arch}.gguf",
+        arch,
+        "F32",
+        n_layers=4 if arch == "smollm3" else 1,
+        n_embd=32,
+        n_ff=64,
+        head_dim=8,
+        **(phi3 if arch == "phi3" else {}),
+    )
+    cuda_logits, *_ = forward_twice(path, fuse=True)
+    g = load_gguf(path)
+    cfg = config_from_gguf(g)
+    assert cfg.rope.freq_factors and cfg.rope.attn_factor != 1.0 if arch == "phi3" else cfg.no_rope_layers[3]
+    be = CpuBackend()
+    runner = ModelRunner(ARCHITECTURES[arch](cfg, g, be), cfg, be, num_blocks=4, block_size=4)
     cpu_logits = runner.run([RunItem([2, 3], [1, 17, 42], 0)]) + runner.run([RunItem([2, 3], [5], 3)])
     for got, want in zip(cuda_logits, cpu_logits, strict=True):
         assert nmse(got, want) < 1e-6

@@ -47,7 +47,9 @@ def _logits(runner: ModelRunner, rng: np.random.Generator) -> list[np.ndarray]:
     return out
 
 
-UNFUSED_ARCHS = ("olmo2",)  # no fused form (no pre-norms, whole-projection Q/K norms): the blocks run
+# no fused form: OLMo 2 (no pre-norms, whole-projection Q/K norms), StarCoder 2 and GPT-2 (LayerNorm, the
+# ungated MLP): the blocks run
+UNFUSED_ARCHS = ("olmo2", "starcoder2", "gpt2")
 
 
 @pytest.mark.parametrize("arch", [a for a in ARCHS if a not in UNFUSED_ARCHS])

@@ -25,7 +25,7 @@ def load(path: Path) -> None:
     "arch, name, shape",
     [
         ("qwen2", "blk.1.attn_output.bias", (64,)),  # llama.cpp reads it for llama only
-        ("llama", "blk.0.attn_qkv.weight", (128, 64)),  # fused Q|K|V (llama.cpp loads it for every arch)
+        ("llama", "blk.0.attn_sinks.weight", (4,)),  # attention sinks (gpt-oss's)
         ("gemma3", "blk.0.ffn_gate_inp.weight", (4, 64)),  # a mixture-of-experts router
         ("qwen3", "blk.0.attn_q_norm.bias", (16,)),
     ],
@@ -186,8 +186,8 @@ def test_unknown_key_outside_the_arch_is_refused_and_bookkeeping_loads(tmp_path:
 
 
 def test_llm_refuses_before_starting_a_process(tmp_path: Path) -> None:
-    path = write_tiny_model(tmp_path / "m.gguf", "llama", extra_tensors={"blk.0.attn_qkv.weight": (128, 64)})
-    with pytest.raises(GGUFError, match=r"'blk\.0\.attn_qkv\.weight'"):
+    path = write_tiny_model(tmp_path / "m.gguf", "llama", extra_tensors={"blk.0.attn_sinks.weight": (4,)})
+    with pytest.raises(GGUFError, match=r"'blk\.0\.attn_sinks\.weight'"):
         LLM(path, n_ctx=64, kv_cache_memory=1 << 20)
 
 

@@ -135,6 +135,11 @@ def test_parse_tool_calls_in_each_format() -> None:
     ) == ("", [paris])
     assert parse_tool_calls('```tool_code\nget_weather(city="Paris")\n```', names) == ("", [paris])
     assert parse_tool_calls('[get_weather(city="Paris"), add(a=1)]', names)[1] == [paris, ("add", '{"a": 1}')]
+    # cut short by max_tokens inside the last call: the complete calls stay calls, the cut one is dropped
+    hermes = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>\n'
+    assert parse_tool_calls(hermes + '<tool_call>{"name": "add", "argu', names) == ("", [paris])
+    listed = '[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "add", "arguments": {"a"'
+    assert parse_tool_calls(listed, names) == ("", [paris])
     for text in [
         '{"name": "rm", "arguments": {}}',
         "Paris is nice",

@@ -42,7 +42,7 @@ def test_case_matches_llamacpp(tmp_path: Path, name: str) -> None:
     )
     tokens, positions, want = ref["tokens"], ref["positions"], ref["logits"]
     np.testing.assert_array_equal(tokens, case.tokens(want.shape[1]))
-    got = score_edgellm(path, tokens, positions)
+    got = score_edgellm(path, tokens, positions, case.n_ctx)
     err = nmse(got, want)
     agree, decided = top1_agreement(got, want)
     print(

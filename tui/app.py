@@ -299,6 +299,7 @@ class ChatApp(ConversationActions, App[None]):
         last_save = next_draw = time.monotonic()
         cpu_at_draw = time.process_time()
         undrawn = ""
+        reasoning_undrawn = False
         try:
             if stop.is_set():  # stopped before the request went out: nothing to ask the backend for
                 return
@@ -308,10 +309,15 @@ class ChatApp(ConversationActions, App[None]):
                     self.reply_waiting = False
                     if isinstance(event, StreamDelta):
                         reply.content += event.text
+                        reply.reasoning += event.reasoning
                         undrawn += event.text
+                        reasoning_undrawn = reasoning_undrawn or bool(event.reasoning)
                         # drawing is the UI's main cost and takes the engine's cores: see draw_cpu_share
                         # (end_stream draws whatever is left)
                         if time.monotonic() >= next_draw:
+                            if reasoning_undrawn:
+                                await view.show_reasoning()
+                                reasoning_undrawn = False
                             await view.append(undrawn)
                             undrawn = ""
                             self.chat.call_after_refresh(self.chat.follow)
@@ -340,9 +346,11 @@ class ChatApp(ConversationActions, App[None]):
                 self.last_ttft, self.last_tps = done.ttft, done.tokens_per_s
                 if done.prompt_tokens is not None:
                     self.last_usage = done.prompt_tokens + done.completion_tokens
+            if reasoning_undrawn:
+                await view.show_reasoning()
             await view.end_stream()
             self.chat.call_after_refresh(self.chat.follow)  # a user who scrolled up to read stays there
-            if not reply.content and not (reply.partial and error is None):
+            if not reply.content and not reply.reasoning and not (reply.partial and error is None):
                 # it failed or was empty: no empty bubble (a stopped one stays, to say the stop took)
                 conv.messages.remove(reply)
                 await view.remove()

@@ -146,8 +146,10 @@ class LocalBackend:
         s = self.llm.stats()
         return s.spec_acceptance_rate, s.spec_mean_accepted_length
 
-    def _prompt_ids(self, messages: Sequence[ChatMessage]) -> list[int]:
-        return render_prompt_ids(self.llm, messages)
+    def _prompt_ids(self, messages: Sequence[ChatMessage], params: Any = None) -> list[int]:
+        """The prompt's ids; with `params`, also set them to split the reply's reasoning as the server's
+        default (--reasoning-format auto) would."""
+        return render_prompt_ids(self.llm, messages, params)
 
     def count_tokens(self, messages: Sequence[ChatMessage]) -> int | None:
         if self.llm is None:
@@ -168,7 +170,7 @@ class LocalBackend:
             top_p=settings.top_p,
             seed=settings.seed,
         )
-        ids = self._prompt_ids(messages)
+        ids = self._prompt_ids(messages, params)
         finish: str | None = None
         metrics = None
         n = 0
@@ -179,8 +181,8 @@ class LocalBackend:
                     for d in out.deltas:
                         n += len(d.token_ids)
                         finish = d.finish_reason or finish
-                        if d.text:
-                            yield StreamDelta(d.text)
+                        if d.text or d.reasoning:
+                            yield StreamDelta(d.text, d.reasoning)
         except EngineDeadError as e:
             raise BackendError(f"The engine stopped after an error: {e}") from e
         except MemoryError as e:

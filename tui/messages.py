@@ -44,6 +44,7 @@ class BackendInfo:
 @dataclass
 class StreamDelta:
     text: str
+    reasoning: str = ""  # a thinking model's reasoning (its <think> block), shown folded above the answer
 
 
 @dataclass

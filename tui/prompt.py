@@ -23,18 +23,21 @@ def _template_for(llm: Any) -> Any:
     return tmpl
 
 
-def render_prompt_ids(llm: Any, messages: Sequence[ChatMessage]) -> list[int]:
+def render_prompt_ids(llm: Any, messages: Sequence[ChatMessage], params: Any = None) -> list[int]:
+    """The conversation's prompt ids; with SamplingParams `params`, they are also set to split the reply's
+    reasoning when the template thinks (edgellm.reasoning, as `--reasoning-format auto`)."""
     from edgellm.chat_template import ChatTemplateError
+    from edgellm.reasoning import configure, split_mode
 
     try:
-        return (
-            _template_for(llm)
-            .render_prompt(
-                [{"role": m.role, "content": m.content} for m in messages],
-                llm.tokenizer,
-                allow_special_in_content=allow_special_in_content,
-            )
-            .token_ids
+        template = _template_for(llm)
+        prompt = template.render_prompt(
+            [{"role": m.role, "content": m.content} for m in messages],
+            llm.tokenizer,
+            allow_special_in_content=allow_special_in_content,
         )
+        if params is not None:
+            configure(params, llm.tokenizer, split_mode("auto", template.source, prompt.text), None)
+        return prompt.token_ids
     except ChatTemplateError as e:
         raise BackendError(f"The model's chat template rejected the conversation: {e}") from e

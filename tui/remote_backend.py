@@ -133,11 +133,13 @@ class RemoteBackend:
                 for choice in chunk.choices:
                     finish = choice.finish_reason or finish
                     text = choice.delta.content if choice.delta else None
-                    if text:
+                    extra = (choice.delta.model_extra or {}) if choice.delta else {}
+                    reasoning = extra.get("reasoning_content") or extra.get("reasoning")
+                    if text or isinstance(reasoning, str) and reasoning:
                         last = time.perf_counter()
                         first = first or last
                         chunks += 1
-                        yield StreamDelta(text)
+                        yield StreamDelta(text or "", reasoning if isinstance(reasoning, str) else "")
         except Exception as e:
             raise BackendError(self._readable(e)) from e
         finally:

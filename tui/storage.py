@@ -45,6 +45,7 @@ class StoredMessage:
     partial: bool = False  # a reply that was stopped, or is still streaming
     ttft: float | None = None
     tokens_per_s: float | None = None
+    reasoning: str = ""  # a thinking model's reasoning; not sent back to the model with the history
 
     def as_chat(self) -> ChatMessage:
         return ChatMessage(self.role, self.content)  # type: ignore[arg-type]

@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
-from textual.widgets import Label, LoadingIndicator, Markdown, OptionList, Static, TextArea
+from textual.widgets import Collapsible, Label, LoadingIndicator, Markdown, OptionList, Static, TextArea
 from textual.widgets.markdown import MarkdownBlock
 from textual.widgets.option_list import Option
 
@@ -51,7 +51,17 @@ class MessageView(Vertical, can_focus=True):
 
     def compose(self) -> ComposeResult:
         yield Static(self.header_text(), classes="message-header")
+        if self.message.reasoning:
+            yield _reasoning_fold(self.message.reasoning)
         yield MessageBody(self.message.content, classes="message-body")
+
+    async def show_reasoning(self) -> None:
+        """Draw the reasoning so far in its fold above the answer (mounted with the first of it)."""
+        folds = self.query(".reasoning")
+        if folds:
+            folds.first().query_one(".reasoning-text", Static).update(self.message.reasoning)
+        elif self.message.reasoning:
+            await self.mount(_reasoning_fold(self.message.reasoning), before=self.query_one(MessageBody))
 
     def header_text(self) -> str:
         m = self.message
@@ -97,6 +107,12 @@ class MessageView(Vertical, can_focus=True):
     def action_copy(self) -> None:
         self.app.copy_to_clipboard(self.message.content)
         self.app.notify("Message copied to the clipboard", timeout=2)
+
+
+def _reasoning_fold(text: str) -> Collapsible:
+    """A thinking model's reasoning: dimmed, folded away until opened."""
+    body = Static(text, classes="reasoning-text", markup=False)
+    return Collapsible(body, title="Reasoning", collapsed=True, classes="reasoning")
 
 
 class ConversationView(VerticalScroll):

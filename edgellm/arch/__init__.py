@@ -5,9 +5,13 @@ from __future__ import annotations
 from edgellm.arch.common import ForwardBatch
 from edgellm.arch.gemma2 import Gemma2Model
 from edgellm.arch.gemma3 import Gemma3Model
+from edgellm.arch.gpt2 import Gpt2Model
 from edgellm.arch.granite import GraniteModel
 from edgellm.arch.llama import LlamaModel
 from edgellm.arch.olmo2 import Olmo2Model
+from edgellm.arch.phi3 import Phi3Model
+from edgellm.arch.smollm3 import SmolLM3Model
+from edgellm.arch.starcoder2 import Starcoder2Model
 
 ARCHITECTURES = {
     "llama": LlamaModel,
@@ -17,6 +21,10 @@ ARCHITECTURES = {
     "gemma3": Gemma3Model,
     "granite": GraniteModel,
     "olmo2": Olmo2Model,
+    "starcoder2": Starcoder2Model,
+    "gpt2": Gpt2Model,
+    "phi3": Phi3Model,
+    "smollm3": SmolLM3Model,
 }
 
 __all__ = [
@@ -24,7 +32,11 @@ __all__ = [
     "ForwardBatch",
     "Gemma2Model",
     "Gemma3Model",
+    "Gpt2Model",
     "GraniteModel",
     "LlamaModel",
     "Olmo2Model",
+    "Starcoder2Model",
+    "Phi3Model",
+    "SmolLM3Model",
 ]

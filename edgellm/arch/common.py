@@ -59,31 +59,37 @@ class AttentionWeights:
     q_norm: Any = None  # [d] (Gemma 3, Qwen 3); [H * d] over the whole projection (OLMo 2)
     k_norm: Any = None  # [d]; [Hkv * d] (OLMo 2)
     post_norm: Any = None  # [n_embd] (Gemma)
+    norm_b: Any = None  # [n_embd] the pre-norm's bias (LayerNorm: StarCoder 2, GPT-2)
 
 
 @dataclass
 class FeedForwardWeights:
     norm: Any  # [n_embd]; None without pre-norms (OLMo 2)
-    w_gate_up: Any  # [2 * n_ff, n_embd] fused gate|up
+    w_gate_up: Any  # [2 * n_ff, n_embd] fused gate|up; [n_ff, n_embd] up alone when not cfg.gated_ffn
     w_down: Any  # [n_embd, n_ff]
     post_norm: Any = None  # [n_embd] (Gemma)
     b_gate_up: Any = None  # [2 * n_ff] gate|up biases (optional on llama)
     b_down: Any = None  # [n_embd] (optional on llama)
+    norm_b: Any = None  # [n_embd] the pre-norm's bias (LayerNorm)
 
 
 def load_attention(be: Backend, src: TensorSource, cfg: ModelConfig, il: int) -> AttentionWeights:
     p = f"blk.{il}."
     e, d, dv = cfg.n_embd, cfg.head_dim, cfg.head_dim_v
-    q = src.get(p + "attn_q.weight", (cfg.n_heads * d, e))
-    k = src.get(p + "attn_k.weight", (cfg.n_kv_heads * d, e))
-    v = src.get(p + "attn_v.weight", (cfg.n_kv_heads * dv, e))
+    qkv_rows = {"q": cfg.n_heads * d, "k": cfg.n_kv_heads * d, "v": cfg.n_kv_heads * dv}
+    if cfg.qkv_fused[il]:  # one matrix, already stacked Q|K|V (Phi-3)
+        qkv = [src.get(p + "attn_qkv.weight", (sum(qkv_rows.values()), e))]
+    else:
+        qkv = [src.get(p + f"attn_{n}.weight", (rows, e)) for n, rows in qkv_rows.items()]
     w = AttentionWeights(
         norm=be.load_vector(src.get(p + "attn_norm.weight", (e,))) if cfg.pre_norms else None,
-        wqkv=be.load_matrix([q, k, v]),
+        wqkv=be.load_matrix(qkv),
         wo=be.load_matrix([src.get(p + "attn_output.weight", (e, cfg.n_heads * dv))]),
     )
-    qkv_rows = {"q": cfg.n_heads * d, "k": cfg.n_kv_heads * d, "v": cfg.n_kv_heads * dv}
-    w.bqkv = load_biases(be, src, [(p + f"attn_{n}.bias", rows) for n, rows in qkv_rows.items()])
+    if src.has(p + "attn_qkv.bias"):
+        w.bqkv = load_biases(be, src, [(p + "attn_qkv.bias", sum(qkv_rows.values()))])
+    else:  # with either form of the weights (validation.check_qkv_forms)
+        w.bqkv = load_biases(be, src, [(p + f"attn_{n}.bias", rows) for n, rows in qkv_rows.items()])
     w.bo = load_biases(be, src, [(p + "attn_output.bias", e)])
     if cfg.qk_norm or cfg.qk_norm_full:
         q_len, k_len = (cfg.n_heads * d, cfg.n_kv_heads * d) if cfg.qk_norm_full else (d, d)
@@ -97,11 +103,13 @@ def load_attention(be: Backend, src: TensorSource, cfg: ModelConfig, il: int) ->
 def load_feed_forward(be: Backend, src: TensorSource, cfg: ModelConfig, il: int) -> FeedForwardWeights:
     p = f"blk.{il}."
     e, f = cfg.n_embd, cfg.n_ff
+    if cfg.gate_up_fused:  # ffn_up holds gate|up, gate first (llama.cpp's swiglu of the two halves)
+        gate_up = [src.get(p + "ffn_up.weight", (2 * f, e))]
+    else:
+        gate_up = [src.get(p + "ffn_gate.weight", (f, e)), src.get(p + "ffn_up.weight", (f, e))]
     w = FeedForwardWeights(
         norm=be.load_vector(src.get(p + "ffn_norm.weight", (e,))) if cfg.pre_norms else None,
-        w_gate_up=be.load_matrix(
-            [src.get(p + "ffn_gate.weight", (f, e)), src.get(p + "ffn_up.weight", (f, e))]
-        ),
+        w_gate_up=be.load_matrix(gate_up),
         w_down=be.load_matrix([src.get(p + "ffn_down.weight", (e, f))]),
     )
     if cfg.post_norms:
@@ -123,12 +131,20 @@ def load_biases(be: Backend, src: TensorSource, parts: list[tuple[str, int]]) ->
     return be.from_host(np.concatenate(vectors))
 
 
-def pre_norm(be: Backend, cfg: ModelConfig, norm: Any, x: Any, T: int) -> Any:
-    """rmsnorm(x) * norm [T, n_embd], a new array; x itself without a pre-norm (OLMo 2: only read)."""
+def model_norm(be: Backend, cfg: ModelConfig, x: Any, w: Any, b: Any, out: Any) -> None:
+    """out = the architecture's norm of each row of x: rmsnorm(x) * w, or LayerNorm(x) * w + b."""
+    if cfg.layer_norm:
+        be.layernorm(x, w, b, cfg.layer_norm_eps, out)
+    else:
+        be.rmsnorm(x, w, cfg.rms_eps, out)
+
+
+def pre_norm(be: Backend, cfg: ModelConfig, norm: Any, x: Any, T: int, bias: Any = None) -> Any:
+    """norm(x) [T, n_embd], a new array; x itself without a pre-norm (OLMo 2: only read)."""
     if norm is None:
         return x
     h = be.empty((T, cfg.n_embd))
-    be.rmsnorm(x, norm, cfg.rms_eps, h)
+    model_norm(be, cfg, x, norm, bias, h)
     return h
 
 
@@ -148,7 +164,7 @@ def attention_block(
     """x += Attention(norm(x)) for every token of the batch (in place). x: [T, n_embd]."""
     T = batch.n_tokens
     H, Hkv, d, dv = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v
-    h = pre_norm(be, cfg, w.norm, x, T)
+    h = pre_norm(be, cfg, w.norm, x, T, w.norm_b)
     qkv = be.empty((T, (H + Hkv) * d + Hkv * dv))
     be.matmul(h, w.wqkv, qkv)  # [T, H*d | Hkv*d | Hkv*dv]
     if w.bqkv is not None:
@@ -166,8 +182,9 @@ def attention_block(
         be.rmsnorm_heads(q, w.q_norm, cfg.rms_eps)
         be.rmsnorm_heads(k, w.k_norm, cfg.rms_eps)
     rope = cfg.rope_of_layer(il)
-    be.rope(q, positions, rope)
-    be.rope(k, positions, rope)
+    if rope is not None:  # None: no rotary embedding in this layer (GPT-2; SmolLM3's NoPE layers)
+        be.rope(q, positions, rope)
+        be.rope(k, positions, rope)
     be.write_kv(kv, il, k, v, slots)
     attn = be.empty((T, H, dv))
     window = cfg.sliding_window if cfg.swa_layers[il] else 0
@@ -185,14 +202,19 @@ def attention_block(
 
 
 def feed_forward_block(be: Backend, cfg: ModelConfig, w: FeedForwardWeights, x: Any, T: int) -> None:
-    """x += FFN(norm(x)), a gated FFN (SwiGLU or GeGLU). x: [T, n_embd]."""
-    h = pre_norm(be, cfg, w.norm, x, T)
-    gate_up = be.empty((T, 2 * cfg.n_ff))
-    be.matmul(h, w.w_gate_up, gate_up)  # [T, 2*n_ff]
+    """x += FFN(norm(x)): a gated FFN (SwiGLU or GeGLU), or W_down @ gelu(W_up h) without a gate
+    (StarCoder 2, GPT-2). x: [T, n_embd]."""
+    h = pre_norm(be, cfg, w.norm, x, T, w.norm_b)
+    gate_up = be.empty((T, (2 if cfg.gated_ffn else 1) * cfg.n_ff))
+    be.matmul(h, w.w_gate_up, gate_up)  # [T, 2*n_ff] gate|up, or [T, n_ff] up
     if w.b_gate_up is not None:
         be.add_bias(gate_up, w.b_gate_up)
-    act = be.empty((T, cfg.n_ff))
-    be.gated_act(gate_up, act, cfg.activation)  # [T, n_ff]
+    if cfg.gated_ffn:
+        act = be.empty((T, cfg.n_ff))
+        be.gated_act(gate_up, act, cfg.activation)  # [T, n_ff]
+    else:
+        act = gate_up
+        be.gelu(act)  # the one ungated activation llama.cpp's StarCoder 2 and GPT-2 use
     out = be.empty((T, cfg.n_embd))
     be.matmul(act, w.w_down, out)
     if w.b_down is not None:

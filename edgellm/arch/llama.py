@@ -21,6 +21,7 @@ from edgellm.arch.common import (
     feed_forward_block,
     load_attention,
     load_feed_forward,
+    model_norm,
 )
 from edgellm.backends.base import Backend
 from edgellm.gguf.config import ModelConfig
@@ -36,32 +37,43 @@ class LlamaModel:
         gguf.release_pages()  # the embedding's raw blocks (the largest tensor of a small model) are repacked
         self.layers = []
         for il in range(cfg.n_layers):
-            self.layers.append((load_attention(be, src, cfg, il), load_feed_forward(be, src, cfg, il)))
+            self.layers.append(self.load_layer(src, il))
             gguf.release_pages()  # raw blocks of this layer are repacked: keep them out of RSS
             if progress:
                 progress(il + 1, cfg.n_layers)
         # the backend's one-call form of each layer, where it has one (None: the blocks' kernel calls)
         self.fused = [be.prepare_layer(cfg, a, f, il) for il, (a, f) in enumerate(self.layers)]
         self.output_norm = be.load_vector(src.get("output_norm.weight", (e,)))
+        self.output_norm_b = be.load_vector(src.get("output_norm.bias", (e,))) if cfg.layer_norm else None
         # Tied embeddings: without output.weight the embedding matrix is the vocabulary projection.
         self.output = (
             be.load_matrix([src.get("output.weight", (V, e))]) if src.has("output.weight") else self.tok_embd
         )
         gguf.release_pages()
 
+    def load_layer(self, src: TensorSource, il: int) -> tuple[Any, Any]:
+        """Layer il's attention and feed-forward weights (arch/common.py's dataclasses)."""
+        return load_attention(self.be, src, self.cfg, il), load_feed_forward(self.be, src, self.cfg, il)
+
+    def embed(self, batch: ForwardBatch, inp: Any) -> Any:
+        """The residual stream's start [T, n_embd]: the tokens' embeddings (times cfg.embd_scale)."""
+        return self.be.embed(self.tok_embd, inp.token_ids, self.cfg.embd_scale)
+
     def forward(self, batch: ForwardBatch, kv: Any) -> Any:
         """Logits [L, n_vocab] at batch.logits_index, after writing the batch's K/V. A backend array: the
         runner copies it to the host or has the backend sample from it where it is."""
         x, inp = self._layers(batch, kv)
-        return output_logits(self.be, self.cfg, x, batch, inp.logits_index, self.output_norm, self.output)
+        norm = (self.output_norm, self.output_norm_b)
+        return output_logits(self.be, self.cfg, x, batch, inp.logits_index, norm, self.output)
 
     def forward_hidden(self, batch: ForwardBatch, kv: Any) -> tuple[Any, Any]:
         """forward()'s logits, and the final hidden states after the output norm [H, n_embd] at
         batch.hidden_index (what embeddings pool), from the same pass."""
         x, inp = self._layers(batch, kv)
         hidden = self.be.take_rows(x, batch.hidden_index)  # a copy: output_logits may overwrite x
-        self.be.rmsnorm(hidden, self.output_norm, self.cfg.rms_eps, hidden)
-        logits = output_logits(self.be, self.cfg, x, batch, inp.logits_index, self.output_norm, self.output)
+        model_norm(self.be, self.cfg, hidden, self.output_norm, self.output_norm_b, hidden)
+        norm = (self.output_norm, self.output_norm_b)
+        logits = output_logits(self.be, self.cfg, x, batch, inp.logits_index, norm, self.output)
         return logits, hidden
 
     def _layers(self, batch: ForwardBatch, kv: Any) -> tuple[Any, Any]:
@@ -69,7 +81,7 @@ class LlamaModel:
         step's inputs as the backend holds them (be.step_inputs)."""
         be, cfg = self.be, self.cfg
         inp = be.step_inputs(batch)
-        x = be.embed(self.tok_embd, inp.token_ids, cfg.embd_scale)  # [T, n_embd]
+        x = self.embed(batch, inp)  # [T, n_embd]
         for il, (attn_w, ffn_w) in enumerate(self.layers):
             fused = self.fused[il]
             if fused is not None and be.decoder_layer(fused, x, kv, il, inp):
@@ -82,15 +94,21 @@ class LlamaModel:
 
 
 def output_logits(
-    be: Backend, cfg: ModelConfig, x: Any, batch: ForwardBatch, logits_index: Any, norm: Any, w_out: Any
+    be: Backend,
+    cfg: ModelConfig,
+    x: Any,
+    batch: ForwardBatch,
+    logits_index: Any,
+    norm: tuple[Any, Any],
+    w_out: Any,
 ) -> Any:
     """Final norm and vocabulary projection, only for the rows in batch.logits_index (a backend array;
-    logits_index: the same rows as step_inputs gave them)."""
+    logits_index: the same rows as step_inputs gave them). norm: (weight, bias: LayerNorm's, else None)."""
     if len(batch.logits_index) == 0:
         return np.empty((0, cfg.n_vocab), np.float32)
     # x itself when every row needs logits (its last use: the norm may overwrite it)
     h = be.take_rows(x, logits_index) if len(batch.logits_index) != batch.n_tokens else x
-    be.rmsnorm(h, norm, cfg.rms_eps, h)
+    model_norm(be, cfg, h, norm[0], norm[1], h)
     logits = be.empty((h.shape[0], cfg.n_vocab))  # [L, n_vocab]
     be.matmul(h, w_out, logits)
     if cfg.logit_scale != 1.0:

@@ -20,6 +20,18 @@ Array = Any  # numpy array on the CPU backend, device array on CUDA
 
 
 @dataclass
+class StepIndex:
+    """An index array in both places: `host` for checks and lengths, `dev` for a device backend's kernels
+    (the CPU backend reads `host`)."""
+
+    host: np.ndarray
+    dev: Any
+
+    def __len__(self) -> int:
+        return len(self.host)
+
+
+@dataclass
 class StepInputs:
     """A forward batch's index arrays where the backend's kernels read them (step_inputs)."""
 
@@ -72,7 +84,7 @@ class Backend(ABC):
 
     # --- kernels -------------------------------------------------------------------------------------
     @abstractmethod
-    def embed(self, w: Any, ids: np.ndarray, scale: float) -> Array:
+    def embed(self, w: Any, ids: np.ndarray | StepIndex, scale: float) -> Array:
         """Rows `ids` of a weight matrix as float32 [T, K], times `scale`."""
 
     @abstractmethod
@@ -93,6 +105,14 @@ class Backend(ABC):
     @abstractmethod
     def gated_act(self, gate_up: Array, out: Array, kind: str) -> None:
         """out = act(gate) * up for gate_up = [gate | up]; kind is 'silu' or 'gelu'."""
+
+    @abstractmethod
+    def layernorm(self, x: Array, w: Array, b: Array, eps: float, out: Array) -> None:
+        """out = (x - mean) / sqrt(var + eps) * w + b per row [T, n] (StarCoder 2, GPT-2). out may alias x."""
+
+    @abstractmethod
+    def gelu(self, x: Array) -> None:
+        """In place over [T, n]: ggml's float32 GELU (tanh form through its f16 table), the ungated MLP's."""
 
     @abstractmethod
     def add(self, x: Array, y: Array) -> None:

@@ -118,8 +118,9 @@ class EngineCore:
                 if done == total or done % max(1, total // 4) == 0:
                     log(f"repacked weights of {done}/{total} layers")
 
-        self.model = ARCHITECTURES[cfg.arch](cfg, gguf, self.backend, layer_progress)
         self.n_ctx = min(spec.n_ctx or DEFAULT_CTX, cfg.n_ctx_train)
+        cfg.set_context(self.n_ctx)  # before the model: its rope may depend on the context (LongRoPE)
+        self.model = ARCHITECTURES[cfg.arch](cfg, gguf, self.backend, layer_progress)
         bs = spec.block_size
         per_block = ModelRunner.kv_bytes_per_block(cfg, bs, spec.kv_cache_dtype)
         num_blocks = max(kv_budget_bytes(spec.kv_cache_memory) // per_block, -(-self.n_ctx // bs) + 1)

@@ -1,6 +1,7 @@
 """The front-end's per-request work, shared by LLM, the server and the TUI: the core's token ids become
-text deltas (detokenization, stop strings; a matched stop string aborts that completion in the core) and
-request metrics, handed on as RequestOutput objects."""
+text deltas (detokenization, stop strings; a matched stop string aborts that completion in the core; the
+reasoning split into `CompletionDelta.reasoning`) and request metrics, handed on as RequestOutput
+objects."""
 
 from __future__ import annotations
 
@@ -81,12 +82,15 @@ class RequestStream:
                 m.num_generated_tokens += len(token_ids)
             else:
                 text = ts.finish(reason or "abort")
+            reasoning = ts.take_reasoning()
             d = deltas.get(index)
             if d is None:
-                deltas[index] = CompletionDelta(index, list(token_ids), text, ts.finish_reason, logprobs)
+                d = CompletionDelta(index, list(token_ids), text, ts.finish_reason, logprobs, reasoning)
+                deltas[index] = d
             else:
                 d.token_ids.extend(token_ids)
                 d.text += text
+                d.reasoning += reasoning
                 d.finish_reason = ts.finish_reason
                 if logprobs is not None:
                     d.logprobs = (d.logprobs or []) + logprobs

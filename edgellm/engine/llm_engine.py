@@ -22,6 +22,7 @@ from edgellm.engine.scheduler import Scheduler, SchedulerConfig, SchedulerPlan
 from edgellm.engine.sequence import Sequence, SequenceStatus
 from edgellm.engine.spec.speculator import Speculator
 from edgellm.engine.spec.verify import Row, sample_row, verify_drafts
+from edgellm.reasoning import forced_token
 from edgellm.sampling import Sampler, SamplingParams, TopCandidates, device_candidates, top_logprobs
 
 __all__ = ["EngineStats", "LLMEngine", "PromptTooLongError"]
@@ -201,10 +202,15 @@ class LLMEngine:
         return outs + finished
 
     def _speculable(self) -> list[Sequence]:
-        """Running sequences drafts may be proposed for: not embeddings (nothing is sampled) and not
-        constrained ones (a draft token would have to pass the grammar at each position)."""
+        """Running sequences drafts may be proposed for: not embeddings (nothing is sampled), not
+        constrained ones (a draft token would have to pass the grammar at each position) and not those
+        with a reasoning budget (the core may have to force the tokens that close the think block)."""
         constrained = self.guidance.matchers if self.guidance is not None else {}
-        return [s for s in self.scheduler.running if not s.pooled and s.seq_id not in constrained]
+        return [
+            s
+            for s in self.scheduler.running
+            if not s.pooled and s.seq_id not in constrained and _no_budget(s.sampling_params)
+        ]
 
     def _run(self, plan: SchedulerPlan) -> dict[int, list[Row]]:
         """Each sampled sequence's logits rows (one, or 1 + its drafts when verifying), or only their best
@@ -284,7 +290,7 @@ class LLMEngine:
             else:
                 row = seq_rows[-1]
                 allowed = guide.mask(sid, row) if guide is not None else row
-                toks = [sample_row(sampler, allowed, prompt, output)]
+                toks = [_next_token(req.params, sampler, allowed, prompt, output)]
                 fork_rows[sid] = allowed
             toks = self._cut_at_stop(req, idx, toks)
             sampled[sid] = toks
@@ -359,7 +365,7 @@ class LLMEngine:
         req.forked = True
         pseq = self.scheduler.get(parent)
         for i, cid in enumerate(req.seq_ids[1:], start=1):
-            tok = sample_row(req.samplers[i], row, req.prompt_ids, [])
+            tok = _next_token(req.params, req.samplers[i], row, req.prompt_ids, [])
             if self.guidance is not None:
                 self.guidance.consume(cid, tok)
             self._seq_owner[cid] = (req, i)
@@ -426,3 +432,13 @@ class LLMEngine:
             "spec_verify_steps_total": c.verify_steps,
             "spec_pauses_total": c.pauses,
         }
+
+
+def _no_budget(params: SamplingParams | None) -> bool:
+    return params is None or params.reasoning_budget is None
+
+
+def _next_token(p: SamplingParams, sampler: Sampler, row: Row, prompt: list[int], output: list[int]) -> int:
+    """The sampled token, or the one the reasoning budget forces (edgellm.reasoning.forced_token)."""
+    forced = forced_token(p, output)
+    return sample_row(sampler, row, prompt, output) if forced is None else forced

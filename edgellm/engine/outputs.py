@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from edgellm.reasoning import ReasoningSplitter
 from edgellm.sampling import SamplingParams
 from edgellm.tokenizer import StreamDecoder, Tokenizer
 
@@ -28,6 +29,9 @@ class CompletionDelta:
     text: str  # new text this step (never half a UTF-8 character, never part of a stop string)
     finish_reason: str | None = None  # "stop" | "length" | "abort" once finished
     logprobs: list[TokenLogprob] | None = None
+    # New reasoning text this step, when the completion splits (SamplingParams.reasoning_split): what the
+    # model wrote inside <think>...</think>, the tags left out; `text` is then the answer alone.
+    reasoning: str = ""
 
 
 @dataclass
@@ -71,6 +75,7 @@ class CompletionOutput:
     text: str
     finish_reason: str | None
     logprobs: list[TokenLogprob] | None = None
+    reasoning: str = ""  # the think block's text when the completion splits (`text` is the answer)
 
 
 def check_stop(token_id: int, num_tokens: int, max_tokens: int, stop_ids: frozenset[int]) -> str | None:
@@ -90,15 +95,21 @@ def stop_token_ids(params: SamplingParams, eog_ids: frozenset[int] | set[int]) -
 
 class TextStream:
     """Front-end side of one completion: turns the core's token ids into text deltas (never half a UTF-8
-    character, never part of a stop string) and finds stop strings."""
+    character, never part of a stop string) and finds stop strings. With `params.reasoning_split` the
+    safe text then splits into reasoning and answer (edgellm.reasoning): the deltas returned are the
+    answer's, the reasoning's are taken with `take_reasoning`."""
 
     def __init__(self, tok: Tokenizer, params: SamplingParams) -> None:
         self.params = params
         self.decoder = StreamDecoder(tok)
-        self.text = ""  # full text so far (after stop-string truncation)
+        self.text = ""  # full text so far (after stop-string truncation), think block included
         self.emitted = 0  # chars of self.text already handed out
         self.hold = max((len(s) for s in params.stop), default=1) - 1  # chars that may start a stop string
         self.finish_reason: str | None = None
+        split = params.reasoning_split
+        self.splitter = ReasoningSplitter(split) if split is not None else None
+        self.reasoning = ""  # reasoning text handed out so far
+        self._reasoning_sent = 0  # chars of self.reasoning already taken
 
     def push_step(self, token_ids: list[int], core_reason: str | None) -> tuple[int, str]:
         """Account for the tokens the core sampled for this completion in one step (a verify step brings
@@ -141,6 +152,15 @@ class TextStream:
         end = len(self.text) if final else max(self.emitted, len(self.text) - self.hold)
         out = self.text[self.emitted : end]
         self.emitted = end
+        if self.splitter is not None:
+            reasoning, out = self.splitter.feed(out, final)
+            self.reasoning += reasoning
+        return out
+
+    def take_reasoning(self) -> str:
+        """The reasoning text handed out since the last call."""
+        out = self.reasoning[self._reasoning_sent :]
+        self._reasoning_sent = len(self.reasoning)
         return out
 
 

@@ -9,9 +9,14 @@ import numpy as np
 
 from edgellm.gguf.metadata import INT32_MAX, check_int_range, describe, get_float, get_int, get_str, is_int
 from edgellm.gguf.reader import GGUFError, GGUFFile
-from edgellm.gguf.rope import RopeParams, rope_from_gguf
+from edgellm.gguf.rope import LongRope, RopeParams, longrope_from_gguf, rope_from_gguf
 
-SUPPORTED_ARCHS = ("llama", "gemma2", "gemma3", "granite", "olmo2", "qwen2", "qwen3")
+SUPPORTED_ARCHS = (
+    "llama", "gemma2", "gemma3", "granite", "olmo2", "qwen2", "qwen3", "starcoder2", "gpt2", "phi3", "smollm3"
+)
+# The architectures with LayerNorm (weight and bias, {arch}.attention.layer_norm_epsilon) instead of RMSNorm,
+# and an ungated GELU MLP with biases (arch/starcoder2.py, arch/gpt2.py).
+LAYER_NORM_ARCHS = ("starcoder2", "gpt2")
 # The architectures with sliding-window layers, and the window when {arch}.attention.sliding_window is
 # missing (llama.cpp's defaults; 0: every layer global). Their local layers' rope: gguf/rope.py SWA_ROPE.
 SLIDING_WINDOW_DEFAULT = {"gemma2": 4096, "gemma3": 0, "olmo2": 0}
@@ -20,6 +25,11 @@ SLIDING_WINDOW_DEFAULT = {"gemma2": 4096, "gemma3": 0, "olmo2": 0}
 # Q/K rows for it); NEOX rotates the two halves (x[i], x[i + d/2]).
 ROPE_NORM = 0
 ROPE_NEOX = 2
+ROPE_NONE = -1  # no rotary embedding (GPT-2: learned absolute position embeddings)
+ROPE_NORM_ARCHS = ("llama", "granite", "smollm3")  # llama.cpp's LLAMA_ROPE_TYPE_NORM; the others NEOX
+# SmolLM3: every 4th layer (il + 1) % 4 == 0 has no rotary embedding (llama.cpp's n_no_rope_layer_step, a
+# constant there: no key sets it)
+NO_ROPE_LAYER_STEP = {"smollm3": 4}
 
 
 class UnsupportedArchitectureError(GGUFError):
@@ -59,14 +69,32 @@ class ModelConfig:
     attn_softcap: float = 0.0  # Gemma 2: Q.K capped to cap * tanh(. / cap) before the softmax
     residual_scale: float = 1.0  # Granite: each block's output times this before the residual add
     logit_scale: float = 1.0  # Granite: logits divided by this
+    layer_norm: bool = False  # LayerNorm (x - mean) / sqrt(var + eps) * w + b everywhere RMSNorm would be
+    layer_norm_eps: float = 1e-5
+    gated_ffn: bool = True  # False: W_down @ act(W_up h) (StarCoder 2, GPT-2), no ffn_gate
     pooling: str = "mean"  # how an embedding pools the final hidden states (engine/pooling.py POOLABLE)
+    # layers whose Q|K|V come as one attn_qkv.weight (Phi-3; any architecture may, as llama.cpp reads it)
+    qkv_fused: list[bool] = field(default_factory=list)
+    gate_up_fused: bool = False  # gate|up as one ffn_up.weight of 2 * n_ff rows, no ffn_gate (Phi-3)
+    no_rope_layers: list[bool] = field(default_factory=list)  # layers without rotary embedding (SmolLM3)
+    longrope: LongRope | None = None  # Phi-3's two factor sets: set_context picks rope from them
 
     @property
     def kv_dim(self) -> int:
         return self.n_kv_heads * self.head_dim
 
-    def rope_of_layer(self, il: int) -> RopeParams:
+    def rope_of_layer(self, il: int) -> RopeParams | None:
+        """The rotary embedding of layer il; None for a layer without one (GPT-2's learned positions,
+        SmolLM3's NoPE layers)."""
+        if self.rope_type == ROPE_NONE or (self.no_rope_layers and self.no_rope_layers[il]):
+            return None
         return self.rope_swa if self.swa_layers[il] else self.rope
+
+    def set_context(self, n_ctx: int) -> None:
+        """Settle what llama.cpp chooses by the context window (n_ctx tokens per sequence): LongRoPE's long
+        frequency factors when it exceeds the original context, else the short ones (the default here)."""
+        if self.longrope is not None:
+            self.rope = self.rope_swa = self.longrope.for_context(n_ctx)
 
 
 # The CUDA attention kernel holds a query head in shared memory of this size (cuda/config.py MAX_HEAD_DIM;
@@ -145,7 +173,7 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
                 f"{g.path}: tensor 'token_embd.weight' has {n_vocab} rows but the vocabulary has "
                 f"{len(tokens)} tokens"
             )
-    rope_type = ROPE_NORM if arch in ("llama", "granite") else ROPE_NEOX
+    rope_type = {"gpt2": ROPE_NONE}.get(arch, ROPE_NORM if arch in ROPE_NORM_ARCHS else ROPE_NEOX)
     n_ctx_train = get_int(g, p + "context_length", 2048, lo=MIN_CONTEXT_LENGTH, hi=INT32_MAX)
     sliding_window = 0
     if arch in SLIDING_WINDOW_DEFAULT:
@@ -172,6 +200,7 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
         rope_type=rope_type,
         attn_scale=1.0 / math.sqrt(head_dim),
         swa_layers=[False] * n_layers,
+        qkv_fused=[f"blk.{il}.attn_qkv.weight" in g.tensors for il in range(n_layers)],
         pooling=POOLING_TYPES.get(pooling_type := get_int(g, p + "pooling_type", 0), f"type {pooling_type}"),
     )
     cfg.sliding_window = sliding_window
@@ -196,7 +225,51 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
         _granite(g, cfg)
     elif arch == "olmo2":
         _olmo2(g, cfg)
+    elif arch in LAYER_NORM_ARCHS:
+        _layer_norm_arch(g, cfg)
+    elif arch == "phi3":
+        _phi3(g, cfg)
+    if arch in NO_ROPE_LAYER_STEP:
+        step = NO_ROPE_LAYER_STEP[arch]
+        cfg.no_rope_layers = [(il + 1) % step == 0 for il in range(n_layers)]
     return cfg
+
+
+def _layer_norm_arch(g: GGUFFile, cfg: ModelConfig) -> None:
+    """StarCoder 2 and GPT-2 as llama.cpp's llama_model_starcoder2 / _gpt2 read them: LayerNorm with the
+    required {arch}.attention.layer_norm_epsilon, MLP up -> GELU -> down with biases; Q is as wide as the
+    model (n_heads * head size = n_embd). GPT-2 adds learned positions and no rope (ROPE_NONE)."""
+    cfg.layer_norm = True
+    eps_key = f"{cfg.arch}.attention.layer_norm_epsilon"
+    cfg.layer_norm_eps = get_float(g, eps_key, lo=0.0, hi=1.0, lo_open=True)
+    cfg.gated_ffn = False
+    cfg.activation = "gelu"
+    if cfg.n_heads * cfg.head_dim != cfg.n_embd or cfg.head_dim_v != cfg.head_dim:
+        raise GGUFError(
+            f"{g.path}: {cfg.arch} heads of {cfg.head_dim} (K) / {cfg.head_dim_v} (V) x {cfg.n_heads} must "
+            f"span {cfg.arch}.embedding_length = {cfg.n_embd} (llama.cpp's {cfg.arch} shapes)"
+        )
+    if cfg.arch == "starcoder2" and cfg.rope_dim != cfg.head_dim:  # llama.cpp asserts a full rotation
+        raise GGUFError(
+            f"{g.path}: metadata starcoder2.rope.dimension_count = {cfg.rope_dim}: partial rotary embedding "
+            f"is not implemented for starcoder2 (llama.cpp rotates the whole head of {cfg.head_dim})"
+        )
+
+
+def _phi3(g: GGUFFile, cfg: ModelConfig) -> None:
+    """Phi-3 / Phi-3.5 / Phi-4-mini as llama.cpp's llama_model_phi3 reads them: fused gate|up, Q|K|V fused
+    or not, LongRoPE's factor sets (rope_factors_long / _short, chosen by the context: set_context). The
+    files' phi3.attention.sliding_window is read and not applied: llama.cpp disables Phi-3's window."""
+    p = "phi3."
+    cfg.gate_up_fused = True
+    get_int(g, p + "attention.sliding_window", 0, lo=0, hi=INT32_MAX)
+    if cfg.n_heads * cfg.head_dim != cfg.n_embd:
+        raise GGUFError(
+            f"{g.path}: {cfg.n_heads} heads of {cfg.head_dim} are not the model width {cfg.n_embd}: "
+            "llama.cpp's Phi-3 projects Q and the attention output at the model width"
+        )
+    cfg.longrope = longrope_from_gguf(g, "phi3", cfg.rope, cfg.n_ctx_train)
+    cfg.rope = cfg.rope_swa = cfg.longrope.short
 
 
 def _gemma2(g: GGUFFile, cfg: ModelConfig) -> None:

@@ -18,7 +18,7 @@ backends rotate by cos/sin(p * inv_freq[i]) * mscale (tables on the CPU, inline 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from gguf import GGMLQuantizationType
@@ -37,6 +37,10 @@ SCALING_TYPES = ("none", "linear", "yarn")
 # The llama3 frequency factors: llama.cpp reads rope_freqs.weight for these architectures only.
 FREQ_FACTOR_ARCHS = ("llama",)
 FREQ_FACTORS_TENSOR = "rope_freqs.weight"
+# LongRoPE's two factor sets (Phi-3): llama.cpp reads them for these architectures
+LONGROPE_ARCHS = ("phi3",)
+LONGROPE_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
+CONTEXT_PAD = 256  # llama-context.cpp rounds n_ctx up to a multiple of this
 
 
 # The sliding-window layers' rope where it differs from the global layers', as llama.cpp sets
@@ -129,22 +133,53 @@ def yarn_ramp(corr: tuple[float, float], half: int) -> np.ndarray:
 
 def _freq_factors(g: GGUFFile, arch: str, n_rot: int) -> tuple[float, ...]:
     """rope_freqs.weight where the architecture reads it (understood.py refuses it elsewhere)."""
-    t = g.tensors.get(FREQ_FACTORS_TENSOR)
-    if t is None or arch not in FREQ_FACTOR_ARCHS:
+    return _factor_tensor(g, FREQ_FACTORS_TENSOR, n_rot) if arch in FREQ_FACTOR_ARCHS else ()
+
+
+def _factor_tensor(g: GGUFFile, name: str, n_rot: int) -> tuple[float, ...]:
+    """The frequency factors of tensor `name` [n_rot/2], () when the file has none."""
+    t = g.tensors.get(name)
+    if t is None:
         return ()
     if t.qtype != GGMLQuantizationType.F32 or tuple(t.shape) != (n_rot // 2,):
         raise GGUFError(
-            f"{g.path}: tensor {FREQ_FACTORS_TENSOR!r} is {t.qtype.name} of shape {t.shape}: must be F32 of "
+            f"{g.path}: tensor {name!r} is {t.qtype.name} of shape {t.shape}: must be F32 of "
             f"shape ({n_rot // 2},) (one factor per rotated pair, as llama.cpp's rope requires)"
         )
     factors = np.frombuffer(t.data.tobytes(), np.float32)
     if not (np.isfinite(factors).all() and (factors > 0).all()):
         bad = factors[~(np.isfinite(factors) & (factors > 0))][:4].tolist()
         raise GGUFError(
-            f"{g.path}: tensor {FREQ_FACTORS_TENSOR!r} holds {bad}: every frequency factor must be a finite "
+            f"{g.path}: tensor {name!r} holds {bad}: every frequency factor must be a finite "
             "number > 0 (each divides a rotary frequency)"
         )
     return tuple(float(f) for f in factors)
+
+
+@dataclass(frozen=True, eq=False)
+class LongRope:
+    """LongRoPE (Phi-3): the rope with the short factor set and with the long one, and the context past
+    which llama.cpp uses the long set (llama_model::get_rope_factors: n_ctx per sequence >
+    {arch}.rope.scaling.original_context_length, the training context without the key). The choice is made
+    once per context, not per position: every position of a long context rotates with the long factors."""
+
+    short: RopeParams
+    long: RopeParams
+    n_ctx_orig: int
+
+    def for_context(self, n_ctx: int) -> RopeParams:
+        """llama.cpp compares its context per sequence, n_ctx padded up to a multiple of CONTEXT_PAD."""
+        padded = -(-n_ctx // CONTEXT_PAD) * CONTEXT_PAD
+        return self.long if padded > self.n_ctx_orig else self.short
+
+
+def longrope_from_gguf(g: GGUFFile, arch: str, rope: RopeParams, n_ctx_train: int) -> LongRope:
+    """`rope` with rope_factors_short.weight and with rope_factors_long.weight (each optional in llama.cpp:
+    a missing set is no factors)."""
+    short, long = (_factor_tensor(g, name, rope.n_rot) for name in LONGROPE_TENSORS[::-1])
+    # llama.cpp compares with the key's own value here (0 included), not the YaRN context's fallback
+    n_ctx_orig = get_int(g, f"{arch}.rope.scaling.original_context_length", n_ctx_train, hi=INT32_MAX)
+    return LongRope(replace(rope, freq_factors=short), replace(rope, freq_factors=long), n_ctx_orig)
 
 
 def _check_unread_yarn_keys(g: GGUFFile, p: str, ext_factor: float) -> None:
@@ -182,7 +217,8 @@ def rope_from_gguf(
     scaling_key = p + "rope.scaling.type"
     scaling = get_str(g, scaling_key, "linear")
     if scaling not in SCALING_TYPES:
-        what = " (LongRoPE, Phi-3's)" if scaling == "longrope" else ""
+        longrope = " (LongRoPE as a scaling type: only Phi-3's factor tensors are implemented)"
+        what = longrope if scaling == "longrope" else ""
         raise GGUFError(
             f"{g.path}: metadata {scaling_key} = {scaling!r}{what} is not supported "
             f"(supported: {', '.join(SCALING_TYPES)})"

@@ -22,7 +22,7 @@ import numpy as np
 from edgellm.gguf.config import ModelConfig
 from edgellm.gguf.metadata import describe
 from edgellm.gguf.reader import GGUFError, GGUFFile
-from edgellm.gguf.rope import FREQ_FACTOR_ARCHS, FREQ_FACTORS_TENSOR
+from edgellm.gguf.rope import FREQ_FACTOR_ARCHS, FREQ_FACTORS_TENSOR, LONGROPE_ARCHS, LONGROPE_TENSORS
 
 # ---- tensors --------------------------------------------------------------------------------------------
 # Per-layer tensors (the name after "blk.N."), as llama.cpp's src/models/<arch>.cpp creates them.
@@ -55,9 +55,28 @@ BLOCK_TENSORS: dict[str, frozenset[str]] = {
     "granite": _LLAMA_BLOCK | _QKV_BIASES | _LLAMA_BIASES,  # llama_model_granite's optional biases
     # no attn_norm / ffn_norm: OLMo 2 norms after each block (Q/K norms over the whole projection)
     "olmo2": (_LLAMA_BLOCK - {"attn_norm.weight", "ffn_norm.weight"}) | _QKV_BIASES | _QK_NORMS | _POST_NORMS,
+    # gate|up fused into ffn_up (2 * n_ff rows); no other bias than Q|K|V's (llama_model_phi3)
+    "phi3": (_LLAMA_BLOCK - {"ffn_gate.weight"}) | _QKV_BIASES,
+    "smollm3": _LLAMA_BLOCK | _QKV_BIASES,  # the graph reads output / FFN biases, the loader creates none
 }
+# LayerNorm architectures: every norm has a bias; the MLP is up -> GELU -> down (no ffn_gate), every
+# matrix biased. StarCoder 2 has separate Q/K/V, GPT-2 one fused attn_qkv.
+_LN_NORMS = frozenset({"attn_norm.weight", "attn_norm.bias", "ffn_norm.weight", "ffn_norm.bias"})
+_LN_REST = frozenset(
+    f"{m}.{part}" for m in ("attn_output", "ffn_up", "ffn_down") for part in ("weight", "bias")
+)
+BLOCK_TENSORS["starcoder2"] = (
+    _LN_NORMS | _LN_REST | _QKV_BIASES | {"attn_q.weight", "attn_k.weight", "attn_v.weight"}
+)
+BLOCK_TENSORS["gpt2"] = _LN_NORMS | _LN_REST | {"attn_qkv.weight", "attn_qkv.bias"}
+# Q|K|V as one matrix (and its bias): llama.cpp's create_tensor_qkv reads attn_qkv.weight in place of the
+# three for these architectures, per layer; validation.py refuses a layer with both forms.
+FUSED_QKV_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2", "phi3", "smollm3")
+BLOCK_TENSORS.update({a: BLOCK_TENSORS[a] | {"attn_qkv.weight", "attn_qkv.bias"} for a in FUSED_QKV_ARCHS})
 _GLOBAL = frozenset({"token_embd.weight", "output_norm.weight", "output.weight"})
 GLOBAL_TENSORS: dict[str, frozenset[str]] = {arch: _GLOBAL for arch in BLOCK_TENSORS}
+GLOBAL_TENSORS["starcoder2"] = _GLOBAL | {"output_norm.bias"}
+GLOBAL_TENSORS["gpt2"] = _GLOBAL | {"output_norm.bias", "position_embd.weight"}
 # llama.cpp's Gemma 2 always projects with token_embd.weight: an output.weight would go unused there
 GLOBAL_TENSORS["gemma2"] = _GLOBAL - {"output.weight"}
 
@@ -95,6 +114,10 @@ ARCH_KEYS: dict[str, frozenset[str]] = {
     "granite": _COMMON_KEYS | {"embedding_scale", "residual_scale", "attention.scale", "logit_scale"},
     "olmo2": _COMMON_KEYS
     | {"attention.sliding_window", "attention.sliding_window_pattern", "rope.freq_base_swa"},
+    "starcoder2": _COMMON_KEYS | {"attention.layer_norm_epsilon"},
+    "gpt2": _COMMON_KEYS | {"attention.layer_norm_epsilon"},
+    "phi3": _COMMON_KEYS | {"attention.sliding_window"},  # read and unused, as llama.cpp's Phi-3
+    "smollm3": _COMMON_KEYS,
 }
 # Keys llama.cpp's common loader reads for every architecture, accepted at the values that leave the
 # model a dense, causal, text-only transformer (llama-model.cpp load_hparams).
@@ -109,8 +132,8 @@ HARMLESS_AT: dict[str, tuple[Any, ...]] = {
 
 # ---- rope -----------------------------------------------------------------------------------------------
 # Rotary-embedding keys (after "{arch}.") and tensors edgellm implements (gguf/rope.py reads and checks
-# them: scaling types none / linear / yarn, LongRoPE refused there; the yarn_* keys and NTK alpha, which
-# llama.cpp ignores for these architectures, only at the values it uses instead).
+# them: scaling types none / linear / yarn, a "longrope" type refused there; the yarn_* keys and NTK alpha,
+# which llama.cpp ignores for these architectures, only at the values it uses instead).
 ROPE_KEYS = frozenset(
     {
         "rope.freq_base",
@@ -128,10 +151,13 @@ ROPE_KEYS = frozenset(
     }
 )
 ARCH_ROPE_KEYS: dict[str, frozenset[str]] = {"gemma3": frozenset({"rope.freq_base_swa"})}
-# Global tensors: llama3's frequency factors where llama.cpp reads them. LongRoPE's rope_factors_long /
-# _short (Phi-3) are not implemented, so no table lists them.
+# Global tensors: llama3's frequency factors and LongRoPE's two factor sets where llama.cpp reads them.
 ROPE_TENSORS: dict[str, frozenset[str]] = {
-    arch: frozenset({FREQ_FACTORS_TENSOR} if arch in FREQ_FACTOR_ARCHS else ()) for arch in BLOCK_TENSORS
+    arch: frozenset(
+        ({FREQ_FACTORS_TENSOR} if arch in FREQ_FACTOR_ARCHS else set())
+        | (set(LONGROPE_TENSORS) if arch in LONGROPE_ARCHS else set())
+    )
+    for arch in BLOCK_TENSORS
 }
 # Rope keys accepted at any value: finetuned is a flag llama.cpp reads and never uses.
 ROPE_HARMLESS_AT: dict[str, tuple[Any, ...] | None] = {"rope.scaling.finetuned": None}

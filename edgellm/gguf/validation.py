@@ -56,6 +56,7 @@ _TOKENIZER_FLAGS = (
     "tokenizer.ggml.add_space_prefix",
 )
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+SEPARATE_QKV = tuple(f"attn_{x}.{kind}" for kind in ("weight", "bias") for x in "qkv")
 ACT_BLOCK = {"q8_0": 32, "q8_1": 32, "q8_K": 256}  # activation block of each vec_dot type (matmul.py)
 
 
@@ -72,6 +73,8 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     output.weight is optional (tied embeddings) and not listed."""
     e, f, V = cfg.n_embd, cfg.n_ff, cfg.n_vocab
     H, Hkv, d, dv = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v
+    if cfg.layer_norm:
+        return _layer_norm_tensors(cfg)
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (V, e)}
     for il in range(cfg.n_layers):
         p = f"blk.{il}."
@@ -86,8 +89,12 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             "ffn_up.weight": (f, e),
             "ffn_down.weight": (e, f),
         }
-        if cfg.qkv_bias:
-            layer.update({"attn_q.bias": (H * d,), "attn_k.bias": (Hkv * d,), "attn_v.bias": (Hkv * dv,)})
+        if cfg.qkv_fused[il]:  # Q|K|V biases, required for Qwen 2: check_qkv_forms
+            del layer["attn_q.weight"], layer["attn_k.weight"], layer["attn_v.weight"]
+            layer["attn_qkv.weight"] = ((H + Hkv) * d + Hkv * dv, e)
+        if cfg.gate_up_fused:
+            del layer["ffn_gate.weight"]
+            layer["ffn_up.weight"] = (2 * f, e)
         if not cfg.pre_norms:
             del layer["attn_norm.weight"], layer["ffn_norm.weight"]
         if cfg.qk_norm:
@@ -100,6 +107,29 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     shapes["output_norm.weight"] = (e,)
     if cfg.arch == "olmo2":  # llama.cpp's OLMo 2 requires its own output matrix
         shapes["output.weight"] = (V, e)
+    return shapes
+
+
+def _layer_norm_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """StarCoder 2 / GPT-2 (arch/starcoder2.py): every norm with its bias, every matrix with its bias, no
+    ffn_gate; GPT-2's fused attn_qkv and position_embd (one row per position of its context)."""
+    e, f, kv = cfg.n_embd, cfg.n_ff, cfg.n_kv_heads * cfg.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (cfg.n_vocab, e)}
+    if cfg.arch == "gpt2":
+        shapes["position_embd.weight"] = (cfg.n_ctx_train, e)
+    for il in range(cfg.n_layers):
+        p = f"blk.{il}."
+        layer = {"attn_norm.weight": (e,), "attn_norm.bias": (e,), "ffn_norm.weight": (e,),
+                 "ffn_norm.bias": (e,), "attn_output.weight": (e, e), "attn_output.bias": (e,),
+                 "ffn_up.weight": (f, e), "ffn_up.bias": (f,), "ffn_down.weight": (e, f),
+                 "ffn_down.bias": (e,)}  # fmt: skip
+        if cfg.arch == "gpt2":
+            layer.update({"attn_qkv.weight": (e + 2 * kv, e), "attn_qkv.bias": (e + 2 * kv,)})
+        else:
+            for n, rows in (("q", e), ("k", kv), ("v", kv)):
+                layer.update({f"attn_{n}.weight": (rows, e), f"attn_{n}.bias": (rows,)})
+        shapes.update({p + name: shape for name, shape in layer.items()})
+    shapes.update({"output_norm.weight": (e,), "output_norm.bias": (e,)})
     return shapes
 
 
@@ -120,13 +150,36 @@ def optional_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     }
     for il in range(cfg.n_layers):
         shapes.update({f"blk.{il}.{name}": shape for name, shape in biases.items()})
+        if cfg.qkv_fused[il]:
+            shapes[f"blk.{il}.attn_qkv.bias"] = ((H + Hkv) * d + Hkv * dv,)
     return shapes
+
+
+def check_qkv_forms(g: GGUFFile, cfg: ModelConfig) -> None:
+    """Each layer's Q|K|V weights come either as attn_qkv.weight or as attn_q/k/v.weight, and its biases as
+    attn_qkv.bias (with the fused weight only) or as attn_q/k/v.bias, never both: llama.cpp's
+    create_tensor_qkv reads one form and refuses a file with a tensor left over. Qwen 2 needs the biases."""
+    for il in range(cfg.n_layers):
+        p = f"blk.{il}."
+        present = [n for n in ("attn_qkv.weight", "attn_qkv.bias") + SEPARATE_QKV if p + n in g.tensors]
+        fused_w, fused_b = "attn_qkv.weight" in present, "attn_qkv.bias" in present
+        separate_w = any(n.endswith(".weight") and n in SEPARATE_QKV for n in present)
+        separate_b = any(n.endswith(".bias") and n in SEPARATE_QKV for n in present)
+        if fused_w and separate_w or fused_b and (separate_b or not fused_w):
+            raise GGUFError(
+                f"{g.path}: layer {il} has Q|K|V tensors in both forms ({', '.join(present)}): llama.cpp "
+                "reads attn_qkv.weight (and attn_qkv.bias) or attn_q/k/v, one form per layer"
+            )
+        missing = [p + n for n in SEPARATE_QKV if n.endswith(".bias") and n not in present]
+        if cfg.qkv_bias and not fused_b and missing:
+            raise GGUFError(f"{g.path}: missing tensor {missing[0]!r} ({cfg.arch} has Q|K|V biases)")
 
 
 def validate_model(g: GGUFFile, cfg: ModelConfig) -> None:
     """Raise GGUFError unless every shape the kernels will assume for this file holds (see the module doc)."""
     _check_heads(g, cfg)
     check_understood(g, cfg)  # first: a tensor or key it does not implement explains a shape error after
+    check_qkv_forms(g, cfg)
     shapes = expected_tensors(cfg)
     shapes.update({n: s for n, s in optional_tensors(cfg).items() if n in g.tensors and n not in shapes})
     for name, shape in shapes.items():

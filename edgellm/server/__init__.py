@@ -58,6 +58,8 @@ def run_server(
     cors_origins: Sequence[str] = (),
     speculative: str | dict | None = None,
     num_speculative_tokens: int | None = None,
+    reasoning_format: str = "auto",
+    reasoning_budget: int = -1,
 ) -> None:
     """Serve `model` until interrupted. The socket opens at once (/health answers 503 while the model
     loads); the URL is printed to stdout once the model is ready."""
@@ -86,6 +88,8 @@ def run_server(
         cors_origins=tuple(cors_origins),
         speculative=speculative,
         num_speculative_tokens=num_speculative_tokens,
+        reasoning_format=reasoning_format,
+        reasoning_budget=reasoning_budget,
     )
     state = ServerState(config)  # a bad --served-model-name or --cors-origin is a ValueError from here on
     server: uvicorn.Server

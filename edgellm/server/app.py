@@ -28,12 +28,14 @@ from starlette.routing import Route
 
 from edgellm.chat_template import ChatPrompt, ChatTemplate, ChatTemplateError
 from edgellm.llm import LLM
+from edgellm.reasoning import REASONING_FORMATS
 from edgellm.server.auth import check_api_key, check_api_key_option, has_api_key
 from edgellm.server.compat import ModelNames, cors_middleware, with_unprefixed
 from edgellm.server.embeddings import embeddings
 from edgellm.server.generate import generate
 from edgellm.server.metrics import ServerMetrics
 from edgellm.server.protocol import ApiError, check_unicode, constrain, parse_chat, parse_completion
+from edgellm.server.thinking import reasoning_setup, thinking_options
 
 log = logging.getLogger("edgellm.server")
 DEFAULT_MAX_BODY_BYTES = 4 * 2**20
@@ -58,9 +60,16 @@ class ServerConfig:
     cors_origins: tuple[str, ...] = ()  # origins browsers may call from ("*": any); none: CORS off
     speculative: str | dict | None = None  # LLM's speculative ("ngram", "draft:PATH")
     num_speculative_tokens: int | None = None
+    reasoning_format: str = "auto"  # edgellm.reasoning.REASONING_FORMATS
+    reasoning_budget: int = -1  # reasoning tokens per reply: -1 unlimited, 0 no thinking
 
     def __post_init__(self) -> None:
         check_api_key_option(self.api_key)
+        if self.reasoning_format not in REASONING_FORMATS:
+            choices = ", ".join(REASONING_FORMATS)
+            raise ValueError(f"reasoning_format must be one of {choices}, got {self.reasoning_format!r}")
+        if self.reasoning_budget < -1:
+            raise ValueError(f"reasoning_budget must be -1 (unlimited) or >= 0, got {self.reasoning_budget}")
 
 
 class ServerState:
@@ -183,6 +192,7 @@ async def render_chat_prompt(
     messages: list[dict[str, Any]],
     add_generation_prompt: bool = True,
     tools: list[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> ChatPrompt:
     if state.template is None:
         raise ApiError(400, f"chat is unavailable: {state.template_error}", param="messages")
@@ -196,6 +206,7 @@ async def render_chat_prompt(
                 add_generation_prompt,
                 allow_special_in_content=state.config.allow_special_in_content,
                 tools=tools,
+                template_kwargs=template_kwargs,
             ),
         )
     except ChatTemplateError as e:
@@ -266,7 +277,10 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
         check_model(req.model)
         assert req.messages is not None
         await constrain(req, (state.llm.tokenizer, state.llm.config.n_vocab))
-        prompt = await render_chat_prompt(state, req.messages, tools=req.tools and req.tools.tools)
+        template_kwargs, budget = thinking_options(state, req)
+        tools = req.tools and req.tools.tools
+        prompt = await render_chat_prompt(state, req.messages, tools=tools, template_kwargs=template_kwargs)
+        reasoning_setup(state, req, prompt.text, budget)
         return await generate(state, request, req, [prompt.token_ids], chat=True)
 
     @endpoint(state)

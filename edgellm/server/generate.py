@@ -14,7 +14,15 @@ from starlette.types import Receive, Scope, Send
 from edgellm.engine.checks import PromptTooLongError
 from edgellm.engine.core_client import EngineDeadError
 from edgellm.engine.outputs import RequestOutput
-from edgellm.server.openai_format import Choice, ResponseHead, completion_logprobs, new_id, sse, usage
+from edgellm.server.openai_format import (
+    Choice,
+    ResponseHead,
+    completion_logprobs,
+    new_id,
+    reasoning_fields,
+    sse,
+    usage,
+)
 from edgellm.server.openai_format import chat_logprobs as chat_lp
 from edgellm.server.protocol import ApiError, GenerationRequest
 from edgellm.server.tools import ToolOutput
@@ -158,6 +166,8 @@ async def _collect(
         for d in out.deltas:
             c = choices[pi * req.params.n + d.index]
             c.text += d.text
+            if req.params.reasoning_split is not None:
+                c.reasoning = (c.reasoning or "") + d.reasoning
             c.num_tokens += len(d.token_ids)
             c.finish_reason = d.finish_reason or c.finish_reason
             if d.logprobs:
@@ -189,7 +199,7 @@ async def _stream(
     offsets = [0] * num_choices  # text offsets for legacy completion logprobs
     tool_outs = [ToolOutput(req.tools) for _ in range(num_choices)] if req.tools is not None else None
 
-    def tool_chunk(idx: int, delta: dict[str, Any]) -> str:
+    def delta_chunk(idx: int, delta: dict[str, Any]) -> str:
         choice = {"index": idx, "delta": delta, "logprobs": None, "finish_reason": None}
         return sse(head.chunk([choice], with_usage))
 
@@ -213,13 +223,15 @@ async def _stream(
                 idx = pi * n + d.index
                 n_tokens += len(d.token_ids)
                 reason = d.finish_reason
+                if d.reasoning:  # the think block's text, ahead of this step's answer text
+                    yield delta_chunk(idx, reasoning_fields(d.reasoning))
                 if tool_outs is not None:  # content and tool-call deltas instead of the raw text
                     for delta in tool_outs[idx].feed(d.text):
-                        yield tool_chunk(idx, delta)
+                        yield delta_chunk(idx, delta)
                     if reason is not None:
                         deltas, reason = tool_outs[idx].finish(reason)
                         for delta in deltas:
-                            yield tool_chunk(idx, delta)
+                            yield delta_chunk(idx, delta)
                 elif d.text or d.logprobs:
                     yield sse(
                         head.chunk([_delta_choice(head, tok, idx, d, offsets, req.logprobs)], with_usage)

@@ -24,6 +24,12 @@ def sse(data: dict[str, Any] | str) -> str:
     return f"data: {text}\n\n"
 
 
+def reasoning_fields(text: str | None) -> dict[str, str | None]:
+    """The reasoning under both names clients read: `reasoning_content` (llama.cpp, LM Studio, DeepSeek's
+    API) and `reasoning` (vLLM, Ollama's OpenAI layer)."""
+    return {"reasoning_content": text, "reasoning": text}
+
+
 def usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt,
@@ -76,6 +82,7 @@ class Choice:
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
     message: dict[str, Any] | None = None  # chat message fields replacing the text (tool calls)
+    reasoning: str | None = None  # the think block's text when the reply splits (None: it does not)
 
 
 @dataclass
@@ -107,6 +114,8 @@ class ResponseHead:
             if self.chat:
                 lp = {"content": chat_logprobs(tok, c.logprobs), "refusal": None} if want_logprobs else None
                 message = {"role": "assistant", "content": c.text, "refusal": None, **(c.message or {})}
+                if c.reasoning is not None:
+                    message.update(reasoning_fields(c.reasoning or None))
                 out.append(
                     {
                         "index": i,

@@ -16,6 +16,7 @@ from typing import Any
 from edgellm.grammar import GrammarError, constrain_async
 from edgellm.grammar_worker import default_pool
 from edgellm.sampling import PARAM_BOUNDS, SamplingParams
+from edgellm.server.thinking import parse_thinking
 from edgellm.server.tools import ToolRequest, checked_tool_schema, parse_response_format, parse_tools
 
 MAX_N = 16  # completions per request
@@ -146,6 +147,10 @@ class GenerationRequest:
     # What response_format constrains decoding to; `constrain` compiles it (or the tools' calls) into
     # `params` off the event loop.
     json_schema: dict[str, Any] | bool | None = None
+    # Thinking asked on or off (`reasoning_effort`, `chat_template_kwargs.enable_thinking`), None: the
+    # template's default; and the field that asked, for errors.
+    enable_thinking: bool | None = None
+    thinking_param: str | None = None
 
 
 def _common(
@@ -301,6 +306,7 @@ def parse_chat(body: dict, vocab_size: int, n_ctx: int) -> GenerationRequest:
         raise _bad("response_format", "cannot be combined with tools (unless tool_choice is 'none')")
     top_or_none = (top or 0) if logprobs else None
     model, params, stream, include_usage, user = _common(body, vocab_size, n_ctx, top_or_none)
+    enable_thinking, thinking_param = parse_thinking(body)
     return GenerationRequest(
         model,
         params,
@@ -311,6 +317,8 @@ def parse_chat(body: dict, vocab_size: int, n_ctx: int) -> GenerationRequest:
         messages=_messages(body),
         tools=tools,
         json_schema=schema,
+        enable_thinking=enable_thinking,
+        thinking_param=thinking_param,
     )
 
 

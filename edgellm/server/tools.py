@@ -7,7 +7,10 @@ How each `tool_choice` decodes:
 - "auto" (the default with tools): free text; calls the model writes in a known format (edgellm.chat_tools)
   are parsed out of it. While streaming, text that may be the start of a call is held back until it is.
 - "required": decoding is constrained to a JSON list of calls, `[{"name": ..., "arguments": {...}}]` (one
-  call when `parallel_tool_calls` is false), each call's arguments valid against its function's schema.
+  call when `parallel_tool_calls` is false, at most `max_parallel_calls` otherwise), each call's arguments
+  valid against its function's schema. A list cut short by max_tokens keeps its complete calls (the cut
+  one is dropped) with finish_reason "length", as OpenAI reports a truncated reply; its JSON is never
+  content.
 - a named function: decoding is constrained to that function's arguments (its parameters schema); the
   whole output is the call's `arguments`, streamed as it comes.
 """
@@ -20,14 +23,19 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from edgellm.chat_tools import HERMES_OPEN, ToolCall, could_start_call, parse_tool_calls
+from edgellm.chat_tools import HERMES_OPEN, ToolCall, complete_list_calls, could_start_call, parse_tool_calls
 from edgellm.grammar_limits import check_schema
+from edgellm.reasoning import partial_tail
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _ANY_OBJECT = {"type": "object"}
 # OpenAI documents at most 128 tools; past these a request is refused before any of it is looked at.
 MAX_TOOLS = 512
 MAX_TOOLS_CHARS = 1 << 20  # the `tools` list as compact JSON
+# Calls in one "required" reply unless the request's `max_parallel_calls` says otherwise: the grammar
+# closes the list there. A small model at T=1 may otherwise add calls (often the same one again) until
+# max_tokens, which is the whole context window when a request does not set it.
+DEFAULT_MAX_PARALLEL_CALLS = 8
 
 
 def _bad(param: str, message: str) -> Exception:
@@ -69,6 +77,7 @@ class ToolRequest:
     tools: list[dict[str, Any]]  # OpenAI tool objects, as the template gets them
     choice: str  # "auto" | "required" | the name of the function that must be called
     parallel: bool
+    max_calls: int = DEFAULT_MAX_PARALLEL_CALLS  # "required" with parallel calls: the list's maxItems
 
     @property
     def names(self) -> list[str]:
@@ -109,8 +118,7 @@ class ToolRequest:
                 }
             )
         array: dict[str, Any] = {"type": "array", "items": {"anyOf": calls}, "minItems": 1, "$defs": defs}
-        if not self.parallel:
-            array["maxItems"] = 1
+        array["maxItems"] = self.max_calls if self.parallel else 1
         return array
 
 
@@ -154,6 +162,11 @@ def parse_tools(body: dict) -> ToolRequest | None:
     parallel = body.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
         raise _bad("parallel_tool_calls", "expected a boolean")
+    max_calls = body.get("max_parallel_calls")
+    if max_calls is not None and (
+        not isinstance(max_calls, int) or isinstance(max_calls, bool) or not 1 <= max_calls <= MAX_TOOLS
+    ):
+        raise _bad("max_parallel_calls", f"expected an integer in [1, {MAX_TOOLS}]")
     if tools is None:
         if choice not in (None, "none"):
             raise _bad("tool_choice", "only allowed when 'tools' are given")
@@ -194,7 +207,8 @@ def parse_tools(body: dict) -> ToolRequest | None:
         raise _bad("tool_choice", "expected 'none', 'auto', 'required' or a {'function': {'name': ...}}")
     if choice == "none":
         return None
-    return ToolRequest(checked, choice, True if parallel is None else parallel)
+    max_calls = DEFAULT_MAX_PARALLEL_CALLS if max_calls is None else max_calls
+    return ToolRequest(checked, choice, True if parallel is None else parallel, max_calls)
 
 
 def checked_tool_schema(req: ToolRequest) -> dict[str, Any] | None:
@@ -249,7 +263,7 @@ class ToolOutput:
             self.held = True
             end = at
         else:
-            end = len(self.text) - _partial_suffix(self.text, HERMES_OPEN)
+            end = len(self.text) - partial_tail(self.text, HERMES_OPEN)
         if end <= self.sent:
             return []
         out = [{"content": self.text[self.sent : end]}]
@@ -262,7 +276,7 @@ class ToolOutput:
             out = [] if self.call_id is not None else self._named_header()
             return out, "length" if reason == "length" else "tool_calls"
         _, calls = self.result()
-        rest = self.text[self.sent :]
+        rest = self.text[self.sent :] if choice == "auto" else ""  # "required": only calls, never text
         if calls:  # what is left of the text besides the calls (the text before a <tool_call> went out)
             rest = parse_tool_calls(rest, self.req.names)[0] if choice == "auto" else ""
         out = [{"content": rest}] if rest.strip() or (rest and not calls) else []
@@ -280,13 +294,8 @@ class ToolOutput:
         if choice == "auto":
             content, calls = parse_tool_calls(self.text, self.req.names)
             return (content or None) if calls else self.text, calls
-        if choice == "required":
-            try:
-                items = json.loads(self.text)
-                calls = [ToolCall(c["name"], json.dumps(c["arguments"], ensure_ascii=False)) for c in items]
-            except (ValueError, TypeError, KeyError):  # cut short by max_tokens
-                return self.text, []
-            return None, calls
+        if choice == "required":  # the grammar's list; cut short by max_tokens, its complete calls
+            return None, complete_list_calls(self.text, self.req.names)
         return None, [ToolCall(choice, self.text)]
 
     def message(self, reason: str | None) -> tuple[dict[str, Any], str | None]:
@@ -299,11 +308,3 @@ class ToolOutput:
             del c["index"]  # only stream chunks carry it
         final = "length" if reason == "length" else "tool_calls"
         return {"content": content, "tool_calls": tool_calls}, final
-
-
-def _partial_suffix(text: str, marker: str) -> int:
-    """Length of the longest end of `text` that begins `marker` (held back: the marker may be coming)."""
-    for k in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-k:]):
-            return k
-    return 0

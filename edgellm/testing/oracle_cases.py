@@ -47,6 +47,7 @@ GEMMA3: dict[str, int] = dict(SMALL, n_layers=7)
 GEMMA2: dict[str, int] = dict(SMALL, n_layers=3)
 # OLMo 3's pattern (three local layers, then a global one) over 5 layers: both kinds, and local after global
 OLMO3: dict[str, int] = dict(SMALL, n_layers=5)
+GPT2: dict[str, int] = dict(SMALL, n_kv_heads=4)  # GPT-2 has as many K/V heads as Q heads
 
 
 @dataclass(frozen=True)
@@ -103,11 +104,12 @@ class OracleCase:
 
 
 def score_edgellm(
-    path: str | Path, tokens: np.ndarray, positions: np.ndarray, chunk: int = 512
+    path: str | Path, tokens: np.ndarray, positions: np.ndarray, n_ctx: int, chunk: int = 512
 ) -> np.ndarray:
     """edgellm's logits [len(positions), n_vocab] float32 for the teacher-forced `tokens`, on the CPU
-    backend, in process: the file goes through the same checks as LLM() (config, then validate_model), and
-    the prompt through prefill chunks as the engine schedules them."""
+    backend, in process: the file goes through the same checks as LLM() (config, then validate_model), the
+    context window is llama.cpp's n_ctx (LongRoPE chooses its factors by it), and the prompt goes through
+    prefill chunks as the engine schedules them."""
     from edgellm.arch import ARCHITECTURES
     from edgellm.backends.cpu.backend import CpuBackend
     from edgellm.engine.model_runner import ModelRunner, RunItem
@@ -118,6 +120,7 @@ def score_edgellm(
     g = load_gguf(str(path))
     cfg = config_from_gguf(g)
     validate_model(g, cfg)
+    cfg.set_context(n_ctx)
     be = CpuBackend()
     block_size = 16
     n_blocks = -(-len(tokens) // block_size)
@@ -269,6 +272,62 @@ GEMMA2_CAPS = {"gemma2.attn_logit_softcapping": 1.5, "gemma2.final_logit_softcap
 OLMO3_SWA = {"olmo2.attention.sliding_window": Typed(4, U32), "olmo2.rope.freq_base_swa": Typed(500.0, F32_)}
 GRANITE_LOGIT_ONLY = {f"granite.{k}": None for k in ("embedding_scale", "residual_scale", "attention.scale")}
 
+def fused_qkv(qtypes: Any, note: str, arch: str = "llama", biases: bool = False) -> OracleCase:
+    """A case whose layers have one attn_qkv (and attn_qkv.bias) in place of attn_q/k/v (and their biases)."""
+    m = SMALL
+    rows = (m["n_heads"] + 2 * m["n_kv_heads"]) * m["head_dim"]
+    kinds = ("weight", "bias") if biases else ("weight",)
+    layers = range(m["n_layers"])
+    skip = [f"blk.{il}.attn_{x}.{kind}" for il in layers for x in "qkv" for kind in kinds]
+    extra: dict[str, tuple[int, ...]] = {f"blk.{il}.attn_qkv.weight": (rows, m["n_embd"]) for il in layers}
+    if biases:
+        extra |= {f"blk.{il}.attn_qkv.bias": (rows,) for il in layers}
+    return OracleCase(arch, qtypes, extra_tensors=extra, writer={"skip_tensors": skip}, note=note)
+
+
+def _phi3_smollm3_cases() -> dict[str, OracleCase]:
+    """Phi-3 (fused Q|K|V and gate|up, LongRoPE's factor sets chosen by the context window, its attention
+    factor, a window llama.cpp ignores), SmolLM3 (no rope in every 4th layer), and a fused attn_qkv on the
+    architectures that read it in place of attn_q/k/v."""
+
+    def factors(n_pairs: int) -> dict[str, np.ndarray]:
+        """Short factors near 1 and long ones up to 40, rising with the pair (as Phi-3.5's)."""
+        return {"rope_factors_short.weight": np.geomspace(1.0, 2.0, n_pairs).astype(np.float32),
+                "rope_factors_long.weight": np.geomspace(1.0, 40.0, n_pairs).astype(np.float32)}  # fmt: skip
+
+    def phi3(qtypes: Any = "F32", orig: int = 1024, n_rot: int = 16, note: str = "", **kw: Any) -> OracleCase:
+        """n_ctx 1200 against an original context of `orig`: the long factors above it, the short below."""
+        md = {"phi3.rope.scaling.original_context_length": orig, "phi3.rope.dimension_count": n_rot,
+              "phi3.rope.scaling.attn_factor": Typed(1.19, F32_)}  # fmt: skip
+        return OracleCase("phi3", qtypes, metadata=md, extra_tensors=factors(n_rot // 2), note=note, **kw)
+
+    m = SMALL
+    separate = {f"blk.{il}.attn_{x}.{kind}": (rows,) if kind == "bias" else (rows, m["n_embd"])
+                for il in range(m["n_layers"]) for kind in ("weight", "bias")
+                for x, rows in (("q", 64), ("k", 32), ("v", 32))}  # fmt: skip
+    phi3_separate = {"skip_tensors": [f"blk.{il}.attn_qkv.weight" for il in range(m["n_layers"])]}
+    smollm3 = dict(SMALL, n_layers=5)  # layer 3 without rope, layers 0-2 and 4 with
+    return {
+        "phi3_f32": phi3(note="phi3, fused QKV and gate|up, long factors (n_ctx 1200 > original 1024)"),
+        "phi3_short": phi3(orig=2048, note="phi3, short factors (n_ctx 1200 <= original 2048)"),
+        "phi3_ctx_pad": phi3(orig=1250, note="phi3, original 1250 against n_ctx 1200"),
+        "phi3_mix": phi3(DEFAULT_QTYPES, note="phi3, long factors, block-32 mix"),
+        "phi3_q8_0": phi3("Q8_0", note="phi3, long factors, Q8_0 (the CPU's fused layer)"),
+        "phi3_partial_rope": phi3(n_rot=8, note="phi3, rope on 8 of 16 dims per head (as Phi-4-mini)"),
+        "phi3_separate_qkv": OracleCase(
+            "phi3", metadata={"phi3.rope.scaling.original_context_length": 1024},
+            extra_tensors={**separate, **factors(8)}, writer=phi3_separate,
+            note="phi3, separate Q/K/V weights and biases, long factors"),
+        "smollm3_f32": OracleCase("smollm3", model=smollm3, note="smollm3, 5 layers, layer 3 without rope"),
+        "smollm3_mix": OracleCase("smollm3", DEFAULT_QTYPES, model=smollm3, note="smollm3, block-32 mix"),
+        "smollm3_q8_0": OracleCase("smollm3", "Q8_0", model=smollm3,
+                                   note="smollm3, Q8_0 (the fused layer, the NoPE layer through the blocks)"),
+        "llama_qkv_fused": fused_qkv("F32", "llama, attn_qkv.weight"),
+        "llama_qkv_fused_q8_0": fused_qkv("Q8_0", "llama, attn_qkv.weight, Q8_0"),
+        "qwen2_qkv_fused_bias": fused_qkv("F32", "qwen2, attn_qkv.weight and attn_qkv.bias", "qwen2", True),
+    }
+
+
 # fmt: off
 CASES: dict[str, OracleCase] = {
     # ---- architectures, F32 weights and the default mix of block-32 types
@@ -328,5 +387,15 @@ CASES: dict[str, OracleCase] = {
     "olmo2_q8_0": OracleCase("olmo2", "Q8_0", note="olmo2, Q8_0"),
     "olmo2_swa": OracleCase("olmo2", model=OLMO3, metadata=OLMO3_SWA,
                             note="olmo2, OLMo 3's window 4 on layers il % 4 < 3 (freq_base_swa: unused)"),
+    # ---- LayerNorm with biases, biased ungated GELU MLP: StarCoder 2 (rope, GQA), GPT-2 (learned
+    # positions, fused QKV; MHA as the real ones)
+    "starcoder2_f32": OracleCase("starcoder2", note="starcoder2, F32"),
+    "starcoder2_mix": OracleCase("starcoder2", DEFAULT_QTYPES, note="starcoder2, block-32 mix"),
+    "gpt2_f32": OracleCase("gpt2", model=GPT2, note="gpt2, F32 (position_embd F32)"),
+    "gpt2_q8_0": OracleCase("gpt2", "Q8_0", model=GPT2, note="gpt2, Q8_0 (position_embd too)"),
+    "gpt2_tied": OracleCase("gpt2", DEFAULT_QTYPES, model=GPT2, writer={"tied": True},
+                            note="gpt2, block-32 mix, no output.weight (tied)"),
+    # ---- Phi-3, SmolLM3, fused Q|K|V
+    **_phi3_smollm3_cases(),
 }
 # fmt: on

@@ -39,13 +39,22 @@ from edgellm.testing.encode import encode_tensor
 from edgellm.testing.tiny_vocab import CONTROL, bpe_vocab, spm_vocab
 
 T = GGMLQuantizationType
-ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2")
+ARCHS = (
+    "llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2", "starcoder2", "gpt2", "phi3", "smollm3"
+)
+LAYER_NORM_ARCHS = ("starcoder2", "gpt2")  # LayerNorm with biases, biased ungated MLP (layer_norm_shapes)
 GEMMA_ARCHS = ("gemma2", "gemma3")  # SentencePiece vocabulary, head size always written
 POST_NORM_ARCHS = ("gemma2", "gemma3", "olmo2")  # post_attention_norm and post_ffw_norm
-LLAMA_ROPE_ARCHS = ("llama", "granite")  # written by llama.cpp's LlamaModel converter (and its subclasses)
+# written by llama.cpp's LlamaModel converter (and its subclasses)
+LLAMA_ROPE_ARCHS = ("llama", "granite", "smollm3")
+# Phi-3's converter keeps the checkpoint's fused attn_qkv and gate|up (ffn_up of 2 * n_ff rows, no ffn_gate)
+FUSED_ARCHS = ("phi3",)
 # Granite's four multipliers (the real 3.x 2B has 12, 0.22, 1/64 and 8: with tiny random weights those
 # leave the embedding so dominant that a wrong attention scale moves the logits by NMSE 1e-5 only). These
 # each move them by NMSE 5e-3 or more when dropped.
+BPE_PRE = {
+    "llama": "default", "granite": "default", "smollm3": "default", "starcoder2": "starcoder", "gpt2": "gpt-2"
+}
 GRANITE_SCALES = {"embedding_scale": 2.0, "residual_scale": 0.5, "attention.scale": 0.5, "logit_scale": 2.0}
 
 # A mix of the block-32 types (n_embd=64 rows cannot hold the 256-wide k-quant blocks). Keys are tensor
@@ -85,15 +94,20 @@ def tensor_shapes(
     tied: bool,
 ) -> dict[str, tuple[int, ...]]:
     """Tensor name -> numpy-order shape (rows, cols) as llama.cpp's loader expects them, in file order."""
+    if arch in LAYER_NORM_ARCHS:
+        return layer_norm_shapes(arch, n_layers, n_embd, n_kv_heads * head_dim, n_ff, n_vocab, tied)
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (n_vocab, n_embd)}
     q_rows, kv_rows = n_heads * head_dim, n_kv_heads * head_dim
     for il in range(n_layers):
         p = f"blk.{il}."
         if arch != "olmo2":  # OLMo 2 norms after the blocks only
             shapes[p + "attn_norm.weight"] = (n_embd,)
-        shapes[p + "attn_q.weight"] = (q_rows, n_embd)
-        shapes[p + "attn_k.weight"] = (kv_rows, n_embd)
-        shapes[p + "attn_v.weight"] = (kv_rows, n_embd)
+        if arch in FUSED_ARCHS:
+            shapes[p + "attn_qkv.weight"] = (q_rows + 2 * kv_rows, n_embd)
+        else:
+            shapes[p + "attn_q.weight"] = (q_rows, n_embd)
+            shapes[p + "attn_k.weight"] = (kv_rows, n_embd)
+            shapes[p + "attn_v.weight"] = (kv_rows, n_embd)
         if arch == "qwen2":
             shapes[p + "attn_q.bias"] = (q_rows,)
             shapes[p + "attn_k.bias"] = (kv_rows,)
@@ -109,13 +123,42 @@ def tensor_shapes(
             shapes[p + "post_attention_norm.weight"] = (n_embd,)
         if arch != "olmo2":
             shapes[p + "ffn_norm.weight"] = (n_embd,)
-        shapes[p + "ffn_gate.weight"] = (n_ff, n_embd)
-        shapes[p + "ffn_up.weight"] = (n_ff, n_embd)
+        if arch in FUSED_ARCHS:
+            shapes[p + "ffn_up.weight"] = (2 * n_ff, n_embd)
+        else:
+            shapes[p + "ffn_gate.weight"] = (n_ff, n_embd)
+            shapes[p + "ffn_up.weight"] = (n_ff, n_embd)
         shapes[p + "ffn_down.weight"] = (n_embd, n_ff)
         if arch in POST_NORM_ARCHS:
             shapes[p + "post_ffw_norm.weight"] = (n_embd,)
     shapes["output_norm.weight"] = (n_embd,)
     if not tied and arch != "gemma2":  # Gemma 2's output is always the embedding
+        shapes["output.weight"] = (n_vocab, n_embd)
+    return shapes
+
+
+def layer_norm_shapes(
+    arch: str, n_layers: int, n_embd: int, kv_rows: int, n_ff: int, n_vocab: int, tied: bool
+) -> dict[str, tuple[int, ...]]:
+    """StarCoder 2 / GPT-2 tensors as their converters write them: Q as wide as the model, every norm and
+    matrix biased, no ffn_gate; GPT-2's fused attn_qkv (write_tiny_model adds its position_embd, one row
+    per position of the context)."""
+    shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (n_vocab, n_embd)}
+    qkv = n_embd + 2 * kv_rows
+    for il in range(n_layers):
+        p = f"blk.{il}."
+        shapes[p + "attn_norm.weight"] = shapes[p + "attn_norm.bias"] = (n_embd,)
+        if arch == "gpt2":
+            shapes[p + "attn_qkv.weight"], shapes[p + "attn_qkv.bias"] = (qkv, n_embd), (qkv,)
+        else:
+            for n, rows in (("q", n_embd), ("k", kv_rows), ("v", kv_rows)):
+                shapes[p + f"attn_{n}.weight"], shapes[p + f"attn_{n}.bias"] = (rows, n_embd), (rows,)
+        shapes[p + "attn_output.weight"], shapes[p + "attn_output.bias"] = (n_embd, n_embd), (n_embd,)
+        shapes[p + "ffn_norm.weight"] = shapes[p + "ffn_norm.bias"] = (n_embd,)
+        shapes[p + "ffn_up.weight"], shapes[p + "ffn_up.bias"] = (n_ff, n_embd), (n_ff,)
+        shapes[p + "ffn_down.weight"], shapes[p + "ffn_down.bias"] = (n_embd, n_ff), (n_embd,)
+    shapes["output_norm.weight"] = shapes["output_norm.bias"] = (n_embd,)
+    if not tied:
         shapes["output.weight"] = (n_vocab, n_embd)
     return shapes
 
@@ -182,7 +225,9 @@ def _metadata(
     )
     md: dict[str, tuple[Any, GGUFValueType, GGUFValueType | None]] = {
         "general.type": ("model", STR, None),
-        "general.name": (f"Tiny {arch}", STR, None),
+        # not "phi3" for phi3: llama.cpp then looks up Phi-3's SentencePiece tokens (</s>), which a tiny BPE
+        # vocabulary lacks
+        "general.name": ("Tiny Phi 3" if arch == "phi3" else f"Tiny {arch}", STR, None),
         "general.quantization_version": (2, U32, None),
     }
     p = arch + "."
@@ -193,9 +238,17 @@ def _metadata(
     md[p + "attention.head_count"] = (n_heads, U32, None)
     md[p + "attention.head_count_kv"] = (n_kv_heads, U32, None)
     md[p + "rope.freq_base"] = (rope_base, F32, None)
-    md[p + "attention.layer_norm_rms_epsilon"] = (rms_eps, F32, None)
-    if arch in LLAMA_ROPE_ARCHS:
+    if arch in LAYER_NORM_ARCHS:
+        md[p + "attention.layer_norm_epsilon"] = (rms_eps, F32, None)
+        if arch == "gpt2":  # no rope
+            del md[p + "rope.freq_base"]
+    else:
+        md[p + "attention.layer_norm_rms_epsilon"] = (rms_eps, F32, None)
+    if arch in LLAMA_ROPE_ARCHS or arch == "phi3":
         md[p + "rope.dimension_count"] = (head_dim, U32, None)
+    if arch == "phi3":  # Phi-3's converter: the original context (LongRoPE's switch) and the window
+        md[p + "rope.scaling.original_context_length"] = (context_length, U32, None)
+        md[p + "attention.sliding_window"] = (sliding_window, U32, None)
     # The converters write the head size whenever it is not n_embd / n_heads (always for Gemma).
     if arch in GEMMA_ARCHS or head_dim != n_embd // n_heads:
         md[p + "attention.key_length"] = (head_dim, U32, None)
@@ -236,7 +289,7 @@ def _metadata(
         md.update(
             {
                 "tokenizer.ggml.model": ("gpt2", STR, None),
-                "tokenizer.ggml.pre": ("default" if arch in LLAMA_ROPE_ARCHS else "qwen2", STR, None),
+                "tokenizer.ggml.pre": (BPE_PRE.get(arch, "qwen2"), STR, None),
                 "tokenizer.ggml.tokens": (tokens, ARR, STR),
                 "tokenizer.ggml.token_type": (types, ARR, GGUFValueType.INT32),
                 "tokenizer.ggml.merges": (merges, ARR, STR),
@@ -283,7 +336,7 @@ def write_tiny_model(
         decoding just repeats the last token; an own output matrix gives varied continuations.
     rope_base: default 10000 (llama, qwen) or 1e6 (gemma3, whose sliding-window layers use 10000).
     sliding_window: Gemma only; Gemma 3's layers il % 6 < 5 use it, Gemma 2's even layers (llama.cpp's
-        default patterns).
+        default patterns). Phi-3 files carry it too; llama.cpp ignores it there.
     n_vocab: pad the vocabulary with control tokens to this size (default: the tiny vocabulary, ~300).
     quantize_kquants: Q4_K / Q6_K matrices quantized from normal weights (encode.KQUANT_REF) rather than
         random blocks.
@@ -336,6 +389,9 @@ def write_tiny_model(
     shapes: dict[str, tuple[int, ...] | np.ndarray] = dict(
         tensor_shapes(arch, n_layers, n_embd, n_heads, n_kv_heads, head_dim, n_ff, n_vocab, tied)
     )
+    if arch == "gpt2":  # learned positions, after the token embedding as GPT-2's converter writes them
+        shapes = {"token_embd.weight": shapes.pop("token_embd.weight"),
+                  "position_embd.weight": (context_length, n_embd), **shapes}  # fmt: skip
     for name, spec in (extra_tensors or {}).items():
         if name in shapes:
             raise ValueError(f"extra tensor {name!r} is one the writer already writes (use shape_overrides)")
@@ -357,6 +413,8 @@ def write_tiny_model(
             mean, std = 0.0, 0.1
         elif role == "token_embd":
             mean, std = 0.0, 1.0
+        elif role == "position_embd":  # half the tokens' spread: positions move the logits visibly
+            mean, std = 0.0, 0.5
         else:
             mean, std = 0.0, 1.0 / math.sqrt(shape[-1])
         # drawn even when skipped: same weights

@@ -8,8 +8,8 @@ from typing import Any
 import numba
 import numpy as np
 
-from edgellm.backends.base import Backend, StepInputs
-from edgellm.backends.cpu import ops, silu_avx512, vnni
+from edgellm.backends.base import Backend, StepIndex, StepInputs
+from edgellm.backends.cpu import layernorm_gelu, ops, silu_avx512, vnni
 from edgellm.backends.cpu.attention import attention_paged_cpu
 from edgellm.backends.cpu.fp16 import HOST_F16C
 from edgellm.backends.cpu.kv_cache import CpuKvCache
@@ -96,7 +96,8 @@ class CpuBackend(Backend):
     def from_host(self, x: np.ndarray) -> np.ndarray:
         return x
 
-    def embed(self, w: Any, ids: np.ndarray, scale: float) -> np.ndarray:
+    def embed(self, w: Any, ids: np.ndarray | StepIndex, scale: float) -> np.ndarray:
+        ids = ids.host if isinstance(ids, StepIndex) else ids
         x = dequantize_rows_cpu(w, np.asarray(ids, dtype=np.int64))
         if scale != 1.0:
             x *= np.float32(scale)
@@ -143,6 +144,12 @@ class CpuBackend(Backend):
             # row's bits would depend on the batch's size (speculative decoding's verify must score a token
             # exactly as its decode would). The region costs ~2 us per call at one row.
             (ops.geglu_par_cpu if kind == "gelu" else ops.swiglu_par_cpu)(gate_up, out)
+
+    def layernorm(self, x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float, out: np.ndarray) -> None:
+        layernorm_gelu.layernorm_cpu(x, w, b, eps, out)
+
+    def gelu(self, x: np.ndarray) -> None:
+        layernorm_gelu.gelu_cpu(x)
 
     def add(self, x: np.ndarray, y: np.ndarray) -> None:
         ops.add_cpu(x, y)

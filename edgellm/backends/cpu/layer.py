@@ -168,6 +168,10 @@ def pack_layer(cfg: Any, attn: Any, ffn: Any, il: int) -> FusedLayer | None:
     H, hkv, d, dv, ff, e = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v, cfg.n_ff, cfg.n_embd
     if cfg.activation not in ("silu", "gelu") or not cfg.pre_norms or cfg.qk_norm_full:
         return None  # OLMo 2's norm placement: the blocks' kernel calls
+    if cfg.layer_norm or not cfg.gated_ffn:
+        return None  # LayerNorm and the ungated MLP (StarCoder 2, GPT-2): the blocks' kernel calls
+    if cfg.rope_of_layer(il) is None:
+        return None  # a layer without rope (SmolLM3's NoPE layers, one in four): the blocks' kernel calls
     mats = [
         (attn.wqkv, (H + hkv) * d + hkv * dv, e),
         (attn.wo, e, H * dv),

@@ -25,7 +25,7 @@ from numba import cuda
 
 from edgellm.backends.base import Backend, StepInputs
 from edgellm.backends.cuda import attention as attn
-from edgellm.backends.cuda import graphs, ops
+from edgellm.backends.cuda import graphs, layernorm_gelu, ops
 from edgellm.backends.cuda.config import (
     ATTN_SPLIT_KEYS,
     ROW_THREADS,
@@ -252,6 +252,22 @@ class CudaBackend(DeviceSampling, Backend):
         grid, threads = elem_grid(T * ff)
         if T:
             launch(ops.gated_act_cuda, grid, threads, *gate_up.rows2d(), *out.rows2d(), T, ff, kind == "gelu")
+
+    def layernorm(
+        self, x: DeviceTensor, w: DeviceTensor, b: DeviceTensor, eps: float, out: DeviceTensor
+    ) -> None:
+        self._flush()
+        rows, n = x.shape
+        if rows:
+            launch(layernorm_gelu.layernorm_cuda, rows, ROW_THREADS, *x.rows2d(), w.buf, b.buf, float(eps), n,
+                   *out.rows2d())  # fmt: skip
+
+    def gelu(self, x: DeviceTensor) -> None:
+        self._flush()
+        T, n = x.shape
+        grid, threads = elem_grid(T * n)
+        if T:
+            launch(layernorm_gelu.gelu_cuda, grid, threads, *x.rows2d(), T, n)
 
     def add(self, x: DeviceTensor, y: DeviceTensor) -> None:
         op = self._pending

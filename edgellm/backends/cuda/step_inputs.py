@@ -9,27 +9,15 @@ after the kernels that read the previous step's views.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numba import cuda
 
-from edgellm.backends.base import StepInputs
+from edgellm.backends.base import StepIndex, StepInputs
 from edgellm.backends.cuda.config import STATS, stream
 
 INT32_MAX = np.iinfo(np.int32).max
-
-
-@dataclass
-class StepIndex:
-    """An index array in both places: `host` for checks and lengths, `dev` for the kernels."""
-
-    host: np.ndarray
-    dev: Any
-
-    def __len__(self) -> int:
-        return len(self.host)
 
 
 class StepUploader:

@@ -50,6 +50,7 @@ class DraftProposer:
             gguf = load_gguf(path)
             cfg = config_from_gguf(gguf)
             validate_model(gguf, cfg)
+            cfg.set_context(core.n_ctx)  # the target's window (LongRoPE's factors depend on it)
             if cfg.n_vocab != core.config.n_vocab:
                 raise ValueError(f"draft model has {cfg.n_vocab} tokens, the target {core.config.n_vocab}")
             model = ARCHITECTURES[cfg.arch](cfg, gguf, core.backend, None)
