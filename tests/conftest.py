@@ -35,3 +35,26 @@ def _ui_keeps_its_priority(monkeypatch: pytest.MonkeyPatch) -> None:
     import tui.local_backend
 
     monkeypatch.setattr(tui.local_backend, "yield_cpu_to_engine", lambda: None)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that wait for a background run (tests/background_runs.py) go last: nothing waits behind them."""
+    from tests.background_runs import COMMANDS
+
+    items.sort(key=lambda item: item.name in COMMANDS)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the background runs of the collected tests that wait for one (tests/background_runs.py)."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or session.config.option.collectonly:
+        return
+    from tests import background_runs
+
+    for name in {item.name for item in session.items} & background_runs.COMMANDS.keys():
+        background_runs.start(name)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from tests import background_runs
+
+    background_runs.stop_all()

@@ -17,8 +17,6 @@ as a Python thread (~0.7 ms each).
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -31,16 +29,15 @@ ON_GPU = os.environ.get("EDGELLM_CUDA_TESTS") == "gpu"
 if not (IN_SIM or ON_GPU):
 
     def test_cuda_kernels_in_simulator() -> None:
-        env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-        names = ("engine", "attention", "real_shapes")
-        others = [str(Path(__file__).with_name(f"test_cuda_{name}.py")) for name in names]
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, *others]
+        from tests import background_runs
+
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=Path(__file__).parent.parent, env=env, capture_output=True, text=True)
-        report = (proc.stdout + proc.stderr)[-6000:]
-        assert proc.returncode == 0, f"CUDA simulator tests failed:\n{report}"
-        assert " passed" in proc.stdout, report
-        print(f"CUDA simulator run: {time.perf_counter() - t0:.1f} s\n{proc.stdout.splitlines()[-1]}")
+        returncode, output = background_runs.start("test_cuda_kernels_in_simulator").wait()
+        report = output[-6000:]
+        assert returncode == 0, f"CUDA simulator tests failed:\n{report}"
+        assert " passed" in output, report
+        last = output.strip().splitlines()[-1]
+        print(f"CUDA simulator run: waited {time.perf_counter() - t0:.1f} s for it\n{last}")
 
     def test_cuda_unavailable_error_is_clear() -> None:
         from numba import cuda

@@ -4,27 +4,16 @@ installs from holds a gguf wheel rebuilt from this machine's copy, which the ste
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from gpu_wheels import repack  # noqa: E402
+from tests import background_runs
 
 
-def test_gpu_check_flow_runs_in_the_simulator(tmp_path: Path) -> None:
-    wheels, out = tmp_path / "wheels", tmp_path / "out"
-    wheels.mkdir()
-    repack("gguf", wheels)
-    env = dict(os.environ, WHEELS=str(wheels), OUT=str(out), PYTHON=sys.executable, TMPDIR=str(tmp_path))
-    env.pop("NUMBA_ENABLE_CUDASIM", None)  # the script sets it for --sim
-    cmd = ["bash", "scripts/gpu_check.sh", "--sim"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    log = (proc.stdout + proc.stderr)[-5000:]
-    assert proc.returncode == 0, log
+def test_gpu_check_flow_runs_in_the_simulator() -> None:
+    run = background_runs.start("test_gpu_check_flow_runs_in_the_simulator")
+    returncode, output = run.wait()
+    log = output[-5000:]
+    assert returncode == 0, log
+    tmp_path, out = run.workdir, run.workdir / "out"
     r = json.loads((out / "gpu_check.json").read_text())
     steps = ("versions", "models", "compare", "bench", "splitk", "graphs", "profile", "tests")
     assert set(r["steps"]) == set(steps), log
