@@ -63,10 +63,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 @pytest.fixture(scope="session")
 def apis_server(smollm2_path: Path) -> Iterator[str]:
-    """One `edgellm serve` for the Ollama, Anthropic and Responses API tests (tests/test_api_*.py)."""
+    """One `edgellm serve smollm2-135m` (smollm2_path: cached first) for the Ollama, Anthropic and Responses
+    API tests (tests/test_api_*.py)."""
     from edgellm.testing.servers import start_server, stop_server
 
-    proc, url = start_server(str(smollm2_path), "--ctx", "512", "--threads", "1")
+    proc, url = start_server("smollm2-135m", "--ctx", "512", "--threads", "1")
     try:
         yield url
     finally:

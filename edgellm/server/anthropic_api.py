@@ -154,8 +154,11 @@ def _tools(body: dict, out: dict[str, Any]) -> None:
         out["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
     else:
         out["tool_choice"] = {"any": "required"}.get(kind, kind)
-    if choice.get("disable_parallel_tool_use") is not None:
-        out["parallel_tool_calls"] = not choice["disable_parallel_tool_use"]
+    one_call = choice.get("disable_parallel_tool_use")
+    if one_call is not None:
+        if not isinstance(one_call, bool):
+            raise _bad("tool_choice.disable_parallel_tool_use", "expected a boolean")
+        out["parallel_tool_calls"] = not one_call
 
 
 def openai_body(body: dict, allowed: set[str], count_only: bool = False) -> dict[str, Any]:

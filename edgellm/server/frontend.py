@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from edgellm.engine.core_client import EngineDeadError
+from edgellm.engine.outputs import RequestMetrics
 from edgellm.server.generate import (
     EngineStreamResponse,
     Generation,
@@ -74,6 +75,7 @@ class End:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    metrics: RequestMetrics | None = None  # the engine's timings
 
 
 Event = Text | CallStart | CallArgs | End
@@ -137,6 +139,7 @@ async def events(state: ServerState, req: GenerationRequest, gen: Generation) ->
     token_ids: list[int] = []
     text, reason = "", None
     n_prompt = n_cached = 0
+    metrics = None
     async for _, out in _closing(gen.merged):
         for d in out.deltas:
             token_ids += d.token_ids
@@ -154,9 +157,10 @@ async def events(state: ServerState, req: GenerationRequest, gen: Generation) ->
             n_prompt += out.metrics.num_prompt_tokens
             n_cached += out.metrics.num_cached_tokens
             state.metrics.observe_request(out.metrics, reason or "stop")
+            metrics = out.metrics
     reason = reason or "stop"
     stop = matched_stop(state, text, token_ids, req.params.stop) if reason == "stop" else None
-    yield End(reason, stop, n_prompt, len(token_ids), n_cached)
+    yield End(reason, stop, n_prompt, len(token_ids), n_cached, metrics)
 
 
 async def _closing(merged: AsyncIterator[Any]) -> AsyncIterator[Any]:

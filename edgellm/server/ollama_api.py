@@ -68,27 +68,22 @@ def _call(call_id: str, name: str, arguments: str) -> dict[str, Any] | None:
     return {"function": {"name": name, "arguments": args}}
 
 
-class _Timer:
-    """Ollama's durations (nanoseconds): the prompt's evaluation until the first output, then the rest."""
-
-    def __init__(self) -> None:
-        self.start = self.first = time.perf_counter_ns()
-
-    def saw_output(self) -> None:
-        if self.first == self.start:
-            self.first = time.perf_counter_ns()
-
-    def stats(self, end: End) -> dict[str, Any]:
-        now = time.perf_counter_ns()
-        return {
-            "done_reason": DONE_REASONS.get(end.reason, end.reason),
-            "total_duration": now - self.start,
-            "load_duration": 0,  # the model is loaded once, at start-up
-            "prompt_eval_count": end.prompt_tokens,
-            "prompt_eval_duration": self.first - self.start,
-            "eval_count": end.completion_tokens,
-            "eval_duration": now - self.first,
-        }
+def _stats(end: End) -> dict[str, Any]:
+    """Ollama's counts and durations (nanoseconds, from the engine's timings)."""
+    m = end.metrics
+    arrived = finished = first = 0.0
+    if m is not None and m.finished_time is not None:
+        arrived, finished = m.arrival_time, m.finished_time
+        first = m.first_token_time or finished
+    return {
+        "done_reason": DONE_REASONS.get(end.reason, end.reason),
+        "total_duration": int((finished - arrived) * 1e9),
+        "load_duration": 0,  # the model is loaded once, at start-up
+        "prompt_eval_count": end.prompt_tokens,
+        "prompt_eval_duration": int((first - arrived) * 1e9),
+        "eval_count": end.completion_tokens,
+        "eval_duration": int((finished - first) * 1e9),
+    }
 
 
 class _Shape:
@@ -108,17 +103,16 @@ class _Shape:
             out["response"] = text
         return {**out, **rest}
 
-    def whole(self, reply: Reply, timer: _Timer) -> Response:
+    def whole(self, reply: Reply) -> Response:
         assert reply.end is not None
         calls = [c for c in (_call(x.id, x.name, x.arguments) for x in reply.calls) if c is not None]
-        body = self.piece(reply.content, calls, done=True, **timer.stats(reply.end))
+        body = self.piece(reply.content, calls, done=True, **_stats(reply.end))
         (body["message"] if self.chat else body).update(thinking_field(reply.reasoning))
         return JSONResponse(body)
 
-    async def stream(self, events: AsyncIterator[Event], timer: _Timer) -> AsyncIterator[str]:
+    async def stream(self, events: AsyncIterator[Event]) -> AsyncIterator[str]:
         calls: dict[int, list[str]] = {}  # a call goes out whole, once its arguments are complete
         async for e in events:
-            timer.saw_output()
             if isinstance(e, Text):
                 yield _line(self.piece(e.text, done=False))
             elif isinstance(e, CallStart):
@@ -129,7 +123,7 @@ class _Shape:
                 done = [c for c in (_call(*x) for x in calls.values()) if c is not None]
                 if done:
                     yield _line(self.piece("", done, done=False))
-                yield _line(self.piece("", done=True, **timer.stats(e)))
+                yield _line(self.piece("", done=True, **_stats(e)))
 
 
 def _check_prompt_field(body: dict, key: str, what: str) -> None:
@@ -153,14 +147,14 @@ def ollama_routes(front: Frontend) -> list[Route]:
             else:
                 req = parse_completion(openai_body, tok.vocab_size)
             ids = await front.prompt_ids(req)
-        shape, timer = _Shape(state.model_name, as_chat), _Timer()
+        shape = _Shape(state.model_name, as_chat)
         return await respond(
             front,
             request,
             req,
             ids,
-            lambda reply: shape.whole(reply, timer),
-            lambda events: shape.stream(events, timer),
+            shape.whole,
+            shape.stream,
             lambda e: _line(error_body(e)),
             NDJSON,
         )
@@ -171,7 +165,7 @@ def ollama_routes(front: Frontend) -> list[Route]:
         check_common(body, state.llm.n_ctx)
         openai_body = openai_fields(body, state.llm.n_ctx)
         openai_body["messages"] = chat_messages(body.get("messages"))
-        if body.get("tools") is not None:
+        if body.get("tools") not in (None, []):  # the ollama client sends [] for none
             openai_body["tools"] = body["tools"]
         return await run(request, body, openai_body, chat=True, as_chat=True)
 
@@ -269,6 +263,7 @@ def ollama_routes(front: Frontend) -> list[Route]:
         if not isinstance(name, str) or not name:
             raise bad("model", "expected a model name")
         opt_bool(body, "insecure")
+        stream = opt_bool(body, "stream")
         tag_free = name.removesuffix(":latest")
         if tag_free in state.names.listed or name in state.names.listed:
             pass  # the model this server serves
@@ -281,7 +276,7 @@ def ollama_routes(front: Frontend) -> list[Route]:
             known = ", ".join(sorted(CATALOG))
             raise ApiError(404, f"model {name!r} not found (catalog models: {known})", param="model")
         out = {"status": "success"}
-        if opt_bool(body, "stream") is False:
+        if stream is False:
             return JSONResponse(out)
         return StreamingResponse(iter([_line(out)]), media_type=NDJSON)
 
