@@ -18,6 +18,12 @@ PROMPT = "Name three colours."
 # The anthropic SDK's current releases take no sampling parameters; the Messages API does (extra_body).
 GREEDY = {"temperature": 0}
 COLOUR = {"enum": ["red", "green", "blue"]}
+COLOUR_SCHEMA = {
+    "type": "object",
+    "properties": {"colour": COLOUR},
+    "required": ["colour"],
+    "additionalProperties": False,
+}
 WEATHER_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 
 
@@ -68,16 +74,10 @@ def test_ollama_generate_through_the_template_and_raw(olla: ollama.Client, oai: 
 
 
 def test_ollama_format_schema_and_tool_history(olla: ollama.Client) -> None:
-    schema = {
-        "type": "object",
-        "properties": {"colour": COLOUR},
-        "required": ["colour"],
-        "additionalProperties": False,
-    }
     r = olla.chat(
         model=MODEL,
         messages=[{"role": "user", "content": PROMPT}],
-        format=schema,
+        format=COLOUR_SCHEMA,
         options={"temperature": 0, "num_predict": 40},
     )
     assert json.loads(r.message.content)["colour"] in COLOUR["enum"]
@@ -260,45 +260,23 @@ def test_responses_plain_and_streamed(oai: openai.OpenAI) -> None:
 
 
 def test_responses_json_schema_format(oai: openai.OpenAI) -> None:
-    schema = {
-        "type": "object",
-        "properties": {"colour": COLOUR},
-        "required": ["colour"],
-        "additionalProperties": False,
-    }
     r = oai.responses.create(
         model=MODEL,
         input=PROMPT,
         max_output_tokens=40,
         temperature=0,
-        text={"format": {"type": "json_schema", "name": "c", "schema": schema, "strict": True}},
+        text={"format": {"type": "json_schema", "name": "c", "schema": COLOUR_SCHEMA, "strict": True}},
     )
     assert json.loads(r.output_text)["colour"] in COLOUR["enum"]
 
 
 def test_responses_tool_call_and_its_output_through_previous_response_id(oai: openai.OpenAI) -> None:
     tools = [{"type": "function", "name": "get_weather", "parameters": WEATHER_SCHEMA, "strict": True}]
-    r = oai.responses.create(
-        model=MODEL,
-        input="What is the weather in Paris?",
-        tools=tools,
-        tool_choice="required",
-        max_output_tokens=40,
-        temperature=0,
-    )
+    kw = {"model": MODEL, "input": "What is the weather in Paris?", "tools": tools, "tool_choice": "required"}
+    r = oai.responses.create(**kw, max_output_tokens=40, temperature=0)
     (call,) = [o for o in r.output if o.type == "function_call"]
     assert call.name == "get_weather" and isinstance(json.loads(call.arguments)["city"], str)
-    streamed = list(
-        oai.responses.create(
-            model=MODEL,
-            input="What is the weather in Paris?",
-            tools=tools,
-            tool_choice="required",
-            max_output_tokens=40,
-            temperature=0,
-            stream=True,
-        )
-    )
+    streamed = list(oai.responses.create(**kw, max_output_tokens=40, temperature=0, stream=True))
     done = [e for e in streamed if e.type == "response.function_call_arguments.done"]
     assert [e.arguments for e in done] == [call.arguments]
     out = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from starlette.requests import Request
@@ -59,16 +59,23 @@ def _text(value: Any, where: str) -> str:
     return "".join(parts)
 
 
-def _user(content: list, where: str, names: dict[str, str]) -> list[dict[str, Any]]:
-    """A user turn's blocks: its tool results (OpenAI tool messages, first: they answer the calls just
-    before) and its text (one user message)."""
-    tools, texts = [], []
+def _blocks(content: list, where: str, texts: list[str]) -> Iterator[tuple[str, str | None, Any]]:
+    """(where, type, block) of each content block but the text ones, whose text goes to `texts`."""
     for j, b in enumerate(content):
-        at = f"{where}[{j}]"
         kind = b.get("type") if isinstance(b, dict) else None
         if kind == "text" and isinstance(b.get("text"), str):
             texts.append(b["text"])
-        elif kind == "tool_result":
+        else:
+            yield f"{where}[{j}]", kind, b
+
+
+def _user(content: list, where: str, names: dict[str, str]) -> list[dict[str, Any]]:
+    """A user turn's blocks: its tool results (OpenAI tool messages, first: they answer the calls just
+    before) and its text (one user message)."""
+    tools: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for at, kind, b in _blocks(content, where, texts):
+        if kind == "tool_result":
             use_id = b.get("tool_use_id")
             if not isinstance(use_id, str):
                 raise _bad(f"{at}.tool_use_id", "expected the id of the tool_use block it answers")
@@ -85,13 +92,10 @@ def _user(content: list, where: str, names: dict[str, str]) -> list[dict[str, An
 
 
 def _assistant(content: list, where: str, names: dict[str, str]) -> dict[str, Any]:
-    texts, calls = [], []
-    for j, b in enumerate(content):
-        at = f"{where}[{j}]"
-        kind = b.get("type") if isinstance(b, dict) else None
-        if kind == "text" and isinstance(b.get("text"), str):
-            texts.append(b["text"])
-        elif kind == "tool_use":
+    texts: list[str] = []
+    calls = []
+    for at, kind, b in _blocks(content, where, texts):
+        if kind == "tool_use":
             if not isinstance(b.get("id"), str) or not isinstance(b.get("name"), str):
                 raise _bad(at, "expected a tool_use block with an 'id' and a 'name'")
             if not isinstance(b.get("input", {}), dict):

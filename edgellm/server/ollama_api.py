@@ -4,7 +4,7 @@
 Requests are translated into the OpenAI chat (or completion) body the OpenAI routes parse, so they are
 validated, constrained and generated the same way (server/frontend.py). Replies stream as NDJSON by default
 (`stream` defaults to true, as Ollama's do); errors are Ollama's `{"error": "..."}`. The option table is in
-ollama_options.py (docs/ollama_api.md lists what is honoured, what is a documented no-op, and what is a 400).
+ollama_options.py (docs/other_apis.md lists what is honoured, what is a documented no-op, and what is a 400).
 """
 
 from __future__ import annotations
@@ -131,6 +131,13 @@ def _check_prompt_field(body: dict, key: str, what: str) -> None:
         raise bad(key, f"{what} is not supported on this server")
 
 
+def _model_name(body: dict) -> str:
+    name = body.get("model", body.get("name"))  # `name` in older clients
+    if not isinstance(name, str) or not name:
+        raise bad("model", "expected a model name")
+    return name
+
+
 def ollama_routes(front: Frontend) -> list[Route]:
     state = front.state
     endpoint = front.endpoint(error_body=error_body)
@@ -250,18 +257,13 @@ def ollama_routes(front: Frontend) -> list[Route]:
     @endpoint
     async def show(request: Request) -> Response:
         body = await front.read_json(request)
-        name = body.get("model", body.get("name"))
-        if not isinstance(name, str) or not name:
-            raise bad("model", "expected the model's name")
-        state.names.check(name)
+        state.names.check(_model_name(body))
         return JSONResponse(show_body(state))
 
     @endpoint
     async def pull(request: Request) -> Response:
         body = await front.read_json(request)
-        name = body.get("model", body.get("name"))
-        if not isinstance(name, str) or not name:
-            raise bad("model", "expected a model name")
+        name = _model_name(body)
         opt_bool(body, "insecure")
         stream = opt_bool(body, "stream")
         tag_free = name.removesuffix(":latest")

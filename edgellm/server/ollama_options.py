@@ -2,7 +2,7 @@
 `keep_alive`, `think`, and the messages.
 
 Ollama ignores options it does not know; here an option that would change the output and cannot be
-honoured is a 400 naming it (docs/ollama_api.md has the table):
+honoured is a 400 naming it (docs/other_apis.md has the table):
 - honoured: OPTION_FIELDS (temperature, top_p, top_k, min_p, seed, num_predict, stop, repeat_penalty,
   presence_penalty, frequency_penalty);
 - accepted, no effect on the output here: NO_OP_OPTIONS (where the model runs and how: threads, GPU
@@ -39,7 +39,6 @@ NO_OP_OPTIONS = {
 # Samplers edgellm does not have, accepted at the value that turns them off.
 OFF_VALUES: dict[str, float] = {"mirostat": 0, "tfs_z": 1.0, "typical_p": 1.0}
 MIROSTAT_KNOBS = ("mirostat_tau", "mirostat_eta")  # no effect while mirostat is off
-ROLES = {"system", "user", "assistant", "tool"}
 
 
 def bad(param: str, message: str) -> ApiError:
@@ -126,42 +125,39 @@ def openai_fields(body: dict, n_ctx: int) -> dict[str, Any]:
 
 
 def _call_history(calls: Any, where: str) -> list[dict[str, Any]]:
-    """An assistant message's earlier calls (arguments as objects) as OpenAI's (arguments as JSON)."""
+    """An assistant message's earlier calls, their arguments objects turned into the JSON text OpenAI's
+    carry (parse_chat checks the rest)."""
     if not isinstance(calls, list):
         raise bad(where, "expected a list of tool calls")
     out = []
     for i, c in enumerate(calls):
         fn = c.get("function") if isinstance(c, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise bad(f"{where}[{i}]", "expected {'function': {'name': ..., 'arguments': {...}}}")
-        args = fn.get("arguments", {})
+        args = fn.get("arguments", {}) if isinstance(fn, dict) else None
         if not isinstance(args, dict):
-            raise bad(f"{where}[{i}].function.arguments", "expected an object")
-        call = {"name": fn["name"], "arguments": json.dumps(args, ensure_ascii=False)}
+            raise bad(
+                f"{where}[{i}].function.arguments", "expected {'function': {'name', 'arguments': {...}}}"
+            )
+        call = {**fn, "arguments": json.dumps(args, ensure_ascii=False)}
         out.append({"id": f"call_{i}", "type": "function", "function": call})
     return out
 
 
 def chat_messages(msgs: Any) -> list[dict[str, Any]]:
-    if not isinstance(msgs, list) or not msgs:
+    """Ollama's messages as OpenAI's (parse_chat checks roles and contents): images refused, an earlier
+    reply's `thinking` dropped (templates leave past reasoning out), tool calls and `tool_name` renamed."""
+    if not isinstance(msgs, list):
         raise bad("messages", "expected a non-empty list of messages")
     out = []
     for i, m in enumerate(msgs):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise bad(where, "expected an object")
-        role, content = m.get("role"), m.get("content")
-        if role not in ROLES:
-            raise bad(f"{where}.role", f"expected one of {sorted(ROLES)}")
-        if content is not None and not isinstance(content, str):
-            raise bad(f"{where}.content", "expected a string")
         if m.get("images") not in (None, []):
             raise bad(f"{where}.images", "images are not supported: the model reads text only")
-        # An earlier reply's `thinking` is dropped: templates leave past reasoning out of the prompt.
-        msg: dict[str, Any] = {"role": role, "content": content or ""}
-        if role == "assistant" and m.get("tool_calls") is not None:
+        msg = {k: m[k] for k in ("role", "content") if k in m}
+        if m.get("role") == "assistant" and m.get("tool_calls") is not None:
             msg["tool_calls"] = _call_history(m["tool_calls"], f"{where}.tool_calls")
-        if role == "tool" and m.get("tool_name") is not None:
+        if m.get("role") == "tool" and m.get("tool_name") is not None:
             if not isinstance(m["tool_name"], str):
                 raise bad(f"{where}.tool_name", "expected a string")
             msg["name"] = m["tool_name"]
