@@ -115,6 +115,7 @@ def test_ollama_list_show_ps_version_pull(olla: ollama.Client, apis_server: str)
     assert [m.model for m in olla.ps().models] == [MODEL]
     version = httpx.get(f"{apis_server}/api/version").json()["version"]  # the client has no call for it
     assert tuple(map(int, version.split("."))) >= (0, 6, 4)  # VS Code's Copilot checks this
+    assert httpx.get(f"{apis_server}/").text == "Ollama is running"  # what Ollama clients probe
     assert olla.pull(MODEL).status == "success"  # cached in the catalog already: nothing to fetch
     with pytest.raises(ollama.ResponseError) as e:
         olla.pull("no-such-model")

@@ -1,5 +1,5 @@
 """Ollama's native API on the shared front-end: /api/chat, /api/generate, /api/embed, /api/embeddings,
-/api/tags, /api/show, /api/ps, /api/version, /api/pull.
+/api/tags, /api/show, /api/ps, /api/version, /api/pull, and its "Ollama is running" at /.
 
 Requests are translated into the OpenAI chat (or completion) body the OpenAI routes parse, so they are
 validated, constrained and generated the same way (server/frontend.py). Replies stream as NDJSON by default
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import gguf
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from edgellm.catalog import CATALOG, local_path
@@ -86,7 +86,7 @@ def _stats(end: End) -> dict[str, Any]:
     }
 
 
-class _Shape:
+class ReplyShape:
     """Where the text goes: `message.content` for /api/chat, `response` for /api/generate."""
 
     def __init__(self, model: str, chat: bool) -> None:
@@ -154,7 +154,7 @@ def ollama_routes(front: Frontend) -> list[Route]:
             else:
                 req = parse_completion(openai_body, tok.vocab_size)
             ids = await front.prompt_ids(req)
-        shape = _Shape(state.model_name, as_chat)
+        shape = ReplyShape(state.model_name, as_chat)
         return await respond(
             front,
             request,
@@ -190,7 +190,7 @@ def ollama_routes(front: Frontend) -> list[Route]:
         openai_body = openai_fields(body, state.llm.n_ctx)
         if not prompt:  # Ollama's "load the model" request: it is loaded
             state.names.check(openai_body.get("model"))
-            out = _Shape(state.model_name, chat=False).piece("", done=True, done_reason="load")
+            out = ReplyShape(state.model_name, chat=False).piece("", done=True, done_reason="load")
             if opt_bool(body, "stream") is False:
                 return JSONResponse(out)
             return StreamingResponse(iter([_line(out)]), media_type=NDJSON)
@@ -285,6 +285,10 @@ def ollama_routes(front: Frontend) -> list[Route]:
     async def version(request: Request) -> Response:
         return JSONResponse({"version": OLLAMA_VERSION})
 
+    async def root(request: Request) -> Response:
+        # Ollama's answer at /: clients (Page Assist, Enchanted) probe it to see a server is there.
+        return PlainTextResponse("Ollama is running")
+
     return [
         Route("/api/chat", chat, methods=["POST"]),
         Route("/api/generate", generate, methods=["POST"]),
@@ -295,6 +299,7 @@ def ollama_routes(front: Frontend) -> list[Route]:
         Route("/api/show", show, methods=["POST"]),
         Route("/api/pull", pull, methods=["POST"]),
         Route("/api/version", version, methods=["GET"]),
+        Route("/", root, methods=["GET", "HEAD"]),
     ]
 
 
