@@ -282,9 +282,13 @@ def ollama_routes(front: Frontend) -> list[Route]:
             return JSONResponse(out)
         return StreamingResponse(iter([_line(out)]), media_type=NDJSON)
 
+    unloaded = front.endpoint(error_body=error_body, needs_model=False)  # the key, but no model needed
+
+    @unloaded
     async def version(request: Request) -> Response:
         return JSONResponse({"version": OLLAMA_VERSION})
 
+    @unloaded
     async def root(request: Request) -> Response:
         # Ollama's answer at /: clients (Page Assist, Enchanted) probe it to see a server is there.
         return PlainTextResponse("Ollama is running")
