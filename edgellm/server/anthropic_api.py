@@ -19,7 +19,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from edgellm.server.frontend import CallArgs, CallStart, End, Event, Frontend, Reply, Text, renamed, respond
+from edgellm.server.frontend import (
+    CallArgs,
+    CallStart,
+    End,
+    Event,
+    Frontend,
+    Reasoning,
+    Reply,
+    Text,
+    renamed,
+    respond,
+)
+from edgellm.server.ollama_api import can_switch_thinking
 from edgellm.server.protocol import ApiError, _bad, parse_chat
 
 FIELDS = {
@@ -32,7 +44,11 @@ ERROR_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
     404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
 }  # fmt: skip
-OPENAI_NAMES = {"stop": "stop_sequences", "parallel_tool_calls": "tool_choice.disable_parallel_tool_use"}
+OPENAI_NAMES = {
+    "stop": "stop_sequences",
+    "parallel_tool_calls": "tool_choice.disable_parallel_tool_use",
+    "reasoning_effort": "thinking",
+}
 
 
 def error_body(e: ApiError) -> dict[str, Any]:
@@ -40,7 +56,7 @@ def error_body(e: ApiError) -> dict[str, Any]:
 
 
 def thinking_blocks(reasoning: str | None) -> list[dict[str, Any]]:
-    """The reasoning split's text as Anthropic's `thinking` content blocks: the seam for it."""
+    """The reply's reasoning as Anthropic's `thinking` content block (no signature: nothing to verify)."""
     return [{"type": "thinking", "thinking": reasoning, "signature": ""}] if reasoning else []
 
 
@@ -165,13 +181,20 @@ def _tools(body: dict, out: dict[str, Any]) -> None:
         out["parallel_tool_calls"] = not one_call
 
 
-def openai_body(body: dict, allowed: set[str], count_only: bool = False) -> dict[str, Any]:
+def openai_body(
+    body: dict, allowed: set[str], count_only: bool = False, can_switch_thinking: bool = True
+) -> dict[str, Any]:
+    """The OpenAI chat body. `thinking: {"type": "disabled"}` turns a thinking model's thinking off (and
+    asks nothing of one that cannot switch it off); a model whose template thinks answers with `thinking`
+    blocks unasked. `{"type": "enabled", "budget_tokens"}` is refused: there is no per-request budget
+    (the server's --reasoning-budget applies to every request)."""
     extra = sorted(set(body) - allowed)
     if extra:
         raise _bad(extra[0], "unknown field (Extra inputs are not permitted)")
     thinking = body.get("thinking")
-    if thinking is not None and not (isinstance(thinking, dict) and thinking.get("type") == "disabled"):
-        raise _bad("thinking", "extended thinking is not supported on this server yet")
+    kind = thinking.get("type") if isinstance(thinking, dict) else None
+    if thinking is not None and kind != "disabled":
+        raise _bad("thinking", "only {'type': 'disabled'}: there is no per-request thinking budget here")
     if not count_only and body.get("max_tokens") is None:
         raise _bad("max_tokens", "required")
     out = {
@@ -184,6 +207,8 @@ def openai_body(body: dict, allowed: set[str], count_only: bool = False) -> dict
         raise _bad("metadata", "expected an object")
     if isinstance(metadata, dict) and metadata.get("user_id") is not None:
         out["user"] = metadata["user_id"]
+    if kind == "disabled" and can_switch_thinking:
+        out["reasoning_effort"] = "none"
     out["messages"] = _messages(body)
     _tools(body, out)
     return out
@@ -214,7 +239,7 @@ class _Message:
     def whole(self, reply: Reply) -> Response:
         assert reply.end is not None
         content = thinking_blocks(reply.reasoning)
-        if reply.content or not reply.calls:
+        if reply.content or not (reply.calls or reply.reasoning):  # as streamed: no empty block
             content.append({"type": "text", "text": reply.content})
         for c in reply.calls:
             try:
@@ -236,7 +261,13 @@ class _Message:
             return out + [_sse("content_block_start", {"index": index, "content_block": block})]
 
         async for e in events:
-            if isinstance(e, Text):
+            if isinstance(e, Reasoning):
+                if open_kind != "thinking":
+                    for line in start({"type": "thinking", "thinking": "", "signature": ""}):
+                        yield line
+                delta = {"type": "thinking_delta", "thinking": e.text}
+                yield _sse("content_block_delta", {"index": index, "delta": delta})
+            elif isinstance(e, Text):
                 if open_kind != "text":
                     for line in start({"type": "text", "text": ""}):
                         yield line
@@ -265,9 +296,8 @@ def anthropic_routes(front: Frontend) -> list[Route]:
     async def parsed(request: Request, allowed: set[str], count_only: bool) -> tuple[Any, list[int]]:
         body = await front.read_json(request)
         with renamed(OPENAI_NAMES):
-            req = parse_chat(
-                openai_body(body, allowed, count_only), state.llm.tokenizer.vocab_size, state.llm.n_ctx
-            )
+            chat_body = openai_body(body, allowed, count_only, can_switch_thinking(state))
+            req = parse_chat(chat_body, state.llm.tokenizer.vocab_size, state.llm.n_ctx)
             return req, await front.prompt_ids(req)
 
     @endpoint

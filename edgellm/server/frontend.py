@@ -56,6 +56,11 @@ class Text:
 
 
 @dataclass
+class Reasoning:
+    text: str  # a piece of the reply's reasoning (the think block's text, split off by the front-end)
+
+
+@dataclass
 class CallStart:
     index: int
     id: str
@@ -78,7 +83,7 @@ class End:
     metrics: RequestMetrics | None = None  # the engine's timings
 
 
-Event = Text | CallStart | CallArgs | End
+Event = Text | Reasoning | CallStart | CallArgs | End
 
 
 @dataclass
@@ -95,7 +100,7 @@ class Reply:
     content: str = ""
     calls: list[Call] = field(default_factory=list)
     end: End | None = None
-    reasoning: str | None = None  # the reasoning split's text, once the front-end produces one
+    reasoning: str | None = None  # the reasoning split off the answer, when the reply had any
 
 
 @contextmanager
@@ -125,12 +130,12 @@ def _neutral(delta: dict[str, Any]) -> Iterator[Event]:
 
 
 def matched_stop(state: ServerState, text: str, token_ids: list[int], stops: list[str]) -> str | None:
-    """Which stop string ended a completion that finished "stop": the tokens' text runs past what was
-    returned by the stop string (an end-of-generation token instead leaves no stop string there)."""
+    """Which stop string ended a completion that finished "stop": in the tokens' text the answer returned
+    runs on into it (an end-of-generation token instead leaves no stop string there)."""
     if not stops:
         return None
-    rest = state.llm.detokenize(token_ids)[len(text) :]
-    return next((s for s in stops if rest.startswith(s)), None)
+    full = state.llm.detokenize(token_ids)  # the reasoning's markup and text too, when it split
+    return next((s for s in stops if text + s in full), None)
 
 
 async def events(state: ServerState, req: GenerationRequest, gen: Generation) -> AsyncIterator[Event]:
@@ -144,6 +149,8 @@ async def events(state: ServerState, req: GenerationRequest, gen: Generation) ->
         for d in out.deltas:
             token_ids += d.token_ids
             text += d.text
+            if d.reasoning:  # the think block's text, ahead of this step's answer text
+                yield Reasoning(d.reasoning)
             deltas = tools.feed(d.text) if tools is not None else [{"content": d.text}]
             if d.finish_reason is not None:
                 reason = d.finish_reason
@@ -176,6 +183,8 @@ async def whole(stream: AsyncIterator[Event]) -> Reply:
     async for e in stream:
         if isinstance(e, Text):
             reply.content += e.text
+        elif isinstance(e, Reasoning):
+            reply.reasoning = (reply.reasoning or "") + e.text
         elif isinstance(e, CallStart):
             reply.calls.append(Call(e.id, e.name))
         elif isinstance(e, CallArgs):

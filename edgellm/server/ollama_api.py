@@ -10,20 +10,31 @@ ollama_options.py (docs/other_apis.md lists what is honoured, what is a document
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-import gguf
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from edgellm.catalog import CATALOG, local_path
+from edgellm.reasoning import thinking_plan
 from edgellm.server.embeddings import embed
-from edgellm.server.frontend import CallArgs, CallStart, End, Event, Frontend, Reply, Text, renamed, respond
+from edgellm.server.frontend import (
+    CallArgs,
+    CallStart,
+    End,
+    Event,
+    Frontend,
+    Reasoning,
+    Reply,
+    Text,
+    renamed,
+    respond,
+)
+from edgellm.server.ollama_models import model_entry, show_body
 from edgellm.server.ollama_options import bad, chat_messages, check_common, openai_fields, opt_bool
 from edgellm.server.protocol import ApiError, parse_chat, parse_completion
 
@@ -55,7 +66,7 @@ def _now() -> str:
 
 
 def thinking_field(reasoning: str | None) -> dict[str, Any]:
-    """The reasoning split's text as Ollama sends it (`message.thinking` / `thinking`): the seam for it."""
+    """The reply's reasoning as Ollama sends it (`message.thinking` on /api/chat, `thinking` on generate)."""
     return {"thinking": reasoning} if reasoning else {}
 
 
@@ -92,29 +103,31 @@ class ReplyShape:
     def __init__(self, model: str, chat: bool) -> None:
         self.model, self.chat = model, chat
 
-    def piece(self, text: str, calls: list[dict[str, Any]] | None = None, **rest: Any) -> dict[str, Any]:
+    def piece(
+        self, text: str, calls: list[dict[str, Any]] | None = None, thinking: str | None = None, **rest: Any
+    ) -> dict[str, Any]:
         out: dict[str, Any] = {"model": self.model, "created_at": _now()}
         if self.chat:
-            message: dict[str, Any] = {"role": "assistant", "content": text}
+            message: dict[str, Any] = {"role": "assistant", "content": text, **thinking_field(thinking)}
             if calls:
                 message["tool_calls"] = calls
             out["message"] = message
         else:
-            out["response"] = text
+            out.update({"response": text, **thinking_field(thinking)})
         return {**out, **rest}
 
     def whole(self, reply: Reply) -> Response:
         assert reply.end is not None
         calls = [c for c in (_call(x.id, x.name, x.arguments) for x in reply.calls) if c is not None]
-        body = self.piece(reply.content, calls, done=True, **_stats(reply.end))
-        (body["message"] if self.chat else body).update(thinking_field(reply.reasoning))
-        return JSONResponse(body)
+        return JSONResponse(self.piece(reply.content, calls, reply.reasoning, done=True, **_stats(reply.end)))
 
     async def stream(self, events: AsyncIterator[Event]) -> AsyncIterator[str]:
         calls: dict[int, list[str]] = {}  # a call goes out whole, once its arguments are complete
         async for e in events:
             if isinstance(e, Text):
                 yield _line(self.piece(e.text, done=False))
+            elif isinstance(e, Reasoning):
+                yield _line(self.piece("", thinking=e.text, done=False))
             elif isinstance(e, CallStart):
                 calls[e.index] = [e.id, e.name, ""]
             elif isinstance(e, CallArgs):
@@ -129,6 +142,12 @@ class ReplyShape:
 def _check_prompt_field(body: dict, key: str, what: str) -> None:
     if body.get(key) not in (None, "", []):
         raise bad(key, f"{what} is not supported on this server")
+
+
+def can_switch_thinking(state: ServerState) -> bool:
+    """Whether this model's thinking can be turned off (a switch in its template, or a split to close)."""
+    c, source = state.config, state.template.source if state.template is not None else ""
+    return thinking_plan(c.reasoning_format, c.reasoning_budget, source, False) is not None
 
 
 def _model_name(body: dict) -> str:
@@ -170,7 +189,7 @@ def ollama_routes(front: Frontend) -> list[Route]:
     async def chat(request: Request) -> Response:
         body = await front.read_json(request)
         check_common(body, state.llm.n_ctx)
-        openai_body = openai_fields(body, state.llm.n_ctx)
+        openai_body = openai_fields(body, state.llm.n_ctx, can_switch_thinking(state))
         openai_body["messages"] = chat_messages(body.get("messages"))
         if body.get("tools") not in (None, []):  # the ollama client sends [] for none
             openai_body["tools"] = body["tools"]
@@ -187,7 +206,7 @@ def ollama_routes(front: Frontend) -> list[Route]:
             raise bad("prompt", "expected a string")
         if system is not None and not isinstance(system, str):
             raise bad("system", "expected a string")
-        openai_body = openai_fields(body, state.llm.n_ctx)
+        openai_body = openai_fields(body, state.llm.n_ctx, can_switch_thinking(state))
         if not prompt:  # Ollama's "load the model" request: it is loaded
             state.names.check(openai_body.get("model"))
             out = ReplyShape(state.model_name, chat=False).piece("", done=True, done_reason="load")
@@ -197,6 +216,8 @@ def ollama_routes(front: Frontend) -> list[Route]:
         if opt_bool(body, "raw"):
             if system:
                 raise bad("system", "a raw prompt takes no system prompt (write it into the prompt)")
+            if "reasoning_effort" in openai_body:
+                raise bad("think", "a raw prompt has no template to switch thinking on or off")
             openai_body["prompt"] = prompt
             return await run(request, body, openai_body, chat=False, as_chat=False)
         system_msgs = [{"role": "system", "content": system}] if system else []
@@ -321,57 +342,5 @@ OPENAI_NAMES = {
     "frequency_penalty": "options.frequency_penalty",
     "response_format": "format",
     "response_format.json_schema.schema": "format",
+    "reasoning_effort": "think",
 }
-
-
-def _details(state: ServerState) -> dict[str, Any]:
-    meta = state.llm.metadata
-    arch = str(meta.get("general.architecture", ""))
-    try:
-        quant = gguf.LlamaFileType(meta.get("general.file_type")).name.removeprefix("MOSTLY_")
-    except ValueError:
-        quant = ""
-    return {
-        "parent_model": "",
-        "format": "gguf",
-        "family": arch,
-        "families": [arch],
-        "parameter_size": str(meta.get("general.size_label", "")),
-        "quantization_level": quant,
-    }
-
-
-def model_entry(state: ServerState, name: str) -> dict[str, Any]:
-    stat = state.llm.path.stat()
-    # A digest of the file's identity (path, size, time), not of its bytes: hashing GBs per /api/tags is
-    # not worth it, and no client pulls by it here.
-    ident = f"{state.llm.path}:{stat.st_size}:{stat.st_mtime_ns}".encode()
-    modified = dt.datetime.fromtimestamp(stat.st_mtime, dt.UTC).isoformat().replace("+00:00", "Z")
-    return {
-        "name": name,
-        "model": name,
-        "modified_at": modified,
-        "size": stat.st_size,
-        "digest": hashlib.sha256(ident).hexdigest(),
-        "details": _details(state),
-    }
-
-
-def show_body(state: ServerState) -> dict[str, Any]:
-    llm, meta = state.llm, state.llm.metadata
-    arch = str(meta.get("general.architecture", ""))
-    info = {k: v for k, v in meta.items() if k.startswith("general.") and isinstance(v, str | int | float)}
-    # The context length this server serves (what a client may size its prompts to), not the trained one.
-    info.update({f"{arch}.context_length": llm.n_ctx, f"{arch}.embedding_length": llm.config.n_embd})
-    template = state.template.source if state.template is not None else ""
-    caps = ["completion"] + (["tools"] if state.template is not None else [])
-    return {
-        "license": str(meta.get("general.license", "")),
-        "modelfile": f"# served by edgellm\nFROM {llm.path}\n",
-        "parameters": "",
-        "template": template,
-        "details": _details(state),
-        "model_info": info,
-        "capabilities": caps,
-        "modified_at": model_entry(state, state.model_name)["modified_at"],
-    }

@@ -39,6 +39,9 @@ NO_OP_OPTIONS = {
 # Samplers edgellm does not have, accepted at the value that turns them off.
 OFF_VALUES: dict[str, float] = {"mirostat": 0, "tfs_z": 1.0, "typical_p": 1.0}
 MIROSTAT_KNOBS = ("mirostat_tau", "mirostat_eta")  # no effect while mirostat is off
+# `think` -> the OpenAI chat route's reasoning_effort (a template's switch has no levels: on or off).
+THINK_EFFORTS: dict[bool | str, str] = {True: "medium", False: "none", "low": "low", "medium": "medium",
+                                        "high": "high"}  # fmt: skip
 
 
 def bad(param: str, message: str) -> ApiError:
@@ -68,9 +71,8 @@ def check_common(body: dict, n_ctx: int, embedding: bool = False) -> None:
     if keep is not None and not (isinstance(keep, str) or _is_number(keep)):
         raise bad("keep_alive", "expected a duration (a string such as '5m', or seconds)")
     think = body.get("think")
-    if think not in (None, False):
-        # The reasoning split is not there yet: a model cannot be told to think or answer apart.
-        raise bad("think", "thinking is not supported on this server yet (send false or leave it out)")
+    if think is not None and not (isinstance(think, bool | str) and think in THINK_EFFORTS):
+        raise bad("think", "expected true, false, 'low', 'medium' or 'high'")
     if body.get("logprobs") not in (None, False) or body.get("top_logprobs") not in (None, 0):
         raise bad("logprobs", "logprobs are not supported on the Ollama routes (use /v1/chat/completions)")
     opts = _options(body)
@@ -101,9 +103,13 @@ def check_common(body: dict, n_ctx: int, embedding: bool = False) -> None:
             raise bad(where, f"unknown option {key!r}")
 
 
-def openai_fields(body: dict, n_ctx: int) -> dict[str, Any]:
-    """model, options and format as OpenAI chat fields."""
+def openai_fields(body: dict, n_ctx: int, can_switch_thinking: bool = True) -> dict[str, Any]:
+    """model, options, format and think as OpenAI chat fields. `think: false` asks nothing of a model that
+    cannot switch thinking off (one that never thinks, as Ollama takes it)."""
     out: dict[str, Any] = {}
+    think = body.get("think")
+    if think is not None and (think is not False or can_switch_thinking):
+        out["reasoning_effort"] = THINK_EFFORTS[think]
     model = body.get("model")
     if model is not None:
         out["model"] = model

@@ -24,6 +24,7 @@ from edgellm.server.frontend import (
     End,
     Event,
     Frontend,
+    Reasoning,
     Reply,
     Text,
     renamed,
@@ -38,12 +39,14 @@ def _id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(12)}"
 
 
+def _reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    content = [{"type": "reasoning_text", "text": text}] if status == "completed" else []
+    return {"type": "reasoning", "id": item_id, "summary": [], "content": content, "status": status}
+
+
 def reasoning_items(reasoning: str | None) -> list[dict[str, Any]]:
-    """The reasoning split's text as a Responses reasoning item: the seam for it."""
-    if not reasoning:
-        return []
-    return [{"type": "reasoning", "id": _id("rs"), "summary": [],
-             "content": [{"type": "reasoning_text", "text": reasoning}]}]  # fmt: skip
+    """The reply's reasoning as a Responses reasoning output item (its text as `reasoning_text`)."""
+    return [_reasoning_item(_id("rs"), reasoning, "completed")] if reasoning else []
 
 
 def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
@@ -102,7 +105,7 @@ class _Response:
 
     def whole(self, reply: Reply) -> Response:
         output = reasoning_items(reply.reasoning)
-        if reply.content or not reply.calls:
+        if reply.content or not (reply.calls or reply.reasoning):  # as streamed: no empty block
             output.append(_message_item(_id("msg"), reply.content, "completed"))
         output += [_call_item(_id("fc"), c, "completed") for c in reply.calls]
         return JSONResponse(self.obj(self.finished(reply), output, reply.end))
@@ -115,12 +118,16 @@ class _Response:
         yield self.event("response.created", response=self.obj("in_progress", [], None))
         yield self.event("response.in_progress", response=self.obj("in_progress", [], None))
         reply, out_index, item_id = Reply(), -1, ""
-        open_kind: str | None = None  # "message" or "function_call": the output item being streamed
+        open_kind: str | None = None  # "reasoning", "message", "function_call": the item being streamed
         done: list[dict[str, Any]] = []  # the output items streamed whole
 
         def close() -> list[str]:
             """The events that end the output item being streamed, which joins `done`."""
-            if open_kind == "message":
+            if open_kind == "reasoning":
+                item = _reasoning_item(item_id, reply.reasoning or "", "completed")
+                at = {"item_id": item_id, "output_index": out_index, "content_index": 0}
+                lines = [self.event("response.reasoning_text.done", **at, text=reply.reasoning or "")]
+            elif open_kind == "message":
                 item = _message_item(item_id, reply.content, "completed")
                 at = {"item_id": item_id, "output_index": out_index, "content_index": 0}
                 lines = [self.event("response.output_text.done", **at, text=reply.content, logprobs=[]),
@@ -137,7 +144,17 @@ class _Response:
             return [*lines, self.event("response.output_item.done", output_index=out_index, item=item)]
 
         async for e in events:
-            if isinstance(e, Text):
+            if isinstance(e, Reasoning):
+                if open_kind != "reasoning":
+                    for line in close():
+                        yield line
+                    open_kind, out_index, item_id = "reasoning", out_index + 1, _id("rs")
+                    item = _reasoning_item(item_id, "", "in_progress")
+                    yield self.event("response.output_item.added", output_index=out_index, item=item)
+                reply.reasoning = (reply.reasoning or "") + e.text
+                yield self.event("response.reasoning_text.delta", item_id=item_id, output_index=out_index,
+                                 content_index=0, delta=e.text)  # fmt: skip
+            elif isinstance(e, Text):
                 if open_kind != "message":
                     for line in close():
                         yield line

@@ -3,7 +3,8 @@ items), `instructions`, function `tools`, `tool_choice`, `text.format`, `max_out
 in-memory store `previous_response_id` reads earlier conversations from.
 
 Unknown fields, and known ones that would change the output and cannot be honoured (built-in tools,
-`reasoning`, `truncation: "auto"`, `background`, `include`, images and files), are 400s naming them.
+`reasoning.summary`, `truncation: "auto"`, `background`, `include`, images and files), are 400s naming
+them. `reasoning.effort` goes to the template's thinking switch as the chat route's `reasoning_effort`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ OPENAI_NAMES = {
     "response_format.json_schema.schema": "text.format.schema",
     "response_format.json_schema.strict": "text.format.strict",
     "messages": "input",
+    "reasoning_effort": "reasoning.effort",
 }
 MAX_STORED = 256  # responses previous_response_id can name
 MAX_STORED_CHARS = 32 * 2**20  # their conversations together, as JSON
@@ -182,10 +184,11 @@ def _refuse_unsupported(body: dict) -> None:
     if extra:
         raise _bad(extra[0], "unknown parameter")
     reasoning = body.get("reasoning")
-    if reasoning is not None and (
-        not isinstance(reasoning, dict) or any(v is not None for v in reasoning.values())
-    ):
-        raise _bad("reasoning", "reasoning options are not supported on this server yet")
+    if reasoning is not None and not isinstance(reasoning, dict):
+        raise _bad("reasoning", "expected an object")
+    extra = sorted(k for k, v in (reasoning or {}).items() if k != "effort" and v is not None)
+    if extra:  # `summary`, `generate_summary`: the reasoning comes back whole, never summarised
+        raise _bad(f"reasoning.{extra[0]}", "not supported (only 'effort')")
     if body.get("truncation") not in (None, "disabled"):
         raise _bad("truncation", "only 'disabled' is supported: inputs are never truncated")
     if body.get("background") not in (None, False):
@@ -222,6 +225,9 @@ def openai_body(body: dict, store: ResponseStore) -> tuple[dict[str, Any], list[
             out[key] = body[key]
     if body.get("max_output_tokens") is not None:
         out["max_tokens"] = body["max_output_tokens"]
+    effort = (body.get("reasoning") or {}).get("effort")
+    if effort is not None:
+        out["reasoning_effort"] = effort  # parse_chat checks it, and the template's switch honours it
     _tools(body, out)
     _text_format(body, out)
     return out, conversation

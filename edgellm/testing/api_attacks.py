@@ -28,7 +28,9 @@ OLLAMA = [
     ("/api/chat", {"messages": _USER, "format": 5}, "'format'"),
     ("/api/chat", {"messages": _USER, "format": _BAD_REF}, "'format'"),
     ("/api/chat", {"messages": _USER, "keep_alive": []}, "'keep_alive'"),
-    ("/api/chat", {"messages": _USER, "think": True}, "'think'"),
+    ("/api/chat", {"messages": _USER, "think": True}, "'think'"),  # a model that does not think
+    ("/api/chat", {"messages": _USER, "think": [1]}, "'think'"),
+    ("/api/generate", {"prompt": "x", "raw": True, "think": True}, "'think'"),
     ("/api/chat", {"messages": _USER, "stream": "yes"}, "'stream'"),
     ("/api/chat", {"messages": _USER, "tools": "x"}, "'tools'"),
     ("/api/chat", {"messages": _USER, "logprobs": True}, "'logprobs'"),
@@ -124,7 +126,10 @@ RESPONSES = [
     ("/v1/responses", {"input": "x", "max_output_tokens": 0}, "'max_output_tokens'"),
     ("/v1/responses", {"input": "x", "previous_response_id": 5}, "'previous_response_id'"),
     ("/v1/responses", {"input": "x", "previous_response_id": "resp_gone"}, "'previous_response_id'"),
-    ("/v1/responses", {"input": "x", "reasoning": {"effort": "high"}}, "'reasoning'"),
+    ("/v1/responses", {"input": "x", "reasoning": {"effort": "high"}}, "'reasoning.effort'"),  # no thinking
+    ("/v1/responses", {"input": "x", "reasoning": {"effort": "extreme"}}, "'reasoning.effort'"),
+    ("/v1/responses", {"input": "x", "reasoning": {"summary": "auto"}}, "'reasoning.summary'"),
+    ("/v1/responses", {"input": "x", "reasoning": 5}, "'reasoning'"),
     ("/v1/responses", {"input": "x", "truncation": "auto"}, "'truncation'"),
     ("/v1/responses", {"input": "x", "include": ["reasoning.encrypted_content"]}, "'include'"),
     ("/v1/responses", {"input": "x", "instructions": 5}, "'instructions'"),
