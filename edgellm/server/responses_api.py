@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -143,24 +143,28 @@ class _Response:
             done.append(item)
             return [*lines, self.event("response.output_item.done", output_index=out_index, item=item)]
 
+        def open_item(kind: str, prefix: str, make: Callable[[str], dict[str, Any]]) -> list[str]:
+            """The events that end the item being streamed and start the next, `make(its id)`."""
+            nonlocal open_kind, out_index, item_id
+            lines = close()
+            open_kind, out_index, item_id = kind, out_index + 1, _id(prefix)
+            return [
+                *lines,
+                self.event("response.output_item.added", output_index=out_index, item=make(item_id)),
+            ]
+
         async for e in events:
             if isinstance(e, Reasoning):
                 if open_kind != "reasoning":
-                    for line in close():
+                    for line in open_item("reasoning", "rs", lambda i: _reasoning_item(i, "", "in_progress")):
                         yield line
-                    open_kind, out_index, item_id = "reasoning", out_index + 1, _id("rs")
-                    item = _reasoning_item(item_id, "", "in_progress")
-                    yield self.event("response.output_item.added", output_index=out_index, item=item)
                 reply.reasoning = (reply.reasoning or "") + e.text
                 yield self.event("response.reasoning_text.delta", item_id=item_id, output_index=out_index,
                                  content_index=0, delta=e.text)  # fmt: skip
             elif isinstance(e, Text):
                 if open_kind != "message":
-                    for line in close():
+                    for line in open_item("message", "msg", lambda i: _message_item(i, "", "in_progress")):
                         yield line
-                    open_kind, out_index, item_id = "message", out_index + 1, _id("msg")
-                    item = _message_item(item_id, "", "in_progress")
-                    yield self.event("response.output_item.added", output_index=out_index, item=item)
                     part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
                     yield self.event("response.content_part.added", item_id=item_id, output_index=out_index,
                                      content_index=0, part=part)  # fmt: skip
@@ -168,12 +172,11 @@ class _Response:
                 yield self.event("response.output_text.delta", item_id=item_id, output_index=out_index,
                                  content_index=0, delta=e.text, logprobs=[])  # fmt: skip
             elif isinstance(e, CallStart):
-                for line in close():
+                call = Call(e.id, e.name)  # joins reply.calls once the item before it is closed
+                started = lambda i, c=call: _call_item(i, c, "in_progress")  # noqa: E731
+                for line in open_item("function_call", "fc", started):
                     yield line
-                open_kind, out_index, item_id = "function_call", out_index + 1, _id("fc")
-                reply.calls.append(Call(e.id, e.name))
-                item = _call_item(item_id, reply.calls[-1], "in_progress")
-                yield self.event("response.output_item.added", output_index=out_index, item=item)
+                reply.calls.append(call)
             elif isinstance(e, CallArgs):
                 reply.calls[-1].arguments += e.arguments
                 yield self.event("response.function_call_arguments.delta", item_id=item_id,
