@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 # Every CPU tier the host can run compiled into the kernels, before anything imports them: the kernel
@@ -58,3 +59,16 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     from tests import background_runs
 
     background_runs.stop_all()
+
+
+@pytest.fixture(scope="session")
+def apis_server(smollm2_path: Path) -> Iterator[str]:
+    """One `edgellm serve smollm2-135m` (smollm2_path: cached first) for the Ollama, Anthropic and Responses
+    API tests (tests/test_api_*.py)."""
+    from edgellm.testing.servers import start_server, stop_server
+
+    proc, url = start_server("smollm2-135m", "--ctx", "512", "--threads", "1")
+    try:
+        yield url
+    finally:
+        stop_server(proc)

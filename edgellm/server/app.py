@@ -1,4 +1,5 @@
-"""The Starlette application: routes, API-key check, body limit, OpenAI-style errors, model loading.
+"""The Starlette application: routes, API-key check, body limit, OpenAI-style errors, model loading. The
+other APIs (ollama_api.py, anthropic_api.py, responses_api.py) add their routes on the same front-end.
 
 The model loads on a background thread after the socket is up, so /health can answer 503 while it
 loads; every model endpoint answers 503 until then too. The engine core runs in its own process (see
@@ -29,12 +30,23 @@ from starlette.routing import Route
 from edgellm.chat_template import ChatPrompt, ChatTemplate, ChatTemplateError
 from edgellm.llm import LLM
 from edgellm.reasoning import REASONING_FORMATS
+from edgellm.server.anthropic_api import anthropic_routes
 from edgellm.server.auth import check_api_key, check_api_key_option, has_api_key
 from edgellm.server.compat import ModelNames, cors_middleware, with_unprefixed
 from edgellm.server.embeddings import embeddings
+from edgellm.server.frontend import Frontend
 from edgellm.server.generate import generate
 from edgellm.server.metrics import ServerMetrics
-from edgellm.server.protocol import ApiError, check_unicode, constrain, parse_chat, parse_completion
+from edgellm.server.ollama_api import ollama_routes
+from edgellm.server.protocol import (
+    ApiError,
+    GenerationRequest,
+    check_unicode,
+    constrain,
+    parse_chat,
+    parse_completion,
+)
+from edgellm.server.responses_api import responses_routes
 from edgellm.server.thinking import reasoning_setup, thinking_options
 
 log = logging.getLogger("edgellm.server")
@@ -181,10 +193,13 @@ class ErrorResponse(JSONResponse):
         return json.dumps(content, separators=(",", ":")).encode("ascii")
 
 
-def error_response(e: ApiError, state: ServerState | None = None) -> JSONResponse:
+def error_response(
+    e: ApiError, state: ServerState | None = None, body: Callable[[ApiError], Any] | None = None
+) -> JSONResponse:
+    """The error as OpenAI's body, or as `body(e)` builds it for another API."""
     if state is not None:
         state.metrics.http_errors[e.status] += 1
-    return ErrorResponse(e.body(), status_code=e.status, headers=e.headers)
+    return ErrorResponse(e.body() if body is None else body(e), status_code=e.status, headers=e.headers)
 
 
 async def render_chat_prompt(
@@ -216,23 +231,30 @@ async def render_chat_prompt(
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def endpoint(state: ServerState, auth: bool = True, needs_model: bool = True) -> Callable[[Handler], Handler]:
-    """Wrap a handler with the API-key check, the loading check and ApiError -> JSON conversion."""
+def endpoint(
+    state: ServerState,
+    auth: bool = True,
+    needs_model: bool = True,
+    error_body: Callable[[ApiError], Any] | None = None,
+    x_api_key: bool = False,
+) -> Callable[[Handler], Handler]:
+    """Wrap a handler with the API-key check (`x_api_key`: that header may carry it too), the loading
+    check and ApiError -> JSON conversion (OpenAI's error body, or `error_body(e)`)."""
 
     def wrap(fn: Handler) -> Handler:
         async def handler(request: Request) -> Response:
             try:
                 if auth and state.config.api_key is not None:
-                    check_api_key(request, state.config.api_key)
+                    check_api_key(request, state.config.api_key, x_api_key)
                 if needs_model and not state.ready.is_set():
                     raise ApiError(503, "the model is still loading", type="server_error", code="loading")
                 return await fn(request)
             except ApiError as e:
-                return error_response(e, state)
+                return error_response(e, state, error_body)
             except ValueError as e:  # SamplingParams and the engine reject bad values with ValueError
-                return error_response(ApiError(400, str(e)), state)
+                return error_response(ApiError(400, str(e)), state, error_body)
             except RecursionError:  # a body just under json's nesting limit, walked a few frames deeper
-                return error_response(ApiError(400, "the request is nested too deeply"), state)
+                return error_response(ApiError(400, "the request is nested too deeply"), state, error_body)
 
         return handler
 
@@ -270,18 +292,30 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
 
     check_model = state.names.check
 
-    @endpoint(state)
-    async def chat_completions(request: Request) -> Response:
-        body = await read_json(request, limit)
-        req = parse_chat(body, state.llm.tokenizer.vocab_size, state.llm.n_ctx)
+    async def prompt_ids(req: GenerationRequest) -> list[int]:
+        """A parsed chat request's model checked, its grammar compiled, its prompt rendered (thinking on or
+        off as asked) and its reply set to split off the reasoning; for the other APIs also a one-prompt
+        completion request's, tokenized."""
         check_model(req.model)
-        assert req.messages is not None
         await constrain(req, (state.llm.tokenizer, state.llm.config.n_vocab))
+        if req.messages is None:
+            assert req.prompts is not None and len(req.prompts) == 1
+            p = req.prompts[0]
+            ids = state.llm.tokenize(p, add_special=True) if isinstance(p, str) else p
+            if not ids:
+                raise ApiError(400, "empty prompt: at least one token is needed", param="prompt")
+            return ids
         template_kwargs, budget = thinking_options(state, req)
         tools = req.tools and req.tools.tools
         prompt = await render_chat_prompt(state, req.messages, tools=tools, template_kwargs=template_kwargs)
         reasoning_setup(state, req, prompt.text, budget)
-        return await generate(state, request, req, [prompt.token_ids], chat=True)
+        return prompt.token_ids
+
+    @endpoint(state)
+    async def chat_completions(request: Request) -> Response:
+        body = await read_json(request, limit)
+        req = parse_chat(body, state.llm.tokenizer.vocab_size, state.llm.n_ctx)
+        return await generate(state, request, req, [await prompt_ids(req)], chat=True)
 
     @endpoint(state)
     async def completions(request: Request) -> Response:
@@ -408,6 +442,10 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
     ]
+    front = Frontend(
+        state, lambda request: read_json(request, limit), lambda **kw: endpoint(state, **kw), prompt_ids
+    )
+    routes += ollama_routes(front) + anthropic_routes(front) + responses_routes(front)
     app = Starlette(
         routes=with_unprefixed(routes),
         middleware=cors_middleware(state.config.cors_origins),

@@ -4,8 +4,9 @@ Accepted: exactly one `Authorization` header whose value is the scheme `Bearer` 
 makes the scheme case-insensitive), one or more spaces (RFC 7235's `1*SP`), then the key, byte for byte,
 and nothing else. The HTTP parser has already trimmed spaces around the value and refused folded
 (obs-fold) header lines (http_strict.py). Tabs, other whitespace, a second header, a raw key without the
-scheme and `x-api-key` are refused. This accepts what llama.cpp (`Bearer ` + key) and vLLM (any case,
-one space) accept with the Bearer scheme.
+scheme are refused. This accepts what llama.cpp (`Bearer ` + key) and vLLM (any case, one space) accept
+with the Bearer scheme. Anthropic's routes also take the key as it sends it, one `x-api-key: KEY` header
+(the key and nothing else); the OpenAI and Ollama routes do not.
 """
 
 from __future__ import annotations
@@ -51,20 +52,43 @@ def presented_key(request: Request) -> bytes | None:
     return match["key"] if match else None
 
 
-def has_api_key(request: Request, api_key: str) -> bool:
-    try:
-        given = presented_key(request)
-    except ApiError:
-        return False
+def _x_api_key(request: Request) -> bytes | None:
+    values = [v for k, v in request.scope["headers"] if k == b"x-api-key"]
+    if len(values) > 1:
+        raise ApiError(
+            401,
+            "more than one x-api-key header; send exactly one",
+            "authentication_error",
+            code="invalid_api_key",
+        )
+    return values[0] if values else None
+
+
+def _matches(given: bytes | None, api_key: str) -> bool:
     return given is not None and hmac.compare_digest(_digest(given), _digest(api_key.encode()))
 
 
-def check_api_key(request: Request, api_key: str) -> None:
-    presented_key(request)  # the duplicate-header error first: it says what is wrong
-    if not has_api_key(request, api_key):
+def has_api_key(request: Request, api_key: str, x_api_key: bool = False) -> bool:
+    """With `x_api_key`, either header may carry the key; every one present must carry it."""
+    try:
+        given = [presented_key(request)] + ([_x_api_key(request)] if x_api_key else [])
+    except ApiError:
+        return False
+    present = [g for g in given if g is not None]
+    if x_api_key and any(k == b"authorization" for k, _ in request.scope["headers"]) and given[0] is None:
+        return False  # an Authorization header that is no Bearer key
+    return bool(present) and all(_matches(g, api_key) for g in present)
+
+
+def check_api_key(request: Request, api_key: str, x_api_key: bool = False) -> None:
+    presented_key(request)  # the duplicate-header errors first: they say what is wrong
+    if x_api_key:
+        _x_api_key(request)
+    if not has_api_key(request, api_key, x_api_key):
+        how = "'x-api-key: <key>' or " if x_api_key else ""
         raise ApiError(
             401,
-            "missing or invalid API key (send 'Authorization: Bearer <key>')",
+            f"missing or invalid API key (send {how}'Authorization: Bearer <key>')",
             type="authentication_error",
             code="invalid_api_key",
         )

@@ -76,19 +76,14 @@ def _encode(v: np.ndarray, fmt: str) -> list[float] | str:
     return v.tolist()
 
 
-async def embeddings(state: ServerState, request: Request, body: dict[str, Any]) -> Response:
-    req = parse_embedding(body)
-    state.names.check(req.model)
+async def embed(
+    state: ServerState, request: Request, inputs: list[str | list[int]], param: str = "input"
+) -> tuple[list[np.ndarray], int]:
+    """Every API's way to the engine's embeddings: the inputs (none truncated) -> their vectors and the
+    number of tokens they were."""
     llm = state.llm
-    n_embd = llm.config.n_embd
-    if req.dimensions is not None and req.dimensions != n_embd:
-        raise _bad(
-            "dimensions",
-            f"{req.dimensions} is not supported: this model's embeddings have {n_embd} dimensions (no "
-            "shortening); leave it out or send that",
-        )
     ids = []
-    for i, x in enumerate(req.inputs):
+    for i, x in enumerate(inputs):
         try:
             ids.append(llm.embedding_ids(x))
         except PromptTooLongError as e:
@@ -96,11 +91,11 @@ async def embeddings(state: ServerState, request: Request, body: dict[str, Any])
                 400,
                 f"This model's maximum context length is {llm.n_ctx} tokens. However, input {i} resulted in "
                 f"{e.num_tokens} tokens (inputs are not truncated).",
-                param="input",
+                param=param,
                 code="context_length_exceeded",
             ) from None
         except ValueError as e:
-            raise ApiError(400, f"input {i}: {e}", param="input") from None
+            raise ApiError(400, f"input {i}: {e}", param=param) from None
     release = state.admit(1)
     try:
         vectors = await _until_disconnect(request, llm.aembed(ids))
@@ -108,7 +103,20 @@ async def embeddings(state: ServerState, request: Request, body: dict[str, Any])
         raise ApiError(503, str(e), type="server_error", code="engine_dead") from e
     finally:
         release()
-    n_tokens = sum(len(x) for x in ids)
+    return vectors, sum(len(x) for x in ids)
+
+
+async def embeddings(state: ServerState, request: Request, body: dict[str, Any]) -> Response:
+    req = parse_embedding(body)
+    state.names.check(req.model)
+    n_embd = state.llm.config.n_embd
+    if req.dimensions is not None and req.dimensions != n_embd:
+        raise _bad(
+            "dimensions",
+            f"{req.dimensions} is not supported: this model's embeddings have {n_embd} dimensions (no "
+            "shortening); leave it out or send that",
+        )
+    vectors, n_tokens = await embed(state, request, req.inputs)
     data = [
         {"object": "embedding", "index": i, "embedding": _encode(v, req.encoding_format)}
         for i, v in enumerate(vectors)

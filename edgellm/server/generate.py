@@ -1,10 +1,12 @@
-"""The generation core shared by /v1/chat/completions and /v1/completions: admission (queue limit),
-engine requests, OpenAI bodies, SSE streaming, and aborting on client disconnect."""
+"""The generation core every API goes through (start_generation: prompt checks, admission by the queue
+limit, engine requests), and what /v1/chat/completions and /v1/completions make of it: OpenAI bodies, SSE
+streaming, and aborting on client disconnect."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -35,9 +37,11 @@ class EngineStreamResponse(StreamingResponse):
     """A StreamingResponse that runs `on_close` however the response ends (finished, client gone,
     cancelled): the engine requests are aborted at once instead of whenever the generator is collected."""
 
-    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+    def __init__(
+        self, content: AsyncIterator[str], on_close: Callable[[], None], media_type: str = "text/event-stream"
+    ) -> None:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        super().__init__(content, media_type="text/event-stream", headers=headers)
+        super().__init__(content, media_type=media_type, headers=headers)
         self.on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -98,15 +102,27 @@ async def _until_disconnect(request: Request, coro: Any) -> Any:
     return task.result()
 
 
-def _engine_error(e: Exception) -> ApiError:
+def engine_error(e: Exception) -> ApiError:
     if isinstance(e, EngineDeadError):
         return ApiError(503, str(e), type="server_error", code="engine_dead")
     return ApiError(400, str(e))
 
 
-async def generate(
-    state: ServerState, request: Request, req: GenerationRequest, prompts: list[list[int]], chat: bool
-) -> Response:
+@dataclass
+class Generation:
+    """One API request's engine requests, admitted and started: `merged` yields (prompt index, output) as
+    they come; `close` aborts what is still running and frees the slots (idempotent)."""
+
+    head: ResponseHead
+    merged: AsyncIterator[tuple[int, RequestOutput]]
+    close: Callable[[], None]
+
+
+def start_generation(
+    state: ServerState, req: GenerationRequest, prompts: list[list[int]], chat: bool
+) -> Generation:
+    """The front-end's one way into the engine, for every API: the prompt checks, admission (429 past the
+    queue limit) and one engine stream per prompt."""
     n_ctx = state.llm.n_ctx
     for ids in prompts:
         try:
@@ -125,17 +141,28 @@ async def generate(
     release = state.admit(len(prompts))
     head = ResponseHead(new_id("chatcmpl" if chat else "cmpl"), state.model_name, chat)
     rids = [f"{head.id}-{i}" for i in range(len(prompts))]
-    n = req.params.n
 
     def close() -> None:
         state.llm.abort_all(rids)  # a no-op for requests that already finished
         release()
 
-    gens = [
-        state.llm.stream(ids, req.params, request_id=rid, group=head.id)
-        for ids, rid in zip(prompts, rids, strict=True)
-    ]
-    merged = _merge(gens)
+    try:
+        gens = [
+            state.llm.stream(ids, req.params, request_id=rid, group=head.id)
+            for ids, rid in zip(prompts, rids, strict=True)
+        ]
+    except BaseException:
+        close()
+        raise
+    return Generation(head, _merge(gens), close)
+
+
+async def generate(
+    state: ServerState, request: Request, req: GenerationRequest, prompts: list[list[int]], chat: bool
+) -> Response:
+    gen = start_generation(state, req, prompts, chat)
+    head, merged, close = gen.head, gen.merged, gen.close
+    n = req.params.n
     try:
         if not req.stream:
             try:
@@ -151,7 +178,7 @@ async def generate(
         raise
     except (ValueError, EngineDeadError) as e:
         close()
-        raise _engine_error(e) from e
+        raise engine_error(e) from e
     except BaseException:
         close()
         raise
@@ -250,7 +277,7 @@ async def _stream(
             yield sse(head.usage_chunk(usage(n_prompt, n_tokens, n_cached)))
         yield sse("[DONE]")
     except (ValueError, EngineDeadError) as e:  # headers are out: report in-band as OpenAI does
-        yield sse(_engine_error(e).body())
+        yield sse(engine_error(e).body())
     finally:
         await merged.aclose()
 

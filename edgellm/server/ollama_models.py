@@ -1,0 +1,65 @@
+"""What Ollama's /api/tags, /api/ps and /api/show say about the served model, from its GGUF metadata."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from typing import TYPE_CHECKING, Any
+
+import gguf
+
+if TYPE_CHECKING:
+    from edgellm.server.app import ServerState
+
+
+def _details(state: ServerState) -> dict[str, Any]:
+    meta = state.llm.metadata
+    arch = str(meta.get("general.architecture", ""))
+    try:
+        quant = gguf.LlamaFileType(meta.get("general.file_type")).name.removeprefix("MOSTLY_")
+    except ValueError:
+        quant = ""
+    return {
+        "parent_model": "",
+        "format": "gguf",
+        "family": arch,
+        "families": [arch],
+        "parameter_size": str(meta.get("general.size_label", "")),
+        "quantization_level": quant,
+    }
+
+
+def model_entry(state: ServerState, name: str) -> dict[str, Any]:
+    stat = state.llm.path.stat()
+    # A digest of the file's identity (path, size, time), not of its bytes: hashing GBs per /api/tags is
+    # not worth it, and no client pulls by it here.
+    ident = f"{state.llm.path}:{stat.st_size}:{stat.st_mtime_ns}".encode()
+    modified = dt.datetime.fromtimestamp(stat.st_mtime, dt.UTC).isoformat().replace("+00:00", "Z")
+    return {
+        "name": name,
+        "model": name,
+        "modified_at": modified,
+        "size": stat.st_size,
+        "digest": hashlib.sha256(ident).hexdigest(),
+        "details": _details(state),
+    }
+
+
+def show_body(state: ServerState) -> dict[str, Any]:
+    llm, meta = state.llm, state.llm.metadata
+    arch = str(meta.get("general.architecture", ""))
+    info = {k: v for k, v in meta.items() if k.startswith("general.") and isinstance(v, str | int | float)}
+    # The context length this server serves (what a client may size its prompts to), not the trained one.
+    info.update({f"{arch}.context_length": llm.n_ctx, f"{arch}.embedding_length": llm.config.n_embd})
+    template = state.template.source if state.template is not None else ""
+    caps = ["completion"] + (["tools"] if state.template is not None else [])
+    return {
+        "license": str(meta.get("general.license", "")),
+        "modelfile": f"# served by edgellm\nFROM {llm.path}\n",
+        "parameters": "",
+        "template": template,
+        "details": _details(state),
+        "model_info": info,
+        "capabilities": caps,
+        "modified_at": model_entry(state, state.model_name)["modified_at"],
+    }

@@ -1,0 +1,213 @@
+"""OpenAI's Responses API on the shared front-end: /v1/responses, whole or streamed with its events
+(response.created ... response.output_text.delta ... response.completed), as the openai SDK parses them.
+
+The request becomes the OpenAI chat body the chat route parses (responses_input.py), so it is validated,
+constrained and generated the same way (server/frontend.py). `previous_response_id` names one of the last
+responses kept in memory (responses_input.ResponseStore, bounded); errors are OpenAI's error body.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from edgellm.server.frontend import (
+    Call,
+    CallArgs,
+    CallStart,
+    End,
+    Event,
+    Frontend,
+    Reasoning,
+    Reply,
+    Text,
+    renamed,
+    respond,
+)
+from edgellm.server.openai_format import sse
+from edgellm.server.protocol import ApiError, GenerationRequest, parse_chat
+from edgellm.server.responses_input import OPENAI_NAMES, ResponseStore, openai_body
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(12)}"
+
+
+def _reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    content = [{"type": "reasoning_text", "text": text}] if status == "completed" else []
+    return {"type": "reasoning", "id": item_id, "summary": [], "content": content, "status": status}
+
+
+def reasoning_items(reasoning: str | None) -> list[dict[str, Any]]:
+    """The reply's reasoning as a Responses reasoning output item (its text as `reasoning_text`)."""
+    return [_reasoning_item(_id("rs"), reasoning, "completed")] if reasoning else []
+
+
+def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant",
+            "content": [part] if status == "completed" else []}  # fmt: skip
+
+
+def _call_item(item_id: str, call: Call, status: str) -> dict[str, Any]:
+    return {"type": "function_call", "id": item_id, "call_id": call.id, "name": call.name,
+            "arguments": call.arguments, "status": status}  # fmt: skip
+
+
+class _Response:
+    """One response's object, as it grows; `conversation` is stored with the reply once it is done."""
+
+    def __init__(self, state: Any, body: dict, req: GenerationRequest, n_prompt: int, store: ResponseStore,
+                 conversation: list[dict[str, Any]]) -> None:  # fmt: skip
+        self.id, self.created = _id("resp"), int(time.time())
+        self.model, self.body, self.req, self.n_prompt = state.model_name, body, req, n_prompt
+        self.store, self.conversation = store, conversation
+        self.seq = 0
+
+    def obj(self, status: str, output: list[dict[str, Any]], end: End | None) -> dict[str, Any]:
+        b = self.body
+        usage = None
+        if end is not None:
+            usage = {"input_tokens": end.prompt_tokens, "output_tokens": end.completion_tokens,
+                     "total_tokens": end.prompt_tokens + end.completion_tokens,
+                     "input_tokens_details": {"cached_tokens": end.cached_tokens},
+                     "output_tokens_details": {"reasoning_tokens": 0}}  # fmt: skip
+        incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+        return {
+            "id": self.id, "object": "response", "created_at": self.created, "status": status, "error": None,
+            "incomplete_details": incomplete, "instructions": b.get("instructions"),
+            "max_output_tokens": b.get("max_output_tokens"), "model": self.model, "output": output,
+            "parallel_tool_calls": b.get("parallel_tool_calls", True),
+            "previous_response_id": b.get("previous_response_id"),
+            "reasoning": {"effort": None, "summary": None},
+            "store": b.get("store", True), "temperature": b.get("temperature", 1.0),
+            "text": b.get("text") or {"format": {"type": "text"}},
+            "tool_choice": b.get("tool_choice", "auto"),
+            "tools": b.get("tools") or [], "top_p": b.get("top_p", 1.0), "truncation": "disabled",
+            "usage": usage, "metadata": b.get("metadata") or {}, "user": b.get("user"),
+        }  # fmt: skip
+
+    def finished(self, reply: Reply) -> str:
+        """The status of a whole reply; its conversation is stored (unless `store` is false)."""
+        assert reply.end is not None
+        if self.body.get("store", True):
+            calls = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                     for c in reply.calls]  # fmt: skip
+            turn = {"role": "assistant", "content": reply.content, **({"tool_calls": calls} if calls else {})}
+            self.store.put(self.id, [*self.conversation, turn])
+        return "incomplete" if reply.end.reason == "length" else "completed"
+
+    def whole(self, reply: Reply) -> Response:
+        output = reasoning_items(reply.reasoning)
+        if reply.content or not (reply.calls or reply.reasoning):  # as streamed: no empty block
+            output.append(_message_item(_id("msg"), reply.content, "completed"))
+        output += [_call_item(_id("fc"), c, "completed") for c in reply.calls]
+        return JSONResponse(self.obj(self.finished(reply), output, reply.end))
+
+    def event(self, kind: str, **data: Any) -> str:
+        self.seq += 1
+        return f"event: {kind}\n" + sse({"type": kind, "sequence_number": self.seq - 1, **data})
+
+    async def stream(self, events: AsyncIterator[Event]) -> AsyncIterator[str]:
+        yield self.event("response.created", response=self.obj("in_progress", [], None))
+        yield self.event("response.in_progress", response=self.obj("in_progress", [], None))
+        reply, out_index, item_id = Reply(), -1, ""
+        open_kind: str | None = None  # "reasoning", "message", "function_call": the item being streamed
+        done: list[dict[str, Any]] = []  # the output items streamed whole
+
+        def close() -> list[str]:
+            """The events that end the output item being streamed, which joins `done`."""
+            if open_kind == "reasoning":
+                item = _reasoning_item(item_id, reply.reasoning or "", "completed")
+                at = {"item_id": item_id, "output_index": out_index, "content_index": 0}
+                lines = [self.event("response.reasoning_text.done", **at, text=reply.reasoning or "")]
+            elif open_kind == "message":
+                item = _message_item(item_id, reply.content, "completed")
+                at = {"item_id": item_id, "output_index": out_index, "content_index": 0}
+                lines = [self.event("response.output_text.done", **at, text=reply.content, logprobs=[]),
+                         self.event("response.content_part.done", **at, part=item["content"][0])]  # fmt: skip
+            elif open_kind == "function_call":
+                call = reply.calls[-1]
+                item = _call_item(item_id, call, "completed")
+                at = {"item_id": item_id, "output_index": out_index}
+                args = {"name": call.name, "arguments": call.arguments}
+                lines = [self.event("response.function_call_arguments.done", **at, **args)]
+            else:
+                return []
+            done.append(item)
+            return [*lines, self.event("response.output_item.done", output_index=out_index, item=item)]
+
+        def open_item(kind: str, prefix: str, make: Callable[[str], dict[str, Any]]) -> list[str]:
+            """The events that end the item being streamed and start the next, `make(its id)`."""
+            nonlocal open_kind, out_index, item_id
+            lines = close()
+            open_kind, out_index, item_id = kind, out_index + 1, _id(prefix)
+            return [
+                *lines,
+                self.event("response.output_item.added", output_index=out_index, item=make(item_id)),
+            ]
+
+        async for e in events:
+            if isinstance(e, Reasoning):
+                if open_kind != "reasoning":
+                    for line in open_item("reasoning", "rs", lambda i: _reasoning_item(i, "", "in_progress")):
+                        yield line
+                reply.reasoning = (reply.reasoning or "") + e.text
+                yield self.event("response.reasoning_text.delta", item_id=item_id, output_index=out_index,
+                                 content_index=0, delta=e.text)  # fmt: skip
+            elif isinstance(e, Text):
+                if open_kind != "message":
+                    for line in open_item("message", "msg", lambda i: _message_item(i, "", "in_progress")):
+                        yield line
+                    part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+                    yield self.event("response.content_part.added", item_id=item_id, output_index=out_index,
+                                     content_index=0, part=part)  # fmt: skip
+                reply.content += e.text
+                yield self.event("response.output_text.delta", item_id=item_id, output_index=out_index,
+                                 content_index=0, delta=e.text, logprobs=[])  # fmt: skip
+            elif isinstance(e, CallStart):
+                call = Call(e.id, e.name)  # joins reply.calls once the item before it is closed
+                started = lambda i, c=call: _call_item(i, c, "in_progress")  # noqa: E731
+                for line in open_item("function_call", "fc", started):
+                    yield line
+                reply.calls.append(call)
+            elif isinstance(e, CallArgs):
+                reply.calls[-1].arguments += e.arguments
+                yield self.event("response.function_call_arguments.delta", item_id=item_id,
+                                 output_index=out_index, delta=e.arguments)  # fmt: skip
+            elif isinstance(e, End):
+                for line in close():
+                    yield line
+                reply.end = e
+                status = self.finished(reply)
+                kind = "response.completed" if status == "completed" else "response.incomplete"
+                yield self.event(kind, response=self.obj(status, done, e))
+
+    def error_line(self, e: ApiError) -> str:
+        return self.event("error", code=e.code, message=e.message, param=e.param)
+
+
+def responses_routes(front: Frontend) -> list[Route]:
+    state = front.state
+    store = ResponseStore()
+    endpoint = front.endpoint()
+
+    @endpoint
+    async def create_response(request: Request) -> Response:
+        body = await front.read_json(request)
+        with renamed(OPENAI_NAMES):
+            chat_body, conversation = openai_body(body, store)
+            req = parse_chat(chat_body, state.llm.tokenizer.vocab_size, state.llm.n_ctx)
+            ids = await front.prompt_ids(req)
+        resp = _Response(state, body, req, len(ids), store, conversation)
+        return await respond(
+            front, request, req, ids, resp.whole, resp.stream, resp.error_line, "text/event-stream"
+        )
+
+    return [Route("/v1/responses", create_response, methods=["POST"])]

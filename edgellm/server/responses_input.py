@@ -1,0 +1,233 @@
+"""OpenAI Responses request bodies -> the OpenAI chat body the shared front-end parses: `input` (a string or
+items), `instructions`, function `tools`, `tool_choice`, `text.format`, `max_output_tokens`; and the bounded
+in-memory store `previous_response_id` reads earlier conversations from.
+
+Unknown fields, and known ones that would change the output and cannot be honoured (built-in tools,
+`reasoning.summary`, `truncation: "auto"`, `background`, `include`, images and files), are 400s naming
+them. `reasoning.effort` goes to the template's thinking switch as the chat route's `reasoning_effort`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from typing import Any
+
+from edgellm.server.protocol import _bad
+
+FIELDS = {
+    "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
+    "max_output_tokens", "temperature", "top_p", "stream", "previous_response_id", "store", "metadata",
+    "user",
+    "reasoning", "truncation", "include", "service_tier", "prompt_cache_key", "safety_identifier",
+    "background", "top_logprobs",
+}  # fmt: skip
+TEXT_PARTS = {"input_text", "output_text", "text", "refusal"}
+# OpenAI chat fields -> the Responses fields they came from, for error messages.
+OPENAI_NAMES = {
+    "max_tokens": "max_output_tokens",
+    "response_format": "text.format",
+    "response_format.json_schema": "text.format",
+    "response_format.json_schema.name": "text.format.name",
+    "response_format.json_schema.schema": "text.format.schema",
+    "response_format.json_schema.strict": "text.format.strict",
+    "messages": "input",
+    "reasoning_effort": "reasoning.effort",
+}
+MAX_STORED = 256  # responses previous_response_id can name
+MAX_STORED_CHARS = 32 * 2**20  # their conversations together, as JSON
+
+
+class ResponseStore:
+    """The conversations of the last responses (OpenAI chat messages, the reply included), for
+    `previous_response_id`: at most MAX_STORED of them and MAX_STORED_CHARS in all, oldest out first."""
+
+    def __init__(self, max_items: int = MAX_STORED, max_chars: int = MAX_STORED_CHARS) -> None:
+        self.items: OrderedDict[str, tuple[list[dict[str, Any]], int]] = OrderedDict()
+        self.max_items, self.max_chars, self.chars = max_items, max_chars, 0
+
+    def put(self, response_id: str, messages: list[dict[str, Any]]) -> None:
+        size = len(json.dumps(messages, ensure_ascii=False))
+        if size > self.max_chars:
+            return  # too large to keep: naming it later is a 400 saying it is not kept
+        self.items[response_id] = (messages, size)
+        self.chars += size
+        while len(self.items) > self.max_items or self.chars > self.max_chars:
+            _, (_, dropped) = self.items.popitem(last=False)
+            self.chars -= dropped
+
+    def get(self, response_id: str) -> list[dict[str, Any]]:
+        found = self.items.get(response_id)
+        if found is None:
+            raise _bad(
+                "previous_response_id",
+                f"no stored response {response_id!r} (this server keeps the last {self.max_items} responses "
+                "made with store true, in memory, until it restarts)",
+            )
+        self.items.move_to_end(response_id)
+        return found[0]
+
+
+def _text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _bad(where, "expected a string or a list of content parts")
+    parts = []
+    for i, p in enumerate(content):
+        kind = p.get("type") if isinstance(p, dict) else None
+        if kind in TEXT_PARTS:
+            text = p.get("text", p.get("refusal"))
+            if not isinstance(text, str):
+                raise _bad(f"{where}[{i}].text", "expected a string")
+            parts.append(text)
+        elif kind in ("input_image", "input_file", "input_audio"):
+            raise _bad(f"{where}[{i}]", f"{kind} is not supported: the model reads text only")
+        else:
+            raise _bad(f"{where}[{i}]", f"unsupported content part {kind!r} (input_text, output_text)")
+    return "".join(parts)
+
+
+def input_messages(value: Any) -> list[dict[str, Any]]:
+    """`input` as OpenAI chat messages (without the instructions)."""
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise _bad("input", "expected a string or a non-empty list of items")
+    out: list[dict[str, Any]] = []
+    names: dict[str, str] = {}  # call_id -> the function's name
+    for i, item in enumerate(value):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise _bad(where, "expected an object")
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "system", "developer", "assistant"):
+                raise _bad(f"{where}.role", "expected 'user', 'system', 'developer' or 'assistant'")
+            out.append({"role": role, "content": _text(item.get("content"), f"{where}.content")})
+        elif kind == "function_call":
+            call_id, name, args = item.get("call_id"), item.get("name"), item.get("arguments")
+            if not (isinstance(call_id, str) and isinstance(name, str) and isinstance(args, str)):
+                raise _bad(where, "expected a function_call with string 'call_id', 'name' and 'arguments'")
+            names[call_id] = name
+            call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+            if not (out and out[-1]["role"] == "assistant"):
+                out.append({"role": "assistant", "content": ""})
+            out[-1].setdefault("tool_calls", []).append(call)
+        elif kind == "function_call_output":
+            call_id = item.get("call_id")
+            if not isinstance(call_id, str):
+                raise _bad(f"{where}.call_id", "expected the call_id of the function_call it answers")
+            msg = {
+                "role": "tool",
+                "tool_call_id": call_id,
+                "content": _text(item.get("output"), f"{where}.output"),
+            }
+            out.append({**msg, "name": names[call_id]} if call_id in names else msg)
+        elif kind == "reasoning":
+            pass  # earlier reasoning: templates leave it out of the prompt
+        else:
+            raise _bad(f"{where}.type", f"unsupported item type {kind!r} (message, function_call, ...)")
+    return out
+
+
+def _tools(body: dict, out: dict[str, Any]) -> None:
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise _bad("tools", "expected a list of tools")
+        converted = []
+        for i, t in enumerate(tools):
+            if not isinstance(t, dict) or t.get("type") != "function":
+                kind = t.get("type") if isinstance(t, dict) else None
+                raise _bad(f"tools[{i}]", f"only function tools are supported, got {kind!r}")
+            fn = {k: t[k] for k in ("name", "description", "parameters") if t.get(k) is not None}
+            converted.append({"type": "function", "function": fn})
+        out["tools"] = converted or None
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        if choice.get("type") != "function":
+            raise _bad("tool_choice", "expected 'auto', 'none', 'required' or {'type': 'function', 'name'}")
+        choice = {"type": "function", "function": {"name": choice.get("name")}}
+    if choice is not None:
+        out["tool_choice"] = choice
+    if body.get("parallel_tool_calls") is not None:
+        out["parallel_tool_calls"] = body["parallel_tool_calls"]
+
+
+def _text_format(body: dict, out: dict[str, Any]) -> None:
+    text = body.get("text")
+    if text is None:
+        return
+    if not isinstance(text, dict):
+        raise _bad("text", "expected an object")
+    extra = sorted(set(text) - {"format", "verbosity"})
+    if extra:
+        raise _bad(f"text.{extra[0]}", "unknown field")
+    if text.get("verbosity") not in (None, "medium"):
+        raise _bad("text.verbosity", "only 'medium' is supported")
+    fmt = text.get("format")
+    if fmt is None:
+        return
+    if not isinstance(fmt, dict):
+        raise _bad("text.format", "expected an object with a 'type'")
+    if fmt.get("type") == "json_schema":
+        spec = {k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}
+        out["response_format"] = {"type": "json_schema", "json_schema": spec}
+    else:
+        out["response_format"] = {"type": fmt.get("type")}
+
+
+def _refuse_unsupported(body: dict) -> None:
+    extra = sorted(set(body) - FIELDS)
+    if extra:
+        raise _bad(extra[0], "unknown parameter")
+    reasoning = body.get("reasoning")
+    if reasoning is not None and not isinstance(reasoning, dict):
+        raise _bad("reasoning", "expected an object")
+    extra = sorted(k for k, v in (reasoning or {}).items() if k != "effort" and v is not None)
+    if extra:  # `summary`, `generate_summary`: the reasoning comes back whole, never summarised
+        raise _bad(f"reasoning.{extra[0]}", "not supported (only 'effort')")
+    if body.get("truncation") not in (None, "disabled"):
+        raise _bad("truncation", "only 'disabled' is supported: inputs are never truncated")
+    if body.get("background") not in (None, False):
+        raise _bad("background", "background responses are not supported")
+    if body.get("include") not in (None, []):
+        raise _bad("include", "no extra output data is supported")
+    if body.get("top_logprobs") not in (None, 0):
+        raise _bad("top_logprobs", "logprobs are not supported on /v1/responses (use /v1/chat/completions)")
+    for key in ("store",):
+        if body.get(key) is not None and not isinstance(body[key], bool):
+            raise _bad(key, "expected a boolean")
+    for key in ("metadata",):
+        if body.get(key) is not None and not isinstance(body[key], dict):
+            raise _bad(key, "expected an object")
+
+
+def openai_body(body: dict, store: ResponseStore) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The chat body, and the conversation to store with the reply (earlier turns included, the
+    instructions not: as OpenAI does, they do not carry over to a later response)."""
+    _refuse_unsupported(body)
+    prev = body.get("previous_response_id")
+    if prev is not None and not isinstance(prev, str):
+        raise _bad("previous_response_id", "expected a string")
+    if "input" not in body:
+        raise _bad("input", "required")
+    conversation = (list(store.get(prev)) if prev is not None else []) + input_messages(body["input"])
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise _bad("instructions", "expected a string")
+    system = [{"role": "system", "content": instructions}] if instructions else []
+    out: dict[str, Any] = {"messages": system + conversation}
+    for key in ("model", "temperature", "top_p", "stream", "user"):
+        if key in body:
+            out[key] = body[key]
+    if body.get("max_output_tokens") is not None:
+        out["max_tokens"] = body["max_output_tokens"]
+    effort = (body.get("reasoning") or {}).get("effort")
+    if effort is not None:
+        out["reasoning_effort"] = effort  # parse_chat checks it, and the template's switch honours it
+    _tools(body, out)
+    _text_format(body, out)
+    return out, conversation
