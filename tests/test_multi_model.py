@@ -155,13 +155,13 @@ def apis_router(tmp_path_factory: pytest.TempPathFactory):
         "--models", f"{a},{b}", "--ctx", "128", "--kv-cache-memory", "1M", "--api-key", KEY
     )  # fmt: skip
     try:
-        yield url, a, b
+        yield url, a, b, router.pid
     finally:
         stop_server(router)
 
 
 def test_ollama_client_lists_chats_with_each_model_and_sees_them_loaded(apis_router) -> None:
-    url, a, b = apis_router
+    url, a, b, _ = apis_router
     client = ollama.Client(host=url, headers=BEARER, timeout=300)
     assert httpx.get(f"{url}/api/tags", timeout=10).status_code == 401  # the key, as on every route
     assert {m.model for m in client.list().models} == {a, b}  # servable, loaded or not
@@ -185,7 +185,7 @@ def test_ollama_client_lists_chats_with_each_model_and_sees_them_loaded(apis_rou
 
 
 def test_anthropic_sdk_with_x_api_key_through_the_router(apis_router) -> None:
-    url, a, b = apis_router
+    url, a, b, _ = apis_router
     claude = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0, timeout=300)  # sends x-api-key
     msg = claude.messages.create(model=b, max_tokens=4, messages=[{"role": "user", "content": "hi"}])
     assert msg.model == b and msg.usage.output_tokens == 4 and msg.content[0].type == "text"
@@ -205,7 +205,7 @@ def test_anthropic_sdk_with_x_api_key_through_the_router(apis_router) -> None:
 
 
 def test_router_openai_routes_listing_and_default_model(apis_router) -> None:
-    url, a, b = apis_router
+    url, a, b, _ = apis_router
     one = httpx.get(f"{url}/v1/models/{b}", headers=BEARER, timeout=10)
     assert one.status_code == 200 and one.json()["id"] == b
     missing = httpx.get(f"{url}/models/nope", headers=BEARER, timeout=10)  # unprefixed, as served there
@@ -219,3 +219,28 @@ def test_router_openai_routes_listing_and_default_model(apis_router) -> None:
     assert r.status_code == 200 and r.json()["model"] == b, r.text
     bad = httpx.post(f"{url}/v1/chat/completions", content=b"[1]", headers=BEARER, timeout=10)
     assert bad.status_code == 400 and "JSON object" in bad.json()["error"]["message"]
+
+
+def _metric(server_url: str, name: str) -> float:
+    text = httpx.get(f"{server_url}/metrics", headers=BEARER, timeout=10).text
+    return float(next(line.split()[1] for line in text.splitlines() if line.startswith(name + "{")))
+
+
+def test_a_client_leaving_a_relayed_stream_cancels_it_and_frees_the_model(apis_router) -> None:
+    url, a, b, router_pid = apis_router
+    assert httpx.post(f"{url}/models/load", json={"model": a}, headers=BEARER, timeout=300).status_code == 200
+    [server] = [p for p in _children(router_pid) if f" serve {a} " in _cmdline(p)]
+    a_url = f"http://127.0.0.1:{_cmdline(server).split(' --port ')[1].split()[0]}"
+    before = _metric(a_url, "edgellm_generation_tokens_total")
+    body = {"model": a, "prompt": "hello", "max_tokens": 110, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=BEARER, timeout=300) as r:
+        assert r.status_code == 200
+        next(r.iter_lines())  # the first event, then the client leaves
+    deadline = time.monotonic() + 30
+    while _metric(a_url, "edgellm_num_requests_running") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    generated = _metric(a_url, "edgellm_generation_tokens_total") - before
+    assert 0 < generated < 110  # a's server cancelled it
+    # and the router counted it out: a unloads (a 409 while a request is in flight)
+    u = httpx.post(f"{url}/models/unload", json={"model": a}, headers=BEARER, timeout=60)
+    assert u.status_code == 200 and u.json() == {"model": a, "loaded": False}, u.text
