@@ -4,9 +4,9 @@ Each model is served by its own `edgellm serve` child on a loopback port (its ow
 a crashed model leaves the others alone), as llama-swap and llama.cpp's router mode run one server per
 model. The child starts on the model's first request (or POST /models/load) and stops after --keep-alive
 idle seconds, or when --models-max models are loaded and another is asked for: the least recently used
-model with no request in flight goes first (none idle: 503). Requests are relayed to the child by their
-`model` field, streams included; an unknown name is a 404 listing the names served. GET /v1/models lists
-them with whether each is loaded. `--presets FILE` gives models flags of their own (read_presets).
+model with no request in flight goes first (none idle: 503). The routes (every API the child serves,
+relayed by the body's `model` field; the listings answered across models) are in multi_routes.py.
+`--presets FILE` gives models flags of their own (read_presets).
 """
 
 from __future__ import annotations
