@@ -175,6 +175,9 @@ def test_ollama_client_lists_chats_with_each_model_and_sees_them_loaded(apis_rou
     ps = client.ps().models
     assert {m.model for m in ps} == {a, b} and all(m.context_length == 128 for m in ps)
     assert client.pull(a).status == "success"
+    assert client.show(b).details.family == "qwen3" and client.show(a).details.family == "llama"
+    nowhere = httpx.post(f"{url}/api/nowhere", json={"model": a}, headers=BEARER, timeout=10)
+    assert nowhere.status_code == 404 and "/api/nowhere" in nowhere.json()["error"]  # Ollama's shape
     assert httpx.get(f"{url}/api/version", headers=BEARER, timeout=10).json()["version"]
     with pytest.raises(ollama.ResponseError) as e:
         client.chat(model="nope", messages=[{"role": "user", "content": "x"}])
@@ -187,11 +190,15 @@ def test_ollama_client_lists_chats_with_each_model_and_sees_them_loaded(apis_rou
 def test_anthropic_sdk_with_x_api_key_through_the_router(apis_router) -> None:
     url, a, b, _ = apis_router
     claude = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0, timeout=300)  # sends x-api-key
-    msg = claude.messages.create(model=b, max_tokens=4, messages=[{"role": "user", "content": "hi"}])
-    assert msg.model == b and msg.usage.output_tokens == 4 and msg.content[0].type == "text"
-    with claude.messages.stream(model=a, max_tokens=4, messages=[{"role": "user", "content": "hi"}]) as s:
-        streamed = s.get_final_message()
-    assert streamed.model == a and streamed.usage.output_tokens == 4
+    hi, greedy = [{"role": "user", "content": "hi"}], {"temperature": 0}
+    for name in (a, b):  # the whole answer, and the same streamed through the router
+        msg = claude.messages.create(model=name, max_tokens=4, messages=hi, extra_body=greedy)
+        assert msg.model == name and 1 <= msg.usage.output_tokens <= 4
+        with claude.messages.stream(model=name, max_tokens=4, messages=hi, extra_body=greedy) as s:
+            streamed = s.get_final_message()
+        texts = [[c.text for c in m.content if c.type == "text"] for m in (msg, streamed)]
+        assert streamed.model == name and texts[0] == texts[1]
+        assert streamed.usage.output_tokens == msg.usage.output_tokens
     assert claude.messages.count_tokens(model=a, messages=[{"role": "user", "content": "hi"}]).input_tokens
     with pytest.raises(anthropic.NotFoundError) as e:
         claude.messages.create(model="nope", max_tokens=4, messages=[{"role": "user", "content": "hi"}])

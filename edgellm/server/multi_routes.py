@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -264,6 +265,12 @@ def build_router_app(router: ModelRouter, api_key: str | None = None) -> Starlet
         Route("/api/version", version, methods=["GET"]),
         Route("/", root, methods=["GET", "HEAD"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)  # no such route or method, in the API's error shape
+        e = ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code="not_found")
+        return error_response(e, None, ERROR_BODIES[_api(request.url.path)])
+
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
     app.router.redirect_slashes = False  # as the single-model server: no redirect built from Host
     return app
