@@ -12,6 +12,10 @@ import threading
 import time
 from pathlib import Path
 
+import anthropic
+import ollama
+import pytest
+
 from edgellm.testing.servers import ROOT, free_port, httpx, stop_server
 from edgellm.testing.synthetic import write_tiny_model
 
@@ -135,3 +139,115 @@ def test_a_presets_file_with_an_unknown_key_is_an_error(tmp_path: Path) -> None:
     presets.write_text('[models."other"]\nctx = 64\n')
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "preset for 'other', which --models does not serve (m)" in proc.stderr
+
+
+# ---- the other APIs through one router (one per module: it starts a server per model) ----------------
+KEY = "router-key"
+BEARER = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture(scope="module")
+def apis_router(tmp_path_factory: pytest.TempPathFactory):
+    d = tmp_path_factory.mktemp("router")
+    a = str(write_tiny_model(d / "a.gguf", "llama", seed=1))
+    b = str(write_tiny_model(d / "b.gguf", "qwen3", seed=2))
+    router, url = _start_router(
+        "--models", f"{a},{b}", "--ctx", "128", "--kv-cache-memory", "1M", "--api-key", KEY
+    )  # fmt: skip
+    try:
+        yield url, a, b, router.pid
+    finally:
+        stop_server(router)
+
+
+def test_ollama_client_lists_chats_with_each_model_and_sees_them_loaded(apis_router) -> None:
+    url, a, b, _ = apis_router
+    client = ollama.Client(host=url, headers=BEARER, timeout=300)
+    assert httpx.get(f"{url}/api/tags", timeout=10).status_code == 401  # the key, as on every route
+    assert {m.model for m in client.list().models} == {a, b}  # servable, loaded or not
+    assert [m.size for m in client.list().models] == [Path(a).stat().st_size, Path(b).stat().st_size]
+    msgs, opts = [{"role": "user", "content": "hello"}], {"num_predict": 4, "temperature": 0}
+    for name in (a, b):
+        r = client.chat(model=name, messages=msgs, options=opts)
+        assert r.model == name and r.done and r.eval_count == 4
+        parts = list(client.chat(model=name, messages=msgs, options=opts, stream=True))
+        assert parts[-1].done and "".join(p.message.content for p in parts) == r.message.content
+    ps = client.ps().models
+    assert {m.model for m in ps} == {a, b} and all(m.context_length == 128 for m in ps)
+    assert client.pull(a).status == "success"
+    assert client.show(b).details.family == "qwen3" and client.show(a).details.family == "llama"
+    nowhere = httpx.post(f"{url}/api/nowhere", json={"model": a}, headers=BEARER, timeout=10)
+    assert nowhere.status_code == 404 and "/api/nowhere" in nowhere.json()["error"]  # Ollama's shape
+    assert httpx.get(f"{url}/api/version", headers=BEARER, timeout=10).json()["version"]
+    with pytest.raises(ollama.ResponseError) as e:
+        client.chat(model="nope", messages=[{"role": "user", "content": "x"}])
+    assert e.value.status_code == 404 and a in e.value.error and b in e.value.error  # Ollama's error shape
+    with pytest.raises(ollama.ResponseError) as e:
+        client.pull("nope")
+    assert e.value.status_code == 404 and a in e.value.error
+
+
+def test_anthropic_sdk_with_x_api_key_through_the_router(apis_router) -> None:
+    url, a, b, _ = apis_router
+    claude = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0, timeout=300)  # sends x-api-key
+    hi, greedy = [{"role": "user", "content": "hi"}], {"temperature": 0}
+    for name in (a, b):  # the whole answer, and the same streamed through the router
+        msg = claude.messages.create(model=name, max_tokens=4, messages=hi, extra_body=greedy)
+        assert msg.model == name and 1 <= msg.usage.output_tokens <= 4
+        with claude.messages.stream(model=name, max_tokens=4, messages=hi, extra_body=greedy) as s:
+            streamed = s.get_final_message()
+        texts = [[c.text for c in m.content if c.type == "text"] for m in (msg, streamed)]
+        assert streamed.model == name and texts[0] == texts[1]
+        assert streamed.usage.output_tokens == msg.usage.output_tokens
+    assert claude.messages.count_tokens(model=a, messages=[{"role": "user", "content": "hi"}]).input_tokens
+    with pytest.raises(anthropic.NotFoundError) as e:
+        claude.messages.create(model="nope", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+    assert e.value.body["type"] == "error" and a in e.value.body["error"]["message"]  # Anthropic's shape
+    wrong = anthropic.Anthropic(base_url=url, api_key="wrong", max_retries=0, timeout=30)
+    with pytest.raises(anthropic.AuthenticationError):
+        wrong.messages.create(model=a, max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+    # x-api-key is the Anthropic routes' header only, as on the single-model server
+    r = httpx.post(f"{url}/v1/completions", json={"model": a, "prompt": "x"}, headers={"x-api-key": KEY})
+    assert r.status_code == 401
+
+
+def test_router_openai_routes_listing_and_default_model(apis_router) -> None:
+    url, a, b, _ = apis_router
+    one = httpx.get(f"{url}/v1/models/{b}", headers=BEARER, timeout=10)
+    assert one.status_code == 200 and one.json()["id"] == b
+    missing = httpx.get(f"{url}/models/nope", headers=BEARER, timeout=10)  # unprefixed, as served there
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+    assert a in missing.json()["error"]["message"]
+    body = {"prompt": "hello", "max_tokens": 3, "temperature": 0}  # no model: the first one named
+    r = httpx.post(f"{url}/completions", json=body, headers=BEARER, timeout=300)
+    assert r.status_code == 200 and r.json()["model"] == a, r.text
+    r = httpx.post(f"{url}/v1/responses", json={"model": b, "input": "hi", "max_output_tokens": 3},
+                   headers=BEARER, timeout=300)  # fmt: skip
+    assert r.status_code == 200 and r.json()["model"] == b, r.text
+    bad = httpx.post(f"{url}/v1/chat/completions", content=b"[1]", headers=BEARER, timeout=10)
+    assert bad.status_code == 400 and "JSON object" in bad.json()["error"]["message"]
+
+
+def _metric(server_url: str, name: str) -> float:
+    text = httpx.get(f"{server_url}/metrics", headers=BEARER, timeout=10).text
+    return float(next(line.split()[1] for line in text.splitlines() if line.startswith(name + "{")))
+
+
+def test_a_client_leaving_a_relayed_stream_cancels_it_and_frees_the_model(apis_router) -> None:
+    url, a, b, router_pid = apis_router
+    assert httpx.post(f"{url}/models/load", json={"model": a}, headers=BEARER, timeout=300).status_code == 200
+    [server] = [p for p in _children(router_pid) if f" serve {a} " in _cmdline(p)]
+    a_url = f"http://127.0.0.1:{_cmdline(server).split(' --port ')[1].split()[0]}"
+    before = _metric(a_url, "edgellm_generation_tokens_total")
+    body = {"model": a, "prompt": "hello", "max_tokens": 110, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=BEARER, timeout=300) as r:
+        assert r.status_code == 200
+        next(r.iter_lines())  # the first event, then the client leaves
+    deadline = time.monotonic() + 30
+    while _metric(a_url, "edgellm_num_requests_running") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    generated = _metric(a_url, "edgellm_generation_tokens_total") - before
+    assert 0 < generated < 110  # a's server cancelled it
+    # and the router counted it out: a unloads (a 409 while a request is in flight)
+    u = httpx.post(f"{url}/models/unload", json={"model": a}, headers=BEARER, timeout=60)
+    assert u.status_code == 200 and u.json() == {"model": a, "loaded": False}, u.text

@@ -4,16 +4,14 @@ Each model is served by its own `edgellm serve` child on a loopback port (its ow
 a crashed model leaves the others alone), as llama-swap and llama.cpp's router mode run one server per
 model. The child starts on the model's first request (or POST /models/load) and stops after --keep-alive
 idle seconds, or when --models-max models are loaded and another is asked for: the least recently used
-model with no request in flight goes first (none idle: 503). Requests are relayed to the child by their
-`model` field, streams included; an unknown name is a 404 listing the names served. GET /v1/models lists
-them with whether each is loaded. `--presets FILE` gives models flags of their own (read_presets).
+model with no request in flight goes first (none idle: 503). The routes (every API the child serves,
+relayed by the body's `model` field; the listings answered across models) are in multi_routes.py.
+`--presets FILE` gives models flags of their own (read_presets).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import signal
 import socket
 import subprocess
@@ -21,11 +19,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from typing import Any
 
 try:  # the openai client's HTTP library: httpx, or httpx2 in recent openai releases
     import httpx
@@ -70,9 +64,6 @@ def read_presets(path: str, models: list[str]) -> dict[str, list[str]]:
     return out
 
 
-_HOP_HEADERS = {"host", "content-length", "connection", "transfer-encoding"}
-
-
 @dataclass
 class ModelSlot:
     name: str
@@ -81,14 +72,11 @@ class ModelSlot:
     in_flight: int = 0
     last_used: float = 0.0
     starting: asyncio.Lock = field(default_factory=asyncio.Lock)
+    tag_entry: dict[str, Any] | None = None  # its /api/tags entry, read from the file once
 
     @property
     def loaded(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
-
-
-def _error(status: int, message: str, kind: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
 
 
 class ModelRouter:
@@ -175,104 +163,6 @@ class ModelRouter:
             self.unload(slot)
 
 
-def build_router_app(router: ModelRouter, api_key: str | None = None) -> Starlette:
-    """The router's routes; with `api_key` every route but /health wants it (the models' servers too)."""
-    from edgellm.server.auth import has_api_key
-
-    names = ", ".join(router.slots)
-
-    def guarded(handler):
-        async def checked(request: Request) -> Response:
-            if api_key and not has_api_key(request, api_key):
-                msg = "missing or invalid API key (send 'Authorization: Bearer <key>')"
-                return _error(401, msg, "authentication_error")
-            return await handler(request)
-
-        return checked
-
-    async def relay(request: Request) -> Response:
-        body = await request.body()
-        try:
-            name = json.loads(body).get("model") if body else None
-        except (ValueError, AttributeError):
-            return _error(400, "the request body is not a JSON object", "invalid_request_error")
-        slot = router.slots.get(name) if isinstance(name, str) else None
-        if slot is None:
-            return _error(404, f"model {name!r} is not served here; available: {names}", "not_found_error")
-        try:
-            await router.acquire(slot)
-        except RuntimeError as e:
-            return _error(503, str(e), "unavailable_error")
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
-        try:
-            upstream = await router.client.send(
-                router.client.build_request(
-                    "POST", f"{slot.url}{request.url.path}", content=body, headers=headers
-                ),
-                stream=True,
-            )
-        except httpx.HTTPError as e:
-            router.release(slot)
-            return _error(502, f"model {slot.name}'s server failed: {e}", "server_error")
-
-        async def chunks():
-            try:
-                async for chunk in upstream.aiter_raw():
-                    yield chunk
-            finally:
-                await upstream.aclose()
-                router.release(slot)
-
-        kept = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS}
-        return StreamingResponse(chunks(), status_code=upstream.status_code, headers=kept)
-
-    async def models(request: Request) -> Response:
-        data = [{"id": s.name, "object": "model", "owned_by": "edgellm", "status": {"loaded": s.loaded}}
-                for s in router.slots.values()]  # fmt: skip
-        return JSONResponse({"object": "list", "data": data})
-
-    async def load_or_unload(request: Request) -> Response:
-        try:
-            name = (await request.json()).get("model")
-        except (ValueError, AttributeError):
-            return _error(400, 'expected {"model": NAME}', "invalid_request_error")
-        slot = router.slots.get(name) if isinstance(name, str) else None
-        if slot is None:
-            return _error(404, f"model {name!r} is not served here; available: {names}", "not_found_error")
-        if request.url.path.endswith("/load"):
-            try:
-                await router.acquire(slot)
-            except RuntimeError as e:
-                return _error(503, str(e), "unavailable_error")
-            router.release(slot)
-        elif slot.in_flight:
-            return _error(409, f"model {name} has {slot.in_flight} requests in flight", "conflict_error")
-        else:
-            await asyncio.to_thread(router.unload, slot)
-        return JSONResponse({"model": name, "loaded": slot.loaded})
-
-    async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette):
-        reaper = asyncio.create_task(router.reap_idle())
-        try:
-            yield
-        finally:
-            reaper.cancel()
-            await asyncio.to_thread(router.close)
-
-    routes = [
-        Route("/v1/models", guarded(models), methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/models/load", guarded(load_or_unload), methods=["POST"]),
-        Route("/models/unload", guarded(load_or_unload), methods=["POST"]),
-        Route("/v1/{path:path}", guarded(relay), methods=["POST"]),
-    ]
-    return Starlette(routes=routes, lifespan=lifespan)
-
-
 def run_multi_server(
     models: list[str],
     host: str,
@@ -284,6 +174,8 @@ def run_multi_server(
     api_key: str | None = None,
 ) -> None:
     import uvicorn
+
+    from edgellm.server.multi_routes import build_router_app
 
     router = ModelRouter(models, keep_alive, models_max, child_args, presets)
     app = build_router_app(router, api_key)

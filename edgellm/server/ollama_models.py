@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import gguf
@@ -12,8 +14,7 @@ if TYPE_CHECKING:
     from edgellm.server.app import ServerState
 
 
-def _details(state: ServerState) -> dict[str, Any]:
-    meta = state.llm.metadata
+def _details(meta: Mapping[str, Any]) -> dict[str, Any]:
     arch = str(meta.get("general.architecture", ""))
     try:
         quant = gguf.LlamaFileType(meta.get("general.file_type")).name.removeprefix("MOSTLY_")
@@ -30,10 +31,16 @@ def _details(state: ServerState) -> dict[str, Any]:
 
 
 def model_entry(state: ServerState, name: str) -> dict[str, Any]:
-    stat = state.llm.path.stat()
+    return file_entry(state.llm.path, state.llm.metadata, name)
+
+
+def file_entry(path: Path, meta: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """/api/tags' entry for the model file at `path` with GGUF metadata `meta` (the multi-model router
+    lists models it has not loaded this way)."""
+    stat = path.stat()
     # A digest of the file's identity (path, size, time), not of its bytes: hashing GBs per /api/tags is
     # not worth it, and no client pulls by it here.
-    ident = f"{state.llm.path}:{stat.st_size}:{stat.st_mtime_ns}".encode()
+    ident = f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()
     modified = dt.datetime.fromtimestamp(stat.st_mtime, dt.UTC).isoformat().replace("+00:00", "Z")
     return {
         "name": name,
@@ -41,7 +48,7 @@ def model_entry(state: ServerState, name: str) -> dict[str, Any]:
         "modified_at": modified,
         "size": stat.st_size,
         "digest": hashlib.sha256(ident).hexdigest(),
-        "details": _details(state),
+        "details": _details(meta),
     }
 
 
@@ -58,7 +65,7 @@ def show_body(state: ServerState) -> dict[str, Any]:
         "modelfile": f"# served by edgellm\nFROM {llm.path}\n",
         "parameters": "",
         "template": template,
-        "details": _details(state),
+        "details": _details(llm.metadata),
         "model_info": info,
         "capabilities": caps,
         "modified_at": model_entry(state, state.model_name)["modified_at"],

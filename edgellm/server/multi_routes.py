@@ -1,0 +1,276 @@
+"""The routes of `edgellm serve --models` (multi.py's ModelRouter), as Ollama serves several models: every
+model route of the single-model server (OpenAI, Ollama, Anthropic, Responses, /tokenize, /infill) is
+relayed by the body's `model` field to that model's server, loading it first if need be (no `model`: the
+first model named, as llama.cpp's router does; the model's server then says whether its API wants one);
+the listing routes (/v1/models, /api/tags, /api/ps, /api/version, /api/pull, /) are answered here, across
+the models. Errors the router makes itself come in the API's own shape, as the model's server makes them;
+the API-key check is auth.py's, with `x-api-key` on the Anthropic routes as there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from edgellm.server import anthropic_api, ollama_api
+from edgellm.server.app import error_response
+from edgellm.server.auth import check_api_key
+from edgellm.server.compat import with_unprefixed
+from edgellm.server.ollama_models import file_entry
+from edgellm.server.ollama_options import opt_bool
+from edgellm.server.protocol import ApiError
+
+if TYPE_CHECKING:
+    from edgellm.server.multi import ModelRouter, ModelSlot
+
+try:  # the openai client's HTTP library: httpx, or httpx2 in recent openai releases
+    import httpx
+except ImportError:
+    import httpx2 as httpx  # type: ignore[no-redef]
+
+# POST routes relayed to the model the body names (the /v1 ones also without the prefix, as served there).
+RELAYED = (
+    "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
+    "/v1/messages", "/v1/messages/count_tokens",
+    "/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/show",
+    "/tokenize", "/detokenize", "/infill",
+)  # fmt: skip
+_HOP_HEADERS = {"host", "content-length", "connection", "transfer-encoding"}
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _api(path: str) -> str:
+    if path == "/" or path.startswith("/api/"):
+        return "ollama"
+    return "anthropic" if path.removeprefix("/v1").startswith("/messages") else "openai"
+
+
+ERROR_BODIES = {"ollama": ollama_api.error_body, "anthropic": anthropic_api.error_body, "openai": None}
+
+
+def _tag_entry(router: ModelRouter, slot: ModelSlot) -> dict[str, Any]:
+    """The model's /api/tags entry from its file (read once); a catalog model not downloaded yet (its
+    server downloads it when loaded) is listed by name alone."""
+    if slot.tag_entry is None:
+        from edgellm.catalog import resolve_model
+        from edgellm.gguf.reader import load_gguf_part
+
+        try:
+            path = resolve_model(slot.name, download=False)
+            slot.tag_entry = file_entry(path, load_gguf_part(path).metadata, slot.name)
+        except (OSError, ValueError):
+            return {"name": slot.name, "model": slot.name, "size": 0, "details": {"format": "gguf"}}
+    return slot.tag_entry
+
+
+def build_router_app(router: ModelRouter, api_key: str | None = None) -> Starlette:
+    """The router's routes; with `api_key` every route but /health wants it (the models' servers too)."""
+    names = ", ".join(router.slots)
+    default = next(iter(router.slots.values()))
+
+    def endpoint(handler: Handler) -> Handler:
+        """The key check and ApiError -> the error body of the request's API."""
+
+        async def checked(request: Request) -> Response:
+            api = _api(request.url.path)
+            try:
+                if api_key is not None:
+                    check_api_key(request, api_key, x_api_key=api == "anthropic")
+                return await handler(request)
+            except ApiError as e:
+                return error_response(e, None, ERROR_BODIES[api])
+
+        return checked
+
+    def unknown(name: str) -> ApiError:
+        msg = f"model {name!r} is not served here; available: {names}"
+        return ApiError(404, msg, type="not_found_error", param="model", code="model_not_found")
+
+    async def read_object(request: Request) -> dict[str, Any]:
+        body = await request.body()
+        try:
+            data = json.loads(body) if body else {}
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            raise ApiError(400, "the request body is not a JSON object")
+        return data
+
+    def slot_for(body: dict[str, Any], path: str) -> ModelSlot:
+        name = body.get("model")
+        if name is None and path.startswith("/api/"):
+            name = body.get("name")  # older Ollama clients
+        if name is None:
+            return default
+        if not isinstance(name, str):
+            raise ApiError(400, f"'model' must be a string, got {type(name).__name__}", param="model")
+        slot = router.slots.get(name)
+        if slot is None:
+            raise unknown(name)
+        return slot
+
+    @endpoint
+    async def relay(request: Request) -> Response:
+        raw = await request.body()
+        slot = slot_for(await read_object(request), request.url.path)
+        try:
+            await router.acquire(slot)
+        except RuntimeError as e:
+            raise ApiError(503, str(e), type="server_error", code="unavailable") from None
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
+        try:
+            url = f"{slot.url}{request.url.path}"
+            upstream = await router.client.send(
+                router.client.build_request("POST", url, content=raw, headers=headers), stream=True
+            )
+        except httpx.HTTPError as e:
+            router.release(slot)
+            raise ApiError(502, f"model {slot.name}'s server failed: {e}", type="server_error") from None
+
+        async def chunks():
+            # NDJSON and SSE pass through as they come. A client that goes away cancels this generator
+            # (Starlette watches for the disconnect); closing the upstream stream then tells the model's
+            # server, which cancels the request there.
+            try:
+                async for chunk in upstream.aiter_raw():
+                    yield chunk
+            finally:
+                router.release(slot)
+                with anyio.CancelScope(shield=True):
+                    await upstream.aclose()
+
+        kept = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS}
+        return StreamingResponse(chunks(), status_code=upstream.status_code, headers=kept)
+
+    def card(slot: ModelSlot) -> dict[str, Any]:
+        return {"id": slot.name, "object": "model", "owned_by": "edgellm", "status": {"loaded": slot.loaded}}
+
+    @endpoint
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [card(s) for s in router.slots.values()]})
+
+    @endpoint
+    async def one_model(request: Request) -> Response:
+        name = request.path_params["model"]
+        if name not in router.slots:
+            raise unknown(name)
+        return JSONResponse(card(router.slots[name]))
+
+    @endpoint
+    async def tags(request: Request) -> Response:
+        entries = await asyncio.to_thread(lambda: [_tag_entry(router, s) for s in router.slots.values()])
+        return JSONResponse({"models": entries})
+
+    @endpoint
+    async def ps(request: Request) -> Response:
+        """Each loaded model's own /api/ps entry (its context length), expiring `--keep-alive` seconds
+        after its last request (or from now while it has requests in flight)."""
+        auth = {"Authorization": f"Bearer {api_key}"} if api_key is not None else {}
+        out = []
+        for slot in [s for s in router.slots.values() if s.loaded]:
+            try:
+                r = await router.client.get(f"{slot.url}/api/ps", headers=auth, timeout=30)
+                entries = r.raise_for_status().json()["models"]
+            except (httpx.HTTPError, ValueError, KeyError):
+                continue  # gone since: not loaded
+            idle_since = time.time() - (time.monotonic() - slot.last_used if not slot.in_flight else 0)
+            expires = dt.datetime.fromtimestamp(idle_since + router.keep_alive, dt.UTC)
+            stamp = expires.isoformat(timespec="seconds").replace("+00:00", "Z")
+            out += [{**e, "expires_at": stamp} for e in entries]
+        return JSONResponse({"models": out})
+
+    @endpoint
+    async def pull(request: Request) -> Response:
+        """Nothing to download: a model the router serves is there (its server fetches a catalog model
+        when it loads); any other name is a 404 listing them."""
+        body = await read_object(request)
+        name = body.get("model", body.get("name"))
+        if not isinstance(name, str) or not name:
+            raise ApiError(400, "'model': expected a model name", param="model")
+        opt_bool(body, "insecure")
+        stream = opt_bool(body, "stream")
+        if name not in router.slots and name.removesuffix(":latest") not in router.slots:
+            raise unknown(name)
+        if stream is False:
+            return JSONResponse({"status": "success"})
+        return StreamingResponse(iter(['{"status":"success"}\n']), media_type=ollama_api.NDJSON)
+
+    @endpoint
+    async def version(request: Request) -> Response:
+        return JSONResponse({"version": ollama_api.OLLAMA_VERSION})
+
+    @endpoint
+    async def root(request: Request) -> Response:
+        return PlainTextResponse("Ollama is running")  # what Ollama clients probe for
+
+    @endpoint
+    async def load_or_unload(request: Request) -> Response:
+        body = await read_object(request)
+        name = body.get("model")
+        if not isinstance(name, str):
+            raise ApiError(400, 'expected {"model": NAME}', param="model")
+        slot = router.slots.get(name)
+        if slot is None:
+            raise unknown(name)
+        if request.url.path.endswith("/load"):
+            try:
+                await router.acquire(slot)
+            except RuntimeError as e:
+                raise ApiError(503, str(e), type="server_error", code="unavailable") from None
+            router.release(slot)
+        elif slot.in_flight:
+            busy = f"model {name} has {slot.in_flight} requests in flight"
+            raise ApiError(409, busy, type="conflict_error")
+        else:
+            await asyncio.to_thread(router.unload, slot)
+        return JSONResponse({"model": name, "loaded": slot.loaded})
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        reaper = asyncio.create_task(router.reap_idle())
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            await asyncio.to_thread(router.close)
+
+    routes = [
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", one_model, methods=["GET"]),
+        *(Route(path, relay, methods=["POST"]) for path in RELAYED),
+    ]
+    routes = [
+        *with_unprefixed(routes),
+        Route("/health", health, methods=["GET"]),
+        Route("/models/load", load_or_unload, methods=["POST"]),
+        Route("/models/unload", load_or_unload, methods=["POST"]),
+        Route("/api/tags", tags, methods=["GET"]),
+        Route("/api/ps", ps, methods=["GET"]),
+        Route("/api/pull", pull, methods=["POST"]),
+        Route("/api/version", version, methods=["GET"]),
+        Route("/", root, methods=["GET", "HEAD"]),
+    ]
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)  # no such route or method, in the API's error shape
+        e = ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code="not_found")
+        return error_response(e, None, ERROR_BODIES[_api(request.url.path)])
+
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
+    app.router.redirect_slashes = False  # as the single-model server: no redirect built from Host
+    return app
