@@ -36,6 +36,7 @@ from edgellm.server.compat import ModelNames, cors_middleware, with_unprefixed
 from edgellm.server.embeddings import embeddings
 from edgellm.server.frontend import Frontend
 from edgellm.server.generate import generate
+from edgellm.server.infill import completion_prompts, infill_routes
 from edgellm.server.metrics import ServerMetrics
 from edgellm.server.ollama_api import ollama_routes
 from edgellm.server.protocol import (
@@ -324,7 +325,7 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
         check_model(req.model)
         assert req.prompts is not None
         await constrain(req, (state.llm.tokenizer, state.llm.config.n_vocab))
-        prompts = [state.llm.tokenize(p, add_special=True) if isinstance(p, str) else p for p in req.prompts]
+        prompts = completion_prompts(state, req)
         if any(not p for p in prompts):
             raise ApiError(400, "empty prompt: at least one token is needed", param="prompt")
         return await generate(state, request, req, prompts, chat=False)
@@ -445,7 +446,7 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
     front = Frontend(
         state, lambda request: read_json(request, limit), lambda **kw: endpoint(state, **kw), prompt_ids
     )
-    routes += ollama_routes(front) + anthropic_routes(front) + responses_routes(front)
+    routes += ollama_routes(front) + anthropic_routes(front) + responses_routes(front) + infill_routes(front)
     app = Starlette(
         routes=with_unprefixed(routes),
         middleware=cors_middleware(state.config.cors_origins),

@@ -203,11 +203,13 @@ async def respond(
     stream: Callable[[AsyncIterator[Event]], AsyncIterator[str]],
     error_line: Callable[[ApiError], str],
     media_type: str,
+    chat: bool = True,
 ) -> Response:
     """Generate for one prompt: `full(reply)` when the request does not stream; else `stream(events)`'s
-    lines, sent as they come (headers at once), an error once they are out as `error_line(error)`."""
+    lines, sent as they come (headers at once), an error once they are out as `error_line(error)`.
+    `chat`: the prompt came from messages (errors about it name `messages`, else `prompt`)."""
     state = front.state
-    gen = start_generation(state, req, [prompt_ids], chat=True)
+    gen = start_generation(state, req, [prompt_ids], chat=chat)
     try:
         if not req.stream:
             try:

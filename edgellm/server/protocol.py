@@ -151,6 +151,8 @@ class GenerationRequest:
     # template's default; and the field that asked, for errors.
     enable_thinking: bool | None = None
     thinking_param: str | None = None
+    # completions: the text after the gap the model fills in (`suffix`); each prompt is then the text before
+    suffix: str | None = None
 
 
 def _common(
@@ -327,8 +329,7 @@ def parse_completion(body: dict, vocab_size: int) -> GenerationRequest:
     k = _int(body, "logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
     if _bool(body, "echo"):
         raise _bad("echo", "echo is not supported")
-    if _str(body, "suffix"):
-        raise _bad("suffix", "suffix is not supported")
+    suffix = _str(body, "suffix") or None  # "" asks for no infill: a plain completion
     if body.get("tools") is not None or body.get("tool_choice") is not None:
         raise _bad("tools", "tools are only supported on /v1/chat/completions")
     schema = parse_response_format(body)
@@ -354,6 +355,16 @@ def parse_completion(body: dict, vocab_size: int) -> GenerationRequest:
     for p in prompts:
         if isinstance(p, list) and any(not 0 <= t < vocab_size for t in p):
             raise _bad("prompt", f"token ids must be in 0..{vocab_size - 1}")
+        if isinstance(p, list) and suffix is not None:
+            raise _bad("suffix", "needs a text prompt (the text before the gap), not token ids")
     return GenerationRequest(
-        model, params, stream, include_usage, k is not None, user, prompts=prompts, json_schema=schema
+        model,
+        params,
+        stream,
+        include_usage,
+        k is not None,
+        user,
+        prompts=prompts,
+        json_schema=schema,
+        suffix=suffix,
     )

@@ -1,6 +1,6 @@
-"""Malformed bodies for the Ollama (/api/*), Anthropic (/v1/messages) and Responses (/v1/responses) routes:
-each must be a 400 in that API's error shape naming the field, never a 500, and the server keeps serving.
-Shared by tests/test_api_untrusted.py (and anything soaking the server with bad requests).
+"""Malformed bodies for the Ollama (/api/*), Anthropic (/v1/messages), Responses (/v1/responses) and infill
+(/infill, `suffix`) routes: each must be a 400 in that API's error shape naming the field, never a 500,
+and the server keeps serving. Shared by tests/test_api_untrusted.py and tests/test_infill.py.
 """
 
 from __future__ import annotations
@@ -138,6 +138,27 @@ RESPONSES = [
     ("/v1/responses", {"input": "x", "temperature": "hot"}, "'temperature'"),
 ]  # fmt: skip
 
+# llama.cpp's /infill and `suffix` on /v1/completions (OpenAI's error shape), on a model with FIM tokens.
+INFILL = [
+    ("/infill", {"input_prefix": 5}, "'input_prefix'"),
+    ("/infill", {"input_suffix": ["x"]}, "'input_suffix'"),
+    ("/infill", {"prompt": [1, 2]}, "'prompt'"),
+    ("/infill", {"input_extra": "x"}, "'input_extra'"),
+    ("/infill", {"input_extra": [5]}, "'input_extra[0]'"),
+    ("/infill", {"input_extra": [{"filename": "a"}]}, "'input_extra[0].text'"),
+    ("/infill", {"input_extra": [{"text": "a", "filename": 3}]}, "'input_extra[0].filename'"),
+    ("/infill", {"n_predict": "x"}, "'n_predict'"),
+    ("/infill", {"n_predict": 0}, "'n_predict'"),
+    ("/infill", {"n_predict": True}, "'n_predict'"),
+    ("/infill", {"n_predict": 4, "max_tokens": 4}, "'n_predict'"),
+    ("/infill", {"n": 2}, "'n'"),
+    ("/infill", {"temperature": "hot"}, "'temperature'"),
+    ("/infill", {"stop": [1]}, "'stop'"),
+    ("/infill", {"logit_bias": {"999999": 1}}, "'logit_bias'"),
+    ("/v1/completions", {"prompt": "a", "suffix": 5}, "'suffix'"),
+    ("/v1/completions", {"prompt": [1, 2], "suffix": "b"}, "'suffix'"),
+]
+
 # Bodies that are not a request at all, sent raw to every new route: (raw body, what the message says).
 RAW = [
     (b"[1, 2]", "must be a JSON object"),
@@ -149,7 +170,7 @@ RAW = [
     ),
 ]
 NEW_POST_ROUTES = ["/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/show", "/api/pull",
-                   "/v1/messages", "/v1/messages/count_tokens", "/v1/responses"]  # fmt: skip
+                   "/v1/messages", "/v1/messages/count_tokens", "/v1/responses", "/infill"]  # fmt: skip
 
 
 def error_message(path: str, body: Any) -> str | None:
