@@ -37,6 +37,9 @@ ARGS=(--work "$WORK")
 if [ $SIM = 1 ]; then
   export NUMBA_ENABLE_CUDASIM=1
   ARGS+=(--sim)
+  # the simulator's steps are one-core Python; the default test run starts this beside the rest of the
+  # suite at a low priority (tests/background_runs.py): the GPU's limits, scaled (GPU_CHECK_TIME_SCALE)
+  for k in "${!LIMIT[@]}"; do LIMIT[$k]=$((LIMIT[$k] * ${GPU_CHECK_TIME_SCALE:-4})); done
 else
   export NUMBA_CACHE_DIR=$WORK/numba_cache  # fresh: no kernel compiled from other sources is reused
 fi

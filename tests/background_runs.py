@@ -52,7 +52,7 @@ def _gpu_check(workdir: Path) -> tuple[list[str], dict[str, str]]:
     out, python = str(workdir / "out"), sys.executable
     env = dict(os.environ, WHEELS=str(wheels), OUT=out, PYTHON=python, TMPDIR=str(workdir))
     env.pop("NUMBA_ENABLE_CUDASIM", None)  # the script sets it for --sim
-    return ["timeout", "-k", "10", "600", "bash", "scripts/gpu_check.sh", "--sim"], env
+    return ["timeout", "-k", "10", "1800", "bash", "scripts/gpu_check.sh", "--sim"], env
 
 
 COMMANDS = {
