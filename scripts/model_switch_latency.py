@@ -13,24 +13,14 @@ import argparse
 import json
 import statistics
 import subprocess
-import sys
-import threading
 import time
 
-from edgellm.testing.servers import ROOT, free_port, httpx, stop_server
+from edgellm.testing.servers import httpx, start_server, stop_server
 
 
 def start_router(models: str, models_max: int) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "edgellm", "serve", "--port", str(port), "--models", models,
-           "--models-max", str(models_max), "--keep-alive", "600"]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    while line := proc.stdout.readline():
-        if line.startswith("edgellm: serving"):
-            threading.Thread(target=proc.stdout.read, daemon=True).start()
-            return proc, f"http://127.0.0.1:{port}"
-    raise RuntimeError("the router did not start")
+    args = ("--models", models, "--models-max", str(models_max), "--keep-alive", "600")
+    return start_server(None, *args)
 
 
 def timed_request(url: str, model: str) -> float:

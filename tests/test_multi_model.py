@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import anthropic
 import ollama
 import pytest
 
-from edgellm.testing.servers import ROOT, free_port, httpx, stop_server
+from edgellm.testing.servers import ROOT, httpx, start_server, stop_server
 from edgellm.testing.synthetic import write_tiny_model
 
 
@@ -32,17 +31,7 @@ def _cmdline(pid: int) -> str:
 
 
 def _start_router(*args: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "edgellm", "serve", "--port", str(port), *args]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    lines = []
-    while line := proc.stdout.readline():
-        lines.append(line)
-        if line.startswith("edgellm: serving"):
-            threading.Thread(target=proc.stdout.read, daemon=True).start()
-            return proc, f"http://127.0.0.1:{port}"
-    raise RuntimeError("the router did not start:\n" + "".join(lines))
+    return start_server(None, *args)
 
 
 def _loaded(url: str, headers: dict[str, str] | None = None) -> dict[str, bool]:

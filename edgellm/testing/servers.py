@@ -35,11 +35,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str, *args: str, ready_timeout: float = 600) -> tuple[subprocess.Popen, str]:
+def start_server(model: str | None, *args: str, ready_timeout: float = 600) -> tuple[subprocess.Popen, str]:
     """`python -m edgellm serve MODEL ARGS` on a free port, returned once it prints its URL line (with
-    --replicas that is once every replica has loaded)."""
+    --replicas that is once every replica has loaded). MODEL None: ARGS name the models (--models)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "edgellm", "serve", model, "--port", str(port), *args]
+    cmd = [sys.executable, "-m", "edgellm", "serve", *([model] if model else []), "--port", str(port), *args]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     lines: list[str] = []
