@@ -9,6 +9,7 @@ import time
 
 from edgellm.catalog import DEFAULT_MODEL
 from edgellm.cli_models import add_models_dir_arg, apply_models_dir, cmd_models, cmd_pull, cmd_rm
+from edgellm.sampling_defaults import add_sampling_default_args, sampling_defaults
 
 
 def _add_runtime_args(p: argparse.ArgumentParser) -> None:
@@ -234,6 +235,7 @@ def server_options(args: argparse.Namespace) -> dict:
         cors_origins=tuple(args.cors_origin),
         reasoning_format=args.reasoning_format,
         reasoning_budget=args.reasoning_budget,
+        sampling_defaults=sampling_defaults(args),
         **speculative_options(args),
     )
 
@@ -359,6 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=int, default=64)
     _add_runtime_args(p)
     add_server_security_args(p)
+    add_sampling_default_args(p)
     add_speculative_args(p)
     p.add_argument(
         "--replicas",

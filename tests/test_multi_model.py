@@ -91,10 +91,10 @@ def test_models_max_unloads_the_least_recently_used_and_load_unload_routes(tmp_p
     a = str(write_tiny_model(tmp_path / "a.gguf", "llama", seed=1))
     b = str(write_tiny_model(tmp_path / "b.gguf", "llama", seed=2))
     presets = tmp_path / "presets.toml"
-    presets.write_text(f'[models."{b}"]\nctx = 64\nmax_queue = 8\n')
+    presets.write_text(f'[models."{b}"]\nctx = 64\nmax_queue = 8\ntemperature = 0.0\n')
     router, url = _start_router(
         "--models", f"{a},{b}", "--models-max", "1", "--ctx", "128", "--presets", str(presets),
-        "--api-key", "k",
+        "--api-key", "k", "--top-k", "5",
     )  # fmt: skip
     key = {"Authorization": "Bearer k"}
     try:
@@ -109,7 +109,16 @@ def test_models_max_unloads_the_least_recently_used_and_load_unload_routes(tmp_p
         assert _loaded(url, key) == {a: False, b: True}  # one at most: a, idle, made room
         [server] = [p for p in _children(router.pid) if f" serve {b} " in _cmdline(p)]
         assert "--api-key=k" in _cmdline(server)  # the model's server checks the key too
-        assert _cmdline(server).endswith("--ctx=64 --max-queue=8 ")  # b's preset, after --ctx=128
+        # b's preset after the command line's flags (--ctx=128, --top-k=5), so it wins
+        assert _cmdline(server).endswith("--top-k=5 --ctx=64 --max-queue=8 --temperature=0.0 ")
+        # the preset's temperature 0 is b's default: a request without one is greedy
+        omitted = {"model": b, "prompt": "hi", "max_tokens": 8, "seed": 3}
+        replies = [
+            httpx.post(f"{url}/v1/completions", json=body, headers=key, timeout=300).json()
+            for body in (omitted, {**omitted, "temperature": 0}, {**omitted, "temperature": 1.0})
+        ]
+        texts = [r["choices"][0]["text"] for r in replies]
+        assert texts[0] == texts[1] != texts[2], texts
         unload = httpx.post(f"{url}/models/unload", json={"model": b}, headers=key, timeout=120)
         assert unload.status_code == 200 and _loaded(url, key) == {a: False, b: False}
         assert (
@@ -121,10 +130,10 @@ def test_models_max_unloads_the_least_recently_used_and_load_unload_routes(tmp_p
 
 def test_a_presets_file_with_an_unknown_key_is_an_error(tmp_path: Path) -> None:
     presets = tmp_path / "presets.toml"
-    presets.write_text('[models."m"]\ntemperature = 0.2\n')
+    presets.write_text('[models."m"]\ntemperatur = 0.2\n')
     cmd = [sys.executable, "-m", "edgellm", "serve", "--models", "m", "--presets", str(presets)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1 and "unsupported key(s) ['temperature']" in proc.stderr
+    assert proc.returncode == 1 and "unsupported key(s) ['temperatur']" in proc.stderr
     presets.write_text('[models."other"]\nctx = 64\n')
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "preset for 'other', which --models does not serve (m)" in proc.stderr

@@ -389,3 +389,28 @@ def test_loopback_detection_and_request_validation() -> None:
         with pytest.raises(ApiError) as exc:
             parse_chat(body, 100, 64)
         assert exc.value.status == 400 and param in exc.value.message
+
+
+def test_server_sampling_defaults_fill_only_what_a_request_omits() -> None:
+    from edgellm.cli import build_parser, server_options
+    from edgellm.server.app import ServerConfig
+    from edgellm.server.protocol import parse_chat, parse_completion
+
+    args = build_parser().parse_args(
+        ["serve", "m", "--temperature", "0.3", "--top-k", "-1", "--min-p", "0.05", "--seed", "7"]
+    )
+    defaults = server_options(args)["sampling_defaults"]
+    assert defaults == {"temperature": 0.3, "top_k": 0, "min_p": 0.05, "seed": 7}  # top_k -1: off
+    assert server_options(build_parser().parse_args(["serve", "m", "--seed", "-1"]))["sampling_defaults"] == {}
+    msgs = {"messages": MSGS}
+    p = parse_chat(msgs, 100, 64, defaults).params
+    assert (p.temperature, p.top_k, p.min_p, p.seed, p.top_p) == (0.3, 0, 0.05, 7, 1.0)
+    p = parse_chat({**msgs, "temperature": 1.5, "seed": 1, "top_k": 5}, 100, 64, defaults).params
+    assert (p.temperature, p.seed, p.top_k, p.min_p) == (1.5, 1, 5, 0.05)  # the request's own win
+    assert parse_completion({"prompt": "a"}, 100, defaults).params.temperature == 0.3
+    assert parse_chat(msgs, 100, 64).params.temperature == 1.0  # no defaults: SamplingParams'
+    for bad, flag in (({"temperature": 3.0}, "--temperature 3.0"), ({"seed": -5}, "--seed -5")):
+        with pytest.raises(ValueError, match=flag):
+            ServerConfig(model="m", sampling_defaults=bad)
+    with pytest.raises(ValueError, match="unknown sampling default 'tempreature'"):
+        ServerConfig(model="m", sampling_defaults={"tempreature": 0.1})

@@ -60,6 +60,7 @@ def run_server(
     num_speculative_tokens: int | None = None,
     reasoning_format: str = "auto",
     reasoning_budget: int = -1,
+    sampling_defaults: dict | None = None,
 ) -> None:
     """Serve `model` until interrupted. The socket opens at once (/health answers 503 while the model
     loads); the URL is printed to stdout once the model is ready."""
@@ -90,6 +91,7 @@ def run_server(
         num_speculative_tokens=num_speculative_tokens,
         reasoning_format=reasoning_format,
         reasoning_budget=reasoning_budget,
+        sampling_defaults=dict(sampling_defaults or {}),
     )
     state = ServerState(config)  # a bad --served-model-name or --cors-origin is a ValueError from here on
     server: uvicorn.Server

@@ -11,6 +11,7 @@ from edgellm.cli import (
     add_speculative_args,
     server_options,
 )
+from edgellm.sampling_defaults import add_sampling_default_args
 from edgellm.server import run_server
 
 
@@ -29,6 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     add_kv_memory_arg(p)
     add_kv_dtype_arg(p)
     add_server_security_args(p)
+    add_sampling_default_args(p)
     add_speculative_args(p)
     a = p.parse_args(argv)
     extra = {} if a.max_body_bytes is None else {"max_body_bytes": a.max_body_bytes}
@@ -41,6 +43,7 @@ def main(argv: list[str] | None = None) -> None:
         **server_options(a),
         **extra,
     )
+
 
 if __name__ == "__main__":
     main()

@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from starlette.routing import Route
 from edgellm.chat_template import ChatPrompt, ChatTemplate, ChatTemplateError
 from edgellm.llm import LLM
 from edgellm.reasoning import REASONING_FORMATS
+from edgellm.sampling_defaults import check_sampling_defaults
 from edgellm.server.anthropic_api import anthropic_routes
 from edgellm.server.auth import check_api_key, check_api_key_option, has_api_key
 from edgellm.server.compat import ModelNames, cors_middleware, with_unprefixed
@@ -75,9 +76,12 @@ class ServerConfig:
     num_speculative_tokens: int | None = None
     reasoning_format: str = "auto"  # edgellm.reasoning.REASONING_FORMATS
     reasoning_budget: int = -1  # reasoning tokens per reply: -1 unlimited, 0 no thinking
+    # SamplingParams fields for requests that omit them (`serve --temperature ...`; sampling_defaults.py)
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_api_key_option(self.api_key)
+        check_sampling_defaults(self.sampling_defaults)
         if self.reasoning_format not in REASONING_FORMATS:
             choices = ", ".join(REASONING_FORMATS)
             raise ValueError(f"reasoning_format must be one of {choices}, got {self.reasoning_format!r}")
@@ -315,13 +319,14 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
     @endpoint(state)
     async def chat_completions(request: Request) -> Response:
         body = await read_json(request, limit)
-        req = parse_chat(body, state.llm.tokenizer.vocab_size, state.llm.n_ctx)
+        defaults = state.config.sampling_defaults
+        req = parse_chat(body, state.llm.tokenizer.vocab_size, state.llm.n_ctx, defaults)
         return await generate(state, request, req, [await prompt_ids(req)], chat=True)
 
     @endpoint(state)
     async def completions(request: Request) -> Response:
         body = await read_json(request, limit)
-        req = parse_completion(body, state.llm.tokenizer.vocab_size)
+        req = parse_completion(body, state.llm.tokenizer.vocab_size, state.config.sampling_defaults)
         check_model(req.model)
         assert req.prompts is not None
         await constrain(req, (state.llm.tokenizer, state.llm.config.n_vocab))

@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgellm.sampling_defaults import SAMPLING_DEFAULT_FLAGS, sampling_default_flags
+
 try:  # the openai client's HTTP library: httpx, or httpx2 in recent openai releases
     import httpx
 except ImportError:
@@ -35,6 +37,8 @@ PRESET_FLAGS = {
     "kv_cache_memory": "--kv-cache-memory",
     "chat_template_file": "--chat-template-file",
     "max_queue": "--max-queue",
+    # sampling defaults: temperature, top_p, top_k, min_p, repeat_penalty, presence_penalty, ...
+    **{flag[2:].replace("-", "_"): flag for flag in SAMPLING_DEFAULT_FLAGS},
 }
 
 
@@ -216,6 +220,7 @@ def serve_models(args) -> int:
     for flag, value in (*flags, ("--kv-cache-memory", args.kv_cache_memory)):
         if value is not None:
             child.append(f"{flag}={value}")
+    child += sampling_default_flags(args)
     models = [m for m in args.models.split(",") if m]
     presets = read_presets(args.presets, models) if args.presets else None
     run_multi_server(

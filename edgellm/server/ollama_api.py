@@ -169,9 +169,9 @@ def ollama_routes(front: Frontend) -> list[Route]:
         tok, n_ctx = state.llm.tokenizer, state.llm.n_ctx
         with renamed(OPENAI_NAMES):
             if chat:
-                req = parse_chat(openai_body, tok.vocab_size, n_ctx)
+                req = parse_chat(openai_body, tok.vocab_size, n_ctx, state.config.sampling_defaults)
             else:
-                req = parse_completion(openai_body, tok.vocab_size)
+                req = parse_completion(openai_body, tok.vocab_size, state.config.sampling_defaults)
             ids = await front.prompt_ids(req)
         shape = ReplyShape(state.model_name, as_chat)
         return await respond(

@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import math
 import reprlib
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from edgellm.grammar import GrammarError, constrain_async
@@ -160,6 +162,7 @@ def _common(
     vocab_size: int,
     max_tokens_default: int,
     top_logprobs: int | None,
+    defaults: Mapping[str, Any],
 ) -> tuple:
     model = _str(body, "model")
     max_tokens = _int(body, "max_completion_tokens", lo=1)
@@ -211,7 +214,7 @@ def _common(
         stop=stop,
         logit_bias=logit_bias,
         logprobs=top_logprobs,
-        **{k: v for k, v in opt.items() if v is not None},
+        **{**defaults, **{k: v for k, v in opt.items() if v is not None}},  # the request's own win
     )
     user = _str(body, "user")
     return model, params, stream, include_usage, user
@@ -296,7 +299,10 @@ def _object(body: Any) -> dict:
     return body
 
 
-def parse_chat(body: dict, vocab_size: int, n_ctx: int) -> GenerationRequest:
+def parse_chat(
+    body: dict, vocab_size: int, n_ctx: int, defaults: Mapping[str, Any] = MappingProxyType({})
+) -> GenerationRequest:
+    """`defaults`: the server's sampling defaults (ServerConfig.sampling_defaults) for omitted fields."""
     body = _object(body)
     logprobs = _bool(body, "logprobs") or False
     top = _int(body, "top_logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
@@ -307,7 +313,7 @@ def parse_chat(body: dict, vocab_size: int, n_ctx: int) -> GenerationRequest:
     if tools is not None and schema is not None:
         raise _bad("response_format", "cannot be combined with tools (unless tool_choice is 'none')")
     top_or_none = (top or 0) if logprobs else None
-    model, params, stream, include_usage, user = _common(body, vocab_size, n_ctx, top_or_none)
+    model, params, stream, include_usage, user = _common(body, vocab_size, n_ctx, top_or_none, defaults)
     enable_thinking, thinking_param = parse_thinking(body)
     return GenerationRequest(
         model,
@@ -324,7 +330,9 @@ def parse_chat(body: dict, vocab_size: int, n_ctx: int) -> GenerationRequest:
     )
 
 
-def parse_completion(body: dict, vocab_size: int) -> GenerationRequest:
+def parse_completion(
+    body: dict, vocab_size: int, defaults: Mapping[str, Any] = MappingProxyType({})
+) -> GenerationRequest:
     body = _object(body)
     k = _int(body, "logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
     if _bool(body, "echo"):
@@ -333,7 +341,7 @@ def parse_completion(body: dict, vocab_size: int) -> GenerationRequest:
     if body.get("tools") is not None or body.get("tool_choice") is not None:
         raise _bad("tools", "tools are only supported on /v1/chat/completions")
     schema = parse_response_format(body)
-    model, params, stream, include_usage, user = _common(body, vocab_size, 16, k)  # OpenAI: 16
+    model, params, stream, include_usage, user = _common(body, vocab_size, 16, k, defaults)  # OpenAI: 16
     prompt = body.get("prompt")
     prompts: list[str | list[int]]
     if isinstance(prompt, str):
