@@ -1,6 +1,7 @@
 """Per-request latency of each API route against the OpenAI chat route on the same prompt (issue 28's
 "within 5%" check): one `edgellm serve`, the same greedy conversation and token budget on every route,
-requests sent one at a time and interleaved route by route (so drift in the machine's load hits all alike),
+requests sent one at a time and interleaved route by route, each round starting one route later (so drift
+in the machine's load, and a route's place in the round, hit all alike),
 whole and streamed (time to the last byte). Prints the median and p90 per route and the ratio of medians
 to the OpenAI route's. Not a test: run it on a quiet machine.
 
@@ -42,6 +43,16 @@ def bodies(max_tokens: int) -> dict[str, tuple[str, dict[str, Any]]]:
     }
 
 
+# route path -> the reply's generated-token count, from each API's own usage fields
+OUTPUT_TOKENS = {
+    "/v1/chat/completions": lambda j: j["usage"]["completion_tokens"],
+    "/api/chat": lambda j: j["eval_count"],
+    "/api/generate": lambda j: j["eval_count"],
+    "/v1/messages": lambda j: j["usage"]["output_tokens"],
+    "/v1/responses": lambda j: j["usage"]["output_tokens"],
+}
+
+
 def timed(client: httpx.Client, url: str, path: str, body: dict[str, Any]) -> float:
     t0 = time.perf_counter()
     with client.stream("POST", url + path, json=body) as r:
@@ -69,8 +80,20 @@ def main() -> int:
             for _ in range(args.warmup):
                 for path, body in cases.values():
                     timed(client, url, path, body)
-            for _ in range(args.rounds):
-                for label, (path, body) in cases.items():
+            # The ratios compare like with like only if every route generates as many tokens.
+            counts = {
+                name: OUTPUT_TOKENS[path](client.post(url + path, json={**b, "stream": False}).json())
+                for name, (path, b) in routes.items()
+            }
+            print("generated tokens per route:", counts)
+            if len(set(counts.values())) != 1:
+                raise SystemExit("the routes generated different token counts: the ratios would mislead")
+            labels = list(cases)
+            for r in range(args.rounds):
+                # Each round starts one route later: a route's place in the round (right after a stream
+                # ended, say) is not its cost.
+                for label in labels[r % len(labels) :] + labels[: r % len(labels)]:
+                    path, body = cases[label]
                     times[label].append(timed(client, url, path, body))
     finally:
         stop_server(proc)
