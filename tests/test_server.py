@@ -401,7 +401,8 @@ def test_server_sampling_defaults_fill_only_what_a_request_omits() -> None:
     )
     defaults = server_options(args)["sampling_defaults"]
     assert defaults == {"temperature": 0.3, "top_k": 0, "min_p": 0.05, "seed": 7}  # top_k -1: off
-    assert server_options(build_parser().parse_args(["serve", "m", "--seed", "-1"]))["sampling_defaults"] == {}
+    random_seed = build_parser().parse_args(["serve", "m", "--seed", "-1"])
+    assert server_options(random_seed)["sampling_defaults"] == {}  # -1: a fresh seed per request
     msgs = {"messages": MSGS}
     p = parse_chat(msgs, 100, 64, defaults).params
     assert (p.temperature, p.top_k, p.min_p, p.seed, p.top_p) == (0.3, 0, 0.05, 7, 1.0)
