@@ -17,7 +17,8 @@ import statistics
 import time
 
 from edgellm.catalog import resolve_model
-from edgellm.engine.core import CoreSpec, EngineCore
+from edgellm.engine.config import EngineConfig
+from edgellm.engine.core import EngineCore
 from edgellm.engine.llm_engine import LLMEngine
 from edgellm.sampling import SamplingParams
 
@@ -50,7 +51,7 @@ def main() -> None:
     args = ap.parse_args()
     n = args.in_flight
     core = EngineCore(
-        CoreSpec(str(resolve_model(args.model)), n_ctx=512, max_num_seqs=n, threads=args.threads)
+        EngineConfig(str(resolve_model(args.model)), n_ctx=512, max_num_seqs=n, threads=args.threads)
     )
     engine, tok = core.engine, core.engine.guidance.tokenizer
     prompts = [

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from edgellm.engine.config import EngineConfig
 from edgellm.server import anthropic_api, ollama_options, responses_input
 from edgellm.server.app import ServerConfig, ServerState, build_app
 from edgellm.server.protocol import ApiError, check_unicode, parse_chat
@@ -114,7 +115,7 @@ KEY = "sk-test-key"
 @pytest.fixture(scope="module")
 def guarded() -> AsgiClient:
     return AsgiClient(
-        build_app(ServerState(ServerConfig(model="x", api_key=KEY)))
+        build_app(ServerState(ServerConfig(EngineConfig("x"), api_key=KEY)))
     )  # never loads: 503 past auth
 
 

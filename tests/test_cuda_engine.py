@@ -20,7 +20,8 @@ if not (os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or os.environ.get("EDGELLM
 
 from edgellm import SamplingParams
 from edgellm.backends.base import Backend
-from edgellm.engine.core import CoreSpec, EngineCore
+from edgellm.engine.config import EngineConfig
+from edgellm.engine.core import EngineCore
 from edgellm.gguf.rope import RopeParams
 from edgellm.testing.synthetic import write_tiny_model
 from tests.test_backend_ops import nmse
@@ -128,7 +129,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def llms(tiny: Path) -> dict[str, EngineCore]:
     """Engine cores built in this process, to drive their engines step by step."""
     return {
-        be: EngineCore(CoreSpec(str(tiny), backend=be, n_ctx=64, kv_cache_memory=1 << 20))
+        be: EngineCore(EngineConfig(str(tiny), backend=be, n_ctx=64, kv_cache_memory=1 << 20))
         for be in ("cpu", "cuda")
     }
 
@@ -183,7 +184,7 @@ def test_engine_speculative_greedy_verifies_on_device(llms: dict[str, EngineCore
 
     spec = SpeculativeConfig("ngram", num_tokens=2, adaptive=False)
     core = EngineCore(
-        CoreSpec(str(tiny), backend="cuda", n_ctx=64, kv_cache_memory=1 << 20, speculative=spec)
+        EngineConfig(str(tiny), backend="cuda", n_ctx=64, kv_cache_memory=1 << 20, speculative=spec)
     )
     core.engine.speculator.proposer = Replay()
     [got], _, moved = run_steps(core, prompts, params)

@@ -16,7 +16,8 @@ import pytest
 
 from edgellm import SamplingParams
 from edgellm.backends.base import get_backend
-from edgellm.engine.core import CoreSpec, EngineCore
+from edgellm.engine.config import EngineConfig
+from edgellm.engine.core import EngineCore
 from edgellm.engine.outputs import CompletionDelta
 from edgellm.sampling import MAX_DEVICE_TOP_K, Sampler, TopCandidates, device_candidates
 from edgellm.testing.synthetic import write_tiny_model
@@ -111,7 +112,7 @@ class DeviceSampling:
 def llm(tmp_path_factory: pytest.TempPathFactory) -> EngineCore:
     """An engine core built in this process, to drive its engine step by step."""
     path = write_tiny_model(tmp_path_factory.mktemp("tiny") / "llama.gguf", "llama")
-    return EngineCore(CoreSpec(str(path), n_ctx=128, kv_cache_memory=1 << 20))
+    return EngineCore(EngineConfig(str(path), n_ctx=128, kv_cache_memory=1 << 20))
 
 
 def run_both(

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from edgellm.engine.checks import PromptTooLongError
-from edgellm.engine.core import CoreSpec, EngineCore
+from edgellm.engine.config import EngineConfig
+from edgellm.engine.core import EngineCore
 from edgellm.engine.model_runner import RunItem
 from edgellm.engine.outputs import RequestOutput
 from edgellm.engine.sequence import Sequence
@@ -28,7 +29,7 @@ TOL = 1e-6
 
 def _core(path: Path, **kw: object) -> EngineCore:
     spec = dict(n_ctx=CTX, kv_cache_memory=1 << 20, max_num_seqs=4, max_num_batched_tokens=8, threads=1)
-    return EngineCore(CoreSpec(str(path), **{**spec, **kw}))  # type: ignore[arg-type]
+    return EngineCore(EngineConfig(str(path), **{**spec, **kw}))  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")

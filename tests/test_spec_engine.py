@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from edgellm import LLM, SamplingParams
-from edgellm.engine.core import CoreSpec, EngineCore
+from edgellm.engine.config import EngineConfig
+from edgellm.engine.core import EngineCore
 from edgellm.engine.spec.config import SpeculativeConfig
 from edgellm.testing.synthetic import write_tiny_model
 from tests.test_spec import chi2_critical, chi2_two_sample
@@ -24,7 +25,9 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def core(path: Path, speculative: SpeculativeConfig | None = None, seqs: int = 16) -> EngineCore:
-    spec = CoreSpec(str(path), n_ctx=64, kv_cache_memory=1 << 20, max_num_seqs=seqs, speculative=speculative)
+    spec = EngineConfig(
+        str(path), n_ctx=64, kv_cache_memory=1 << 20, max_num_seqs=seqs, speculative=speculative
+    )
     return EngineCore(spec)
 
 

@@ -9,7 +9,7 @@ Messages in (tuples): ("add", rid, prompt_ids, params, priority, group), ("embed
 group) (group: the client request's id, shared by its engine requests, or None),
 ("abort", rid, index|None), ("abort_all", [rid, ...]), ("call", call_id, name, args), ("shutdown",).
 Out: ("progress", line),
-("ready", info), ("load_error", exc), per step (or per CoreSpec.stream_interval) ("step", stats,
+("ready", info), ("load_error", exc), per step (or per EngineConfig.stream_interval) ("step", stats,
 [(time, outputs), ...]) with outputs as (rid, finished, deltas, cached, preemptions, embedding|None),
 ("add_error", rid, exc), ("reply", call_id, ok, value). Only ids, numbers, strings, the SamplingParams
 dataclass and exceptions cross: no tokenizer state.
@@ -22,12 +22,13 @@ import pickle
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 
 from edgellm.engine.checks import PromptTooLongError
+from edgellm.engine.config import EngineConfig
 from edgellm.engine.guidance import GuidedDecoding
 from edgellm.engine.llm_engine import LLMEngine
 from edgellm.engine.model_runner import ModelRunner, RunItem
@@ -35,32 +36,10 @@ from edgellm.engine.outputs import RequestOutput
 from edgellm.engine.scheduler import SchedulerConfig
 from edgellm.engine.sequence import Sequence as EngineSequence
 from edgellm.engine.spec.build import build_speculator
-from edgellm.engine.spec.config import SpeculativeConfig
 
 DEFAULT_CTX = 4096
 DEFAULT_KV_MEMORY = 512 * 2**20  # bytes of KV cache when not given (at least one full context is kept)
 IDLE_POLL_S = 0.5  # how often an idle core looks whether its front-end is still there
-
-
-@dataclass
-class CoreSpec:
-    """What the core process needs to build the engine (plain values: it crosses to the new process)."""
-
-    path: str
-    backend: str = "cpu"
-    n_ctx: int | None = None
-    threads: int | None = None
-    max_num_seqs: int = 16
-    max_num_batched_tokens: int = 512
-    block_size: int = 16
-    kv_cache_memory: int | float | None = None
-    kv_cache_dtype: str = "f16"  # a row of quants/kv_cache.py's table: "f16" or "q8_0"
-    enable_prefix_caching: bool = True
-    log_path: str | None = None  # where the core process's stdout/stderr go (None: inherited)
-    speculative: SpeculativeConfig | None = None  # speculative decoding (None: off)
-    # Seconds between output messages while requests are under way (0: one per step). A request's first
-    # and last outputs are never held back; only the tokens in between are sent in batches.
-    stream_interval: float = 0.0
 
 
 def kv_budget_bytes(kv_cache_memory: int | float | None) -> int:
@@ -96,9 +75,10 @@ def weight_bytes_per_token(model: Any, all_experts: bool = False) -> int:
 
 
 class EngineCore:
-    """Loads the model from `spec.path` (mmapped) and owns the model, scheduler and sampler."""
+    """Loads the model from `spec.model` (a .gguf path, mmapped) and owns the model, scheduler and
+    sampler."""
 
-    def __init__(self, spec: CoreSpec, log: Callable[[str], None] | None = None) -> None:
+    def __init__(self, spec: EngineConfig, log: Callable[[str], None] | None = None) -> None:
         from edgellm.arch import ARCHITECTURES
         from edgellm.backends.base import get_backend
         from edgellm.gguf.config import config_from_gguf
@@ -110,15 +90,15 @@ class EngineCore:
         keep_freed_memory()
         self.threads = set_threads(spec.threads)
         t0 = time.perf_counter()
-        gguf = load_gguf(spec.path)
-        self.path = spec.path
+        self.path = str(spec.model)
+        gguf = load_gguf(self.path)
         self.config = cfg = config_from_gguf(gguf)
         tokenizer = Tokenizer.from_metadata(gguf.metadata)
         eog_ids = frozenset(tokenizer.eog_ids)
         self.backend = get_backend(spec.backend)
         layer_progress = None
         if log:
-            name = os.path.basename(spec.path)
+            name = os.path.basename(self.path)
             log(f"loading {name}: {cfg.arch}, {cfg.n_layers} layers, vocab {cfg.n_vocab}")
 
             def layer_progress(done: int, total: int) -> None:
@@ -140,7 +120,7 @@ class EngineCore:
             enable_prefix_caching=spec.enable_prefix_caching,
             max_model_len=self.n_ctx,
         )
-        speculator = build_speculator(spec.speculative, self, log)
+        speculator = build_speculator(spec.speculative_config(), self, log)
         self.engine = LLMEngine(
             self.runner,
             eog_ids,
@@ -286,13 +266,13 @@ def portable(e: BaseException) -> BaseException:
         return RuntimeError(f"{type(e).__name__}: {e}")
 
 
-def run_core_process(conn: Any, spec: CoreSpec) -> None:
+def run_core_process(conn: Any, spec: EngineConfig) -> None:
     """The core process's entry point (its main thread). Ctrl-C in a terminal reaches the whole process
     group: the front-end decides what happens, so the core ignores SIGINT and ends when told, or when its
     front-end's end of the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if spec.log_path is not None:  # e.g. under a full-screen UI, whose screen a traceback would garble
-        fd = os.open(spec.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    if spec.core_log is not None:  # e.g. under a full-screen UI, whose screen a traceback would garble
+        fd = os.open(spec.core_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)

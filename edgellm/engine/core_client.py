@@ -15,7 +15,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from edgellm.engine.core import CoreSpec, run_core_process
+from edgellm.engine.config import EngineConfig
+from edgellm.engine.core import run_core_process
 from edgellm.engine.llm_engine import EngineStats
 from edgellm.sampling import SamplingParams
 from edgellm.spawn import describe_exit, start_without_main
@@ -45,7 +46,7 @@ class CoreClient:
 
     def __init__(
         self,
-        spec: CoreSpec,
+        spec: EngineConfig,
         progress: Callable[[str], None] | None = None,
         on_death: Callable[[str], None] | None = None,
     ) -> None:
@@ -67,7 +68,7 @@ class CoreClient:
         self.info = self._wait_ready(progress)
         self.pid: int = self.info["pid"]
         self._stats = EngineStats(**self.info["stats"])
-        self.step_messages = 0  # output messages received (CoreSpec.stream_interval batches steps)
+        self.step_messages = 0  # output messages received (EngineConfig.stream_interval batches steps)
         threading.Thread(target=self._send_loop, name="edgellm-core-send", daemon=True).start()
         threading.Thread(target=self._recv_loop, name="edgellm-core-recv", daemon=True).start()
 

@@ -289,7 +289,8 @@ def load_and_generate(path: str) -> tuple[str, str]:
     LLM's front-end checks; the engine is the engine core LLM would start, built in this process so that a
     kernel fault kills this worker (a signal the parent reports) and no core process is started per
     example."""
-    from edgellm.engine.core import CoreSpec, EngineCore
+    from edgellm.engine.config import EngineConfig
+    from edgellm.engine.core import EngineCore
     from edgellm.gguf.config import config_from_gguf
     from edgellm.gguf.reader import GGUFError, load_gguf
     from edgellm.gguf.validation import tokenizer_from_gguf, validate_model
@@ -301,7 +302,7 @@ def load_and_generate(path: str) -> tuple[str, str]:
         validate_model(gguf, cfg)
         tokenizer = tokenizer_from_gguf(gguf)
         del gguf
-        core = EngineCore(CoreSpec(path, n_ctx=64, kv_cache_memory=1 << 20, threads=1, max_num_seqs=2))
+        core = EngineCore(EngineConfig(path, n_ctx=64, kv_cache_memory=1 << 20, threads=1, max_num_seqs=2))
     except GGUFError as e:
         return "gguf_error", f"{type(e).__name__}: {e}".replace(path, "<file>")
     except Exception:  # noqa: BLE001 - reported to the parent as a finding
