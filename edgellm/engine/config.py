@@ -67,15 +67,6 @@ class CliConfig:
                 values[f.name] = tuple(value) if isinstance(value, list) else value
         return cls(**{**values, **overrides})
 
-    def given(self) -> dict[str, Any]:
-        """The fields that differ from their defaults, by name."""
-        out = {}
-        for f in fields(self):  # type: ignore[arg-type]
-            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            if getattr(self, f.name) != default:
-                out[f.name] = getattr(self, f.name)
-        return out
-
     def check_bounds(self) -> None:
         """Every field with bounds in the table inside them, or a ValueError naming its flag."""
         for f in fields(self):  # type: ignore[arg-type]
