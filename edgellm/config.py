@@ -129,7 +129,7 @@ class ServerConfig(CliConfig):
             raise ValueError(f"reasoning_format must be one of {choices}, got {self.reasoning_format!r}")
         if self.replicas is not None:
             try:
-                replicas_arg(str(self.replicas))
+                self.replicas = replicas_arg(str(self.replicas))
             except argparse.ArgumentTypeError as e:
                 raise ValueError(f"replicas (--replicas): {e}") from None
         self.served_model_names, self.cors_origins = tuple(self.served_model_names), tuple(self.cors_origins)

@@ -190,3 +190,25 @@ def test_llm_config_and_keywords_give_the_engine_the_same_settings(smollm2_path,
     assert pickle.loads(pickle.dumps(spec)) == spec  # it crosses to the core process
     with pytest.raises(TypeError, match="no_such_setting"):
         edgellm.llm.LLM(smollm2_path, no_such_setting=1)
+
+
+def test_the_server_runs_its_engine_config(monkeypatch) -> None:
+    """ServerState hands its EngineConfig to LLM as it is, and admits max_num_seqs + max_queue requests."""
+    import edgellm.server.app as app
+    from edgellm.server.protocol import ApiError
+
+    def no_llm(**kwargs):  # noqa: ANN003, ANN202 - stands in for loading the model
+        raise _Started(kwargs)
+
+    monkeypatch.setattr(app, "LLM", no_llm)
+    config = ServerConfig(EngineConfig("m.gguf", n_ctx=64, max_num_seqs=3), max_queue=2)
+    state = app.ServerState(config)
+    with pytest.raises(_Started) as got:
+        state.load()
+    assert got.value.args[0]["config"] is config.engine
+    release = state.admit(5)
+    with pytest.raises(ApiError) as full:
+        state.admit(1)
+    assert full.value.status == 429 and "3 running + 2 queued" in full.value.message
+    release()
+    state.admit(5)
