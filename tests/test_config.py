@@ -212,3 +212,24 @@ def test_the_server_runs_its_engine_config(monkeypatch) -> None:
     assert full.value.status == 429 and "3 running + 2 queued" in full.value.message
     release()
     state.admit(5)
+
+
+def test_serve_models_passes_the_engine_flags_to_each_models_server(monkeypatch) -> None:
+    """`serve --models` hands its flags on to every model's `edgellm serve`, whose parser takes them."""
+    import edgellm.server.multi as multi
+
+    def no_router(models, host, port, keep_alive, models_max, child, presets, api_key):  # noqa: ANN001, ANN202
+        raise _Started(models, child)
+
+    monkeypatch.setattr(multi, "run_multi_server", no_router)
+    argv = ["serve", "--models", "a,b", "--ctx", "64", "--threads", "1", "--max-num-seqs", "3"]
+    argv += ["--top-k", "5"]
+    with pytest.raises(_Started) as got:
+        cli.main(argv)
+    models, child = got.value.args
+    assert models == ["a", "b"]
+    for flag in ("--ctx=64", "--threads=1", "--max-num-seqs=3", "--top-k=5"):
+        assert flag in child
+    config = ServerConfig.from_cli_args(_subparser("serve").parse_args(["a", *child]))
+    assert (config.engine.n_ctx, config.engine.threads, config.engine.max_num_seqs) == (64, 1, 3)
+    assert config.sampling_defaults == {"top_k": 5}
