@@ -25,6 +25,9 @@ class ForwardBatch:
     logits_index: np.ndarray  # [L] int32: which of the T tokens need logits (vocabulary projection)
     # [H] int32: which of the T tokens' final hidden states are wanted (embeddings; forward_hidden)
     hidden_index: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+    # [S, conv layers, l_cache - 1, n_embd] float32: each sequence's recurrent state (cfg.recurrent models,
+    # LFM2), read and advanced in place by the forward pass; None for models without one
+    conv_state: np.ndarray | None = None
 
     @property
     def n_tokens(self) -> int:
