@@ -95,9 +95,8 @@ class Lfm2Model(LlamaModel):
             if cfg.conv_layers[il]:
                 short_conv_block(be, cfg, mixer, x, batch, state[:, self.conv_index[il]])
             else:
-                attention_block(
-                    be, cfg, mixer, x, batch, kv, il, inp.positions, inp.seq_index, inp.block_tables, inp.slots
-                )
+                where = (inp.positions, inp.seq_index, inp.block_tables, inp.slots)
+                attention_block(be, cfg, mixer, x, batch, kv, il, *where)
             self.ffn_block(be, cfg, ffn_w, x, batch.n_tokens)
         return x, inp
 

@@ -18,6 +18,8 @@ sequence at a time, in order.
 
 from __future__ import annotations
 
+from collections.abc import Container
+
 import numpy as np
 
 ANONYMOUS = None  # the key of items without a sequence id
@@ -46,8 +48,8 @@ class ConvStates:
                 what = "no state" if have is None else f"a state after {have} tokens"
                 raise ValueError(
                     f"sequence {key}: computing from position {start}, but its conv state is {what}: a "
-                    "recurrent model continues a sequence only from where its last step ended (no prefix-cache "
-                    "hits or speculative rollback)"
+                    "recurrent model continues a sequence only from where its last step ended (no "
+                    "prefix-cache hits or speculative rollback)"
                 )
             out[i] = self._states[key]
         return out
@@ -63,7 +65,7 @@ class ConvStates:
             self._states[child] = self._states[parent].copy()
             self._consumed[child] = self._consumed[parent]
 
-    def retain(self, live: set[int]) -> None:
+    def retain(self, live: Container[int]) -> None:
         """Free the state of every sequence id not in `live` (the anonymous one stays)."""
         for key in [k for k in self._states if k is not ANONYMOUS and k not in live]:
             del self._states[key], self._consumed[key]

@@ -226,10 +226,10 @@ class LLMEngine:
     def _run(self, plan: SchedulerPlan) -> dict[int, list[Row]]:
         """Each sampled sequence's logits rows (one, or 1 + its drafts when verifying), or only their best
         entries when the backend samples where the logits live (see _device_k)."""
+        self.runner.retain_states(self.scheduler.seqs)  # frees finished and aborted sequences' state
         if plan.is_empty:
             return {}
         self.runner.copy_blocks(plan.block_copies)
-        self.runner.retain_states(set(self.scheduler.seqs))  # frees finished and aborted sequences' state
         items, ids = [], []
         sample = set(plan.sample_seq_ids)
         for seq, n in plan.scheduled:

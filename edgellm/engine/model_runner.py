@@ -3,6 +3,7 @@ into one ForwardBatch and one forward pass. It knows nothing of scheduling."""
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,7 +99,8 @@ class ModelRunner:
             hidden_index=np.concatenate(hidden) if hidden else np.empty(0, np.int32),
         )
         if self.conv_states is not None:
-            batch.conv_state = self.conv_states.gather([it.seq_id for it in items], [it.start_pos for it in items])
+            keys, starts = [it.seq_id for it in items], [it.start_pos for it in items]
+            batch.conv_state = self.conv_states.gather(keys, starts)
         return batch, out_slices
 
     def _forward(self, items: list[RunItem], batch: ForwardBatch):  # noqa: ANN202 - a backend array
@@ -126,7 +128,7 @@ class ModelRunner:
         if self.conv_states is not None:
             self.conv_states.fork(parent_id, child_id)
 
-    def retain_states(self, live_ids: set[int]) -> None:
+    def retain_states(self, live_ids: Container[int]) -> None:
         """Free the per-sequence state of every sequence not in live_ids (finished or aborted)."""
         if self.conv_states is not None:
             self.conv_states.retain(live_ids)

@@ -33,7 +33,9 @@ def lfm2_head_counts(g: GGUFFile, n_heads: int, n_layers: int) -> tuple[int, lis
             raise GGUFError(f"{g.path}: metadata {key} has {len(value)} entries for {n_layers} layers")
         counts = [int(v) for v in value]
     else:
-        raise GGUFError(f"{g.path}: metadata {key} must be an integer or an array of them, got {describe(value)}")
+        raise GGUFError(
+            f"{g.path}: metadata {key} must be an integer or an array of them, got {describe(value)}"
+        )
     attention = sorted({c for c in counts if c != 0})
     if len(attention) > 1:
         raise GGUFError(

@@ -363,7 +363,7 @@ def _moe_cases() -> dict[str, OracleCase]:
 # LFM2: 6 layers, conv, attention, conv, conv, attention, conv (synthetic_lfm2.lfm2_conv_layers); heads
 # spanning the width, as llama.cpp's LFM2 requires
 LFM2: dict[str, int] = dict(SMALL, n_layers=6)
-LFM2_WIDE: dict[str, int] = dict(WIDE, n_layers=6)
+LFM2_WIDE: dict[str, int] = dict(WIDE, n_layers=3)  # conv, attention, conv
 
 
 def _lfm2_cases() -> dict[str, OracleCase]:

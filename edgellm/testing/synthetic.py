@@ -58,9 +58,9 @@ FUSED_ARCHS = ("phi3",)
 # leave the embedding so dominant that a wrong attention scale moves the logits by NMSE 1e-5 only). These
 # each move them by NMSE 5e-3 or more when dropped.
 BPE_PRE = {
-    "llama": "default", "granite": "default", "smollm3": "default", "starcoder2": "starcoder", "gpt2": "gpt-2",
-    "lfm2": "lfm2",
-}
+    "llama": "default", "granite": "default", "smollm3": "default", "starcoder2": "starcoder",
+    "gpt2": "gpt-2", "lfm2": "lfm2",
+}  # fmt: skip
 GRANITE_SCALES = {"embedding_scale": 2.0, "residual_scale": 0.5, "attention.scale": 0.5, "logit_scale": 2.0}
 
 # A mix of the block-32 types (n_embd=64 rows cannot hold the 256-wide k-quant blocks). Keys are tensor

@@ -47,7 +47,10 @@ def lfm2_shapes(
     return shapes
 
 
-def lfm2_metadata(n_layers: int, n_kv_heads: int) -> dict[str, tuple[Any, GGUFValueType, GGUFValueType | None]]:
+Metadata = dict[str, tuple[Any, GGUFValueType, GGUFValueType | None]]  # key -> (value, type, element type)
+
+
+def lfm2_metadata(n_layers: int, n_kv_heads: int) -> Metadata:
     """The keys that differ from the common ones: head_count_kv per layer (0 for a conv layer; gguf-py's
     add_array writes Python ints as INT32) and the conv width."""
     counts = [0 if conv else n_kv_heads for conv in lfm2_conv_layers(n_layers)]
