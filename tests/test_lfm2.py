@@ -157,6 +157,33 @@ def test_engine_turns_off_prefix_hits_and_refuses_speculation(lfm2_path: Path) -
         EngineCore(CoreSpec(str(lfm2_path), n_ctx=128, kv_cache_memory=1 << 20, speculative=spec))
 
 
+def test_preempted_sequences_recompute_from_a_fresh_state(lfm2_path: Path) -> None:
+    """A KV pool too small for both sequences at once: one is preempted and recomputes from position 0
+    (its conv state restarts from zeros), and both generate what each does alone."""
+    from edgellm import SamplingParams
+    from edgellm.engine.core import CoreSpec, EngineCore
+
+    core = EngineCore(CoreSpec(str(lfm2_path), n_ctx=128, kv_cache_memory=0, threads=2))  # 9 blocks of 16
+    eng = core.engine
+    greedy = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    rng = np.random.default_rng(9)
+    prompts = [rng.integers(0, 288, 50).tolist(), rng.integers(0, 288, 55).tolist()]
+
+    def run(batch: list[list[int]]) -> list[list[int]]:
+        rids = [eng.add_request(p, greedy) for p in batch]
+        toks: dict[str, list[int]] = {r: [] for r in rids}
+        while eng.has_unfinished():
+            for out in eng.step():
+                for d in out.deltas:
+                    toks[out.request_id] += d.token_ids
+        return [toks[r] for r in rids]
+
+    alone = [run([p])[0] for p in prompts]
+    before = eng.stats().num_preemptions
+    assert run(prompts) == alone
+    assert eng.stats().num_preemptions > before
+
+
 def test_other_backends_refuse_lfm2_at_load(lfm2_path: Path) -> None:
     """The conv runs on host arrays: a device backend refuses the architecture by name before loading."""
     from edgellm.arch.lfm2 import Lfm2Model

@@ -15,7 +15,8 @@ logits = W_out @ (rmsnorm(x) * token_embd_norm)     # tied to token_embd without
 
 The conv state of a sequence is its last L-1 rows of v in every conv layer (llama.cpp's recurrent memory
 r_l): the engine keeps one per sequence (engine/conv_state.py) and hands the batch's rows in as
-batch.conv_state, which the forward pass reads and advances in place. The conv sums its L products in k
+batch.conv_state, which the forward pass reads and advances in place. The KV cache holds the attention
+layers only (cfg.n_kv_layers; kv_index maps a layer to its place there). The conv sums its L products in k
 order in float32, as ggml's ssm_conv. CPU only: the conv runs on host arrays.
 """
 
@@ -61,8 +62,10 @@ class Lfm2Model(LlamaModel):
                 f"{gguf.path}: architecture 'lfm2' (short convolutions with a per-sequence state) is not "
                 f"implemented on the {be.name} backend (supported there on: {', '.join(CONV_BACKENDS)})"
             )
-        # conv layer il -> its row in a sequence's state [conv layers, L - 1, n_embd]
+        # conv layer il -> its row in a sequence's state [conv layers, L - 1, n_embd]; attention layer il ->
+        # its layer in the KV cache, which holds the attention layers only (cfg.n_kv_layers)
         self.conv_index = {il: i for i, il in enumerate(il for il, c in enumerate(cfg.conv_layers) if c)}
+        self.kv_index = {il: i for i, il in enumerate(il for il, c in enumerate(cfg.conv_layers) if not c)}
         super().__init__(cfg, gguf, be, progress)
 
     def load_layer(self, src: TensorSource, il: int) -> tuple[Any, Any]:
@@ -90,13 +93,13 @@ class Lfm2Model(LlamaModel):
         x = self.embed(batch, inp)  # [T, n_embd]
         for il, (mixer, ffn_w) in enumerate(self.layers):
             fused = self.fused[il]
-            if fused is not None and be.decoder_layer(fused, x, kv, il, inp):
+            if fused is not None and be.decoder_layer(fused, x, kv, self.kv_index[il], inp):
                 continue
             if cfg.conv_layers[il]:
                 short_conv_block(be, cfg, mixer, x, batch, state[:, self.conv_index[il]])
             else:
                 where = (inp.positions, inp.seq_index, inp.block_tables, inp.slots)
-                attention_block(be, cfg, mixer, x, batch, kv, il, *where)
+                attention_block(be, cfg, mixer, x, batch, kv, il, *where, kv_layer=self.kv_index[il])
             self.ffn_block(be, cfg, ffn_w, x, batch.n_tokens)
         return x, inp
 

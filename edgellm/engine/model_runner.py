@@ -38,7 +38,7 @@ class ModelRunner:
         self.model, self.cfg, self.be = model, cfg, be
         self.num_blocks, self.block_size, self.kv_dtype = num_blocks, block_size, kv_dtype
         self.kv = be.alloc_kv(
-            cfg.n_layers, num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v, kv_dtype
+            cfg.n_kv_layers, num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v, kv_dtype
         )
         # Each item's requested hidden states from the latest forward pass ([H, n_embd] float32, host), in
         # item order: the run methods return logits, embeddings read these.
@@ -52,7 +52,7 @@ class ModelRunner:
         type or head sizes it cannot hold."""
         kvt = get_kv_cache_type(kv_dtype)
         kvt.check_head_dims(cfg.head_dim, cfg.head_dim_v)
-        return kvt.bytes_per_token(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v)
+        return kvt.bytes_per_token(cfg.n_kv_layers, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v)
 
     @staticmethod
     def kv_bytes_per_block(cfg: ModelConfig, block_size: int, kv_dtype: str = "f16") -> int:

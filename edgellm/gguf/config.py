@@ -108,6 +108,11 @@ class ModelConfig:
         return any(self.conv_layers)
 
     @property
+    def n_kv_layers(self) -> int:
+        """Layers with K/V in the cache: all but the short-conv ones, in order (the KV cache's layers)."""
+        return self.n_layers - sum(self.conv_layers)
+
+    @property
     def conv_state_shape(self) -> tuple[int, int, int]:
         """One sequence's recurrent state: [conv layers, l_cache - 1 past rows, n_embd] float32."""
         return (sum(self.conv_layers), max(0, self.conv_l_cache - 1), self.n_embd)
