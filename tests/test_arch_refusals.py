@@ -183,7 +183,7 @@ def test_lfm2_loads_and_has_oracle_cases(tmp_path: Path) -> None:
     cfg = config_from_gguf(g)
     validate_model(g, cfg)
     assert cfg.conv_layers == [True, False, True, True, False, True] and cfg.n_kv_heads == 2
-    assert cfg.recurrent and cfg.conv_state_shape == (4, 2, 64) and cfg.qk_norm
+    assert cfg.recurrent and cfg.conv_l_cache == 3 and cfg.qk_norm
     assert cfg.n_kv_layers == 2  # the KV cache holds the attention layers only
     assert {"lfm2_f32", "lfm2_tied_q8_0", "lfm2_q4_k"} <= set(CASES)
     fixtures = Path(__file__).parent / "fixtures" / "oracle"

@@ -26,7 +26,7 @@ class ForwardBatch:
     # [H] int32: which of the T tokens' final hidden states are wanted (embeddings; forward_hidden)
     hidden_index: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
     # [S, conv layers, l_cache - 1, n_embd] float32: each sequence's recurrent state (cfg.recurrent models,
-    # LFM2), read and advanced in place by the forward pass; None for models without one
+    # LFM2: engine/conv_state.py), read and advanced in place by the forward pass; None without one
     conv_state: np.ndarray | None = None
 
     @property

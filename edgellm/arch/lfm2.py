@@ -85,7 +85,7 @@ class Lfm2Model(LlamaModel):
     def _layers(self, batch: ForwardBatch, kv: Any) -> tuple[Any, Any]:
         be, cfg = self.be, self.cfg
         state = batch.conv_state
-        want = (batch.block_tables.shape[0], *cfg.conv_state_shape)
+        want = (batch.block_tables.shape[0], len(self.conv_index), cfg.conv_l_cache - 1, cfg.n_embd)
         if state is None or state.shape != want or state.dtype != np.float32:
             got = None if state is None else (state.shape, state.dtype)
             raise GGUFError(f"lfm2: the batch's conv state is {got}, expected {want} float32 (ModelRunner)")

@@ -25,6 +25,11 @@ import numpy as np
 ANONYMOUS = None  # the key of items without a sequence id
 
 
+def state_shape(cfg) -> tuple[int, int, int]:  # noqa: ANN001 - gguf.config.ModelConfig
+    """One sequence's state: [conv layers, l_cache - 1 past inputs, n_embd] float32."""
+    return (sum(cfg.conv_layers), max(0, cfg.conv_l_cache - 1), cfg.n_embd)
+
+
 class ConvStates:
     def __init__(self, shape: tuple[int, ...]) -> None:
         self.shape = tuple(shape)

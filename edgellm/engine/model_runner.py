@@ -10,7 +10,7 @@ import numpy as np
 
 from edgellm.arch import ForwardBatch
 from edgellm.backends.base import Backend
-from edgellm.engine.conv_state import ConvStates
+from edgellm.engine.conv_state import ConvStates, state_shape
 from edgellm.gguf.config import ModelConfig
 from edgellm.quants.kv_cache import get_kv_cache_type
 
@@ -44,7 +44,7 @@ class ModelRunner:
         # item order: the run methods return logits, embeddings read these.
         self.last_hidden: list[np.ndarray] = []
         # each sequence's state beside its KV blocks, for models that have one (LFM2's short convolutions)
-        self.conv_states = ConvStates(cfg.conv_state_shape) if cfg.recurrent else None
+        self.conv_states = ConvStates(state_shape(cfg)) if cfg.recurrent else None
 
     @staticmethod
     def kv_bytes_per_token(cfg: ModelConfig, kv_dtype: str = "f16") -> int:

@@ -102,20 +102,13 @@ class ModelConfig:
 
     @property
     def recurrent(self) -> bool:
-        """Whether a sequence's state is more than its KV blocks (short-conv layers): the engine then
-        carries it per sequence, and refuses prefix-cache hits and speculative rollback, which it cannot
-        restore."""
+        """A sequence's state is more than its KV blocks (no prefix-cache hits, no speculative rollback)."""
         return any(self.conv_layers)
 
     @property
     def n_kv_layers(self) -> int:
         """Layers with K/V in the cache: all but the short-conv ones, in order (the KV cache's layers)."""
         return self.n_layers - sum(self.conv_layers)
-
-    @property
-    def conv_state_shape(self) -> tuple[int, int, int]:
-        """One sequence's recurrent state: [conv layers, l_cache - 1 past rows, n_embd] float32."""
-        return (sum(self.conv_layers), max(0, self.conv_l_cache - 1), self.n_embd)
 
     @property
     def kv_dim(self) -> int:
@@ -185,11 +178,10 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
     )
     n_embd = get_int(g, p + "embedding_length", lo=1, hi=size, why="bounded by the file size")
     n_heads = get_int(g, p + "attention.head_count", lo=1, hi=size, why="bounded by the file size")
-    conv_layers = [False] * n_layers
     if arch == "lfm2":  # a per-layer array whose zeros mark the short-conv layers
         n_kv_heads, conv_layers = lfm2_head_counts(g, n_heads, n_layers)
     else:
-        n_kv_heads = _head_count_kv(g, p, n_heads, n_layers)
+        n_kv_heads, conv_layers = _head_count_kv(g, p, n_heads, n_layers), [False] * n_layers
     if n_heads % n_kv_heads:
         raise GGUFError(
             f"{g.path}: {n_heads} attention heads are not a multiple of {n_kv_heads} KV heads "
