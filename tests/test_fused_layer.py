@@ -40,11 +40,14 @@ def _logits(runner: ModelRunner, rng: np.random.Generator) -> list[np.ndarray]:
     v = runner.cfg.n_vocab
     a, b = rng.integers(0, v, 21).tolist(), rng.integers(0, v, 9).tolist()
     tables = [[0, 1, 2], [3, 4]]
-    out = runner.run([RunItem(tables[0], a, 0, all_logits=True), RunItem(tables[1], b, 0, all_logits=True)])
+    # sequence ids 0 and 1: LFM2's conv state is kept per sequence (the others ignore them)
+    out = runner.run([RunItem(tables[0], a, 0, all_logits=True, seq_id=0),
+                      RunItem(tables[1], b, 0, all_logits=True, seq_id=1)])  # fmt: skip
     for step in range(3):
         t = rng.integers(0, v, 2).tolist()
-        out += runner.run([RunItem(tables[0], [t[0]], 21 + step), RunItem(tables[1], [t[1]], 9 + step)])
-    out += runner.run([RunItem(tables[0], [int(rng.integers(0, v))], 24)])
+        out += runner.run([RunItem(tables[0], [t[0]], 21 + step, seq_id=0),
+                           RunItem(tables[1], [t[1]], 9 + step, seq_id=1)])  # fmt: skip
+    out += runner.run([RunItem(tables[0], [int(rng.integers(0, v))], 24, seq_id=0)])
     return out
 
 
@@ -53,7 +56,7 @@ def _logits(runner: ModelRunner, rng: np.random.Generator) -> list[np.ndarray]:
 UNFUSED_ARCHS = ("olmo2", "starcoder2", "gpt2", "olmoe", "qwen3moe", "qwen2moe")
 
 
-@pytest.mark.parametrize("arch", [a for a in ARCHS if a not in UNFUSED_ARCHS])
+@pytest.mark.parametrize("arch", [a for a in ARCHS if a not in UNFUSED_ARCHS + ("lfm2",)])
 def test_fused_layer_matches_blocks_bit_for_bit(tmp_path, arch: str) -> None:
     path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, QTYPES, n_layers=7 if arch == "gemma3" else 2)
     fused_model, fused = _load(path, True)
@@ -88,6 +91,18 @@ def test_fused_layer_runs_the_new_quant_types_bit_for_bit(tmp_path, qtypes: dict
     got, want = _logits(fused, np.random.default_rng(3)), _logits(plain, np.random.default_rng(3))
     for g, w in zip(got, want, strict=True):
         np.testing.assert_array_equal(g, w)
+def test_lfm2_fuses_its_attention_layers_only(tmp_path) -> None:
+    """LFM2's attention layers (per-head Q/K norms, NEOX rope) take the fused layer; its short-conv
+    layers run through the blocks; the logits are the blocks' bit for bit."""
+    path = write_tiny_model(tmp_path / "lfm2.gguf", "lfm2", QTYPES, n_layers=3)
+    fused_model, fused = _load(path, True)
+    assert [f is None for f in fused_model.fused] == fused_model.cfg.conv_layers == [True, False, True]
+    _, plain = _load(path, False)
+    got, want = _logits(fused, np.random.default_rng(1)), _logits(plain, np.random.default_rng(1))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
 @pytest.mark.parametrize("arch", UNFUSED_ARCHS)
 def test_fused_layer_declines_where_it_has_no_form(tmp_path, arch: str) -> None:
     path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, QTYPES)

@@ -7,6 +7,7 @@ from edgellm.arch.gemma2 import Gemma2Model
 from edgellm.arch.gemma3 import Gemma3Model
 from edgellm.arch.gpt2 import Gpt2Model
 from edgellm.arch.granite import GraniteModel
+from edgellm.arch.lfm2 import Lfm2Model
 from edgellm.arch.llama import LlamaModel
 from edgellm.arch.olmo2 import Olmo2Model
 from edgellm.arch.olmoe import OlmoeModel
@@ -31,6 +32,7 @@ ARCHITECTURES = {
     "qwen3moe": Qwen3MoeModel,
     "qwen2moe": Qwen2MoeModel,
     "olmoe": OlmoeModel,
+    "lfm2": Lfm2Model,
 }
 
 __all__ = [
@@ -41,6 +43,7 @@ __all__ = [
     "Gpt2Model",
     "GraniteModel",
     "LlamaModel",
+    "Lfm2Model",
     "Olmo2Model",
     "Starcoder2Model",
     "Phi3Model",

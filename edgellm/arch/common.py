@@ -25,6 +25,9 @@ class ForwardBatch:
     logits_index: np.ndarray  # [L] int32: which of the T tokens need logits (vocabulary projection)
     # [H] int32: which of the T tokens' final hidden states are wanted (embeddings; forward_hidden)
     hidden_index: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+    # [S, conv layers, l_cache - 1, n_embd] float32: each sequence's recurrent state (cfg.recurrent models,
+    # LFM2: engine/conv_state.py), read and advanced in place by the forward pass; None without one
+    conv_state: np.ndarray | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -160,8 +163,11 @@ def attention_block(
     seq_index: Any,
     block_tables: Any,
     slots: Any,
+    kv_layer: int | None = None,
 ) -> None:
-    """x += Attention(norm(x)) for every token of the batch (in place). x: [T, n_embd]."""
+    """x += Attention(norm(x)) for every token of the batch (in place). x: [T, n_embd]. kv_layer: the
+    layer's index in the KV cache when not il (LFM2's cache holds its attention layers only)."""
+    kl = il if kv_layer is None else kv_layer
     T = batch.n_tokens
     H, Hkv, d, dv = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v
     h = pre_norm(be, cfg, w.norm, x, T, w.norm_b)
@@ -185,11 +191,11 @@ def attention_block(
     if rope is not None:  # None: no rotary embedding in this layer (GPT-2; SmolLM3's NoPE layers)
         be.rope(q, positions, rope)
         be.rope(k, positions, rope)
-    be.write_kv(kv, il, k, v, slots)
+    be.write_kv(kv, kl, k, v, slots)
     attn = be.empty((T, H, dv))
     window = cfg.sliding_window if cfg.swa_layers[il] else 0
     scale, cap = cfg.attn_scale, cfg.attn_softcap
-    be.attention(q, kv, il, block_tables, seq_index, positions, window, scale, attn, cap)
+    be.attention(q, kv, kl, block_tables, seq_index, positions, window, scale, attn, cap)
     o = be.empty((T, cfg.n_embd))
     be.matmul(attn.reshape(T, H * dv), w.wo, o)  # [T, n_embd]
     if w.bo is not None:

@@ -81,7 +81,7 @@ def weight_bytes_per_token(model: Any, all_experts: bool = False) -> int:
     seen, total = set(), 0
     mats = [model.output]
     for attn, ffn in model.layers:
-        mats += [attn.wqkv, attn.wo]
+        mats += attn.matrices if hasattr(attn, "matrices") else [attn.wqkv, attn.wo]  # LFM2's short conv
         if hasattr(ffn, "experts"):  # arch/moe.py
             mats += [m for m in (ffn.router, ffn.shared_gate_up, ffn.shared_down) if m is not None]
             total += ffn.total_expert_bytes if all_experts else ffn.active_bytes * model.cfg.n_expert_used

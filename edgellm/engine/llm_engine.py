@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
@@ -88,6 +89,16 @@ class LLMEngine:
         guidance: GuidedDecoding | None = None,  # constrained decoding (None: grammars are refused)
     ) -> None:
         self.runner, self.eog_ids, self.n_ctx = runner, frozenset(eog_ids), n_ctx
+        if runner.cfg.recurrent:
+            # A sequence's conv state exists only where its last step left it (engine/conv_state.py): a
+            # cached prefix's blocks come without the state at that prefix, and rejected drafts would need
+            # the state rolled back. Hits are off for such a model; speculation is refused.
+            if speculator is not None:
+                raise ValueError(
+                    f"speculative decoding is not supported for {runner.cfg.arch}: its short-conv layers "
+                    "keep a per-sequence state that rejected draft tokens would corrupt"
+                )
+            sched = dataclasses.replace(sched, enable_prefix_caching=False)
         self.speculator = speculator
         self.guidance = guidance
         self.scheduler = Scheduler(sched)
@@ -215,6 +226,7 @@ class LLMEngine:
     def _run(self, plan: SchedulerPlan) -> dict[int, list[Row]]:
         """Each sampled sequence's logits rows (one, or 1 + its drafts when verifying), or only their best
         entries when the backend samples where the logits live (see _device_k)."""
+        self.runner.retain_states(self.scheduler.seqs)  # frees finished and aborted sequences' state
         if plan.is_empty:
             return {}
         self.runner.copy_blocks(plan.block_copies)
@@ -230,6 +242,7 @@ class LLMEngine:
                     need_logits=seq.seq_id in sample,
                     num_logits=1 + len(seq.spec_token_ids),
                     hidden_rows=self.pooled.rows_for(seq, c, n),
+                    seq_id=seq.seq_id,
                 )
             )
             ids.append(seq.seq_id)
@@ -383,6 +396,7 @@ class LLMEngine:
                 self.scheduler.add(child)
             else:
                 child = self.scheduler.fork(parent, cid)
+                self.runner.fork_state(parent, cid)
                 child.token_ids[-1] = tok
             sampled[cid] = [tok]
             if req.params.logprobs is not None:

@@ -7,13 +7,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from edgellm.gguf.lfm2 import lfm2_head_counts, read_lfm2
 from edgellm.gguf.metadata import INT32_MAX, check_int_range, describe, get_float, get_int, get_str, is_int
 from edgellm.gguf.reader import GGUFError, GGUFFile
 from edgellm.gguf.rope import LongRope, RopeParams, longrope_from_gguf, rope_from_gguf
 
 SUPPORTED_ARCHS = (
     "llama", "gemma2", "gemma3", "granite", "olmo2", "olmoe", "qwen2", "qwen2moe", "qwen3", "qwen3moe",
-    "starcoder2", "gpt2", "phi3", "smollm3",
+    "starcoder2", "gpt2", "phi3", "smollm3", "lfm2",
 )  # fmt: skip
 # The architectures with LayerNorm (weight and bias, {arch}.attention.layer_norm_epsilon) instead of RMSNorm,
 # and an ungated GELU MLP with biases (arch/starcoder2.py, arch/gpt2.py).
@@ -94,6 +95,20 @@ class ModelConfig:
     n_ff_exp: int = 0
     moe_norm_weights: bool = False  # renormalise the selected experts' probabilities to sum to 1
     n_ff_shexp: int = 0  # a shared expert every token runs, gated by sigmoid(w . h) (Qwen 2 MoE); 0: none
+    # LFM2: layers marked True are short convolutions instead of attention, over the last conv_l_cache
+    # tokens; each sequence then carries a recurrent state beside its KV blocks (engine/conv_state.py)
+    conv_layers: list[bool] = field(default_factory=list)
+    conv_l_cache: int = 0
+
+    @property
+    def recurrent(self) -> bool:
+        """A sequence's state is more than its KV blocks (no prefix-cache hits, no speculative rollback)."""
+        return any(self.conv_layers)
+
+    @property
+    def n_kv_layers(self) -> int:
+        """Layers with K/V in the cache: all but the short-conv ones, in order (the KV cache's layers)."""
+        return self.n_layers - sum(self.conv_layers)
 
     @property
     def kv_dim(self) -> int:
@@ -163,7 +178,10 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
     )
     n_embd = get_int(g, p + "embedding_length", lo=1, hi=size, why="bounded by the file size")
     n_heads = get_int(g, p + "attention.head_count", lo=1, hi=size, why="bounded by the file size")
-    n_kv_heads = _head_count_kv(g, p, n_heads, n_layers)
+    if arch == "lfm2":  # a per-layer array whose zeros mark the short-conv layers
+        n_kv_heads, conv_layers = lfm2_head_counts(g, n_heads, n_layers)
+    else:
+        n_kv_heads, conv_layers = _head_count_kv(g, p, n_heads, n_layers), [False] * n_layers
     if n_heads % n_kv_heads:
         raise GGUFError(
             f"{g.path}: {n_heads} attention heads are not a multiple of {n_kv_heads} KV heads "
@@ -223,6 +241,7 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
         swa_layers=[False] * n_layers,
         qkv_fused=[f"blk.{il}.attn_qkv.weight" in g.tensors for il in range(n_layers)],
         pooling=POOLING_TYPES.get(pooling_type := get_int(g, p + "pooling_type", 0), f"type {pooling_type}"),
+        conv_layers=conv_layers,
     )
     cfg.sliding_window = sliding_window
     if arch in MOE_NORM_WEIGHTS:
@@ -254,6 +273,8 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
         _layer_norm_arch(g, cfg)
     elif arch == "phi3":
         _phi3(g, cfg)
+    elif arch == "lfm2":
+        read_lfm2(g, cfg)
     if arch in NO_ROPE_LAYER_STEP:
         step = NO_ROPE_LAYER_STEP[arch]
         cfg.no_rope_layers = [(il + 1) % step == 0 for il in range(n_layers)]

@@ -82,6 +82,10 @@ BLOCK_TENSORS["starcoder2"] = (
     _LN_NORMS | _LN_REST | _QKV_BIASES | {"attn_q.weight", "attn_k.weight", "attn_v.weight"}
 )
 BLOCK_TENSORS["gpt2"] = _LN_NORMS | _LN_REST | {"attn_qkv.weight", "attn_qkv.bias"}
+# LFM2: attention layers (no biases: llama.cpp asserts none in its FFN and its graph adds none) and short-conv
+# layers; gguf/lfm2.py checks that each layer has only its own kind's
+_SHORTCONV = frozenset({"shortconv.in_proj.weight", "shortconv.conv.weight", "shortconv.out_proj.weight"})
+BLOCK_TENSORS["lfm2"] = _LLAMA_BLOCK | _QK_NORMS | _SHORTCONV
 # Q|K|V as one matrix (and its bias): llama.cpp's create_tensor_qkv reads attn_qkv.weight in place of the
 # three for these architectures, per layer; validation.py refuses a layer with both forms.
 FUSED_QKV_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2", "phi3", "smollm3")
@@ -92,6 +96,7 @@ GLOBAL_TENSORS["starcoder2"] = _GLOBAL | {"output_norm.bias"}
 GLOBAL_TENSORS["gpt2"] = _GLOBAL | {"output_norm.bias", "position_embd.weight"}
 # llama.cpp's Gemma 2 always projects with token_embd.weight: an output.weight would go unused there
 GLOBAL_TENSORS["gemma2"] = _GLOBAL - {"output.weight"}
+GLOBAL_TENSORS["lfm2"] = _GLOBAL - {"output_norm.weight"} | {"token_embd_norm.weight"}  # the final norm
 
 # ---- {arch}.* keys ------------------------------------------------------------------------------------
 # Keys config.py reads (the suffix after "{arch}.").
@@ -139,6 +144,7 @@ ARCH_KEYS: dict[str, frozenset[str]] = {
     "gpt2": _COMMON_KEYS | {"attention.layer_norm_epsilon"},
     "phi3": _COMMON_KEYS | {"attention.sliding_window"},  # read and unused, as llama.cpp's Phi-3
     "smollm3": _COMMON_KEYS,
+    "lfm2": _COMMON_KEYS | {"shortconv.l_cache"},
 }
 # Keys llama.cpp's common loader reads for every architecture, accepted at the values that leave the
 # model a dense, causal, text-only transformer (llama-model.cpp load_hparams).

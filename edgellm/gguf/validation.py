@@ -29,6 +29,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from edgellm.gguf.config import MAX_HEAD_DIM, ModelConfig
+from edgellm.gguf.lfm2 import check_lfm2_layers, lfm2_tensors
 from edgellm.gguf.metadata import describe, get_bool, get_str, is_int
 from edgellm.gguf.reader import GGUFError, GGUFFile
 from edgellm.gguf.understood import check_understood
@@ -75,6 +76,8 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     H, Hkv, d, dv = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v
     if cfg.layer_norm:
         return _layer_norm_tensors(cfg)
+    if cfg.arch == "lfm2":  # attention and short-conv layers (gguf/lfm2.py)
+        return lfm2_tensors(cfg)
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (V, e)}
     for il in range(cfg.n_layers):
         p = f"blk.{il}."
@@ -202,6 +205,8 @@ def validate_model(g: GGUFFile, cfg: ModelConfig) -> None:
     _check_heads(g, cfg)
     check_understood(g, cfg)  # first: a tensor or key it does not implement explains a shape error after
     check_qkv_forms(g, cfg)
+    if cfg.arch == "lfm2":
+        check_lfm2_layers(g, cfg)
     shapes = expected_tensors(cfg)
     shapes.update({n: s for n, s in optional_tensors(cfg).items() if n in g.tensors and n not in shapes})
     for name, shape in shapes.items():

@@ -360,6 +360,22 @@ def _moe_cases() -> dict[str, OracleCase]:
     }
 
 
+# LFM2: 6 layers, conv, attention, conv, conv, attention, conv (synthetic_lfm2.lfm2_conv_layers); heads
+# spanning the width, as llama.cpp's LFM2 requires
+LFM2: dict[str, int] = dict(SMALL, n_layers=6)
+LFM2_WIDE: dict[str, int] = dict(WIDE, n_layers=3)  # conv, attention, conv
+
+
+def _lfm2_cases() -> dict[str, OracleCase]:
+    return {
+        "lfm2_f32": OracleCase("lfm2", model=LFM2, note="lfm2, 4 short-conv and 2 attention layers, F32"),
+        "lfm2_tied_q8_0": OracleCase("lfm2", "Q8_0", model=LFM2, writer={"tied": True},
+                                     note="lfm2, Q8_0, output tied to token_embd (as the released files)"),
+        "lfm2_q4_k": OracleCase("lfm2", "Q4_K", model=LFM2_WIDE, writer={"quantize_kquants": True},
+                                note="lfm2, 256 wide, every matrix Q4_K (conv kernels F32)"),
+    }
+
+
 # fmt: off
 CASES: dict[str, OracleCase] = {
     # ---- architectures, F32 weights and the default mix of block-32 types
@@ -431,5 +447,7 @@ CASES: dict[str, OracleCase] = {
     **_phi3_smollm3_cases(),
     # ---- mixture of experts: qwen3moe, Mixtral-style llama, OLMoE
     **_moe_cases(),
+    # ---- LFM2: short convolutions (a per-sequence conv state) beside attention
+    **_lfm2_cases(),
 }
 # fmt: on

@@ -36,12 +36,13 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType
 
 from edgellm.testing.encode import encode_tensor
+from edgellm.testing.synthetic_lfm2 import lfm2_metadata, lfm2_shapes
 from edgellm.testing.tiny_vocab import CONTROL, bpe_vocab, spm_vocab
 
 T = GGMLQuantizationType
 ARCHS = (
     "llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2", "starcoder2", "gpt2", "phi3",
-    "smollm3", "qwen3moe", "olmoe", "qwen2moe",
+    "smollm3", "qwen3moe", "olmoe", "qwen2moe", "lfm2",
 )
 LAYER_NORM_ARCHS = ("starcoder2", "gpt2")  # LayerNorm with biases, biased ungated MLP (layer_norm_shapes)
 MOE_ARCHS = ("qwen3moe", "olmoe", "qwen2moe")  # always with experts (llama: with n_expert > 0, as Mixtral)
@@ -57,8 +58,9 @@ FUSED_ARCHS = ("phi3",)
 # leave the embedding so dominant that a wrong attention scale moves the logits by NMSE 1e-5 only). These
 # each move them by NMSE 5e-3 or more when dropped.
 BPE_PRE = {
-    "llama": "default", "granite": "default", "smollm3": "default", "starcoder2": "starcoder", "gpt2": "gpt-2"
-}
+    "llama": "default", "granite": "default", "smollm3": "default", "starcoder2": "starcoder",
+    "gpt2": "gpt-2", "lfm2": "lfm2",
+}  # fmt: skip
 GRANITE_SCALES = {"embedding_scale": 2.0, "residual_scale": 0.5, "attention.scale": 0.5, "logit_scale": 2.0}
 
 # A mix of the block-32 types (n_embd=64 rows cannot hold the 256-wide k-quant blocks). Keys are tensor
@@ -100,6 +102,8 @@ def tensor_shapes(
     """Tensor name -> numpy-order shape (rows, cols) as llama.cpp's loader expects them, in file order."""
     if arch in LAYER_NORM_ARCHS:
         return layer_norm_shapes(arch, n_layers, n_embd, n_kv_heads * head_dim, n_ff, n_vocab, tied)
+    if arch == "lfm2":
+        return lfm2_shapes(n_layers, n_embd, n_kv_heads, head_dim, n_ff, n_vocab, tied)
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (n_vocab, n_embd)}
     q_rows, kv_rows = n_heads * head_dim, n_kv_heads * head_dim
     for il in range(n_layers):
@@ -210,8 +214,8 @@ def pick_qtype(
 ) -> GGMLQuantizationType:
     """The type of one tensor: 1-D tensors (norms, biases) are always F32, as llama.cpp writes them."""
     role = tensor_role(name)
-    # the MoE router too: llama.cpp's quantizer leaves ffn_gate_inp unquantized
-    if role.endswith("norm") or role.endswith(".bias") or role == "ffn_gate_inp":
+    # the MoE router and LFM2's conv kernel too: llama.cpp's quantizer leaves them unquantized
+    if role.endswith("norm") or role.endswith(".bias") or role in ("ffn_gate_inp", "shortconv.conv"):
         return T.F32
     if qtypes is None:
         qtypes = DEFAULT_QTYPES
@@ -289,6 +293,8 @@ def _metadata(
         md[p + "final_logit_softcapping"] = (30.0, F32, None)
     if arch == "granite":
         md.update({p + k: (v, F32, None) for k, v in GRANITE_SCALES.items()})
+    if arch == "lfm2":
+        md.update(lfm2_metadata(n_layers, n_kv_heads))
     if arch in GEMMA_ARCHS:
         md[p + "attention.sliding_window"] = (sliding_window, U32, None)
         tokens, types, scores = spm_vocab()
@@ -315,7 +321,7 @@ def _metadata(
         tokens, types, merges = bpe_vocab(specials)
         extra = _vocab_padding(len(tokens), n_vocab)
         tokens, types = tokens + extra, types + [CONTROL] * len(extra)
-        if arch in LLAMA_ROPE_ARCHS:
+        if arch in LLAMA_ROPE_ARCHS or arch == "lfm2":
             md[p + "vocab_size"] = (len(tokens), U32, None)
         md.update(
             {

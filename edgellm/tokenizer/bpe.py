@@ -36,6 +36,7 @@ PRE_TYPES: dict[str, tuple[str, bool, bool]] = {
     "llama-bpe": ("llama3", True, True),
     "falcon3": ("llama3", True, True),
     "pixtral": ("llama3", True, True),
+    "lfm2": ("llama3", True, True),
     "gpt-2": ("gpt2", False, False),
     "phi-2": ("gpt2", False, False),
     "qwen2": ("qwen2", False, False),

@@ -51,6 +51,8 @@ class DraftProposer:
             cfg = config_from_gguf(gguf)
             validate_model(gguf, cfg)
             cfg.set_context(core.n_ctx)  # the target's window (LongRoPE's factors depend on it)
+            if cfg.recurrent:  # its runner drafts with rollback, which a conv state cannot take
+                raise ValueError(f"a {cfg.arch} model cannot be a draft model (per-sequence conv state)")
             if cfg.n_vocab != core.config.n_vocab:
                 raise ValueError(f"draft model has {cfg.n_vocab} tokens, the target {core.config.n_vocab}")
             model = ARCHITECTURES[cfg.arch](cfg, gguf, core.backend, None)
