@@ -6,6 +6,7 @@ from edgellm.arch.common import ForwardBatch
 from edgellm.arch.gemma2 import Gemma2Model
 from edgellm.arch.gemma3 import Gemma3Model
 from edgellm.arch.gpt2 import Gpt2Model
+from edgellm.arch.gpt_oss import GptOssModel
 from edgellm.arch.granite import GraniteModel
 from edgellm.arch.llama import LlamaModel
 from edgellm.arch.olmo2 import Olmo2Model
@@ -31,6 +32,7 @@ ARCHITECTURES = {
     "qwen3moe": Qwen3MoeModel,
     "qwen2moe": Qwen2MoeModel,
     "olmoe": OlmoeModel,
+    "gpt-oss": GptOssModel,
 }
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "Gemma2Model",
     "Gemma3Model",
     "Gpt2Model",
+    "GptOssModel",
     "GraniteModel",
     "LlamaModel",
     "Olmo2Model",
