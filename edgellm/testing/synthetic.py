@@ -36,6 +36,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType
 
 from edgellm.testing.encode import encode_tensor
+from edgellm.testing.harmony import HARMONY_SPECIALS, HARMONY_TEMPLATE
 from edgellm.testing.tiny_vocab import CONTROL, bpe_vocab, spm_vocab
 
 T = GGMLQuantizationType
@@ -330,7 +331,7 @@ def _metadata(
             }
         )
     else:
-        specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+        specials = HARMONY_SPECIALS if arch == "gpt-oss" else ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
         tokens, types, merges = bpe_vocab(specials)
         extra = _vocab_padding(len(tokens), n_vocab)
         tokens, types = tokens + extra, types + [CONTROL] * len(extra)
@@ -349,6 +350,8 @@ def _metadata(
                 "tokenizer.ggml.add_bos_token": (False, BOOL, None),
             }
         )
+        if arch == "gpt-oss":
+            md["tokenizer.chat_template"] = (HARMONY_TEMPLATE, STR, None)
     return md
 
 
