@@ -103,9 +103,7 @@ def test_each_feature_is_needed_for_the_match(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, feature: str
 ) -> None:
     """gpt_oss_f32 with one feature taken out misses llama.cpp's logits by far more than the tolerance
-    (measured: NMSE 0.19 without the sinks, 0.59 without the window, 0.46 without YaRN, 0.29 with
-    softmax-over-all gating, 0.23 without the router / expert biases, 0.28 without the clamp; 4e-9 with
-    all)."""
+    (measured: docs/oracle_cases.md, NMSE 0.1 to 0.6 against 3e-9 with every feature)."""
     case, ref = CASES["gpt_oss_f32"], np.load(FIXTURES / "gpt_oss_f32.npz")
     path = case.write(tmp_path / "m.gguf")
     if feature == "clamp":
