@@ -7,6 +7,8 @@ llama.cpp's build_moe_ffn computes it:
     x += sum_s w[:, s] * W_down[sel_s] @ (silu(W_gate[sel_s] h) * (W_up[sel_s] h))   # slot order
     (Qwen 2 MoE, then + sigmoid(w_shexp . h) * FFN_shexp(h): a shared expert every token runs, its gate a
     row stacked under the router's, its output summed as one more slot)
+    (gpt-oss: the router's logits biased, sel = top-k of the logits and w = softmax over those k, each
+    expert's matrices biased, swiglu_oai in place of silu: arch/gpt_oss.py)
 
 Expert-grouped execution: the step's (token, slot) pairs are sorted by expert, and each selected expert
 runs one gate|up and one down matmul over all its tokens (the backend's matmul, so each expert's weights
