@@ -504,3 +504,18 @@ def test_moe_logits_match_the_cpu(tmp_path: Path) -> None:
     cpu_logits = runner.run([RunItem([2, 3], [1, 17, 42], 0)]) + runner.run([RunItem([2, 3], [5], 3)])
     for got, want in zip(cuda_logits, cpu_logits, strict=True):
         assert nmse(got, want) < 1e-6
+
+
+def test_gpt_oss_is_refused_at_load_naming_the_backend(tmp_path: Path) -> None:
+    """The CUDA attention kernel has no attention sinks: a gpt-oss file is refused when the model is built,
+    naming the architecture and the backend, before any weight goes to the device."""
+    from edgellm.arch import ARCHITECTURES
+    from edgellm.gguf.config import UnsupportedArchitectureError, config_from_gguf
+    from edgellm.gguf.reader import load_gguf
+
+    path = write_tiny_model(tmp_path / "oss.gguf", "gpt-oss", "F32", n_layers=1, n_expert=4)
+    g = load_gguf(path)
+    cfg = config_from_gguf(g)
+    refused = r"'gpt-oss' is not implemented on the cuda backend"
+    with pytest.raises(UnsupportedArchitectureError, match=refused):
+        ARCHITECTURES[cfg.arch](cfg, g, BE)

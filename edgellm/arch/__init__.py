@@ -6,6 +6,7 @@ from edgellm.arch.common import ForwardBatch
 from edgellm.arch.gemma2 import Gemma2Model
 from edgellm.arch.gemma3 import Gemma3Model
 from edgellm.arch.gpt2 import Gpt2Model
+from edgellm.arch.gpt_oss import GptOssModel
 from edgellm.arch.granite import GraniteModel
 from edgellm.arch.lfm2 import Lfm2Model
 from edgellm.arch.llama import LlamaModel
@@ -33,6 +34,7 @@ ARCHITECTURES = {
     "qwen2moe": Qwen2MoeModel,
     "olmoe": OlmoeModel,
     "lfm2": Lfm2Model,
+    "gpt-oss": GptOssModel,
 }
 
 __all__ = [
@@ -41,6 +43,7 @@ __all__ = [
     "Gemma2Model",
     "Gemma3Model",
     "Gpt2Model",
+    "GptOssModel",
     "GraniteModel",
     "LlamaModel",
     "Lfm2Model",

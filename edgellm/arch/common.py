@@ -63,6 +63,7 @@ class AttentionWeights:
     k_norm: Any = None  # [d]; [Hkv * d] (OLMo 2)
     post_norm: Any = None  # [n_embd] (Gemma)
     norm_b: Any = None  # [n_embd] the pre-norm's bias (LayerNorm: StarCoder 2, GPT-2)
+    sinks: Any = None  # [H] each head's extra softmax logit (gpt-oss's attention sinks)
 
 
 @dataclass
@@ -195,7 +196,7 @@ def attention_block(
     attn = be.empty((T, H, dv))
     window = cfg.sliding_window if cfg.swa_layers[il] else 0
     scale, cap = cfg.attn_scale, cfg.attn_softcap
-    be.attention(q, kv, kl, block_tables, seq_index, positions, window, scale, attn, cap)
+    be.attention(q, kv, kl, block_tables, seq_index, positions, window, scale, attn, cap, w.sinks)
     o = be.empty((T, cfg.n_embd))
     be.matmul(attn.reshape(T, H * dv), w.wo, o)  # [T, n_embd]
     if w.bo is not None:

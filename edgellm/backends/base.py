@@ -150,10 +150,16 @@ class Backend(ABC):
         scale: float,
         out: Array,
         softcap: float = 0.0,
+        sinks: Array | None = None,
     ) -> None:
         """out [T, H, dv] = causal attention of q [T, H, d] over the cached K/V. softcap > 0: Gemma 2's
         attention logit soft-capping, in llama.cpp's order (Q times scale, Q.K, cap * tanh(. / cap),
-        softmax)."""
+        softmax). sinks [H] float32 (gpt-oss): head h's softmax has one more logit sinks[h], in its
+        denominator only (no value), as ggml_soft_max_add_sinks; a backend without attention_sinks
+        refuses them."""
+
+    # Whether attention() takes sinks (gpt-oss refuses to load on a backend without them).
+    attention_sinks: bool = False
 
     # --- whole layers ----------------------------------------------------------------------------------
     def prepare_layer(self, cfg: Any, attn: Any, ffn: Any, layer: int) -> Any:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgellm.reasoning import ReasoningSplitter
+from edgellm.reasoning import make_splitter
 from edgellm.sampling import SamplingParams
 from edgellm.tokenizer import StreamDecoder, Tokenizer
 
@@ -107,7 +107,7 @@ class TextStream:
         self.hold = max((len(s) for s in params.stop), default=1) - 1  # chars that may start a stop string
         self.finish_reason: str | None = None
         split = params.reasoning_split
-        self.splitter = ReasoningSplitter(split) if split is not None else None
+        self.splitter = make_splitter(split) if split is not None else None
         self.reasoning = ""  # reasoning text handed out so far
         self._reasoning_sent = 0  # chars of self.reasoning already taken
 

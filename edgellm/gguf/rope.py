@@ -48,7 +48,9 @@ CONTEXT_PAD = 256  # llama-context.cpp rounds n_ctx up to a multiple of this
 # for rope.freq_base; whether the frequency scaling applies). Gemma 3's local layers are never scaled;
 # Gemma 2's are scaled as the global ones. An architecture not listed rotates its local layers as its
 # global ones (OLMo 2).
-SWA_ROPE: dict[str, tuple[float | None, bool]] = {"gemma3": (10000.0, False), "gemma2": (None, True)}
+SWA_ROPE: dict[str, tuple[float | None, bool]] = {
+    "gemma3": (10000.0, False), "gemma2": (None, True), "gpt-oss": (None, True)
+}
 
 
 @dataclass(frozen=True, eq=False)

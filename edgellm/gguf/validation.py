@@ -128,11 +128,32 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             layer.update({"attn_q_norm.weight": (H * d,), "attn_k_norm.weight": (Hkv * d,)})
         if cfg.post_norms:
             layer.update({"post_attention_norm.weight": (e,), "post_ffw_norm.weight": (e,)})
+        if cfg.arch == "gpt-oss":
+            layer = _gpt_oss_layer(cfg, layer)
         shapes.update({p + name: shape for name, shape in layer.items()})
     shapes["output_norm.weight"] = (e,)
-    if cfg.arch == "olmo2":  # llama.cpp's OLMo 2 requires its own output matrix
+    if cfg.arch in ("olmo2", "gpt-oss"):  # llama.cpp requires their own output matrix
         shapes["output.weight"] = (V, e)
     return shapes
+
+
+def _gpt_oss_layer(cfg: ModelConfig, layer: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """A gpt-oss layer (arch/gpt_oss.py): post_attention_norm is the experts' pre-norm, the attention
+    sinks, and the biases llama.cpp requires (output projection, router, every expert matrix)."""
+    e, E, fe = cfg.n_embd, cfg.n_expert, cfg.n_ff_exp
+    out = {name: shape for name, shape in layer.items() if name != "ffn_norm.weight"}
+    out.update(
+        {
+            "post_attention_norm.weight": (e,),
+            "attn_sinks.weight": (cfg.n_heads,),
+            "attn_output.bias": (e,),
+            "ffn_gate_inp.bias": (E,),
+            "ffn_gate_exps.bias": (E, fe),
+            "ffn_up_exps.bias": (E, fe),
+            "ffn_down_exps.bias": (E, e),
+        }
+    )
+    return out
 
 
 def _layer_norm_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

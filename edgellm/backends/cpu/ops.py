@@ -140,6 +140,24 @@ def geglu_par_cpu(gate_up: np.ndarray, out: np.ndarray) -> None:
         _geglu_row(gate_up, out, t)
 
 
+# gpt-oss's clamped SwiGLU (ggml's swiglu_oai with llama.cpp's alpha and limit)
+OAI_ALPHA = np.float32(1.702)
+OAI_LIMIT = np.float32(7.0)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def swiglu_oai_par_cpu(gate_up: np.ndarray, out: np.ndarray) -> None:
+    """out = g * sigmoid(1.702 g) * (u + 1) with g = min(gate, 7), u = clamp(up, -7, 7), for gate_up =
+    [gate | up] [T, 2n], out [T, n]: ggml_compute_forward_swiglu_oai_f32's float32 steps, no fast-math."""
+    n = out.shape[1]
+    one = np.float32(1.0)
+    for t in prange(out.shape[0]):
+        for i in range(n):
+            x = min(gate_up[t, i], OAI_LIMIT)
+            y = min(max(gate_up[t, n + i], -OAI_LIMIT), OAI_LIMIT)
+            out[t, i] = x / (one + np.exp(OAI_ALPHA * -x)) * (y + one)
+
+
 def _as_f16_bits(x):  # noqa: ANN001, ANN202 (typed by the overload below)
     raise NotImplementedError("only called from Numba code")
 
