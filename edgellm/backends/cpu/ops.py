@@ -67,8 +67,14 @@ def rmsnorm_heads_cpu(x: np.ndarray, w: np.ndarray, eps: float) -> None:
 
 @njit(cache=True, nogil=True)
 def rope_table_cpu(
-    n_pos: int, n_rot: int, base: float, freq_factors: np.ndarray, freq_scale: float, ext_factor: float,
-    ramp: np.ndarray, mscale: float,
+    n_pos: int,
+    n_rot: int,
+    base: float,
+    freq_factors: np.ndarray,
+    freq_scale: float,
+    ext_factor: float,
+    ramp: np.ndarray,
+    mscale: float,
 ) -> tuple[np.ndarray, np.ndarray]:
     """cos/sin [n_pos, n_rot/2] (f32) as ggml-cpu's rope cache (ggml_rope_cache_init / rope_yarn), in its
     float32 roundings: theta_scale = powf(base, -2.0f / n_rot); at position p, theta starts at (float)p and
