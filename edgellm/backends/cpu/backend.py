@@ -138,7 +138,7 @@ class CpuBackend(Backend):
         table = self._rope_tables.get(rope)
         if table is None or table[0].shape[0] < need:  # grow by doubling: positions only go up to n_ctx
             size = max(need, 2 * table[0].shape[0] if table is not None else 1024)
-            table = self._rope_tables[rope] = ops.rope_table_cpu(size, rope.inv_freq(), rope.mscale)
+            table = self._rope_tables[rope] = ops.rope_tables(size, rope)
         return table
 
     def gated_act(self, gate_up: np.ndarray, out: np.ndarray, kind: str) -> None:
