@@ -24,10 +24,10 @@ import numpy as np
 
 from edgellm.catalog import DEFAULT_MODEL, resolve_model
 from edgellm.engine.checks import PromptTooLongError, check_embedding_input, check_prompt
-from edgellm.engine.core import CoreSpec, kv_budget_bytes
 from edgellm.engine.core_client import CoreClient, EngineDeadError
+from edgellm.engine.core_process import CoreSpec, kv_budget_bytes
+from edgellm.engine.engine_core import EngineStats
 from edgellm.engine.frontend import RequestStream
-from edgellm.engine.llm_engine import EngineStats
 from edgellm.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from edgellm.engine.spec.config import SpeculativeConfig, check_draft_model, parse_speculative
 from edgellm.gguf.config import ModelConfig, config_from_gguf

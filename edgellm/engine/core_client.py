@@ -15,8 +15,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from edgellm.engine.core import CoreSpec, run_core_process
-from edgellm.engine.llm_engine import EngineStats
+from edgellm.engine.core_process import CoreSpec, run_core_process
+from edgellm.engine.engine_core import EngineStats
 from edgellm.sampling import SamplingParams
 from edgellm.spawn import describe_exit, start_without_main
 

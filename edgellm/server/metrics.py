@@ -7,7 +7,7 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 
-from edgellm.engine.llm_engine import EngineStats
+from edgellm.engine.engine_core import EngineStats
 from edgellm.engine.outputs import RequestMetrics
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 60.0)

@@ -3,7 +3,7 @@
 `serve`, `chat`, `bench` and `LLM` run it in its own process (`run_core_process`, started with the
 "spawn" context by core_client.CoreClient), where its loop runs on the process's main thread: GNU OpenMP
 kernels ran ~3x slower when launched from another thread or from several threads, and a crash in a
-kernel takes down this process only. Tests may build an `EngineCore` in-process to drive its engine.
+kernel takes down this process only. Tests may build an `EngineCoreProc` in-process to drive its engine.
 
 Messages in (tuples): ("add", rid, prompt_ids, params, priority, group), ("embed", rid, input_ids, priority,
 group) (group: the client request's id, shared by its engine requests, or None),
@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from edgellm.engine.checks import PromptTooLongError
+from edgellm.engine.engine_core import EngineCore
 from edgellm.engine.guidance import GuidedDecoding
-from edgellm.engine.llm_engine import LLMEngine
 from edgellm.engine.model_runner import ModelRunner, RunItem
 from edgellm.engine.outputs import RequestOutput
 from edgellm.engine.scheduler import SchedulerConfig
@@ -95,7 +95,7 @@ def weight_bytes_per_token(model: Any, all_experts: bool = False) -> int:
     return total
 
 
-class EngineCore:
+class EngineCoreProc:
     """Loads the model from `spec.path` (mmapped) and owns the model, scheduler and sampler."""
 
     def __init__(self, spec: CoreSpec, log: Callable[[str], None] | None = None) -> None:
@@ -141,7 +141,7 @@ class EngineCore:
             max_model_len=self.n_ctx,
         )
         speculator = build_speculator(spec.speculative, self, log)
-        self.engine = LLMEngine(
+        self.engine_core = EngineCore(
             self.runner,
             eog_ids,
             self.n_ctx,
@@ -186,13 +186,13 @@ class EngineCore:
             raise PromptTooLongError(
                 len(ids), self.n_ctx, f"{len(ids)} tokens exceed the context window of {self.n_ctx}"
             )
-        bm = self.engine.scheduler.block_manager
+        bm = self.engine_core.scheduler.block_manager
         seq = EngineSequence(-1, ids)
         if not bm.can_allocate(seq, len(ids)):
             raise RuntimeError("not enough free KV blocks to score this sequence while other requests run")
         bm.allocate(seq, len(ids))
         try:
-            chunk = self.engine.scheduler.config.max_num_batched_tokens
+            chunk = self.engine_core.scheduler.config.max_num_batched_tokens
             rows = []
             for start in range(0, len(ids), chunk):
                 item = RunItem(seq.block_table, ids[start : start + chunk], start, all_logits=True)
@@ -202,7 +202,7 @@ class EngineCore:
             bm.free(seq)
 
     def stats(self) -> dict:
-        return asdict(self.engine.stats())
+        return asdict(self.engine_core.stats())
 
     # ---- the loop ------------------------------------------------------------------------------
     def handle(self, msg: tuple, send: Callable[[tuple], None]) -> bool:
@@ -211,20 +211,20 @@ class EngineCore:
         if kind == "add":
             _, rid, ids, params, priority, group = msg
             try:
-                self.engine.add_request(ids, params, rid, priority, group)
+                self.engine_core.add_request(ids, params, rid, priority, group)
             except Exception as e:  # a bad request: its sender gets the error, the core goes on
                 send(("add_error", rid, portable(e)))
         elif kind == "embed":
             _, rid, ids, priority, group = msg
             try:
-                self.engine.add_embedding_request(ids, rid, priority, group)
+                self.engine_core.add_embedding_request(ids, rid, priority, group)
             except Exception as e:
                 send(("add_error", rid, portable(e)))
         elif kind == "abort":
-            self.engine.abort(msg[1], msg[2])
+            self.engine_core.abort(msg[1], msg[2])
         elif kind == "abort_all":
             for rid in msg[1]:
-                self.engine.abort(rid)
+                self.engine_core.abort(rid)
         elif kind == "call":
             _, call_id, name, args = msg
             try:
@@ -239,7 +239,7 @@ class EngineCore:
     def run(self, conn: Any) -> None:
         """Serve the front-end over `conn` until it says shutdown or goes away (EOF)."""
         send = conn.send
-        eng = self.engine
+        eng = self.engine_core
         interval = self.stream_interval
         pending: list[tuple[float, list]] = []  # (time, outputs) of steps not sent yet
         last_sent = 0.0
@@ -297,7 +297,7 @@ def run_core_process(conn: Any, spec: CoreSpec) -> None:
         os.dup2(fd, 2)
         os.close(fd)
     try:
-        core = EngineCore(spec, log=lambda line: conn.send(("progress", line)))
+        core = EngineCoreProc(spec, log=lambda line: conn.send(("progress", line)))
     except BaseException as e:  # noqa: BLE001 - reported to the front-end, which raises it
         conn.send(("load_error", portable(e)))
         return

@@ -1,4 +1,4 @@
-"""LLMEngine: requests in, per-step deltas out. `step()` is schedule -> run -> postprocess (nano-vllm)."""
+"""EngineCore: requests in, per-step deltas out. `step()` is schedule -> run -> postprocess (nano-vllm)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from edgellm.engine.spec.verify import Row, sample_row, verify_drafts
 from edgellm.reasoning import forced_token
 from edgellm.sampling import Sampler, SamplingParams, TopCandidates, device_candidates, top_logprobs
 
-__all__ = ["EngineStats", "LLMEngine", "PromptTooLongError"]
+__all__ = ["EngineStats", "EngineCore", "PromptTooLongError"]
 
 
 @dataclass
@@ -76,7 +76,7 @@ class _Request:
     finished: set[int] = field(default_factory=set)  # completion indexes done
 
 
-class LLMEngine:
+class EngineCore:
     """Token ids in, token ids out: the core's engine knows no text (the front-end detokenizes)."""
 
     def __init__(
