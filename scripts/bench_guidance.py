@@ -34,7 +34,7 @@ def run(engine: EngineCore, prompts: list[list[int]], params: list[SamplingParam
     tokens = steps = 0
     wall, cpu = time.perf_counter(), time.process_time()
     while engine.has_unfinished():
-        tokens += sum(len(d.token_ids) for out in engine.step() for d in out.deltas)
+        tokens += sum(len(out.new_token_ids) for out in engine.step())
         steps += 1
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     return tokens / wall, 1000 * cpu / steps

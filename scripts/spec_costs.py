@@ -166,7 +166,7 @@ def decode_cost(core: EngineCoreProc, clock: StepClock, work: Workload, together
             w, c = clocks()
             outs = eng.step()
             w2, c2 = clocks()
-            n = sum(len(d.token_ids) for o in outs for d in o.deltas)
+            n = sum(len(o.new_token_ids) for o in outs)
             started = started or n > 0
             if started:
                 tot["cpu"] += c2 - c

@@ -146,9 +146,8 @@ def run_steps(
         if stats:
             stats.reset()
         for out in eng.step():
-            for d in out.deltas:
-                toks[out.request_id] += d.token_ids
-                lps += d.logprobs or []
+            toks[out.request_id] += out.new_token_ids
+            lps += out.logprobs or []
         if stats:
             moved.append((stats.to_host_copies, stats.to_host_bytes))
     return [toks[r] for r in rids], lps, moved

@@ -17,7 +17,7 @@ import pytest
 from edgellm import SamplingParams
 from edgellm.backends.base import get_backend
 from edgellm.engine.core_process import CoreSpec, EngineCoreProc
-from edgellm.engine.outputs import CompletionDelta
+from edgellm.engine.protocol import EngineCoreOutput
 from edgellm.sampling import MAX_DEVICE_TOP_K, Sampler, TopCandidates, device_candidates
 from edgellm.testing.synthetic import write_tiny_model
 
@@ -119,13 +119,13 @@ def run_both(
 ) -> tuple[list, list, list]:
     """(outputs with whole rows on the host, outputs through the device-sampling proxy, the proxy's log)."""
 
-    def run() -> list[list[CompletionDelta]]:
+    def run() -> list[list[EngineCoreOutput]]:
         eng = llm.engine_core
         rids = [eng.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
-        deltas: dict[str, list[CompletionDelta]] = {r: [] for r in rids}
+        deltas: dict[str, list[EngineCoreOutput]] = {r: [] for r in rids}
         while eng.has_unfinished():
             for out in eng.step():
-                deltas[out.request_id] += out.deltas
+                deltas[out.request_id].append(out)
         return [deltas[r] for r in rids]
 
     runner = llm.engine_core.runner
@@ -139,8 +139,8 @@ def run_both(
     return host, dev, proxy.log
 
 
-def tokens(outs: list[list[CompletionDelta]], index: int = 0) -> list[list[int]]:
-    return [[t for d in ds if d.index == index for t in d.token_ids] for ds in outs]
+def tokens(outs: list[list[EngineCoreOutput]], index: int = 0) -> list[list[int]]:
+    return [[t for d in ds if d.index == index for t in d.new_token_ids] for ds in outs]
 
 
 PROMPTS = [[1, 17, 42, 99], [5, 6, 7], [200, 3, 3, 3, 9, 11]]
@@ -187,8 +187,8 @@ def test_engine_whole_row_requests_take_the_host_path(
     assert tokens(dev) == tokens(host)
     assert log and {e[0] for e in log} == {"logits"}
     if params[0].logprobs:
-        lp = [d.logprobs for ds in dev for d in ds if d.token_ids]
-        assert lp == [d.logprobs for ds in host for d in ds if d.token_ids] and all(lp)
+        lp = [d.logprobs for ds in dev for d in ds if d.new_token_ids]
+        assert lp == [d.logprobs for ds in host for d in ds if d.new_token_ids] and all(lp)
 
 
 def test_engine_parallel_sampling_forks_from_the_row_then_samples_on_device(llm: EngineCoreProc) -> None:

@@ -17,7 +17,7 @@ import pytest
 from edgellm.engine.checks import PromptTooLongError
 from edgellm.engine.core_process import CoreSpec, EngineCoreProc
 from edgellm.engine.model_runner import RunItem
-from edgellm.engine.outputs import RequestOutput
+from edgellm.engine.protocol import EngineCoreOutput
 from edgellm.engine.sequence import Sequence
 from edgellm.sampling import SamplingParams
 from edgellm.testing.synthetic import write_tiny_model
@@ -64,7 +64,7 @@ def pooled(h: np.ndarray, how: str) -> np.ndarray:
 
 def run_all(
     core: EngineCoreProc, embed: list[list[int]], generate: list[list[int]] = ()
-) -> list[RequestOutput]:
+) -> list[EngineCoreOutput]:
     """Embedding requests and generation requests together, stepped to the end; the embeddings' final
     outputs in order."""
     eng = core.engine_core
@@ -72,11 +72,11 @@ def run_all(
     for g in generate:
         eng.add_request(g, params)
     rids = [eng.add_embedding_request(ids) for ids in embed]
-    got: dict[str, RequestOutput] = {}
+    got: dict[str, EngineCoreOutput] = {}
     while eng.has_unfinished():
         for out in eng.step():
             if out.embedding is not None:
-                assert out.finished and not out.deltas
+                assert out.request_finished and not out.new_token_ids
                 got[out.request_id] = out
     return [got[r] for r in rids]
 
@@ -113,7 +113,7 @@ def test_preempted_embedding_recomputes_to_the_same_vector(models) -> None:
     ref = pooled(reference(core, xs[3]), "mean")
     gens = [xs[2][:20], xs[2][3:23], xs[1] * 4]
     [out] = run_all(core, [xs[3]], generate=gens)
-    assert out.metrics.num_preemptions >= 1  # how often depends on how the steps share the budget
+    assert out.num_preemptions >= 1  # how often depends on how the steps share the budget
     assert np.abs(out.embedding - ref).max() < TOL
 
 

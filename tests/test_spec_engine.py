@@ -34,8 +34,7 @@ def run(c: EngineCoreProc, prompts: list[list[int]], params: list[SamplingParams
     toks: dict[str, list[int]] = {r: [] for r in rids}
     while eng.has_unfinished():
         for out in eng.step():
-            for d in out.deltas:
-                toks[out.request_id] += d.token_ids
+            toks[out.request_id] += out.new_token_ids
     return [toks[r] for r in rids]
 
 

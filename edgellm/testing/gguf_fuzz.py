@@ -315,7 +315,7 @@ def load_and_generate(path: str) -> tuple[str, str]:
         engine.add_request([0], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
         tokens: list[int] = []
         while engine.has_unfinished():
-            tokens += [t for out in engine.step() for d in out.deltas for t in d.token_ids]
+            tokens += [t for out in engine.step() for t in out.new_token_ids]
         return "ok", repr(tokens)
     except Exception:  # noqa: BLE001
         return "error", "generate: " + traceback.format_exc()
