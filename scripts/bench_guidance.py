@@ -17,14 +17,14 @@ import statistics
 import time
 
 from edgellm.catalog import resolve_model
-from edgellm.engine.core import CoreSpec, EngineCore
-from edgellm.engine.llm_engine import LLMEngine
+from edgellm.engine.core_process import CoreSpec, EngineCoreProc
+from edgellm.engine.engine_core import EngineCore
 from edgellm.sampling import SamplingParams
 
 SCHEMA = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 999}, "minItems": 1000}
 
 
-def run(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams]) -> tuple[float, float]:
+def run(engine: EngineCore, prompts: list[list[int]], params: list[SamplingParams]) -> tuple[float, float]:
     """(decode tok/s, CPU ms per decode step) of one batch: the steps after the one that prefilled every
     prompt. CPU time counts every thread of this process (kernels, llguidance's, the mask worker): on a
     shared machine it moves far less than wall time."""
@@ -34,7 +34,7 @@ def run(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams
     tokens = steps = 0
     wall, cpu = time.perf_counter(), time.process_time()
     while engine.has_unfinished():
-        tokens += sum(len(d.token_ids) for out in engine.step() for d in out.deltas)
+        tokens += sum(len(out.new_token_ids) for out in engine.step())
         steps += 1
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     return tokens / wall, 1000 * cpu / steps
@@ -49,10 +49,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args()
     n = args.in_flight
-    core = EngineCore(
+    core = EngineCoreProc(
         CoreSpec(str(resolve_model(args.model)), n_ctx=512, max_num_seqs=n, threads=args.threads)
     )
-    engine, tok = core.engine, core.engine.guidance.tokenizer
+    engine, tok = core.engine_core, core.engine_core.guidance.tokenizer
     prompts = [
         tok.encode(f"Request {i}: list some numbers between 0 and 999.", add_special=True) for i in range(n)
     ]

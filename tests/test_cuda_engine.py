@@ -20,7 +20,7 @@ if not (os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or os.environ.get("EDGELLM
 
 from edgellm import SamplingParams
 from edgellm.backends.base import Backend
-from edgellm.engine.core import CoreSpec, EngineCore
+from edgellm.engine.core_process import CoreSpec, EngineCoreProc
 from edgellm.gguf.rope import RopeParams
 from edgellm.testing.synthetic import write_tiny_model
 from tests.test_backend_ops import nmse
@@ -125,19 +125,19 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def llms(tiny: Path) -> dict[str, EngineCore]:
+def llms(tiny: Path) -> dict[str, EngineCoreProc]:
     """Engine cores built in this process, to drive their engines step by step."""
     return {
-        be: EngineCore(CoreSpec(str(tiny), backend=be, n_ctx=64, kv_cache_memory=1 << 20))
+        be: EngineCoreProc(CoreSpec(str(tiny), backend=be, n_ctx=64, kv_cache_memory=1 << 20))
         for be in ("cpu", "cuda")
     }
 
 
 def run_steps(
-    llm: EngineCore, prompts: list[list[int]], params: SamplingParams
+    llm: EngineCoreProc, prompts: list[list[int]], params: SamplingParams
 ) -> tuple[list[list[int]], list, list]:
     """Drive the engine step by step: (tokens per prompt, logprobs, per step (copies, bytes) to the host)."""
-    eng = llm.engine
+    eng = llm.engine_core
     rids = [eng.add_request(p, params) for p in prompts]
     toks: dict[str, list[int]] = {r: [] for r in rids}
     lps, moved = [], []
@@ -146,15 +146,14 @@ def run_steps(
         if stats:
             stats.reset()
         for out in eng.step():
-            for d in out.deltas:
-                toks[out.request_id] += d.token_ids
-                lps += d.logprobs or []
+            toks[out.request_id] += out.new_token_ids
+            lps += out.logprobs or []
         if stats:
             moved.append((stats.to_host_copies, stats.to_host_bytes))
     return [toks[r] for r in rids], lps, moved
 
 
-def test_engine_greedy_on_device_moves_only_ids(llms: dict[str, EngineCore]) -> None:
+def test_engine_greedy_on_device_moves_only_ids(llms: dict[str, EngineCoreProc]) -> None:
     prompts = [[1, 17, 42, 99], [5, 6, 7]]
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     cpu_tokens, _, _ = run_steps(llms["cpu"], prompts, params)
@@ -164,7 +163,7 @@ def test_engine_greedy_on_device_moves_only_ids(llms: dict[str, EngineCore]) -> 
     assert moved == [(1, 8)] * 3
 
 
-def test_engine_speculative_greedy_verifies_on_device(llms: dict[str, EngineCore], tiny: Path) -> None:
+def test_engine_speculative_greedy_verifies_on_device(llms: dict[str, EngineCoreProc], tiny: Path) -> None:
     """Drafts verified with the device argmax of every scored row: plain decoding's tokens, ids only to
     the host. The drafts are the plain tokens with one wrong, so one verify step accepts and one rejects."""
     from edgellm.engine.spec.config import SpeculativeConfig
@@ -182,19 +181,19 @@ def test_engine_speculative_greedy_verifies_on_device(llms: dict[str, EngineCore
             pass
 
     spec = SpeculativeConfig("ngram", num_tokens=2, adaptive=False)
-    core = EngineCore(
+    core = EngineCoreProc(
         CoreSpec(str(tiny), backend="cuda", n_ctx=64, kv_cache_memory=1 << 20, speculative=spec)
     )
-    core.engine.speculator.proposer = Replay()
+    core.engine_core.speculator.proposer = Replay()
     [got], _, moved = run_steps(core, prompts, params)
-    stats = core.engine.stats()
+    stats = core.engine_core.stats()
     assert got == want
     # prefill -> t0; drafts [t1, wrong] -> t1 t2; one draft left within max_tokens: [t3] -> t3 t4
     assert (stats.spec_draft_tokens_total, stats.spec_accepted_tokens_total) == (3, 2)
     assert moved == [(1, 4), (1, 12), (1, 8)]  # one id per scored row
 
 
-def test_engine_logprobs_take_the_host_path(llms: dict[str, EngineCore]) -> None:
+def test_engine_logprobs_take_the_host_path(llms: dict[str, EngineCoreProc]) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, logprobs=2)
     cpu_tokens, cpu_lps, _ = run_steps(llms["cpu"], [[9, 8, 7]], params)
     cuda_tokens, cuda_lps, moved = run_steps(llms["cuda"], [[9, 8, 7]], params)
@@ -370,11 +369,11 @@ def test_fused_chains_with_k_quant_weights(qtype: str) -> None:
     assert (n_plain, n_fused) == (19, 10)  # 3 of them the contiguous copies of Q, K, V
 
 
-def test_engine_embeddings_match_the_cpu(llms: dict[str, EngineCore]) -> None:
+def test_engine_embeddings_match_the_cpu(llms: dict[str, EngineCoreProc]) -> None:
     """The final hidden states come back from the device (forward_hidden) and pool as on the CPU."""
     vectors = {}
     for be, core in llms.items():
-        eng = core.engine
+        eng = core.engine_core
         eng.add_embedding_request([3, 1, 4, 1, 5])
         while eng.has_unfinished():
             for out in eng.step():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from edgellm import LLM, SamplingParams
-from edgellm.engine.llm_engine import PromptTooLongError
+from edgellm.engine.engine_core import PromptTooLongError
 
 PROMPTS = [
     "The capital of France is",

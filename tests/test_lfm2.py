@@ -127,11 +127,11 @@ def test_engine_turns_off_prefix_hits_and_refuses_speculation(lfm2_path: Path) -
     one, forked from its state) generate what each does alone, finished sequences leave no state, and
     speculative decoding is refused naming why."""
     from edgellm import SamplingParams
-    from edgellm.engine.core import CoreSpec, EngineCore
+    from edgellm.engine.core_process import CoreSpec, EngineCoreProc
     from edgellm.engine.spec.config import SpeculativeConfig
 
-    core = EngineCore(CoreSpec(str(lfm2_path), n_ctx=128, kv_cache_memory=1 << 20, threads=2))
-    eng = core.engine
+    core = EngineCoreProc(CoreSpec(str(lfm2_path), n_ctx=128, kv_cache_memory=1 << 20, threads=2))
+    eng = core.engine_core
     assert eng.scheduler.block_manager.cache is None
     greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     prompts = [[5, 17, 42, 99, 7, 5, 17, 42] * 3, [1, 2, 3, 4, 5], [5, 17, 42, 99, 7, 5, 17, 42] * 3 + [8]]
@@ -141,8 +141,7 @@ def test_engine_turns_off_prefix_hits_and_refuses_speculation(lfm2_path: Path) -
         toks: dict[tuple[str, int], list[int]] = {}
         while eng.has_unfinished():
             for out in eng.step():
-                for d in out.deltas:
-                    toks.setdefault((out.request_id, d.index), []).extend(d.token_ids)
+                toks.setdefault((out.request_id, out.index), []).extend(out.new_token_ids)
         return [toks[(r, i)] for r in rids for i in range(params.n)]
 
     alone = [run([p])[0] for p in prompts]
@@ -154,17 +153,17 @@ def test_engine_turns_off_prefix_hits_and_refuses_speculation(lfm2_path: Path) -
     assert len(core.runner.conv_states) <= 1  # the anonymous one (warm-up) at most
     spec = SpeculativeConfig("ngram", num_tokens=3, ngram_min=1)
     with pytest.raises(ValueError, match=r"speculative decoding is not supported for lfm2"):
-        EngineCore(CoreSpec(str(lfm2_path), n_ctx=128, kv_cache_memory=1 << 20, speculative=spec))
+        EngineCoreProc(CoreSpec(str(lfm2_path), n_ctx=128, kv_cache_memory=1 << 20, speculative=spec))
 
 
 def test_preempted_sequences_recompute_from_a_fresh_state(lfm2_path: Path) -> None:
     """A KV pool too small for both sequences at once: one is preempted and recomputes from position 0
     (its conv state restarts from zeros), and both generate what each does alone."""
     from edgellm import SamplingParams
-    from edgellm.engine.core import CoreSpec, EngineCore
+    from edgellm.engine.core_process import CoreSpec, EngineCoreProc
 
-    core = EngineCore(CoreSpec(str(lfm2_path), n_ctx=128, kv_cache_memory=0, threads=2))  # 9 blocks of 16
-    eng = core.engine
+    core = EngineCoreProc(CoreSpec(str(lfm2_path), n_ctx=128, kv_cache_memory=0, threads=2))  # 9 blocks of 16
+    eng = core.engine_core
     greedy = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
     rng = np.random.default_rng(9)
     prompts = [rng.integers(0, 288, 50).tolist(), rng.integers(0, 288, 55).tolist()]
@@ -174,8 +173,7 @@ def test_preempted_sequences_recompute_from_a_fresh_state(lfm2_path: Path) -> No
         toks: dict[str, list[int]] = {r: [] for r in rids}
         while eng.has_unfinished():
             for out in eng.step():
-                for d in out.deltas:
-                    toks[out.request_id] += d.token_ids
+                toks[out.request_id] += out.new_token_ids
         return [toks[r] for r in rids]
 
     alone = [run([p])[0] for p in prompts]

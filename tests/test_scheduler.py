@@ -9,9 +9,11 @@ must reproduce exactly what an unconstrained run produces.
 from __future__ import annotations
 
 import random
+import sys
 
 import pytest
 
+from edgellm.engine.request import FINISH_STATUS, check_stop
 from edgellm.engine.scheduler import Scheduler, SchedulerConfig, SchedulerPlan
 from edgellm.engine.sequence import Sequence, SequenceStatus
 
@@ -21,8 +23,12 @@ def next_token(tokens: list[int]) -> int:
 
 
 class FakeRunner:
-    def __init__(self, sched: Scheduler) -> None:
+    """The model runner, and the engine's part of a step: after the scheduler's postprocess, the engine's
+    stop rule (check_stop: max_tokens, and `stop_ids`) finishes the sequences that stopped."""
+
+    def __init__(self, sched: Scheduler, stop_ids: frozenset[int] = frozenset()) -> None:
         self.sched = sched
+        self.stop_ids = stop_ids
         cfg = sched.config
         self.kv = [-1] * (cfg.num_blocks * cfg.block_size)  # -1: slot never written
 
@@ -43,7 +49,24 @@ class FakeRunner:
                 cached = [self.kv[s] for s in bm.slot_mapping(seq, 0, seq.num_tokens)]
                 assert cached == seq.token_ids, f"KV of sequence {seq.seq_id} is corrupt"
                 sampled[seq.seq_id] = [next_token(cached)]
-        return plan, self.sched.postprocess(plan, sampled)
+        return plan, self.postprocess(plan, sampled)
+
+    def postprocess(self, plan: SchedulerPlan, sampled: dict[int, list[int]]) -> list[Sequence]:
+        """The scheduler's postprocess inside the engine's stop rule: each sequence's tokens cut at the
+        first that stops it (check_stop), the sequences that stopped finished after."""
+        stops = {}
+        for seq, _ in plan.scheduled:
+            limit = seq.max_tokens if seq.max_tokens is not None else sys.maxsize
+            for i, tok in enumerate(sampled.get(seq.seq_id, [])):
+                reason = check_stop(tok, seq.num_output_tokens + i + 1, limit, self.stop_ids)
+                if reason is not None:
+                    sampled[seq.seq_id] = sampled[seq.seq_id][: i + 1]
+                    stops[seq.seq_id] = reason
+                    break
+        finished = self.sched.postprocess(plan, sampled)
+        for seq_id, reason in stops.items():
+            finished.append(self.sched.finish(seq_id, FINISH_STATUS[reason]))
+        return finished
 
     def run(self, max_steps: int = 1000) -> list[Sequence]:
         done: list[Sequence] = []
@@ -230,12 +253,10 @@ def test_abort_running_and_waiting_returns_the_pool(prefix_caching: bool) -> Non
     assert sched.abort(1) is None and not sched.has_unfinished()
 
 
-def test_stop_check_callback_and_explicit_finish() -> None:
+def test_stop_token_and_explicit_finish() -> None:
     cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=8, block_size=4, num_blocks=8)
-    sched = Scheduler(
-        cfg, stop_check=lambda s: SequenceStatus.FINISHED_STOPPED if s.num_output_tokens == 2 else None
-    )
-    runner = FakeRunner(sched)
+    sched = Scheduler(cfg)
+    runner = FakeRunner(sched, stop_ids=frozenset({reference_output([1, 2, 3], 2)[1]}))  # its 2nd token
     sched.add(Sequence(0, [1, 2, 3], max_tokens=10))
     sched.add(Sequence(1, [4, 5, 6], max_tokens=10))
     runner.step()

@@ -66,7 +66,7 @@ class SpecFakeRunner(FakeRunner):
             self.drafted += len(seq.spec_token_ids)
             self.accepted += len(out) - 1
             sampled[seq.seq_id] = out
-        return plan, self.sched.postprocess(plan, sampled)
+        return plan, self.postprocess(plan, sampled)
 
 
 @pytest.mark.parametrize("hit", [0.0, 0.6, 1.0])
@@ -274,7 +274,7 @@ def test_speculative_config_parsing_and_errors() -> None:
 def test_surfaces_report_speculation(capsys: pytest.CaptureFixture[str]) -> None:
     """/metrics carries the acceptance figures; a bad --speculative is an error before any model loads."""
     from edgellm.cli import main
-    from edgellm.engine.llm_engine import EngineStats
+    from edgellm.engine.protocol import EngineStats
     from edgellm.server.metrics import ServerMetrics
 
     zero = {f: 0 for f in EngineStats.__dataclass_fields__}

@@ -1,7 +1,7 @@
 """OpenAI-compatible HTTP server over the engine: `run_server(...)` (what `edgellm serve` calls).
 
 Starlette on uvicorn: the event loop handles HTTP and SSE while the engine core runs in its own process
-(engine/core.py), started by LLM. See app.py for the routes and generate.py for streaming.
+(engine/core_process.py), started by LLM. See app.py for the routes and generate.py for streaming.
 """
 
 from __future__ import annotations

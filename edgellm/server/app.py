@@ -3,8 +3,8 @@ other APIs (ollama_api.py, anthropic_api.py, responses_api.py) add their routes 
 
 The model loads on a background thread after the socket is up, so /health can answer 503 while it
 loads; every model endpoint answers 503 until then too. The engine core runs in its own process (see
-engine/core.py): if it dies, in-flight requests get an error, /health answers 503 with the reason, and a
-new core is started; if that fails too, the server exits non-zero.
+engine/core_process.py): if it dies, in-flight requests get an error, /health answers 503 with the reason,
+and a new core is started; if that fails too, the server exits non-zero.
 """
 
 from __future__ import annotations
@@ -305,11 +305,8 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
         await constrain(req, (state.llm.tokenizer, state.llm.config.n_vocab))
         if req.messages is None:
             assert req.prompts is not None and len(req.prompts) == 1
-            p = req.prompts[0]
-            ids = state.llm.tokenize(p, add_special=True) if isinstance(p, str) else p
-            if not ids:
-                raise ApiError(400, "empty prompt: at least one token is needed", param="prompt")
-            return ids
+            p = req.prompts[0]  # checked with the others in start_generation
+            return state.llm.tokenize(p, add_special=True) if isinstance(p, str) else p
         template_kwargs, budget = thinking_options(state, req)
         tools = req.tools and req.tools.tools
         prompt = await render_chat_prompt(state, req.messages, tools=tools, template_kwargs=template_kwargs)
@@ -330,10 +327,7 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
         check_model(req.model)
         assert req.prompts is not None
         await constrain(req, (state.llm.tokenizer, state.llm.config.n_vocab))
-        prompts = completion_prompts(state, req)
-        if any(not p for p in prompts):
-            raise ApiError(400, "empty prompt: at least one token is needed", param="prompt")
-        return await generate(state, request, req, prompts, chat=False)
+        return await generate(state, request, req, completion_prompts(state, req), chat=False)
 
     @endpoint(state)
     async def create_embeddings(request: Request) -> Response:

@@ -289,7 +289,7 @@ def load_and_generate(path: str) -> tuple[str, str]:
     LLM's front-end checks; the engine is the engine core LLM would start, built in this process so that a
     kernel fault kills this worker (a signal the parent reports) and no core process is started per
     example."""
-    from edgellm.engine.core import CoreSpec, EngineCore
+    from edgellm.engine.core_process import CoreSpec, EngineCoreProc
     from edgellm.gguf.config import config_from_gguf
     from edgellm.gguf.reader import GGUFError, load_gguf
     from edgellm.gguf.validation import tokenizer_from_gguf, validate_model
@@ -301,7 +301,7 @@ def load_and_generate(path: str) -> tuple[str, str]:
         validate_model(gguf, cfg)
         tokenizer = tokenizer_from_gguf(gguf)
         del gguf
-        core = EngineCore(CoreSpec(path, n_ctx=64, kv_cache_memory=1 << 20, threads=1, max_num_seqs=2))
+        core = EngineCoreProc(CoreSpec(path, n_ctx=64, kv_cache_memory=1 << 20, threads=1, max_num_seqs=2))
     except GGUFError as e:
         return "gguf_error", f"{type(e).__name__}: {e}".replace(path, "<file>")
     except Exception:  # noqa: BLE001 - reported to the parent as a finding
@@ -311,11 +311,11 @@ def load_and_generate(path: str) -> tuple[str, str]:
     except Exception:  # noqa: BLE001 - content the load let through and the tokenizer then refused
         return "error", "tokenize: " + traceback.format_exc()
     try:
-        engine = core.engine
+        engine = core.engine_core
         engine.add_request([0], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
         tokens: list[int] = []
         while engine.has_unfinished():
-            tokens += [t for out in engine.step() for d in out.deltas for t in d.token_ids]
+            tokens += [t for out in engine.step() for t in out.new_token_ids]
         return "ok", repr(tokens)
     except Exception:  # noqa: BLE001
         return "error", "generate: " + traceback.format_exc()
