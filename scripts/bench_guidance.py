@@ -13,13 +13,14 @@ shape and only the grammar work differs.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
+from functools import partial
 
 from edgellm.catalog import resolve_model
 from edgellm.engine.core_process import CoreSpec, EngineCoreProc
 from edgellm.engine.engine_core import EngineCore
 from edgellm.sampling import SamplingParams
+from edgellm.testing.ab import alternate, medians
 
 SCHEMA = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 999}, "minItems": 1000}
 
@@ -61,16 +62,14 @@ def main() -> None:
     modes = {"unconstrained": [free] * n, "half constrained": [free, json_list] * (n // 2)}
     for mode in modes.values():  # warm-up: kernels, llguidance's tokenizer
         run(engine, prompts, mode)
-    rates: dict[str, list[float]] = {m: [] for m in modes}
-    cpu: dict[str, list[float]] = {m: [] for m in modes}
-    for r in range(args.rounds):
-        for mode in list(modes) if r % 2 == 0 else list(reversed(modes)):
-            rate, ms = run(engine, prompts, modes[mode])
-            rates[mode].append(rate)
-            cpu[mode].append(ms)
-            print(f"round {r} {mode:17s} {rate:7.1f} decode tok/s {ms:7.1f} CPU ms/step", flush=True)
-    med = {m: statistics.median(v) for m, v in rates.items()}
-    med_cpu = {m: statistics.median(v) for m, v in cpu.items()}
+
+    def report(r: int, mode: str, res: tuple[float, float]) -> None:
+        print(f"round {r} {mode:17s} {res[0]:7.1f} decode tok/s {res[1]:7.1f} CPU ms/step", flush=True)
+
+    runs = {m: partial(run, engine, prompts, params) for m, params in modes.items()}
+    results = alternate(runs, args.rounds, order="reverse", report=report)
+    med = medians(results, key=lambda res: res[0])
+    med_cpu = medians(results, key=lambda res: res[1])
     for m in modes:
         print(f"median {m:17s} {med[m]:7.1f} decode tok/s {med_cpu[m]:7.1f} CPU ms/step ({args.rounds} runs)")
     cpu_ratio = med_cpu["half constrained"] / med_cpu["unconstrained"]

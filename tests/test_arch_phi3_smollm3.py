@@ -14,11 +14,12 @@ from edgellm.gguf.config import config_from_gguf
 from edgellm.gguf.reader import GGUFError, load_gguf
 from edgellm.gguf.validation import validate_model
 from edgellm.testing.oracle_cases import CASES, nmse
+from edgellm.testing.paths import ORACLE_FIXTURES
 from edgellm.testing.synthetic import Typed, write_tiny_model
 
 U32 = GGUFValueType.UINT32
 
-FIXTURES = Path(__file__).parent / "fixtures" / "oracle"
+FIXTURES = ORACLE_FIXTURES
 LAYERS = range(2)
 QKV_ROWS = (("q", 64), ("k", 32), ("v", 32))
 SEPARATE_QKV = {f"blk.{il}.attn_{x}.weight": (rows, 64) for il in LAYERS for x, rows in QKV_ROWS}
@@ -168,7 +169,9 @@ def test_fused_cpu_layer_leaves_smollm3s_nope_layer_to_the_blocks(tmp_path: Path
     """The one-call CPU layer always rotates: it declines the layer without rope, and the model's logits
     are those of the blocks."""
     from edgellm.backends.cpu import tiers
-    from tests.test_fused_layer import QTYPES, _load, _logits
+    from edgellm.testing.fused import QTYPES
+    from edgellm.testing.fused import load_runner as _load
+    from edgellm.testing.fused import run_logits as _logits
 
     if not tiers.active_tier().fused_layer:
         pytest.skip("the fused layer needs a tile tier with F16C")

@@ -17,9 +17,8 @@ from edgellm.chat_template import (
     render_chat,
 )
 from edgellm.gguf.reader import load_gguf
+from edgellm.testing.paths import FIXTURES
 from edgellm.tokenizer import Tokenizer
-
-FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def _load(path: Path) -> tuple[dict, Tokenizer, ChatTemplate]:

@@ -10,7 +10,7 @@ import pytest
 from edgellm.backends.cpu import ops, silu_ir, tiers
 from edgellm.backends.cpu.backend import CpuBackend
 from edgellm.gguf.rope import RopeParams
-from tests.test_rope import ggml_rope_ref
+from edgellm.testing.rope_ref import ggml_rope_ref
 
 TILE_TIERS = [t.name for t in tiers.compiled_tiers()]
 

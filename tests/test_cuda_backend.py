@@ -58,14 +58,13 @@ else:
 
     from edgellm.backends.cpu import ops as cpu_ops
     from edgellm.backends.cpu.matmul import matmul_cpu
-    from edgellm.backends.cuda import get_cuda_backend
-    from edgellm.backends.cuda.devarray import DeviceTensor
     from edgellm.backends.cuda.matmul import quantize_act, upload_weight
     from edgellm.gguf.rope import RopeParams
     from edgellm.quants import QUANT_TRAITS
     from edgellm.quants.activations import quantize_act_ref
     from edgellm.quants.packing import pack_weight
-    from tests.test_backend_ops import (
+    from edgellm.testing.cuda_guards import BE, guarded, guards_intact
+    from edgellm.testing.kernel_refs import (
         GELU_SPECIAL,
         NMSE_LIMIT,
         gelu_ref,
@@ -74,24 +73,6 @@ else:
         random_raw,
         reference_weight,
     )
-
-    GUARD = 2
-    BE = get_cuda_backend()
-
-    def guarded(host: np.ndarray) -> tuple[DeviceTensor, DeviceTensor]:
-        """A device buffer holding `host` inside NaN guards on every side; returns (whole, interior view)."""
-        shape = host.shape
-        full = np.full(tuple(s + 2 * GUARD for s in shape), np.nan, np.float32)
-        inner = tuple(slice(GUARD, GUARD + s) for s in shape)
-        full[inner] = host
-        whole = BE.from_host(full)
-        return whole, whole[inner]
-
-    def guards_intact(whole: DeviceTensor, shape: tuple[int, ...]) -> bool:
-        h = BE.to_host(whole)
-        mask = np.ones(h.shape, bool)
-        mask[tuple(slice(GUARD, GUARD + s) for s in shape)] = False
-        return bool(np.isnan(h[mask]).all())
 
     SHAPES = [(6, 256), (5, 512)]  # (N, K): odd N leaves a partial block; K a multiple of 256 (k-quants)
     # The device sees a type only as its int8 grouped form (group, activation mode, min): of the i-quants,

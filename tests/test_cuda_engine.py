@@ -22,9 +22,9 @@ from edgellm import SamplingParams
 from edgellm.backends.base import Backend
 from edgellm.engine.core_process import CoreSpec, EngineCoreProc
 from edgellm.gguf.rope import RopeParams
+from edgellm.testing.cuda_guards import BE, guarded, guards_intact
+from edgellm.testing.kernel_refs import nmse
 from edgellm.testing.synthetic import write_tiny_model
-from tests.test_backend_ops import nmse
-from tests.test_cuda_backend import BE, guarded, guards_intact
 
 
 def logits_rows(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -312,7 +312,7 @@ def test_fused_chains_with_k_quant_weights(qtype: str) -> None:
 
     from edgellm.backends.cuda.matmul import upload_weight
     from edgellm.quants.packing import pack_weight
-    from tests.test_backend_ops import random_raw
+    from edgellm.testing.kernel_refs import random_raw
 
     qt = GGMLQuantizationType[qtype]
     n, rng = 256, np.random.default_rng(9)

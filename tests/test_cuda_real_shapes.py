@@ -28,8 +28,8 @@ from edgellm.backends.cuda.matmul import quantize_act, upload_weight
 from edgellm.quants.activations import quantize_act_ref
 from edgellm.quants.packing import pack_weight
 from edgellm.quants.traits import get_traits
-from tests.test_backend_ops import nmse, random_raw
-from tests.test_cuda_backend import BE, guarded
+from edgellm.testing.cuda_guards import BE, guarded
+from edgellm.testing.kernel_refs import nmse, random_raw
 
 FULL = os.environ.get("EDGELLM_CUDA_TESTS") == "gpu" or os.environ.get("EDGELLM_CUDA_SIM_FULL") == "1"
 WIDTHS = [(T.Q4_1, 576), (T.Q4_K, 2048), (T.Q6_K, 1536)]

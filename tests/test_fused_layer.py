@@ -8,47 +8,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgellm.arch import ARCHITECTURES
 from edgellm.backends.cpu import tiers, vnni
-from edgellm.backends.cpu.backend import CpuBackend
-from edgellm.engine.model_runner import ModelRunner, RunItem
-from edgellm.gguf.config import config_from_gguf
-from edgellm.gguf.reader import load_gguf
+from edgellm.testing.fused import QTYPES
+from edgellm.testing.fused import load_runner as _load
+from edgellm.testing.fused import run_logits as _logits
 from edgellm.testing.oracle_cases import LLAMA_BIASES, SMALL, SOME_BIASES, bias_tensors
-from edgellm.testing.synthetic import ARCHS, DEFAULT_QTYPES, write_tiny_model
+from edgellm.testing.synthetic import ARCHS, write_tiny_model
 
 FUSED_TIERS = [t.name for t in tiers.compiled_tiers() if t.fused_layer]
 pytestmark = pytest.mark.skipif(
     not tiers.active_tier().fused_layer, reason="the fused layer needs a tile tier with F16C"
 )
-BS = 16
-# Q|K|V of three types (three stacked parts), and every matrix tiled
-QTYPES = {**DEFAULT_QTYPES, "ffn_down": "Q8_0"}
-
-
-def _load(path, fuse: bool, kv_dtype: str = "f16", tier: str | None = None):  # noqa: ANN001, ANN202
-    gguf = load_gguf(str(path))
-    cfg = config_from_gguf(gguf)
-    be = CpuBackend(tier)
-    be.fuse_layers = fuse
-    model = ARCHITECTURES[cfg.arch](cfg, gguf, be)
-    return model, ModelRunner(model, cfg, be, num_blocks=12, block_size=BS, kv_dtype=kv_dtype)
-
-
-def _logits(runner: ModelRunner, rng: np.random.Generator) -> list[np.ndarray]:
-    """Prefill two sequences (all logits), three decode steps of both, then one of the first alone."""
-    v = runner.cfg.n_vocab
-    a, b = rng.integers(0, v, 21).tolist(), rng.integers(0, v, 9).tolist()
-    tables = [[0, 1, 2], [3, 4]]
-    # sequence ids 0 and 1: LFM2's conv state is kept per sequence (the others ignore them)
-    out = runner.run([RunItem(tables[0], a, 0, all_logits=True, seq_id=0),
-                      RunItem(tables[1], b, 0, all_logits=True, seq_id=1)])  # fmt: skip
-    for step in range(3):
-        t = rng.integers(0, v, 2).tolist()
-        out += runner.run([RunItem(tables[0], [t[0]], 21 + step, seq_id=0),
-                           RunItem(tables[1], [t[1]], 9 + step, seq_id=1)])  # fmt: skip
-    out += runner.run([RunItem(tables[0], [int(rng.integers(0, v))], 24, seq_id=0)])
-    return out
 
 
 # no fused form: OLMo 2 (no pre-norms, whole-projection Q/K norms), StarCoder 2 and GPT-2 (LayerNorm, the

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-PKG = Path(__file__).resolve().parent.parent / "edgellm"
+from edgellm.testing.paths import ROOT
+
+PKG = ROOT / "edgellm"
 
 
 def imported_modules(path: Path) -> set[str]:

@@ -24,6 +24,7 @@ from edgellm.gguf.config import config_from_gguf
 from edgellm.gguf.reader import GGUFError, load_gguf
 from edgellm.gguf.validation import validate_model
 from edgellm.testing.oracle_cases import GPT_OSS_QTYPES, MOE, MOE_QTYPES, QWEN2MOE, QWEN3MOE
+from edgellm.testing.paths import SCRIPTS
 from edgellm.testing.synthetic import write_tiny_model
 
 BS = 16
@@ -193,7 +194,7 @@ def test_make_bench_model_writes_a_qwen3moe_file_edgellm_runs(tmp_path: Path, sm
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "make_bench_model", Path(__file__).parent.parent / "scripts" / "make_bench_model.py"
+        "make_bench_model", SCRIPTS / "make_bench_model.py"
     )
     mbm = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mbm)

@@ -9,79 +9,12 @@ must reproduce exactly what an unconstrained run produces.
 from __future__ import annotations
 
 import random
-import sys
 
 import pytest
 
-from edgellm.engine.request import FINISH_STATUS, check_stop
 from edgellm.engine.scheduler import Scheduler, SchedulerConfig, SchedulerPlan
 from edgellm.engine.sequence import Sequence, SequenceStatus
-
-
-def next_token(tokens: list[int]) -> int:
-    return (sum((i + 1) * t for i, t in enumerate(tokens)) + 7 * len(tokens)) % 997
-
-
-class FakeRunner:
-    """The model runner, and the engine's part of a step: after the scheduler's postprocess, the engine's
-    stop rule (check_stop: max_tokens, and `stop_ids`) finishes the sequences that stopped."""
-
-    def __init__(self, sched: Scheduler, stop_ids: frozenset[int] = frozenset()) -> None:
-        self.sched = sched
-        self.stop_ids = stop_ids
-        cfg = sched.config
-        self.kv = [-1] * (cfg.num_blocks * cfg.block_size)  # -1: slot never written
-
-    def step(self) -> tuple[SchedulerPlan, list[Sequence]]:
-        plan = self.sched.schedule()
-        bm, bs = self.sched.block_manager, self.sched.config.block_size
-        for src, dst in plan.block_copies:
-            self.kv[dst * bs : (dst + 1) * bs] = self.kv[src * bs : (src + 1) * bs]
-        for seq, n in plan.scheduled:
-            start = seq.num_computed_tokens
-            for slot, tok in zip(
-                bm.slot_mapping(seq, start, n), seq.tokens_to_compute(n), strict=True
-            ):
-                self.kv[slot] = tok
-        sampled: dict[int, list[int]] = {}
-        for seq, _ in plan.scheduled:
-            if seq.seq_id in plan.sample_seq_ids:
-                cached = [self.kv[s] for s in bm.slot_mapping(seq, 0, seq.num_tokens)]
-                assert cached == seq.token_ids, f"KV of sequence {seq.seq_id} is corrupt"
-                sampled[seq.seq_id] = [next_token(cached)]
-        return plan, self.postprocess(plan, sampled)
-
-    def postprocess(self, plan: SchedulerPlan, sampled: dict[int, list[int]]) -> list[Sequence]:
-        """The scheduler's postprocess inside the engine's stop rule: each sequence's tokens cut at the
-        first that stops it (check_stop), the sequences that stopped finished after."""
-        stops = {}
-        for seq, _ in plan.scheduled:
-            limit = seq.max_tokens if seq.max_tokens is not None else sys.maxsize
-            for i, tok in enumerate(sampled.get(seq.seq_id, [])):
-                reason = check_stop(tok, seq.num_output_tokens + i + 1, limit, self.stop_ids)
-                if reason is not None:
-                    sampled[seq.seq_id] = sampled[seq.seq_id][: i + 1]
-                    stops[seq.seq_id] = reason
-                    break
-        finished = self.sched.postprocess(plan, sampled)
-        for seq_id, reason in stops.items():
-            finished.append(self.sched.finish(seq_id, FINISH_STATUS[reason]))
-        return finished
-
-    def run(self, max_steps: int = 1000) -> list[Sequence]:
-        done: list[Sequence] = []
-        for _ in range(max_steps):
-            if not self.sched.has_unfinished():
-                return done
-            done.extend(self.step()[1])
-        raise AssertionError("scheduler did not drain")
-
-
-def reference_output(prompt: list[int], max_tokens: int) -> list[int]:
-    tokens = list(prompt)
-    for _ in range(max_tokens):
-        tokens.append(next_token(tokens))
-    return tokens[len(prompt) :]
+from edgellm.testing.engine_fakes import FakeRunner, reference_output
 
 
 def ids(plan: SchedulerPlan) -> list[tuple[int, int]]:

@@ -28,7 +28,8 @@ from edgellm.testing.http_attacks import (
     good_auth,
     raw_request,
 )
-from tests.test_server import MODEL, _start, httpx
+from edgellm.testing.servers import MODEL, httpx
+from edgellm.testing.servers import serve as _start
 
 # ChatML, except that the last message's content can ask for one of the fuzzing pass's hostile templates.
 HOSTILE_TEMPLATE = (

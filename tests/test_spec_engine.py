@@ -14,8 +14,9 @@ import pytest
 from edgellm import LLM, SamplingParams
 from edgellm.engine.core_process import CoreSpec, EngineCoreProc
 from edgellm.engine.spec.config import SpeculativeConfig
+from edgellm.testing.engine_fakes import chi2_critical, chi2_two_sample
+from edgellm.testing.paths import SCRIPTS
 from edgellm.testing.synthetic import write_tiny_model
-from tests.test_spec import chi2_critical, chi2_two_sample
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +120,7 @@ def test_layer_draft_keeps_the_chosen_layers_renumbered(tmp_path: Path) -> None:
     target's third; all 3 layers, written to another file, draft for the target with every draft accepted."""
     import gguf
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    sys.path.insert(0, str(SCRIPTS))
     from make_layer_draft import parse_layers, write_layer_draft
 
     target = write_tiny_model(tmp_path / "t3.gguf", "llama", n_layers=3, seed=5)

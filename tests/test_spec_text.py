@@ -25,10 +25,13 @@ from edgellm.engine.protocol import EngineCoreOutput, FinishReason
 from edgellm.gguf.reader import load_gguf
 from edgellm.gguf.validation import tokenizer_from_gguf
 from edgellm.sampling import SamplingParams
+from edgellm.testing.paths import SCRIPTS  # noqa: E402
+from edgellm.testing.servers import MODEL, httpx
+from edgellm.testing.servers import metrics as _metrics
+from edgellm.testing.servers import serve as _start
 from edgellm.tokenizer import Tokenizer
-from tests.test_server import MODEL, _metrics, _start, httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+sys.path.insert(0, str(SCRIPTS))
 from soak_traffic import join_stream, parse_sse  # noqa: E402
 
 NAMES = ["Ann", "Bob", "Cleo", "Dag", "Eva", "Finn", "Greta", "Hugo", "Ida", "Jon", "Kari", "Lars", "Mia"]
