@@ -130,7 +130,7 @@ def test_real_shape_layers_match_the_cpu(name: str, tmp_path: Path) -> None:
     """Two layers at the real width, heads and vocabulary: a prompt longer than the split-K threshold, then
     greedy decode steps: the CPU's tokens, logits close."""
     from edgellm.arch import ARCHITECTURES
-    from edgellm.backends.base import get_backend
+    from edgellm.backends import get_backend
     from edgellm.backends.cuda.config import ATTN_SPLIT_KEYS
     from edgellm.engine.model_runner import ModelRunner, RunItem
     from edgellm.gguf.config import config_from_gguf

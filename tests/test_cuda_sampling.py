@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from edgellm import SamplingParams
-from edgellm.backends.base import get_backend
+from edgellm.backends import get_backend
 from edgellm.engine.core import CoreSpec, EngineCore
 from edgellm.engine.outputs import CompletionDelta
 from edgellm.sampling import MAX_DEVICE_TOP_K, Sampler, TopCandidates, device_candidates

@@ -100,7 +100,7 @@ class EngineCore:
 
     def __init__(self, spec: CoreSpec, log: Callable[[str], None] | None = None) -> None:
         from edgellm.arch import ARCHITECTURES
-        from edgellm.backends.base import get_backend
+        from edgellm.backends import get_backend
         from edgellm.gguf.config import config_from_gguf
         from edgellm.gguf.reader import load_gguf
         from edgellm.runtime import keep_freed_memory, set_threads, warm_up
