@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from edgellm.catalog import resolve_model
-from edgellm.cli import replicas_arg
+from edgellm.cli_args import replicas_arg
 from edgellm.server import _is_loopback, _say
 from edgellm.server.app import ServerConfig
 from edgellm.server.compat import ModelNames
