@@ -16,7 +16,7 @@ from starlette.routing import Route
 
 from edgellm.cli import build_parser, main
 from edgellm.server.asgi_relay import Relay, app_messages, portable_scope, read_body
-from edgellm.server.protocol import ApiError
+from edgellm.server.errors import ApiError
 from edgellm.server.replica_metrics import label_replicas
 
 SCOPE = {

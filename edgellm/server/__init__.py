@@ -14,8 +14,9 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from edgellm.server.app import DEFAULT_MAX_BODY_BYTES, ServerConfig, ServerState, build_app
+from edgellm.server.app import build_app
 from edgellm.server.http_strict import uvicorn_config
+from edgellm.server.state import DEFAULT_MAX_BODY_BYTES, ServerConfig, ServerState
 
 __all__ = ["ServerConfig", "build_app", "run_server"]
 

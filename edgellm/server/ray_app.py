@@ -33,13 +33,16 @@ from starlette.types import Receive, Scope, Send
 from edgellm.catalog import resolve_model
 from edgellm.gguf.reader import load_gguf
 from edgellm.gguf.validation import tokenizer_from_gguf
-from edgellm.server.app import ServerConfig, ServerState, build_app, error_response, load_template
+from edgellm.server.app import build_app
 from edgellm.server.asgi_relay import Relay, app_messages, portable_scope, read_body
 from edgellm.server.auth import check_api_key, has_api_key
 from edgellm.server.compat import ModelNames
+from edgellm.server.endpoint import error_response
+from edgellm.server.errors import ApiError
 from edgellm.server.prefix_router import DECISIONS, prefix_block_hashes
-from edgellm.server.protocol import ApiError, parse_chat, parse_completion
+from edgellm.server.protocol import parse_chat, parse_completion
 from edgellm.server.replica_metrics import label_replicas
+from edgellm.server.state import ServerConfig, ServerState, load_template
 
 log = logging.getLogger("edgellm.server.ray")
 REPLICA_HEADER = b"x-edgellm-replica"

@@ -13,8 +13,8 @@ from typing import Any
 from edgellm.catalog import resolve_model
 from edgellm.cli_args import replicas_arg
 from edgellm.server import _is_loopback, _say
-from edgellm.server.app import ServerConfig
 from edgellm.server.compat import ModelNames
+from edgellm.server.state import ServerConfig
 
 APP_NAME = "edgellm"
 OBJECT_STORE_BYTES = 128 * 2**20  # requests and token streams are small; Ray's default is 30% of RAM
