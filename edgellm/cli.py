@@ -243,7 +243,7 @@ def server_options(args: argparse.Namespace) -> dict:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     if args.models is not None:
-        from edgellm.server.multi import serve_models
+        from edgellm.server.multi_run import serve_models
 
         return serve_models(args)
     if args.replicas is not None:
