@@ -112,7 +112,7 @@ class Loaded:
         from edgellm.backends import get_backend
         from edgellm.engine.model_runner import ModelRunner
         from edgellm.gguf.config import config_from_gguf
-        from edgellm.gguf.reader import load_gguf
+        from edgellm.gguf.load import load_gguf
 
         t0 = time.perf_counter()
         g = load_gguf(path)

@@ -263,7 +263,7 @@ else:
         from edgellm.backends import get_backend
         from edgellm.engine.model_runner import ModelRunner, RunItem
         from edgellm.gguf.config import config_from_gguf
-        from edgellm.gguf.reader import load_gguf
+        from edgellm.gguf.load import load_gguf
 
         g = load_gguf(path)
         cfg = config_from_gguf(g)

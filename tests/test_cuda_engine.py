@@ -81,7 +81,7 @@ def test_decode_steps_of_one_shape_launch_alike(tiny: Path) -> None:
     from edgellm.backends.cuda import config
     from edgellm.engine.model_runner import ModelRunner, RunItem
     from edgellm.gguf.config import config_from_gguf
-    from edgellm.gguf.reader import load_gguf
+    from edgellm.gguf.load import load_gguf
 
     g = load_gguf(tiny)
     cfg = config_from_gguf(g)
@@ -216,7 +216,7 @@ def forward_twice(
     from edgellm.backends.cuda import get_cuda_backend
     from edgellm.engine.model_runner import ModelRunner, RunItem
     from edgellm.gguf.config import config_from_gguf
-    from edgellm.gguf.reader import load_gguf
+    from edgellm.gguf.load import load_gguf
 
     g = load_gguf(path)
     cfg = config_from_gguf(g)
@@ -417,7 +417,7 @@ def test_gemma2_granite_olmo2_logits_match_the_cpu(
     from edgellm.backends.cpu.backend import CpuBackend
     from edgellm.engine.model_runner import ModelRunner, RunItem
     from edgellm.gguf.config import config_from_gguf
-    from edgellm.gguf.reader import load_gguf
+    from edgellm.gguf.load import load_gguf
     from edgellm.testing.oracle_cases import GEMMA2_CAPS
 
     caps = GEMMA2_CAPS if arch == "gemma2" else {}
@@ -452,7 +452,7 @@ def test_phi3_smollm3_logits_match_the_cpu(arch: str, tmp_path: Path) -> None:
     from edgellm.backends.cpu.backend import CpuBackend
     from edgellm.engine.model_runner import ModelRunner, RunItem
     from edgellm.gguf.config import config_from_gguf
-    from edgellm.gguf.reader import load_gguf
+    from edgellm.gguf.load import load_gguf
 
     n_rot = 8
     phi3 = {
@@ -489,7 +489,7 @@ def test_moe_logits_match_the_cpu(tmp_path: Path) -> None:
     from edgellm.backends.cpu.backend import CpuBackend
     from edgellm.engine.model_runner import ModelRunner, RunItem
     from edgellm.gguf.config import config_from_gguf
-    from edgellm.gguf.reader import load_gguf
+    from edgellm.gguf.load import load_gguf
 
     path = write_tiny_model(
         tmp_path / "moe.gguf", "qwen3moe", "Q8_0", n_layers=1, n_embd=32, n_ff=64, head_dim=8,

@@ -134,7 +134,7 @@ def test_real_shape_layers_match_the_cpu(name: str, tmp_path: Path) -> None:
     from edgellm.backends.cuda.config import ATTN_SPLIT_KEYS
     from edgellm.engine.model_runner import ModelRunner, RunItem
     from edgellm.gguf.config import config_from_gguf
-    from edgellm.gguf.reader import load_gguf
+    from edgellm.gguf.load import load_gguf
     from edgellm.testing.real_shapes import SHAPES
     from edgellm.testing.synthetic import write_tiny_model
 

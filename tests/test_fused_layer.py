@@ -13,7 +13,7 @@ from edgellm.backends.cpu import tiers, vnni
 from edgellm.backends.cpu.backend import CpuBackend
 from edgellm.engine.model_runner import ModelRunner, RunItem
 from edgellm.gguf.config import config_from_gguf
-from edgellm.gguf.reader import load_gguf
+from edgellm.gguf.load import load_gguf
 from edgellm.testing.oracle_cases import LLAMA_BIASES, SMALL, SOME_BIASES, bias_tensors
 from edgellm.testing.synthetic import ARCHS, DEFAULT_QTYPES, write_tiny_model
 

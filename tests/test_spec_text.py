@@ -21,7 +21,7 @@ from edgellm import LLM
 from edgellm.chat_template import prompt_token_ids, render_chat
 from edgellm.engine.frontend import RequestStream
 from edgellm.engine.outputs import RequestOutput
-from edgellm.gguf.reader import load_gguf
+from edgellm.gguf.load import load_gguf
 from edgellm.gguf.validation import tokenizer_from_gguf
 from edgellm.sampling import SamplingParams
 from edgellm.tokenizer import Tokenizer

@@ -102,7 +102,7 @@ class EngineCore:
         from edgellm.arch import ARCHITECTURES
         from edgellm.backends import get_backend
         from edgellm.gguf.config import config_from_gguf
-        from edgellm.gguf.reader import load_gguf
+        from edgellm.gguf.load import load_gguf
         from edgellm.runtime import keep_freed_memory, set_threads, warm_up
         from edgellm.tokenizer import Tokenizer
 

@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.types import Receive, Scope, Send
 
 from edgellm.catalog import resolve_model
-from edgellm.gguf.reader import load_gguf
+from edgellm.gguf.load import load_gguf
 from edgellm.gguf.validation import tokenizer_from_gguf
 from edgellm.server.app import build_app
 from edgellm.server.asgi_relay import Relay, app_messages, portable_scope, read_body

@@ -40,7 +40,7 @@ class DraftProposer:
         from edgellm.arch import ARCHITECTURES
         from edgellm.engine.core import weight_bytes_per_token
         from edgellm.gguf.config import config_from_gguf
-        from edgellm.gguf.reader import load_gguf
+        from edgellm.gguf.load import load_gguf
         from edgellm.gguf.validation import validate_model
 
         target = core.runner
