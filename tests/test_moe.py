@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from edgellm.arch import ARCHITECTURES
+from edgellm.arch.common import weight_bytes_per_token
 from edgellm.arch.moe import group_by_expert, route_softmax_weight, route_top_k
 from edgellm.backends.cpu.backend import CpuBackend
-from edgellm.engine.core import weight_bytes_per_token
 from edgellm.engine.model_runner import ModelRunner, RunItem
 from edgellm.gguf.config import config_from_gguf
 from edgellm.gguf.load import load_gguf

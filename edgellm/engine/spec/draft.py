@@ -38,7 +38,7 @@ class DraftProposer:
         """Load the draft next to the target of `core` (an EngineCore being built): same backend, the same
         number of KV tokens as the target's cache."""
         from edgellm.arch import ARCHITECTURES
-        from edgellm.engine.core import weight_bytes_per_token
+        from edgellm.arch.common import weight_bytes_per_token
         from edgellm.gguf.config import config_from_gguf
         from edgellm.gguf.load import load_gguf
         from edgellm.gguf.validation import validate_model
