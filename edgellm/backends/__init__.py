@@ -4,8 +4,10 @@ never loads Numba's CUDA support and a front-end that only names a backend loads
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from edgellm.backends.base import Backend
+if TYPE_CHECKING:
+    from edgellm.backends.base import Backend
 
 
 def _cpu() -> Backend:
