@@ -261,7 +261,7 @@ def _serve_on_ray(args: argparse.Namespace) -> int:
     if args.threads is not None:
         print("edgellm: error: with --replicas, say --threads-per-replica", file=sys.stderr)
         return 2
-    from edgellm.server.ray_run import run_ray_server
+    from edgellm.server.replicas.ray_run import run_ray_server
 
     run_ray_server(
         args.model,
