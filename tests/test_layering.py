@@ -203,3 +203,20 @@ def test_front_ends_load_no_backend() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="#27 item 2: the core client still imports the step loop (llm_engine -> model_runner -> arch); "
+    "drop this mark when the front-end stops loading them",
+)
+def test_front_ends_load_no_model_runner_or_backend_interface() -> None:
+    code = (
+        "import sys, edgellm, edgellm.cli, edgellm.llm, edgellm.engine.core_client, edgellm.server.app\n"
+        "import tui.app\n"
+        "engine_side = ('edgellm.arch', 'edgellm.backends', 'edgellm.engine.model_runner')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(engine_side)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
