@@ -1,7 +1,9 @@
 """OpenAI-compatible HTTP server over the engine: `run_server(...)` (what `edgellm serve` calls).
 
 Starlette on uvicorn: the event loop handles HTTP and SSE while the engine core runs in its own process
-(engine/core.py), started by LLM. See app.py for the routes and generate.py for streaming.
+(engine/core.py), started by LLM. See app.py for the routes, state.py for what the server holds,
+endpoint.py and errors.py for the route wrapper and its errors, generate.py for streaming, and replicas/
+for `serve --replicas` on Ray Serve.
 """
 
 from __future__ import annotations
