@@ -511,7 +511,7 @@ def test_gpt_oss_is_refused_at_load_naming_the_backend(tmp_path: Path) -> None:
     naming the architecture and the backend, before any weight goes to the device."""
     from edgellm.arch import ARCHITECTURES
     from edgellm.gguf.config import UnsupportedArchitectureError, config_from_gguf
-    from edgellm.gguf.reader import load_gguf
+    from edgellm.gguf.load import load_gguf
 
     path = write_tiny_model(tmp_path / "oss.gguf", "gpt-oss", "F32", n_layers=1, n_expert=4)
     g = load_gguf(path)
