@@ -8,6 +8,7 @@ import sys
 import time
 
 from edgellm.catalog import DEFAULT_MODEL
+from edgellm.cli_args import replicas_arg
 from edgellm.cli_models import add_models_dir_arg, apply_models_dir, cmd_models, cmd_pull, cmd_rm
 from edgellm.sampling_defaults import add_sampling_default_args, sampling_defaults
 
@@ -242,7 +243,7 @@ def server_options(args: argparse.Namespace) -> dict:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     if args.models is not None:
-        from edgellm.server.multi import serve_models
+        from edgellm.server.multi_run import serve_models
 
         return serve_models(args)
     if args.replicas is not None:
@@ -260,7 +261,7 @@ def _serve_on_ray(args: argparse.Namespace) -> int:
     if args.threads is not None:
         print("edgellm: error: with --replicas, say --threads-per-replica", file=sys.stderr)
         return 2
-    from edgellm.server.ray_run import run_ray_server
+    from edgellm.server.replicas.ray_run import run_ray_server
 
     run_ray_server(
         args.model,
@@ -272,19 +273,6 @@ def _serve_on_ray(args: argparse.Namespace) -> int:
         **server_options(args),
     )
     return 0
-
-
-def replicas_arg(text: str) -> int | str:
-    """`--replicas`: a count >= 1, or "auto" (Ray Serve autoscaling on queue length)."""
-    if text == "auto":
-        return text
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither a replica count >= 1 nor 'auto'")
-    return n
 
 
 def cmd_chat(args: argparse.Namespace) -> int:

@@ -32,7 +32,7 @@ from edgellm.engine.outputs import CompletionOutput, OutputCollector, RequestMet
 from edgellm.engine.protocol import EngineStats
 from edgellm.engine.spec.config import SpeculativeConfig, check_draft_model, parse_speculative
 from edgellm.gguf.config import ModelConfig, config_from_gguf
-from edgellm.gguf.reader import load_gguf
+from edgellm.gguf.load import load_gguf
 from edgellm.gguf.validation import tokenizer_from_gguf, validate_model
 from edgellm.grammar import check_for_vocabulary
 from edgellm.quants.kv_cache import DEFAULT_KV_CACHE_DTYPE, get_kv_cache_type

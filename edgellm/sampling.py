@@ -18,6 +18,9 @@ PARAM_BOUNDS: dict[str, tuple[float, float, bool]] = {
     "presence_penalty": (-2.0, 2.0, False),
     "frequency_penalty": (-2.0, 2.0, False),
 }
+# The largest seed a request (server/protocol.py) or `serve --seed` may give: OpenAI's seed is an int64;
+# numpy seeds its generators with any non-negative int.
+MAX_SEED = 2**63 - 1
 
 
 def out_of_bounds(name: str, value: float) -> str | None:

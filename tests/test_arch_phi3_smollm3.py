@@ -11,7 +11,8 @@ import pytest
 from gguf import GGUFValueType
 
 from edgellm.gguf.config import config_from_gguf
-from edgellm.gguf.reader import GGUFError, load_gguf
+from edgellm.gguf.load import load_gguf
+from edgellm.gguf.reader import GGUFError
 from edgellm.gguf.validation import validate_model
 from edgellm.testing.oracle_cases import CASES, nmse
 from edgellm.testing.paths import ORACLE_FIXTURES

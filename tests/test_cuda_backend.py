@@ -42,7 +42,7 @@ if not (IN_SIM or ON_GPU):
     def test_cuda_unavailable_error_is_clear() -> None:
         from numba import cuda
 
-        from edgellm.backends.base import get_backend
+        from edgellm.backends import get_backend
         from edgellm.backends.cuda import CudaUnavailableError
 
         if cuda.is_available():
@@ -241,10 +241,10 @@ else:
         logits come to the host (compared across backends), the decode steps take the argmax where the logits
         are (on CUDA only the int32 id crosses the bus: checked with the backend's transfer counter)."""
         from edgellm.arch import ARCHITECTURES
-        from edgellm.backends.base import get_backend
+        from edgellm.backends import get_backend
         from edgellm.engine.model_runner import ModelRunner, RunItem
         from edgellm.gguf.config import config_from_gguf
-        from edgellm.gguf.reader import load_gguf
+        from edgellm.gguf.load import load_gguf
 
         g = load_gguf(path)
         cfg = config_from_gguf(g)

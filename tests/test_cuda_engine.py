@@ -81,7 +81,7 @@ def test_decode_steps_of_one_shape_launch_alike(tiny: Path) -> None:
     from edgellm.backends.cuda import config
     from edgellm.engine.model_runner import ModelRunner, RunItem
     from edgellm.gguf.config import config_from_gguf
-    from edgellm.gguf.reader import load_gguf
+    from edgellm.gguf.load import load_gguf
 
     g = load_gguf(tiny)
     cfg = config_from_gguf(g)
@@ -215,7 +215,7 @@ def forward_twice(
     from edgellm.backends.cuda import get_cuda_backend
     from edgellm.engine.model_runner import ModelRunner, RunItem
     from edgellm.gguf.config import config_from_gguf
-    from edgellm.gguf.reader import load_gguf
+    from edgellm.gguf.load import load_gguf
 
     g = load_gguf(path)
     cfg = config_from_gguf(g)
@@ -416,7 +416,7 @@ def test_gemma2_granite_olmo2_logits_match_the_cpu(
     from edgellm.backends.cpu.backend import CpuBackend
     from edgellm.engine.model_runner import ModelRunner, RunItem
     from edgellm.gguf.config import config_from_gguf
-    from edgellm.gguf.reader import load_gguf
+    from edgellm.gguf.load import load_gguf
     from edgellm.testing.oracle_cases import GEMMA2_CAPS
 
     caps = GEMMA2_CAPS if arch == "gemma2" else {}
@@ -451,7 +451,7 @@ def test_phi3_smollm3_logits_match_the_cpu(arch: str, tmp_path: Path) -> None:
     from edgellm.backends.cpu.backend import CpuBackend
     from edgellm.engine.model_runner import ModelRunner, RunItem
     from edgellm.gguf.config import config_from_gguf
-    from edgellm.gguf.reader import load_gguf
+    from edgellm.gguf.load import load_gguf
 
     n_rot = 8
     phi3 = {
@@ -488,7 +488,7 @@ def test_moe_logits_match_the_cpu(tmp_path: Path) -> None:
     from edgellm.backends.cpu.backend import CpuBackend
     from edgellm.engine.model_runner import ModelRunner, RunItem
     from edgellm.gguf.config import config_from_gguf
-    from edgellm.gguf.reader import load_gguf
+    from edgellm.gguf.load import load_gguf
 
     path = write_tiny_model(
         tmp_path / "moe.gguf", "qwen3moe", "Q8_0", n_layers=1, n_embd=32, n_ff=64, head_dim=8,
@@ -510,7 +510,7 @@ def test_gpt_oss_is_refused_at_load_naming_the_backend(tmp_path: Path) -> None:
     naming the architecture and the backend, before any weight goes to the device."""
     from edgellm.arch import ARCHITECTURES
     from edgellm.gguf.config import UnsupportedArchitectureError, config_from_gguf
-    from edgellm.gguf.reader import load_gguf
+    from edgellm.gguf.load import load_gguf
 
     path = write_tiny_model(tmp_path / "oss.gguf", "gpt-oss", "F32", n_layers=1, n_expert=4)
     g = load_gguf(path)

@@ -130,11 +130,11 @@ def test_real_shape_layers_match_the_cpu(name: str, tmp_path: Path) -> None:
     """Two layers at the real width, heads and vocabulary: a prompt longer than the split-K threshold, then
     greedy decode steps: the CPU's tokens, logits close."""
     from edgellm.arch import ARCHITECTURES
-    from edgellm.backends.base import get_backend
+    from edgellm.backends import get_backend
     from edgellm.backends.cuda.config import ATTN_SPLIT_KEYS
     from edgellm.engine.model_runner import ModelRunner, RunItem
     from edgellm.gguf.config import config_from_gguf
-    from edgellm.gguf.reader import load_gguf
+    from edgellm.gguf.load import load_gguf
     from edgellm.testing.real_shapes import SHAPES
     from edgellm.testing.synthetic import write_tiny_model
 

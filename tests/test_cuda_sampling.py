@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from edgellm import SamplingParams
-from edgellm.backends.base import get_backend
+from edgellm.backends import get_backend
 from edgellm.engine.core_process import CoreSpec, EngineCoreProc
 from edgellm.engine.protocol import EngineCoreOutput
 from edgellm.sampling import MAX_DEVICE_TOP_K, Sampler, TopCandidates, device_candidates

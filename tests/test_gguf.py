@@ -18,7 +18,8 @@ from gguf import GGMLQuantizationType as T
 from edgellm import LLM
 from edgellm.catalog import ModelNotFoundError
 from edgellm.gguf.config import UnsupportedArchitectureError
-from edgellm.gguf.reader import GGUFError, load_gguf
+from edgellm.gguf.load import load_gguf
+from edgellm.gguf.reader import GGUFError
 from edgellm.quants import UnsupportedQuantError
 from edgellm.testing.gguf_edit import record_start, write
 from edgellm.testing.synthetic import write_tiny_model

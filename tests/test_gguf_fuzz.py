@@ -32,7 +32,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edgellm.gguf.config import config_from_gguf
-from edgellm.gguf.reader import GGUFError, load_gguf
+from edgellm.gguf.load import load_gguf
+from edgellm.gguf.reader import GGUFError
 from edgellm.gguf.validation import tokenizer_from_gguf, validate_model
 from edgellm.testing.gguf_edit import read_editable, serialize
 from edgellm.testing.gguf_fuzz import LoadWorker, apply, exercise_tokenizer, mutations

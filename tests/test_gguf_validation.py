@@ -19,7 +19,8 @@ from gguf import GGUFValueType as V
 
 from edgellm import LLM
 from edgellm.gguf.config import config_from_gguf
-from edgellm.gguf.reader import GGUFError, load_gguf
+from edgellm.gguf.load import load_gguf
+from edgellm.gguf.reader import GGUFError
 from edgellm.gguf.validation import tokenizer_from_gguf, validate_model
 from edgellm.testing.gguf_edit import record_start, write
 from edgellm.testing.paths import ROOT

@@ -19,7 +19,8 @@ from edgellm.backends.cpu import backend as cpu_backend
 from edgellm.backends.cpu.backend import CpuBackend
 from edgellm.backends.cpu.ops import swiglu_oai_par_cpu
 from edgellm.gguf.config import UnsupportedArchitectureError, config_from_gguf
-from edgellm.gguf.reader import GGUFError, load_gguf
+from edgellm.gguf.load import load_gguf
+from edgellm.gguf.reader import GGUFError
 from edgellm.testing.oracle_cases import CASES, GPT_OSS_WRITER, GPT_OSS_YARN, nmse, score_edgellm
 from edgellm.testing.synthetic import write_tiny_model
 from edgellm.tokenizer.bpe import BpeModel

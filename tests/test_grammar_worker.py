@@ -129,7 +129,7 @@ def test_required_tools_with_defs_and_refs_compile_with_each_refs_meaning_kept()
 @pytest.fixture(scope="module")
 def tokenizer_vocab(smollm2_path: Path):
     from edgellm.gguf.config import config_from_gguf
-    from edgellm.gguf.reader import load_gguf
+    from edgellm.gguf.load import load_gguf
     from edgellm.gguf.validation import tokenizer_from_gguf
 
     gguf = load_gguf(smollm2_path)

@@ -13,7 +13,7 @@ import pytest
 
 from edgellm import hub
 from edgellm.catalog import ModelNotFoundError, resolve_model
-from edgellm.gguf.reader import load_gguf
+from edgellm.gguf.load import load_gguf
 from edgellm.hub import HubError, HubRef, choose_files, parse_hub_ref
 from edgellm.testing.fake_hub import FakeHub
 from edgellm.testing.paths import ROOT

@@ -29,7 +29,7 @@ def make_runner(path: Path, n_blocks: int = 160) -> ModelRunner:
     from edgellm.arch import ARCHITECTURES
     from edgellm.backends.cpu.backend import CpuBackend
     from edgellm.gguf.config import config_from_gguf
-    from edgellm.gguf.reader import load_gguf
+    from edgellm.gguf.load import load_gguf
     from edgellm.gguf.validation import validate_model
 
     g = load_gguf(str(path))
@@ -186,7 +186,7 @@ def test_other_backends_refuse_lfm2_at_load(lfm2_path: Path) -> None:
     """The conv runs on host arrays: a device backend refuses the architecture by name before loading."""
     from edgellm.arch.lfm2 import Lfm2Model
     from edgellm.gguf.config import UnsupportedArchitectureError, config_from_gguf
-    from edgellm.gguf.reader import load_gguf
+    from edgellm.gguf.load import load_gguf
 
     g = load_gguf(str(lfm2_path))
     with pytest.raises(UnsupportedArchitectureError, match=r"'lfm2' .* not implemented on the cuda backend"):

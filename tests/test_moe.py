@@ -16,12 +16,13 @@ import numpy as np
 import pytest
 
 from edgellm.arch import ARCHITECTURES
+from edgellm.arch.common import weight_bytes_per_token
 from edgellm.arch.moe import group_by_expert, route_softmax_weight, route_top_k
 from edgellm.backends.cpu.backend import CpuBackend
-from edgellm.engine.core_process import weight_bytes_per_token
 from edgellm.engine.model_runner import ModelRunner, RunItem
 from edgellm.gguf.config import config_from_gguf
-from edgellm.gguf.reader import GGUFError, load_gguf
+from edgellm.gguf.load import load_gguf
+from edgellm.gguf.reader import GGUFError
 from edgellm.gguf.validation import validate_model
 from edgellm.testing.oracle_cases import GPT_OSS_QTYPES, MOE, MOE_QTYPES, QWEN2MOE, QWEN3MOE
 from edgellm.testing.paths import SCRIPTS

@@ -12,7 +12,8 @@ import pytest
 from edgellm.backends.cpu import ops
 from edgellm.backends.cpu.backend import CpuBackend
 from edgellm.gguf.config import config_from_gguf
-from edgellm.gguf.reader import GGUFError, load_gguf
+from edgellm.gguf.load import load_gguf
+from edgellm.gguf.reader import GGUFError
 from edgellm.gguf.rope import RopeParams
 from edgellm.testing.rope_ref import ggml_rope_ref
 from edgellm.testing.synthetic import write_tiny_model

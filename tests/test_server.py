@@ -297,7 +297,8 @@ def test_api_key_and_queue_full(guarded_server: str) -> None:
 
 def test_loopback_detection_and_request_validation() -> None:
     from edgellm.server import _is_loopback
-    from edgellm.server.protocol import ApiError, parse_chat, parse_completion
+    from edgellm.server.errors import ApiError
+    from edgellm.server.protocol import parse_chat, parse_completion
 
     assert _is_loopback("127.0.0.1") and _is_loopback("::1") and _is_loopback("localhost")
     assert not _is_loopback("0.0.0.0") and not _is_loopback("192.168.1.10")
@@ -324,8 +325,8 @@ def test_loopback_detection_and_request_validation() -> None:
 
 def test_server_sampling_defaults_fill_only_what_a_request_omits() -> None:
     from edgellm.cli import build_parser, server_options
-    from edgellm.server.app import ServerConfig
     from edgellm.server.protocol import parse_chat, parse_completion
+    from edgellm.server.state import ServerConfig
 
     args = build_parser().parse_args(
         ["serve", "m", "--temperature", "0.3", "--top-k", "-1", "--min-p", "0.05", "--seed", "7"]

@@ -14,7 +14,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from edgellm.server.protocol import ApiError
+from edgellm.server.errors import ApiError
 from edgellm.server.tools import DEFAULT_MAX_PARALLEL_CALLS, ToolOutput, parse_tools
 from edgellm.testing.grammar_attacks import PYDANTIC_WEATHER, tool
 from edgellm.testing.servers import serve as _start

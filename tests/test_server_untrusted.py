@@ -13,8 +13,9 @@ import pytest
 
 from edgellm.chat_template import CHATML_TEMPLATE
 from edgellm.cli import main as cli_main
-from edgellm.server.app import ServerConfig, ServerState, build_app, load_template, render_chat_prompt
-from edgellm.server.protocol import ApiError
+from edgellm.server.app import build_app
+from edgellm.server.errors import ApiError
+from edgellm.server.state import ServerConfig, ServerState, load_template, render_chat_prompt
 from edgellm.testing.grammar_attacks import chat_body_attacks
 from edgellm.testing.http_attacks import (
     EVIL_HOST,

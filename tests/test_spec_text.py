@@ -22,7 +22,7 @@ from edgellm.chat_template import prompt_token_ids, render_chat
 from edgellm.engine.frontend import RequestStream
 from edgellm.engine.outputs import RequestOutput
 from edgellm.engine.protocol import EngineCoreOutput, FinishReason
-from edgellm.gguf.reader import load_gguf
+from edgellm.gguf.load import load_gguf
 from edgellm.gguf.validation import tokenizer_from_gguf
 from edgellm.sampling import SamplingParams
 from edgellm.testing.paths import SCRIPTS  # noqa: E402

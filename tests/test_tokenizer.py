@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from edgellm.gguf.reader import load_gguf
+from edgellm.gguf.load import load_gguf
 from edgellm.testing.paths import FIXTURES
 from edgellm.tokenizer import StreamDecoder, Tokenizer, TokenizerError
 from edgellm.tokenizer.spm import SPACE_ESCAPE, SpmModel, spm_tokenize_ref

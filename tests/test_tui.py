@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from textual.widgets.markdown import MarkdownBlock
 
+from tests.scripted_backend import ScriptedBackend
 from tests.tui.pilot import MODELS, SIZE, header, make_app, ready, send, status_text, wait_for
 from tui.app import ChatApp
-from tui.fake_backend import ScriptedBackend
 from tui.messages import BackendError, ChatMessage, GenerationSettings
 from tui.screens import ConfirmScreen, SettingsScreen
 from tui.storage import ConversationStore, SettingsStore

@@ -231,3 +231,24 @@ def feed_forward_block(be: Backend, cfg: ModelConfig, w: FeedForwardWeights, x: 
     if cfg.residual_scale != 1.0:
         out = be.scale(out, cfg.residual_scale)
     be.add(x, out)
+
+
+def weight_bytes_per_token(model: Any, all_experts: bool = False) -> int:
+    """Bytes of weights one decode step streams: every matmul once (tied output counted once); of a
+    mixture of experts the router, any shared expert and the n_expert_used experts a token selects (their
+    file bytes), or every expert with all_experts (what the model holds)."""
+    seen, total = set(), 0
+    mats = [model.output]
+    for attn, ffn in model.layers:
+        mats += attn.matrices if hasattr(attn, "matrices") else [attn.wqkv, attn.wo]  # LFM2's short conv
+        if hasattr(ffn, "experts"):  # arch/moe.py
+            mats += [m for m in (ffn.router, ffn.shared_gate_up, ffn.shared_down) if m is not None]
+            total += ffn.total_expert_bytes if all_experts else ffn.active_bytes * model.cfg.n_expert_used
+        else:
+            mats += [ffn.w_gate_up, ffn.w_down]
+    for w in mats:
+        if id(w) in seen:
+            continue
+        seen.add(id(w))
+        total += sum(p.nbytes for p in getattr(w, "parts", [w]))
+    return total

@@ -213,15 +213,3 @@ class Backend(ABC):
         x = self.to_host(logits)
         ids = np.argsort(-x, axis=1, kind="stable")[:, :k]
         return np.take_along_axis(x, ids, axis=1), ids
-
-
-def get_backend(name: str = "cpu") -> Backend:
-    if name == "cpu":
-        from edgellm.backends.cpu.backend import CpuBackend
-
-        return CpuBackend()
-    if name == "cuda":
-        from edgellm.backends.cuda import get_cuda_backend
-
-        return get_cuda_backend()
-    raise ValueError(f"unknown backend {name!r} (available: cpu, cuda)")

@@ -47,35 +47,15 @@ from edgellm.engine.spec.build import build_speculator
 IDLE_POLL_S = 0.5  # how often an idle core looks whether its front-end is still there
 
 
-def weight_bytes_per_token(model: Any, all_experts: bool = False) -> int:
-    """Bytes of weights one decode step streams: every matmul once (tied output counted once); of a
-    mixture of experts the router, any shared expert and the n_expert_used experts a token selects (their
-    file bytes), or every expert with all_experts (what the model holds)."""
-    seen, total = set(), 0
-    mats = [model.output]
-    for attn, ffn in model.layers:
-        mats += attn.matrices if hasattr(attn, "matrices") else [attn.wqkv, attn.wo]  # LFM2's short conv
-        if hasattr(ffn, "experts"):  # arch/moe.py
-            mats += [m for m in (ffn.router, ffn.shared_gate_up, ffn.shared_down) if m is not None]
-            total += ffn.total_expert_bytes if all_experts else ffn.active_bytes * model.cfg.n_expert_used
-        else:
-            mats += [ffn.w_gate_up, ffn.w_down]
-    for w in mats:
-        if id(w) in seen:
-            continue
-        seen.add(id(w))
-        total += sum(p.nbytes for p in getattr(w, "parts", [w]))
-    return total
-
-
 class EngineCoreProc:
     """Loads the model from `spec.path` (mmapped) and owns the model, scheduler and sampler."""
 
     def __init__(self, spec: CoreSpec, log: Callable[[str], None] | None = None) -> None:
         from edgellm.arch import ARCHITECTURES
-        from edgellm.backends.base import get_backend
+        from edgellm.arch.common import weight_bytes_per_token
+        from edgellm.backends import get_backend
         from edgellm.gguf.config import config_from_gguf
-        from edgellm.gguf.reader import load_gguf
+        from edgellm.gguf.load import load_gguf
         from edgellm.runtime import keep_freed_memory, set_threads, warm_up
         from edgellm.tokenizer import Tokenizer
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from edgellm.grammar import build_matcher
+from edgellm.grammar_compile import build_matcher
 
 MASK_THREADS = 1  # llguidance's own pool: a mask is microseconds, a step's masks well under a millisecond
 

@@ -21,6 +21,7 @@ from starlette.responses import Response
 
 from edgellm.engine.core_client import EngineDeadError
 from edgellm.engine.outputs import CompletionOutput, RequestMetrics
+from edgellm.server.errors import ApiError
 from edgellm.server.generate import (
     EngineStreamResponse,
     Generation,
@@ -28,11 +29,11 @@ from edgellm.server.generate import (
     engine_error,
     start_generation,
 )
-from edgellm.server.protocol import ApiError, GenerationRequest
+from edgellm.server.protocol import GenerationRequest
 from edgellm.server.tools import ToolOutput
 
 if TYPE_CHECKING:
-    from edgellm.server.app import ServerState
+    from edgellm.server.state import ServerState
 
 Handler = Callable[[Request], Awaitable[Response]]
 

@@ -16,6 +16,7 @@ from starlette.types import Receive, Scope, Send
 from edgellm.engine.checks import PromptTooLongError
 from edgellm.engine.core_client import EngineDeadError
 from edgellm.engine.outputs import OutputCollector, RequestOutput
+from edgellm.server.errors import ApiError
 from edgellm.server.openai_format import (
     Choice,
     ResponseHead,
@@ -26,11 +27,11 @@ from edgellm.server.openai_format import (
     usage,
 )
 from edgellm.server.openai_format import chat_logprobs as chat_lp
-from edgellm.server.protocol import ApiError, GenerationRequest
+from edgellm.server.protocol import GenerationRequest
 from edgellm.server.tools import ToolOutput
 
 if TYPE_CHECKING:
-    from edgellm.server.app import ServerState
+    from edgellm.server.state import ServerState
 
 
 class EngineStreamResponse(StreamingResponse):

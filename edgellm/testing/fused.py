@@ -9,7 +9,7 @@ from edgellm.arch import ARCHITECTURES
 from edgellm.backends.cpu.backend import CpuBackend
 from edgellm.engine.model_runner import ModelRunner, RunItem
 from edgellm.gguf.config import config_from_gguf
-from edgellm.gguf.reader import load_gguf
+from edgellm.gguf.load import load_gguf
 from edgellm.testing.synthetic import DEFAULT_QTYPES
 
 BS = 16

@@ -291,7 +291,8 @@ def load_and_generate(path: str) -> tuple[str, str]:
     example."""
     from edgellm.engine.core_process import CoreSpec, EngineCoreProc
     from edgellm.gguf.config import config_from_gguf
-    from edgellm.gguf.reader import GGUFError, load_gguf
+    from edgellm.gguf.load import load_gguf
+    from edgellm.gguf.reader import GGUFError
     from edgellm.gguf.validation import tokenizer_from_gguf, validate_model
     from edgellm.sampling import SamplingParams
 

@@ -120,7 +120,7 @@ def score_edgellm(
     from edgellm.backends.cpu.backend import CpuBackend
     from edgellm.engine.model_runner import ModelRunner, RunItem
     from edgellm.gguf.config import config_from_gguf
-    from edgellm.gguf.reader import load_gguf
+    from edgellm.gguf.load import load_gguf
     from edgellm.gguf.validation import validate_model
 
     g = load_gguf(str(path))

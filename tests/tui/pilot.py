@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.scripted_backend import ScriptedBackend
 from tui.app import ChatApp
-from tui.fake_backend import ScriptedBackend
 from tui.storage import ConversationStore
 from tui.widgets import MessageView, StatusBar
 

@@ -38,9 +38,9 @@ class DraftProposer:
         """Load the draft next to the target of `core` (an EngineCoreProc being built): same backend, the same
         number of KV tokens as the target's cache."""
         from edgellm.arch import ARCHITECTURES
-        from edgellm.engine.core_process import weight_bytes_per_token
+        from edgellm.arch.common import weight_bytes_per_token
         from edgellm.gguf.config import config_from_gguf
-        from edgellm.gguf.reader import load_gguf
+        from edgellm.gguf.load import load_gguf
         from edgellm.gguf.validation import validate_model
 
         target = core.runner

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from edgellm.catalog import resolve_model
-from edgellm.cli import replicas_arg
+from edgellm.cli_args import replicas_arg
 from edgellm.server import _is_loopback, _say
-from edgellm.server.app import ServerConfig
 from edgellm.server.compat import ModelNames
+from edgellm.server.state import ServerConfig
 
 APP_NAME = "edgellm"
 OBJECT_STORE_BYTES = 128 * 2**20  # requests and token streams are small; Ray's default is 30% of RAM
@@ -27,7 +27,7 @@ def default_threads(replicas: int | str) -> int:
 
 def _local_runtime_env() -> dict[str, Any]:
     """Ray's workers import edgellm from this process's copy of it (a source checkout included)."""
-    root = str(Path(__file__).resolve().parents[2])
+    root = str(Path(__file__).resolve().parents[3])
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     return {"env_vars": {"PYTHONPATH": path}}
 
@@ -52,7 +52,7 @@ def run_ray_server(
         from ray import serve
     except ImportError:
         raise RuntimeError("--replicas needs Ray Serve: pip install 'edgellm[ray]'") from None
-    from edgellm.server.ray_app import ReplicaBoard, build_ray_app
+    from edgellm.server.replicas.ray_app import ReplicaBoard, build_ray_app
 
     replicas = replicas_arg(str(replicas))
     threads = threads_per_replica or default_threads(replicas)
