@@ -122,6 +122,8 @@ def test_front_ends_load_no_model_runner_or_backend() -> None:
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=PKG.parent, timeout=120
     )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
 
 
 # ---- import cycles ---------------------------------------------------------------------------------
