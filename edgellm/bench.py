@@ -143,7 +143,7 @@ def gguf_matrix_bytes(path: str) -> int:
     """The file's bytes of the matrices the model multiplies by: every 2-D tensor and every 3-D one (a
     mixture of experts' expert matrices), except the token embedding when the file has a separate output
     matrix (the embedding is then only looked up)."""
-    from edgellm.gguf.reader import load_gguf
+    from edgellm.gguf.load import load_gguf
 
     tensors = load_gguf(path).tensors
     skip = {"token_embd.weight"} if "output.weight" in tensors else set()

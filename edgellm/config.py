@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgellm.catalog import DEFAULT_MODEL
+from edgellm.cli_args import replicas_arg
 from edgellm.engine.config import CliConfig, EngineConfig, option
 from edgellm.reasoning import REASONING_FORMATS
 from edgellm.sampling_defaults import add_sampling_default_args, check_sampling_defaults, sampling_defaults
@@ -22,19 +23,6 @@ ALLOW_SPECIAL_HELP = (
     "tokenize control-token text typed in user and tool messages (e.g. '<|im_start|>') as control tokens; "
     "by default it stays plain text so a message cannot open a turn of another role"
 )
-
-
-def replicas_arg(text: str) -> int | str:
-    """`--replicas`: a count >= 1, or "auto" (Ray Serve autoscaling on queue length)."""
-    if text == "auto":
-        return text
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither a replica count >= 1 nor 'auto'")
-    return n
 
 
 @dataclass
@@ -94,7 +82,7 @@ class ServerConfig(CliConfig):
     )
     # SamplingParams fields for requests that omit them: the flags of sampling_defaults.py's table
     sampling_defaults: dict[str, Any] = field(default_factory=dict)
-    # several engines behind one endpoint (Ray Serve: server/ray_run.py)
+    # several engines behind one endpoint (Ray Serve: server/replicas/ray_run.py)
     replicas: int | str | None = option(
         None,
         "--replicas",
@@ -105,7 +93,7 @@ class ServerConfig(CliConfig):
     threads_per_replica: int | None = option(
         None, "--threads-per-replica", "with --replicas: CPU threads per engine", lo=1, type=int
     )
-    # several models behind one port (server/multi.py)
+    # several models behind one port (server/multi.py, started by server/multi_run.py)
     models: str | None = option(
         None,
         "--models",

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from edgellm.grammar_compile import build_matcher, compile_source
 from edgellm.grammar_limits import GrammarError
 from edgellm.spawn import describe_exit, start_without_main
 
@@ -206,8 +207,6 @@ def _handle(message: tuple, vocabs: dict[int, Vocabulary], reply: list[tuple[str
 
 
 def _compile(message: tuple, vocabs: dict[int, Vocabulary]) -> tuple[str, Any]:
-    from edgellm.grammar import build_matcher, compile_source
-
     _, (kind, source), key, payload = message
     try:
         if payload is not None:

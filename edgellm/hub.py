@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from edgellm.catalog import ModelNotFoundError, file_sha256
 from edgellm.gguf.split import SPLIT_FILE_NAME
+from edgellm.model_files import ModelNotFoundError, file_sha256
 
 DEFAULT_QUANTS = ("Q4_K_M", "Q8_0")  # llama.cpp's -hf without a tag
 DEFAULT_ENDPOINT = "https://huggingface.co"

@@ -1,11 +1,12 @@
 """The Python API: `LLM` loads a model (catalog name or .gguf path) and runs it through the engine core.
 
 The core (model, scheduler, sampler, kernels) runs in its own process on that process's main thread (see
-engine/core.py); `LLM` is the front-end: checks, tokenization, detokenization, stop strings. One `LLM` may
-be used from any number of threads (`generate` blocks only its caller) and from asyncio (`agenerate`,
-`stream`). The core is a process for `LLM` too: in-process it would run on a thread that is not the main
-one (OpenMP's slow case) or on the callers' threads (not shareable). Its cost is one pipe message per
-step and a process start; `edgellm bench` measured no batch-1 loss against the old in-process loop.
+engine/core_process.py); `LLM` is the front-end: checks, tokenization, detokenization, stop strings. One
+`LLM` may be used from any number of threads (`generate` blocks only its caller) and from asyncio
+(`agenerate`, `stream`). The core is a process for `LLM` too: in-process it would run on a thread that is
+not the main one (OpenMP's slow case) or on the callers' threads (not shareable). Its cost is one pipe
+message per step and a process start; `edgellm bench` measured no batch-1 loss against the old in-process
+loop.
 """
 
 from __future__ import annotations
@@ -25,15 +26,14 @@ import numpy as np
 
 from edgellm.catalog import resolve_model
 from edgellm.engine.checks import PromptTooLongError, check_embedding_input, check_prompt
-from edgellm.engine.config import EngineConfig
-from edgellm.engine.core import kv_budget_bytes
+from edgellm.engine.config import EngineConfig, kv_budget_bytes
 from edgellm.engine.core_client import CoreClient, EngineDeadError
 from edgellm.engine.frontend import RequestStream
-from edgellm.engine.llm_engine import EngineStats
-from edgellm.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from edgellm.engine.outputs import CompletionOutput, OutputCollector, RequestMetrics, RequestOutput
+from edgellm.engine.protocol import EngineStats
 from edgellm.engine.spec.config import SpeculativeConfig, check_draft_model
 from edgellm.gguf.config import ModelConfig, config_from_gguf
-from edgellm.gguf.reader import load_gguf
+from edgellm.gguf.load import load_gguf
 from edgellm.gguf.validation import tokenizer_from_gguf, validate_model
 from edgellm.grammar import check_for_vocabulary
 from edgellm.quants.kv_cache import get_kv_cache_type
@@ -68,25 +68,9 @@ class GenerationOutput:
         return self.outputs[0].reasoning
 
 
-class _Collector:
-    """Accumulates one request's deltas into a GenerationOutput."""
-
-    def __init__(self, rid: str, prompt_ids: list[int], n: int) -> None:
-        self.rid, self.prompt_ids = rid, prompt_ids
-        self.outs = [CompletionOutput(i, [], "", None) for i in range(n)]
-        self.result: GenerationOutput | None = None
-
-    def push(self, out: RequestOutput) -> None:
-        for d in out.deltas:
-            c = self.outs[d.index]
-            c.token_ids.extend(d.token_ids)
-            c.text += d.text
-            c.reasoning += d.reasoning
-            c.finish_reason = d.finish_reason or c.finish_reason
-            if d.logprobs:
-                c.logprobs = (c.logprobs or []) + d.logprobs
-        if out.finished:
-            self.result = GenerationOutput(self.rid, self.prompt_ids, self.outs, out.metrics)
+def _result(rid: str, prompt_ids: list[int], c: OutputCollector) -> GenerationOutput:
+    assert c.metrics is not None
+    return GenerationOutput(rid, prompt_ids, c.outputs, c.metrics)
 
 
 class LLM:
@@ -233,25 +217,25 @@ class LLM:
         params = params or SamplingParams()
         prompts = _as_list(prompts)
         q: queue.Queue = queue.Queue()
-        collectors: dict[str, _Collector] = {}
+        collectors: dict[str, tuple[list[int], OutputCollector]] = {}
         group = self._new_group()
         try:
             for p in prompts:
                 rid, ids = self.submit(p, params, q.put, group=group)
-                collectors[rid] = _Collector(rid, ids, params.n)
+                collectors[rid] = (ids, OutputCollector(params.n))
             left = len(collectors)
             while left:
                 out = q.get()
                 if isinstance(out, BaseException):
                     raise out
-                collectors[out.request_id].push(out)
+                collectors[out.request_id][1].push(out)
                 if on_output:
                     on_output(out)
                 left -= out.finished
         except BaseException:
-            self.core.abort_all([rid for rid, c in collectors.items() if c.result is None])
+            self.core.abort_all([rid for rid, (_, c) in collectors.items() if not c.finished])
             raise
-        return [c.result for c in collectors.values()]  # type: ignore[misc]
+        return [_result(rid, ids, c) for rid, (ids, c) in collectors.items()]
 
     async def agenerate(
         self, prompts: str | list[int] | Sequence[str | list[int]], params: SamplingParams | None = None
@@ -261,13 +245,11 @@ class LLM:
         prompts = _as_list(prompts)
 
         async def one(p: str | list[int]) -> GenerationOutput:
-            c: _Collector | None = None
+            c, rid = OutputCollector(params.n), ""
             async for out in self.stream(p, params):
-                if c is None:
-                    c = _Collector(out.request_id, [], params.n)
+                rid = out.request_id
                 c.push(out)
-            assert c is not None and c.result is not None
-            return c.result
+            return _result(rid, [], c)
 
         results = await asyncio.gather(*[one(p) for p in prompts])
         for p, r in zip(prompts, results, strict=True):
@@ -390,7 +372,7 @@ class LLM:
 
 def _embedding(item: Any) -> Any:
     """A core client sink item for an embedding request -> its vector, or the exception as it came."""
-    return item if isinstance(item, BaseException) else item[-1][0][5]
+    return item if isinstance(item, BaseException) else item[-1][0].embedding
 
 
 def _as_list(prompts: Any) -> list:

@@ -7,13 +7,15 @@ How a completion splits (`SamplingParams.reasoning_split`, chosen per request by
 - "open": the prompt opened the think block (Qwen3-2507 and DeepSeek-R1 templates end the generation
   prompt with `<think>`): the completion is reasoning up to `</think>`, the answer after it.
 - "tag": the completion is reasoning only if it begins with `<think>` (leading whitespace allowed).
+- "harmony": gpt-oss's channels (reasoning_harmony.py): "analysis" messages are reasoning, "final" ones
+  the answer; chosen for a template that writes `<|channel|>`.
 
 What callers read: `CompletionDelta.reasoning` (a step's new reasoning text; `CompletionDelta.text` is
 then the answer's alone, the tags in neither), `CompletionOutput.reasoning` / `GenerationOutput.reasoning`
 (the whole of it). `configure` sets a request's params to split.
 
 `--reasoning-format` (`REASONING_FORMATS`) picks when a request splits: "none" never, "deepseek" always,
-"auto" (the default) when the chat template thinks (it mentions `<think>`).
+"auto" (the default) when the chat template thinks (it mentions `<think>`, or harmony's `<|channel|>`).
 
 The reasoning budget (`SamplingParams.reasoning_budget`, tokens) is enforced in the engine core by
 `forced_token`: once a completion has written that many tokens with the think block still open, the next
@@ -26,17 +28,31 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from edgellm.reasoning_harmony import ANALYSIS_OPEN, CHANNEL, END, HARMONY_REASONING_END, HarmonySplitter
+
 if TYPE_CHECKING:
     from edgellm.sampling import SamplingParams
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 REASONING_END = "\n</think>\n\n"  # what a budget forces: the close as Qwen3's template writes it
 REASONING_FORMATS = ("none", "auto", "deepseek")
+# split mode -> (what opens the reasoning, what closes it, what a budget forces to close it)
+MARKERS = {
+    "open": (THINK_OPEN, THINK_CLOSE, REASONING_END),
+    "tag": (THINK_OPEN, THINK_CLOSE, REASONING_END),
+    "harmony": (ANALYSIS_OPEN, END, HARMONY_REASONING_END),
+}
 
 
 def template_thinks(source: str) -> bool:
-    """Whether a chat template is a thinking model's (it writes or expects `<think>` blocks)."""
-    return THINK_OPEN in source
+    """Whether a chat template is a thinking model's (it writes or expects `<think>` blocks, or harmony's
+    channels)."""
+    return THINK_OPEN in source or template_harmony(source)
+
+
+def template_harmony(source: str) -> bool:
+    """Whether a chat template writes OpenAI's harmony format (gpt-oss), as llama.cpp's chat.cpp tells."""
+    return CHANNEL in source
 
 
 def template_switch(source: str) -> str | None:
@@ -66,6 +82,8 @@ def split_mode(fmt: str, template_source: str, prompt_text: str) -> str | None:
     """How a completion of the chat prompt `prompt_text` splits under `--reasoning-format fmt`."""
     if fmt == "none" or (fmt == "auto" and not template_thinks(template_source)):
         return None
+    if template_harmony(template_source):
+        return "harmony"
     opened, closed = prompt_text.rfind(THINK_OPEN), prompt_text.rfind(THINK_CLOSE)
     return "open" if opened > closed else "tag"
 
@@ -91,6 +109,11 @@ def forced_token(p: SamplingParams, output: Sequence[int]) -> int | None:
 def _contains(ids: Sequence[int], sub: Sequence[int]) -> bool:
     k = len(sub)
     return k > 0 and any(list(ids[i : i + k]) == list(sub) for i in range(len(ids) - k + 1))
+
+
+def make_splitter(mode: str) -> ReasoningSplitter | HarmonySplitter:
+    """The splitter of a completion whose SamplingParams.reasoning_split is `mode`."""
+    return HarmonySplitter() if mode == "harmony" else ReasoningSplitter(mode)
 
 
 class ReasoningSplitter:
@@ -160,7 +183,9 @@ def configure(params: SamplingParams, tokenizer: Any, mode: str | None, budget: 
     def ids(text: str) -> list[int]:
         return tokenizer.encode(text, add_special=False, parse_special=True)
 
+    opener, close, end = MARKERS[mode]
     params.reasoning_budget = budget
-    params.reasoning_end_ids = ids(REASONING_END)
-    params.reasoning_close_ids = ids(THINK_CLOSE)
-    params.reasoning_open_ids = ids(THINK_OPEN) if mode == "tag" else []
+    params.reasoning_end_ids = ids(end)
+    params.reasoning_close_ids = ids(close)
+    # in "tag" and "harmony" modes the completion itself opens the reasoning
+    params.reasoning_open_ids = ids(opener) if mode != "open" else []

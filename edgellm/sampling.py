@@ -18,6 +18,9 @@ PARAM_BOUNDS: dict[str, tuple[float, float, bool]] = {
     "presence_penalty": (-2.0, 2.0, False),
     "frequency_penalty": (-2.0, 2.0, False),
 }
+# The largest seed a request (server/protocol.py) or `serve --seed` may give: OpenAI's seed is an int64;
+# numpy seeds its generators with any non-negative int.
+MAX_SEED = 2**63 - 1
 
 
 def out_of_bounds(name: str, value: float) -> str | None:
@@ -55,7 +58,8 @@ class SamplingParams:
     # the vocabulary a worker built its matcher for (edgellm.grammar.check_for_vocabulary).
     compiled_grammar: str | None = field(default=None, init=False, repr=False, compare=False)
     grammar_vocab_key: int | None = field(default=None, init=False, repr=False, compare=False)
-    # The reasoning split (edgellm.reasoning): how the front-end splits the text (None, "open", "tag"),
+    # The reasoning split (edgellm.reasoning): how the front-end splits the text (None, "open", "tag",
+    # "harmony"),
     # and the budget of reasoning tokens the engine core closes the think block at (None: unlimited),
     # with the ids it forces then (REASONING_END) and the ids of an open and a close the model writes
     # itself. `set_reasoning` fills them in from the tokenizer.
@@ -78,8 +82,10 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
-        if self.reasoning_split not in (None, "open", "tag"):
-            raise ValueError(f"reasoning_split must be None, 'open' or 'tag', got {self.reasoning_split!r}")
+        if self.reasoning_split not in (None, "open", "tag", "harmony"):
+            raise ValueError(
+                f"reasoning_split must be None, 'open', 'tag' or 'harmony', got {self.reasoning_split!r}"
+            )
         if self.reasoning_budget is not None and self.reasoning_budget < 0:
             raise ValueError(f"reasoning_budget must be >= 0 or None, got {self.reasoning_budget}")
         if self.json_schema is not None or self.grammar is not None or self.regex is not None:

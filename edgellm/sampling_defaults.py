@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from edgellm.sampling import SamplingParams
+from edgellm.sampling import MAX_SEED, SamplingParams
 
 # flag -> (SamplingParams field, type). One table: the parser, the presets file and the check read it.
 SAMPLING_DEFAULT_FLAGS: dict[str, tuple[str, type]] = {
@@ -55,8 +55,6 @@ def sampling_defaults(args: argparse.Namespace) -> dict[str, Any]:
 
 def check_sampling_defaults(defaults: dict[str, Any]) -> None:
     """A default out of SamplingParams' bounds is an error at start, naming the flag."""
-    from edgellm.server.protocol import MAX_SEED
-
     flag_of = {field: flag for flag, (field, _) in SAMPLING_DEFAULT_FLAGS.items()}
     for field, value in defaults.items():
         if field not in flag_of:

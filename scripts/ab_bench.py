@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
+from functools import partial
+
+from edgellm.testing.ab import alternate, medians
 
 KEYS = ("decode_tok_s", "prefill_tok_s")
 
@@ -38,16 +40,18 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--gen", type=int, default=128)
     args = ap.parse_args()
-    results: dict[str, list[dict]] = {"old": [], "new": []}
-    for r in range(1, args.rounds + 1):
-        for name, tree in (("old", args.old), ("new", args.new)):
-            res = run(tree, args)
-            results[name].append(res)
-            figures = ", ".join(f"{k} {res[k]:.1f}" for k in KEYS)
-            print(f"round {r} {name}: {figures}", flush=True)
+    trees = {"old": args.old, "new": args.new}
+
+    def report(r: int, name: str, res: dict) -> None:
+        figures = ", ".join(f"{k} {res[k]:.1f}" for k in KEYS)
+        print(f"round {r + 1} {name}: {figures}", flush=True)
+
+    results = alternate(
+        {name: partial(run, tree, args) for name, tree in trees.items()}, args.rounds, report=report
+    )
     for k in KEYS:
-        old = statistics.median(r[k] for r in results["old"])
-        new = statistics.median(r[k] for r in results["new"])
+        med = medians(results, key=lambda res, k=k: res[k])
+        old, new = med["old"], med["new"]
         print(f"{args.model} {k}: median old {old:.1f}, new {new:.1f}, new/old {new / old:.3f}")
 
 

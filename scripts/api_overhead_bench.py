@@ -13,10 +13,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from functools import partial
 from typing import Any
 
 import httpx
 
+from edgellm.testing.ab import alternate
 from edgellm.testing.servers import start_server, stop_server
 
 SYSTEM, USER = "You are a helpful assistant.", "Write a short paragraph about the sea."
@@ -74,7 +76,7 @@ def main() -> int:
     cases = {f"{name}{' (stream)' if s else ''}": (path, {**b, "stream": s})
              for name, (path, b) in routes.items() for s in (False, True)}  # fmt: skip
     proc, url = start_server(args.model, *args.server_args)
-    times: dict[str, list[float]] = {k: [] for k in cases}
+    times: dict[str, list[float]] = {}
     try:
         with httpx.Client(timeout=600) as client:
             for _ in range(args.warmup):
@@ -88,13 +90,10 @@ def main() -> int:
             print("generated tokens per route:", counts)
             if len(set(counts.values())) != 1:
                 raise SystemExit("the routes generated different token counts: the ratios would mislead")
-            labels = list(cases)
-            for r in range(args.rounds):
-                # Each round starts one route later: a route's place in the round (right after a stream
-                # ended, say) is not its cost.
-                for label in labels[r % len(labels) :] + labels[: r % len(labels)]:
-                    path, body = cases[label]
-                    times[label].append(timed(client, url, path, body))
+            # Each round starts one route later: a route's place in the round (right after a stream
+            # ended, say) is not its cost.
+            runs = {label: partial(timed, client, url, path, body) for label, (path, body) in cases.items()}
+            times = alternate(runs, args.rounds, order="rotate")
     finally:
         stop_server(proc)
     print(f"{'route':32} {'median ms':>10} {'p90 ms':>8} {'vs openai':>10}")

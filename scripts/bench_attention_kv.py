@@ -33,6 +33,7 @@ sys.path.insert(0, str(args.tree))
 import numpy as np  # noqa: E402
 
 from edgellm.backends.cpu.attention import attention_paged_cpu  # noqa: E402
+from edgellm.backends.cpu.backend import NO_SINKS  # noqa: E402
 
 try:
     from edgellm.backends.cpu.kv_cache import CPU_KV_KERNELS  # noqa: E402
@@ -73,7 +74,9 @@ def main() -> None:
                 for name, (kc, vc, _) in caches.items():
                     t0, c0 = time.perf_counter(), time.thread_time()
                     for _ in range(args.calls):
-                        attention_paged_cpu(q, kc, vc, tables, seq, pos, 0, 0.125, 0.0, args.threads, out)
+                        attention_paged_cpu(
+                            q, kc, vc, tables, seq, pos, 0, 0.125, 0.0, NO_SINKS, args.threads, out
+                        )
                     wall[name].append((time.perf_counter() - t0) / args.calls * 1e6)
                     cpu[name].append((time.thread_time() - c0) / args.calls * 1e6)
             line = []

@@ -13,19 +13,20 @@ shape and only the grammar work differs.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
+from functools import partial
 
 from edgellm.catalog import resolve_model
 from edgellm.engine.config import EngineConfig
-from edgellm.engine.core import EngineCore
-from edgellm.engine.llm_engine import LLMEngine
+from edgellm.engine.core_process import EngineCoreProc
+from edgellm.engine.engine_core import EngineCore
 from edgellm.sampling import SamplingParams
+from edgellm.testing.ab import alternate, medians
 
 SCHEMA = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 999}, "minItems": 1000}
 
 
-def run(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams]) -> tuple[float, float]:
+def run(engine: EngineCore, prompts: list[list[int]], params: list[SamplingParams]) -> tuple[float, float]:
     """(decode tok/s, CPU ms per decode step) of one batch: the steps after the one that prefilled every
     prompt. CPU time counts every thread of this process (kernels, llguidance's, the mask worker): on a
     shared machine it moves far less than wall time."""
@@ -35,7 +36,7 @@ def run(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams
     tokens = steps = 0
     wall, cpu = time.perf_counter(), time.process_time()
     while engine.has_unfinished():
-        tokens += sum(len(d.token_ids) for out in engine.step() for d in out.deltas)
+        tokens += sum(len(out.new_token_ids) for out in engine.step())
         steps += 1
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     return tokens / wall, 1000 * cpu / steps
@@ -50,10 +51,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args()
     n = args.in_flight
-    core = EngineCore(
+    core = EngineCoreProc(
         EngineConfig(str(resolve_model(args.model)), n_ctx=512, max_num_seqs=n, threads=args.threads)
     )
-    engine, tok = core.engine, core.engine.guidance.tokenizer
+    engine, tok = core.engine_core, core.engine_core.guidance.tokenizer
     prompts = [
         tok.encode(f"Request {i}: list some numbers between 0 and 999.", add_special=True) for i in range(n)
     ]
@@ -62,16 +63,14 @@ def main() -> None:
     modes = {"unconstrained": [free] * n, "half constrained": [free, json_list] * (n // 2)}
     for mode in modes.values():  # warm-up: kernels, llguidance's tokenizer
         run(engine, prompts, mode)
-    rates: dict[str, list[float]] = {m: [] for m in modes}
-    cpu: dict[str, list[float]] = {m: [] for m in modes}
-    for r in range(args.rounds):
-        for mode in list(modes) if r % 2 == 0 else list(reversed(modes)):
-            rate, ms = run(engine, prompts, modes[mode])
-            rates[mode].append(rate)
-            cpu[mode].append(ms)
-            print(f"round {r} {mode:17s} {rate:7.1f} decode tok/s {ms:7.1f} CPU ms/step", flush=True)
-    med = {m: statistics.median(v) for m, v in rates.items()}
-    med_cpu = {m: statistics.median(v) for m, v in cpu.items()}
+
+    def report(r: int, mode: str, res: tuple[float, float]) -> None:
+        print(f"round {r} {mode:17s} {res[0]:7.1f} decode tok/s {res[1]:7.1f} CPU ms/step", flush=True)
+
+    runs = {m: partial(run, engine, prompts, params) for m, params in modes.items()}
+    results = alternate(runs, args.rounds, order="reverse", report=report)
+    med = medians(results, key=lambda res: res[0])
+    med_cpu = medians(results, key=lambda res: res[1])
     for m in modes:
         print(f"median {m:17s} {med[m]:7.1f} decode tok/s {med_cpu[m]:7.1f} CPU ms/step ({args.rounds} runs)")
     cpu_ratio = med_cpu["half constrained"] / med_cpu["unconstrained"]

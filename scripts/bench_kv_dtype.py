@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
+
+from edgellm.testing.ab import alternate, medians
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,15 +46,15 @@ def main() -> None:
     if a.base:
         variants.insert(0, ("base f16", a.base, None))  # the old CLI may not know --kv-cache-dtype
     for ctx in a.contexts:
-        decode: dict[str, list[float]] = {v[0]: [] for v in variants}
-        for r in range(a.rounds):
-            row = []
-            for name, tree, dtype in variants:
-                res = bench(tree, a.model, ctx, a.gen_tokens, dtype)
-                decode[name].append(res["decode_tok_s"])
-                row.append(f"{name} {res['decode_tok_s']:.1f}")
-            print(f"{a.model} ctx {ctx} round {r + 1}: decode tok/s " + ", ".join(row), flush=True)
-        med = {k: statistics.median(v) for k, v in decode.items()}
+        runs = {
+            name: partial(bench, tree, a.model, ctx, a.gen_tokens, dtype) for name, tree, dtype in variants
+        }
+
+        def end_round(r: int, row: dict[str, dict], ctx: int = ctx) -> None:
+            figures = ", ".join(f"{name} {res['decode_tok_s']:.1f}" for name, res in row.items())
+            print(f"{a.model} ctx {ctx} round {r + 1}: decode tok/s " + figures, flush=True)
+
+        med = medians(alternate(runs, a.rounds, end_round=end_round), key=lambda res: res["decode_tok_s"])
         ratios = ", ".join(f"{k} {v:.1f}" for k, v in med.items())
         print(f"{a.model} ctx {ctx} medians: {ratios}; q8_0/f16 {med['q8_0'] / med['f16']:.3f}", end="")
         print(f", f16/base {med['f16'] / med['base f16']:.3f}" if a.base else "", flush=True)

@@ -16,11 +16,13 @@ import json
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from edgellm import LLM, SamplingParams  # noqa: E402
+from edgellm.testing.ab import alternate, round_order  # noqa: E402
 from tui.messages import ChatMessage  # noqa: E402
 from tui.prompt import render_prompt_ids  # noqa: E402
 
@@ -82,9 +84,9 @@ def batch1(
         for i, text in enumerate(prompts):
             ids = chat_ids(base, text)
             params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=1000 * r + i)
-            order = [("spec", spec), ("base", base)] if r % 2 else [("base", base), ("spec", spec)]
+            engines = {"base": base, "spec": spec}
             toks, rate = {}, {}
-            for name, llm in order:
+            for name, llm in ((name, engines[name]) for name in round_order(engines, r, "reverse")):
                 [out] = llm.generate([ids], params)
                 rate[name] = decode_rate(out)
                 rates[name].append(rate[name])
@@ -114,13 +116,13 @@ def batch1(
 def in_flight(base: LLM, spec: LLM, rounds: int, max_tokens: int, n: int = 16) -> dict:
     greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     prompts = [chat_ids(base, (COPY + FREE)[i % 6]) for i in range(n)]
-    rates: dict[str, list[float]] = {"base": [], "spec": []}
-    for r in range(rounds):
-        order = [("spec", spec), ("base", base)] if r % 2 else [("base", base), ("spec", spec)]
-        for name, llm in order:
-            t = time.perf_counter()
-            outs = llm.generate(prompts, greedy)
-            rates[name].append(sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t))
+
+    def rate(llm: LLM) -> float:
+        t = time.perf_counter()
+        outs = llm.generate(prompts, greedy)
+        return sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t)
+
+    rates = alternate({"base": partial(rate, base), "spec": partial(rate, spec)}, rounds, order="reverse")
     b, s = statistics.median(rates["base"]), statistics.median(rates["spec"])
     return {"base_tok_s": b, "spec_tok_s": s, "ratio": s / b}
 

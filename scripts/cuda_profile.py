@@ -30,7 +30,7 @@ from edgellm.backends.cuda import get_cuda_backend  # noqa: E402
 from edgellm.backends.cuda.config import SIMULATOR, STATS  # noqa: E402
 from edgellm.engine.model_runner import ModelRunner, RunItem  # noqa: E402
 from edgellm.gguf.config import config_from_gguf  # noqa: E402
-from edgellm.gguf.reader import load_gguf  # noqa: E402
+from edgellm.gguf.load import load_gguf  # noqa: E402
 
 BLOCK = 16
 SYNTHETIC = ("smollm2", "gemma3", "tiny-smollm2", "tiny-gemma3")

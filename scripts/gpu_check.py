@@ -109,10 +109,10 @@ class Loaded:
 
     def __init__(self, path: Path, backend: str, n_blocks: int) -> None:
         from edgellm.arch import ARCHITECTURES
-        from edgellm.backends.base import get_backend
+        from edgellm.backends import get_backend
         from edgellm.engine.model_runner import ModelRunner
         from edgellm.gguf.config import config_from_gguf
-        from edgellm.gguf.reader import load_gguf
+        from edgellm.gguf.load import load_gguf
 
         t0 = time.perf_counter()
         g = load_gguf(path)

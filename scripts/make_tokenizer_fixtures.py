@@ -137,7 +137,16 @@ def make_fixture(name: str, path: str) -> dict:
 
 # Pre-tokenizer families we support but have no model file for: SmolLM2's vocabulary and merges with another
 # tokenizer.ggml.pre (and no add_bos_token, so llama.cpp's per-pre default applies) exercise their regexes.
-PRE_VARIANTS = ("llama-bpe", "qwen2", "gpt-2", "default")
+PRE_VARIANTS = ("llama-bpe", "qwen2", "gpt-2", "default", "gpt-4o")
+# More strings for the variants, where their regexes part: case changes inside a word and contractions
+# after capitals (gpt-4o), digit runs (1-3 digits in llama-bpe / gpt-4o, one in qwen2), non-ASCII capitals.
+PRE_CORPUS = [
+    "HelloWorld CamelCaseXMLParser iPhone McDonald'S",
+    "YOU'RE don'T I'M",
+    "ÉcoleÀb naïveÉ ΑθήναΣ ÑandúÑ",
+    "1234567 12 123456 3.14159",
+    "a //b\n\n c //\n x",
+]
 
 
 def write_pre_variant(src: str, pre: str, out: Path) -> None:
@@ -168,11 +177,12 @@ def make_pre_variants_fixture(src: str) -> dict:
             variants[pre] = {
                 "add_bos": bool(llama_cpp.llama_vocab_get_add_bos(llm._model.vocab)),
                 "ids_add_special": [
-                    llm.tokenize(text.encode("utf-8"), add_bos=True, special=True) for text in CORPUS
+                    llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
+                    for text in CORPUS + PRE_CORPUS
                 ],
             }
     return {"base_model": "smollm2", "oracle": f"llama-cpp-python {llama_cpp.__version__}",
-            "texts": CORPUS, "variants": variants}
+            "texts": CORPUS + PRE_CORPUS, "variants": variants}
 
 
 def main() -> None:

@@ -1,22 +1,16 @@
-"""Starting and watching the server for scripts/soak.py: a free loopback port, the server's command
-line, /proc RSS readings (the server and its engine core), and the model's end-of-generation ids."""
+"""Starting and watching the server for scripts/soak.py: the server's command line (started and waited
+for by edgellm/testing/servers.py, the one launcher), /proc RSS readings (the server and its engine core),
+and the model's end-of-generation ids."""
 
 from __future__ import annotations
 
 import argparse
-import signal
-import socket
 import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import IO
 from urllib.parse import urlparse
 
-from soak_traffic import httpx
-
-ROOT = Path(__file__).resolve().parent.parent
-
+from edgellm.testing import servers
 
 
 def check_loopback(url: str) -> None:
@@ -24,12 +18,6 @@ def check_loopback(url: str) -> None:
 
     if not _is_loopback(urlparse(url).hostname or ""):
         raise SystemExit(f"refusing to soak {url}: only loopback addresses are allowed")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _own_rss_kb(pid: int) -> int | None:
@@ -64,39 +52,24 @@ def read_rss_kb(pid: int) -> int | None:
 
 def eog_ids(model: str) -> list[int]:
     from edgellm.catalog import resolve_model
-    from edgellm.gguf.reader import load_gguf
+    from edgellm.gguf.load import load_gguf
     from edgellm.tokenizer import Tokenizer
 
     return sorted(Tokenizer.from_metadata(load_gguf(resolve_model(model, download=False)).metadata).eog_ids)
 
 
 def start_server(a: argparse.Namespace, log_file: IO[str]) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "edgellm.server", a.model, "--port", str(port)]
-    cmd += ["--kv-cache-memory", str(a.kv_cache_bytes)]
-    cmd += ["--ctx", str(a.ctx), "--max-num-seqs", str(a.max_num_seqs), "--max-queue", str(a.max_queue)]
-    cmd += ["--threads", str(a.threads), "--api-key", a.api_key]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + a.start_timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited with {proc.returncode}; see {log_file.name}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    stop_server(proc)
-    raise SystemExit(f"the server did not become healthy in {a.start_timeout} s; see {log_file.name}")
+    args = [a.model, "--kv-cache-memory", str(a.kv_cache_bytes)]
+    args += ["--ctx", str(a.ctx), "--max-num-seqs", str(a.max_num_seqs), "--max-queue", str(a.max_queue)]
+    args += ["--threads", str(a.threads), "--api-key", a.api_key]
+    proc, url = servers.spawn(args, entry=servers.SERVER_MODULE, stdout=log_file)
+    try:
+        servers.wait_healthy(proc, url, a.start_timeout, poll=0.2)
+    except servers.ServerStartError as e:
+        stop_server(proc)
+        raise SystemExit(f"{e}; see {log_file.name}") from None
+    return proc, url
 
 
 def stop_server(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    servers.stop_server(proc, timeout=20, check=False)

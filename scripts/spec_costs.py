@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from edgellm.bench import synthetic_prompt  # noqa: E402
 from edgellm.catalog import resolve_model  # noqa: E402
-from edgellm.engine.config import EngineConfig
-from edgellm.engine.core import EngineCore  # noqa: E402
+from edgellm.engine.config import EngineConfig  # noqa: E402
+from edgellm.engine.core_process import EngineCoreProc  # noqa: E402
 from edgellm.engine.model_runner import RunItem  # noqa: E402
 from edgellm.engine.spec.build import build_speculator  # noqa: E402
 from edgellm.engine.spec.config import SpeculativeConfig  # noqa: E402
@@ -45,7 +45,9 @@ def clocks() -> tuple[float, float]:
     return time.perf_counter(), time.process_time()
 
 
-def verify_curve(core: EngineCore, context: int, reps: int, draft: Any = None) -> dict[str, dict[str, float]]:
+def verify_curve(
+    core: EngineCoreProc, context: int, reps: int, draft: Any = None
+) -> dict[str, dict[str, float]]:
     """Median wall and CPU milliseconds of one forward pass scoring 1 + k tokens after `context` tokens
     (every row's logits to the host, as the CPU engine's verification reads them), keyed by k; with a draft
     ModelRunner, also its one-token forward ("draft")."""
@@ -119,12 +121,12 @@ PHASES = ("proposer", "scheduler", "forward", "verify+bookkeeping")
 
 
 class StepClock:
-    """CPU seconds of each phase of an engine's steps: LLMEngine._run (forward), LLMEngine._postprocess
+    """CPU seconds of each phase of an engine's steps: EngineCore._run (forward), EngineCore._postprocess
     (sampling, verification, bookkeeping), Scheduler.schedule and the speculator's propose."""
 
-    def __init__(self, core: EngineCore) -> None:
+    def __init__(self, core: EngineCoreProc) -> None:
         self.spent: dict[str, float] = defaultdict(float)
-        eng = core.engine
+        eng = core.engine_core
         self._wrap(eng, "_run", "forward")
         self._wrap(eng, "_postprocess", "verify+bookkeeping")
         self._wrap(eng.scheduler, "schedule", "scheduler")
@@ -149,11 +151,11 @@ class StepClock:
 Workload = list[tuple[list[int], SamplingParams]]
 
 
-def decode_cost(core: EngineCore, clock: StepClock, work: Workload, together: bool) -> dict:
+def decode_cost(core: EngineCoreProc, clock: StepClock, work: Workload, together: bool) -> dict:
     """Decode the work's requests one after another (together=False: batch 1) or all at once: CPU and wall
     seconds of the steps after the first token (prompt steps excluded), tokens, steps, CPU seconds per phase
     and the speculator's counters."""
-    eng = core.engine
+    eng = core.engine_core
     tot: dict[str, float] = defaultdict(float)
     before = eng.stats()
     for batch in [work] if together else [[w] for w in work]:
@@ -165,7 +167,7 @@ def decode_cost(core: EngineCore, clock: StepClock, work: Workload, together: bo
             w, c = clocks()
             outs = eng.step()
             w2, c2 = clocks()
-            n = sum(len(d.token_ids) for o in outs for d in o.deltas)
+            n = sum(len(o.new_token_ids) for o in outs)
             started = started or n > 0
             if started:
                 tot["cpu"] += c2 - c
@@ -182,7 +184,7 @@ def decode_cost(core: EngineCore, clock: StepClock, work: Workload, together: bo
 
 
 def decode_costs(
-    core: EngineCore, work: Workload, together: bool, ks: list[int], rounds: int, draft: str | None = None
+    core: EngineCoreProc, work: Workload, together: bool, ks: list[int], rounds: int, draft: str | None = None
 ) -> dict:
     """Per engine (plain, n-gram with each k, and the draft model with each k, adaptive and fixed): medians
     over rounds (the engines' order rotates each round) of CPU ms per token, tokens per step, each phase's
@@ -200,9 +202,9 @@ def decode_costs(
     names = list(engines)
     for r in range(rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
-            core.engine.speculator = engines[name]
+            core.engine_core.speculator = engines[name]
             runs[name].append(decode_cost(core, clock, work, together))
-    core.engine.speculator = None
+    core.engine_core.speculator = None
     res = {}
     for name, rs in runs.items():
 
@@ -272,7 +274,7 @@ def main() -> None:
     skip = set(filter(None, a.skip.split(",")))
     path = str(resolve_model(a.model))
     spec = EngineConfig(path, n_ctx=2048, threads=a.threads, kv_cache_memory=256 << 20)
-    plain = EngineCore(spec)
+    plain = EngineCoreProc(spec)
     report: dict = {"model": Path(path).name, "threads": plain.threads}
     draft_runner = None
     if a.draft:

@@ -14,8 +14,7 @@ os.environ.setdefault("EDGELLM_CPU_ALL_TIERS", "1")
 import pytest
 
 from edgellm.catalog import resolve_model
-
-FIXTURES = Path(__file__).parent / "fixtures"
+from edgellm.testing.paths import FIXTURES  # noqa: F401  (tests and their helpers read it from here too)
 
 
 @pytest.fixture(scope="session")

@@ -13,9 +13,9 @@ import ollama
 import openai
 import pytest
 
+from edgellm.testing.reasoning import ASK, BUDGET, THINKING_TEMPLATE
+from edgellm.testing.servers import serve as _start
 from edgellm.testing.synthetic import write_tiny_model
-from tests.test_reasoning import ASK, BUDGET, THINKING_TEMPLATE
-from tests.test_server import _start
 
 MAX_TOKENS = 32
 

@@ -11,14 +11,16 @@ import pytest
 from gguf import GGUFValueType
 
 from edgellm.gguf.config import config_from_gguf
-from edgellm.gguf.reader import GGUFError, load_gguf
+from edgellm.gguf.load import load_gguf
+from edgellm.gguf.reader import GGUFError
 from edgellm.gguf.validation import validate_model
 from edgellm.testing.oracle_cases import CASES, nmse
+from edgellm.testing.paths import ORACLE_FIXTURES
 from edgellm.testing.synthetic import Typed, write_tiny_model
 
 U32 = GGUFValueType.UINT32
 
-FIXTURES = Path(__file__).parent / "fixtures" / "oracle"
+FIXTURES = ORACLE_FIXTURES
 LAYERS = range(2)
 QKV_ROWS = (("q", 64), ("k", 32), ("v", 32))
 SEPARATE_QKV = {f"blk.{il}.attn_{x}.weight": (rows, 64) for il in LAYERS for x, rows in QKV_ROWS}
@@ -148,16 +150,17 @@ def test_phi3_long_factors_from_a_context_beyond_the_original_padded_as_llamacpp
 
 
 def test_engine_core_takes_the_factors_of_its_context(tmp_path: Path) -> None:
-    """EngineCore with llama.cpp's n_ctx (1200, past the original 1024) scores the phi3_f32 fixture's tokens
-    as llama.cpp does; with a context of 1024 it rotates with the short factors and does not."""
+    """EngineCoreProc with llama.cpp's n_ctx (1200, past the original 1024) scores the phi3_f32
+    fixture's tokens as llama.cpp does; with a context of 1024 it rotates with the short factors and
+    does not."""
     from edgellm.engine.config import EngineConfig
-    from edgellm.engine.core import EngineCore
+    from edgellm.engine.core_process import EngineCoreProc
 
     ref = np.load(FIXTURES / "phi3_f32.npz")
     path = CASES["phi3_f32"].write(tmp_path / "m.gguf")
     tokens, positions = ref["tokens"].tolist(), ref["positions"]
     for n_ctx in (1200, 1024):
-        core = EngineCore(EngineConfig(str(path), n_ctx=n_ctx, kv_cache_memory=8 << 20, threads=2))
+        core = EngineCoreProc(EngineConfig(str(path), n_ctx=n_ctx, kv_cache_memory=8 << 20, threads=2))
         keep = positions < n_ctx
         got = core.score(tokens[:n_ctx])[positions[keep]]
         err = nmse(got, ref["logits"][keep])
@@ -168,7 +171,9 @@ def test_fused_cpu_layer_leaves_smollm3s_nope_layer_to_the_blocks(tmp_path: Path
     """The one-call CPU layer always rotates: it declines the layer without rope, and the model's logits
     are those of the blocks."""
     from edgellm.backends.cpu import tiers
-    from tests.test_fused_layer import QTYPES, _load, _logits
+    from edgellm.testing.fused import QTYPES
+    from edgellm.testing.fused import load_runner as _load
+    from edgellm.testing.fused import run_logits as _logits
 
     if not tiers.active_tier().fused_layer:
         pytest.skip("the fused layer needs a tile tier with F16C")

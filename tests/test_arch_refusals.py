@@ -1,5 +1,5 @@
 """Gemma 2, Granite, OLMo 2, StarCoder 2 and GPT-2 files edgellm does not run as llama.cpp would, and
-architectures it does not implement (LFM2), are refused at load, naming why (the logits of the ones it runs:
+LFM2 variants it does not implement, are refused at load, naming why (the logits of the ones it runs:
 tests/test_oracle_cases.py, cases gemma2_*, granite_*, olmo2_*, starcoder2_* and gpt2_*)."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import pytest
 from gguf import GGUFValueType
 
 from edgellm.gguf.config import UnsupportedArchitectureError, config_from_gguf
-from edgellm.gguf.reader import GGUFError, load_gguf
+from edgellm.gguf.load import load_gguf
+from edgellm.gguf.reader import GGUFError
 from edgellm.gguf.validation import validate_model
 from edgellm.testing.synthetic import Typed, write_tiny_model
 
@@ -162,11 +163,68 @@ def test_layer_norm_arch_heads_must_span_the_model(tmp_path: Path) -> None:
         load(path)
 
 
-def test_lfm2_is_refused_naming_it(tmp_path: Path) -> None:
-    """LiquidAI's LFM2 (short convolutions beside attention, a per-sequence conv state) is not implemented:
-    the file is refused at load, naming the architecture, before any tensor is read."""
-    path = write_tiny_model(tmp_path / "m.gguf", "llama", metadata_overrides={"general.architecture": "lfm2"})
+def test_unknown_architecture_is_refused_naming_it(tmp_path: Path) -> None:
+    """An architecture edgellm has no file for is refused at load, naming it, before any tensor is read."""
+    mamba = {"general.architecture": "mamba"}
+    path = write_tiny_model(tmp_path / "m.gguf", "llama", metadata_overrides=mamba)
     with pytest.raises(
-        UnsupportedArchitectureError, match=r"unsupported architecture 'lfm2' \(supported: .*gpt2"
+        UnsupportedArchitectureError, match=r"unsupported architecture 'mamba' \(supported: .*lfm2"
     ):
         load(path)
+
+
+def test_lfm2_loads_and_has_oracle_cases(tmp_path: Path) -> None:
+    """LiquidAI's LFM2 (short convolutions beside attention) loads: its layer kinds come from the per-layer
+    head_count_kv (0: a conv layer); its logits match llama.cpp's in tests/test_oracle_cases.py (lfm2_*)
+    and tests/test_lfm2.py."""
+    from edgellm.testing.oracle_cases import CASES
+
+    path = write_tiny_model(tmp_path / "m.gguf", "lfm2", n_layers=6)
+    g = load_gguf(str(path))
+    cfg = config_from_gguf(g)
+    validate_model(g, cfg)
+    assert cfg.conv_layers == [True, False, True, True, False, True] and cfg.n_kv_heads == 2
+    assert cfg.recurrent and cfg.conv_l_cache == 3 and cfg.qk_norm
+    assert cfg.n_kv_layers == 2  # the KV cache holds the attention layers only
+    assert {"lfm2_f32", "lfm2_tied_q8_0", "lfm2_q4_k"} <= set(CASES)
+    fixtures = Path(__file__).parent / "fixtures" / "oracle"
+    assert all((fixtures / f"{n}.npz").exists() for n in ("lfm2_f32", "lfm2_tied_q8_0", "lfm2_q4_k"))
+
+
+def _lfm2_kv(counts: list[int]) -> dict:
+    return {"lfm2.attention.head_count_kv": Typed(counts, GGUFValueType.ARRAY, GGUFValueType.INT32)}
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        # an attention layer's tensor in a conv layer (layer 0 is a conv layer)
+        ({"extra_tensors": {"blk.0.attn_q.weight": (64, 64)}}, r"'blk.0.attn_q.weight' is not one a short"),
+        ({"metadata_overrides": _lfm2_kv([0, 2, 0, 0, 1, 0])}, r"different KV head counts \[1, 2\]"),
+        ({"metadata_overrides": {"lfm2.attention.sliding_window": Typed(8, U32)}}, r"sliding_window"),
+        ({"metadata_overrides": {"lfm2.attention.causal": False}}, r"lfm2.attention.causal' = False"),
+        ({"metadata_overrides": {"lfm2.shortconv.l_cache": None}}, r"missing metadata key 'lfm2.shortconv"),
+        ({"extra_tensors": {"dense_2.weight": (64, 64)}}, r"tensor 'dense_2.weight' is not one edgellm"),
+        ({"extra_tensors": {"blk.1.attn_q.bias": (64,)}}, r"attn_q.bias"),
+    ],
+)
+def test_lfm2_variants_it_does_not_run_are_refused(tmp_path: Path, kw: dict, match: str) -> None:
+    """A conv layer with attention tensors, attention layers of different KV widths, LFM2's
+    sliding-window, bidirectional (ColBERT) and dense-output variants, and biases."""
+    path = write_tiny_model(tmp_path / "m.gguf", "lfm2", n_layers=6, **kw)
+    with pytest.raises(GGUFError, match=match):
+        load(path)
+
+
+def test_lfm2_conv_kernel_other_than_f32_is_refused(tmp_path: Path) -> None:
+    """llama.cpp's ssm_conv reads the kernel as F32 (its converter and quantizer keep it so): a file
+    with another type is refused rather than read as something else."""
+    import dataclasses
+
+    from gguf import GGMLQuantizationType
+
+    g = load_gguf(str(write_tiny_model(tmp_path / "m.gguf", "lfm2", n_layers=3)))
+    name = "blk.2.shortconv.conv.weight"
+    g.tensors[name] = dataclasses.replace(g.tensors[name], qtype=GGMLQuantizationType.F16)
+    with pytest.raises(GGUFError, match=r"'blk.2.shortconv.conv.weight' is F16: lfm2's conv kernel"):
+        validate_model(g, config_from_gguf(g))

@@ -16,6 +16,7 @@ from edgellm.backends.cpu.ops import write_kv_cpu
 from edgellm.quants.kv_cache import get_kv_cache_type
 
 GUARD = 2
+NO_SINKS = np.empty(0, np.float32)
 
 
 def _f16(a: np.ndarray) -> np.ndarray:
@@ -76,9 +77,10 @@ def make_case(group: int, d: int, bs: int, rng: np.random.Generator, dtype: str 
 
 
 def reference(
-    q, tok_seq, tok_pos, seq_k, seq_v, window: int, scale: float, softcap: float = 0.0
+    q, tok_seq, tok_pos, seq_k, seq_v, window: int, scale: float, softcap: float = 0.0, sinks=None
 ) -> np.ndarray:
-    """softcap > 0: Q scaled before its f16 rounding, the scores capped to cap * tanh(s / cap) (Gemma 2)."""
+    """softcap > 0: Q scaled before its f16 rounding, the scores capped to cap * tanh(s / cap) (Gemma 2).
+    sinks [H]: head h's softmax has one more logit sinks[h], in its denominator only (gpt-oss)."""
     T, H, d = q.shape
     n_kv = seq_k[0].shape[1]
     group = H // n_kv
@@ -94,8 +96,10 @@ def reference(
                 x = softcap * np.tanh(x / softcap)
             else:
                 x = k @ _f16(q[t, h]).astype(np.float64) * scale
-            w = np.exp(x - x.max())
-            out[t, h] = (w / w.sum()) @ v
+            sink = -np.inf if sinks is None else float(sinks[h])
+            m = max(x.max(), sink)
+            w = np.exp(x - m)
+            out[t, h] = (w / (w.sum() + np.exp(sink - m))) @ v
     return out
 
 
@@ -127,7 +131,8 @@ def test_attention_matches_reference(dtype: str, group: int, d: int, bs: int, wi
     out = buf[GUARD:-GUARD, GUARD:-GUARD, GUARD:-GUARD]
     scale = 1.0 / np.sqrt(d)
     attention_paged_cpu(
-        q, k_cache, v_cache, tables, tok_seq, tok_pos, window, scale, 0.0, numba.get_num_threads(), out
+        q, k_cache, v_cache, tables, tok_seq, tok_pos, window, scale, 0.0, NO_SINKS, numba.get_num_threads(),
+        out,
     )
     mask = np.ones(buf.shape, bool)
     mask[GUARD:-GUARD, GUARD:-GUARD, GUARD:-GUARD] = False
@@ -149,12 +154,34 @@ def test_attention_softcap_matches_reference(dtype: str, group: int, d: int, bs:
     q, k_cache, v_cache, tables, tok_seq, tok_pos, seq_k, seq_v = make_case(group, d, bs, rng, dtype)
     out = np.empty((q.shape[0], q.shape[1], d), np.float32)
     scale, cap = 1.0 / np.sqrt(d), 1.5
-    attention_paged_cpu(q, k_cache, v_cache, tables, tok_seq, tok_pos, window, scale, cap, 2, out)
+    attention_paged_cpu(q, k_cache, v_cache, tables, tok_seq, tok_pos, window, scale, cap, NO_SINKS, 2, out)
     ref = reference(q, tok_seq, tok_pos, seq_k, seq_v, window, scale, cap)
     nmse = ((out - ref) ** 2).sum() / (ref**2).sum()
     assert nmse < 1e-6, f"NMSE {nmse:.2e}"
     uncapped = reference(q, tok_seq, tok_pos, seq_k, seq_v, window, scale)
     assert ((uncapped - ref) ** 2).sum() / (ref**2).sum() > 1e-3  # the cap matters at this size
+
+
+SINK_CASES = [("f16", 3, 64, 16, 0), ("f16", 8, 64, 16, 5), ("f16", 9, 64, 16, 0), ("q8_0", 3, 64, 16, 0),
+              ("q8_0", 3, 64, 4, 7)]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype,group,d,bs,window", SINK_CASES)
+def test_attention_sinks_match_reference(dtype: str, group: int, d: int, bs: int, window: int) -> None:
+    """gpt-oss's attention sinks (one extra logit per head in the softmax's denominator) on the IR kernels
+    and the Numba loops, with and without a window; sinks large enough to take most of the weight of
+    some heads, so a kernel that dropped them fails."""
+    rng = np.random.default_rng(group * 1000 + d + bs + window + 13)
+    q, k_cache, v_cache, tables, tok_seq, tok_pos, seq_k, seq_v = make_case(group, d, bs, rng, dtype)
+    sinks = rng.uniform(-2.0, 4.0, q.shape[1]).astype(np.float32)
+    out = np.empty((q.shape[0], q.shape[1], d), np.float32)
+    scale = 1.0 / np.sqrt(d)
+    attention_paged_cpu(q, k_cache, v_cache, tables, tok_seq, tok_pos, window, scale, 0.0, sinks, 2, out)
+    ref = reference(q, tok_seq, tok_pos, seq_k, seq_v, window, scale, sinks=sinks)
+    nmse = ((out - ref) ** 2).sum() / (ref**2).sum()
+    assert nmse < 1e-6, f"NMSE {nmse:.2e}"
+    plain = reference(q, tok_seq, tok_pos, seq_k, seq_v, window, scale)
+    assert ((plain - ref) ** 2).sum() / (ref**2).sum() > 1e-2  # the sinks matter at this size
 
 
 @pytest.mark.parametrize("dtype", ["f16", "q8_0"])
@@ -164,11 +191,11 @@ def test_attention_is_batch_invariant(dtype: str) -> None:
     rng = np.random.default_rng(11)
     q, k_cache, v_cache, tables, tok_seq, tok_pos, *_ = make_case(3, 64, 16, rng, dtype)
     full = np.empty_like(q)
-    attention_paged_cpu(q, k_cache, v_cache, tables, tok_seq, tok_pos, 0, 0.125, 0.0, 2, full)
+    attention_paged_cpu(q, k_cache, v_cache, tables, tok_seq, tok_pos, 0, 0.125, 0.0, NO_SINKS, 2, full)
     for t in range(q.shape[0]):
         one = np.empty_like(q[t : t + 1])
         attention_paged_cpu(q[t : t + 1], k_cache, v_cache, tables, tok_seq[t : t + 1], tok_pos[t : t + 1], 0,
-                            0.125, 0.0, 1, one)  # fmt: skip
+                            0.125, 0.0, NO_SINKS, 1, one)  # fmt: skip
         np.testing.assert_array_equal(one[0], full[t], err_msg=f"token {t}")
 
 

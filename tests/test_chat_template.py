@@ -16,10 +16,9 @@ from edgellm.chat_template import (
     prompt_token_ids,
     render_chat,
 )
-from edgellm.gguf.reader import load_gguf
+from edgellm.gguf.load import load_gguf
+from edgellm.testing.paths import FIXTURES
 from edgellm.tokenizer import Tokenizer
-
-FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def _load(path: Path) -> tuple[dict, Tokenizer, ChatTemplate]:

@@ -194,15 +194,15 @@ def test_llm_config_and_keywords_give_the_engine_the_same_settings(smollm2_path,
 
 def test_the_server_runs_its_engine_config(monkeypatch) -> None:
     """ServerState hands its EngineConfig to LLM as it is, and admits max_num_seqs + max_queue requests."""
-    import edgellm.server.app as app
-    from edgellm.server.protocol import ApiError
+    import edgellm.server.state as state_module
+    from edgellm.server.errors import ApiError
 
     def no_llm(**kwargs):  # noqa: ANN003, ANN202 - stands in for loading the model
         raise _Started(kwargs)
 
-    monkeypatch.setattr(app, "LLM", no_llm)
+    monkeypatch.setattr(state_module, "LLM", no_llm)
     config = ServerConfig(EngineConfig("m.gguf", n_ctx=64, max_num_seqs=3), max_queue=2)
-    state = app.ServerState(config)
+    state = state_module.ServerState(config)
     with pytest.raises(_Started) as got:
         state.load()
     assert got.value.args[0]["config"] is config.engine
@@ -216,12 +216,12 @@ def test_the_server_runs_its_engine_config(monkeypatch) -> None:
 
 def test_serve_models_passes_the_engine_flags_to_each_models_server(monkeypatch) -> None:
     """`serve --models` hands its flags on to every model's `edgellm serve`, whose parser takes them."""
-    import edgellm.server.multi as multi
+    import edgellm.server.multi_run as multi_run
 
     def no_router(models, host, port, keep_alive, models_max, child, presets, api_key):  # noqa: ANN001, ANN202
         raise _Started(models, child)
 
-    monkeypatch.setattr(multi, "run_multi_server", no_router)
+    monkeypatch.setattr(multi_run, "run_multi_server", no_router)
     argv = ["serve", "--models", "a,b", "--ctx", "64", "--threads", "1", "--max-num-seqs", "3"]
     argv += ["--top-k", "5"]
     with pytest.raises(_Started) as got:

@@ -1,6 +1,6 @@
 """CPU elementwise kernels: SwiGLU (ggml's AVX-512 vectorised form on every tile tier, libm on the portable
-one) and rotary embedding from the backend's cached cos/sin tables, against float64 references and each
-other."""
+one), rotary embedding from the backend's cached cos/sin tables and RMSNorm, against references (float64,
+or ggml's float32 formulas where the kernels follow its roundings) and each other."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 from edgellm.backends.cpu import ops, silu_ir, tiers
 from edgellm.backends.cpu.backend import CpuBackend
 from edgellm.gguf.rope import RopeParams
+from edgellm.testing.rope_ref import ggml_rope_ref
 
 TILE_TIERS = [t.name for t in tiers.compiled_tiers()]
 
@@ -91,8 +92,8 @@ def test_gated_act_is_batch_invariant(kind: str) -> None:
 
 @pytest.mark.parametrize("neox", [False, True])
 def test_rope_from_cached_tables(neox: bool) -> None:
-    """Rotary embedding through the backend's table (grown past its first 1024 positions) equals the
-    direct float64 formula to f32 rounding, and the table path equals the one-call path bit for bit."""
+    """Rotary embedding through the backend's table (grown past its first 1024 positions) equals ggml's
+    float32 rope (tests/test_rope.py's transcription) bit for bit, and so does the one-call path."""
     rng = np.random.default_rng(2)
     T, H, d, n_rot, base = 6, 3, 64, 48, 10000.0  # n_rot < d: the last 16 dims are left alone
     x = rng.standard_normal((T, H, d)).astype(np.float32)
@@ -105,15 +106,36 @@ def test_rope_from_cached_tables(neox: bool) -> None:
     one_call = x.copy()
     ops.rope_cpu(one_call, pos, rope)
     np.testing.assert_array_equal(got, one_call)
-    half = n_rot // 2
-    theta = pos[:, None].astype(np.float64) * base ** (-2.0 * np.arange(half) / n_rot)
-    a_idx, b_idx = (
-        (np.arange(half), np.arange(half) + half) if neox else (2 * np.arange(half), 2 * np.arange(half) + 1)
-    )
-    ref = x.astype(np.float64)
-    x0, x1 = ref[:, :, a_idx].copy(), ref[:, :, b_idx].copy()
-    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
-    ref[:, :, a_idx] = x0 * c - x1 * s
-    ref[:, :, b_idx] = x0 * s + x1 * c
-    np.testing.assert_allclose(got, ref, rtol=0, atol=2e-5)
+    np.testing.assert_array_equal(got, ggml_rope_ref(x, pos, rope))  # llama.cpp's float32 rope, bit for bit
     np.testing.assert_array_equal(got[:, :, n_rot:], x[:, :, n_rot:])
+
+
+def rmsnorm_ggml_ref(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """ggml's rms_norm then mul, written out: float32 squares summed in float64, mean = (float)(sum / n),
+    scale = 1.0f / sqrtf(mean + eps) in float32, out = (x * scale) * w."""
+    x = np.asarray(x, np.float32)
+    total = (x * x).astype(np.float64).sum(axis=-1)
+    mean = (total / x.shape[-1]).astype(np.float32)
+    scale = np.float32(1.0) / np.sqrt(mean + np.float32(eps))
+    return (x * scale[..., None]) * w
+
+
+def test_rmsnorm_is_ggmls_float32_formula() -> None:
+    """RMSNorm (rows and per-head) equals ggml's float32 roundings bit for bit; the same formula with the
+    scale computed in float64, as the kernel once did, differs in a share of the rows (so the bits here are
+    not an accident of the data)."""
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((64, 576)) * rng.uniform(0.01, 30, (64, 1))).astype(np.float32)
+    w = rng.uniform(0.2, 2.0, 576).astype(np.float32)
+    out = np.empty_like(x)
+    ops.rmsnorm_cpu(x, w, 1e-5, out)
+    want = rmsnorm_ggml_ref(x, w, 1e-5)
+    np.testing.assert_array_equal(out, want)
+    f64_scale = (1.0 / np.sqrt((x.astype(np.float64) ** 2).mean(axis=-1) + 1e-5)).astype(np.float32)
+    assert ((x * f64_scale[:, None]) * w != want).any(axis=-1).sum() >= 4
+    heads = x.reshape(64, 9, 64).copy()
+    ops.rmsnorm_heads_cpu(heads, w[:64], 1e-6)
+    np.testing.assert_array_equal(heads, rmsnorm_ggml_ref(x.reshape(64, 9, 64), w[:64], 1e-6))
+    aliased = x.copy()
+    ops.rmsnorm_cpu(aliased, w, 1e-5, aliased)  # out may alias x (the fused layer's post-norms)
+    np.testing.assert_array_equal(aliased, want)

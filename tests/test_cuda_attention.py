@@ -18,8 +18,8 @@ if not (os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or os.environ.get("EDGELLM
 
 from edgellm.backends.cuda.attention import _split_plan
 from edgellm.backends.cuda.config import ATTN_SPLIT_KEYS, MAX_ATTN_SPLITS
-from tests.test_backend_ops import nmse
-from tests.test_cuda_backend import BE, guarded, guards_intact
+from edgellm.testing.cuda_guards import BE, guarded, guards_intact
+from edgellm.testing.kernel_refs import nmse
 
 N_KV, GROUP, D, BS = 1, 2, 32, 16
 H = N_KV * GROUP
@@ -148,7 +148,7 @@ def test_split_attention_feeds_the_fused_quantization() -> None:
 
     from edgellm.backends.cuda.matmul import upload_weight
     from edgellm.quants.packing import pack_weight
-    from tests.test_backend_ops import random_raw
+    from edgellm.testing.kernel_refs import random_raw
 
     rng = np.random.default_rng(5)
     c = Cache("f16", [MID, SHORT], rng)

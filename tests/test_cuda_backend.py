@@ -42,7 +42,7 @@ if not (IN_SIM or ON_GPU):
     def test_cuda_unavailable_error_is_clear() -> None:
         from numba import cuda
 
-        from edgellm.backends.base import get_backend
+        from edgellm.backends import get_backend
         from edgellm.backends.cuda import CudaUnavailableError
 
         if cuda.is_available():
@@ -58,14 +58,13 @@ else:
 
     from edgellm.backends.cpu import ops as cpu_ops
     from edgellm.backends.cpu.matmul import matmul_cpu
-    from edgellm.backends.cuda import get_cuda_backend
-    from edgellm.backends.cuda.devarray import DeviceTensor
     from edgellm.backends.cuda.matmul import quantize_act, upload_weight
     from edgellm.gguf.rope import RopeParams
     from edgellm.quants import QUANT_TRAITS
     from edgellm.quants.activations import quantize_act_ref
     from edgellm.quants.packing import pack_weight
-    from tests.test_backend_ops import (
+    from edgellm.testing.cuda_guards import BE, guarded, guards_intact
+    from edgellm.testing.kernel_refs import (
         GELU_SPECIAL,
         NMSE_LIMIT,
         gelu_ref,
@@ -74,24 +73,6 @@ else:
         random_raw,
         reference_weight,
     )
-
-    GUARD = 2
-    BE = get_cuda_backend()
-
-    def guarded(host: np.ndarray) -> tuple[DeviceTensor, DeviceTensor]:
-        """A device buffer holding `host` inside NaN guards on every side; returns (whole, interior view)."""
-        shape = host.shape
-        full = np.full(tuple(s + 2 * GUARD for s in shape), np.nan, np.float32)
-        inner = tuple(slice(GUARD, GUARD + s) for s in shape)
-        full[inner] = host
-        whole = BE.from_host(full)
-        return whole, whole[inner]
-
-    def guards_intact(whole: DeviceTensor, shape: tuple[int, ...]) -> bool:
-        h = BE.to_host(whole)
-        mask = np.ones(h.shape, bool)
-        mask[tuple(slice(GUARD, GUARD + s) for s in shape)] = False
-        return bool(np.isnan(h[mask]).all())
 
     SHAPES = [(6, 256), (5, 512)]  # (N, K): odd N leaves a partial block; K a multiple of 256 (k-quants)
     # The device sees a type only as its int8 grouped form (group, activation mode, min): of the i-quants,
@@ -260,10 +241,10 @@ else:
         logits come to the host (compared across backends), the decode steps take the argmax where the logits
         are (on CUDA only the int32 id crosses the bus: checked with the backend's transfer counter)."""
         from edgellm.arch import ARCHITECTURES
-        from edgellm.backends.base import get_backend
+        from edgellm.backends import get_backend
         from edgellm.engine.model_runner import ModelRunner, RunItem
         from edgellm.gguf.config import config_from_gguf
-        from edgellm.gguf.reader import load_gguf
+        from edgellm.gguf.load import load_gguf
 
         g = load_gguf(path)
         cfg = config_from_gguf(g)

@@ -21,11 +21,11 @@ if not (os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or os.environ.get("EDGELLM
 from edgellm import SamplingParams
 from edgellm.backends.base import Backend
 from edgellm.engine.config import EngineConfig
-from edgellm.engine.core import EngineCore
+from edgellm.engine.core_process import EngineCoreProc
 from edgellm.gguf.rope import RopeParams
+from edgellm.testing.cuda_guards import BE, guarded, guards_intact
+from edgellm.testing.kernel_refs import nmse
 from edgellm.testing.synthetic import write_tiny_model
-from tests.test_backend_ops import nmse
-from tests.test_cuda_backend import BE, guarded, guards_intact
 
 
 def logits_rows(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -82,7 +82,7 @@ def test_decode_steps_of_one_shape_launch_alike(tiny: Path) -> None:
     from edgellm.backends.cuda import config
     from edgellm.engine.model_runner import ModelRunner, RunItem
     from edgellm.gguf.config import config_from_gguf
-    from edgellm.gguf.reader import load_gguf
+    from edgellm.gguf.load import load_gguf
 
     g = load_gguf(tiny)
     cfg = config_from_gguf(g)
@@ -126,19 +126,19 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def llms(tiny: Path) -> dict[str, EngineCore]:
+def llms(tiny: Path) -> dict[str, EngineCoreProc]:
     """Engine cores built in this process, to drive their engines step by step."""
     return {
-        be: EngineCore(EngineConfig(str(tiny), backend=be, n_ctx=64, kv_cache_memory=1 << 20))
+        be: EngineCoreProc(EngineConfig(str(tiny), backend=be, n_ctx=64, kv_cache_memory=1 << 20))
         for be in ("cpu", "cuda")
     }
 
 
 def run_steps(
-    llm: EngineCore, prompts: list[list[int]], params: SamplingParams
+    llm: EngineCoreProc, prompts: list[list[int]], params: SamplingParams
 ) -> tuple[list[list[int]], list, list]:
     """Drive the engine step by step: (tokens per prompt, logprobs, per step (copies, bytes) to the host)."""
-    eng = llm.engine
+    eng = llm.engine_core
     rids = [eng.add_request(p, params) for p in prompts]
     toks: dict[str, list[int]] = {r: [] for r in rids}
     lps, moved = [], []
@@ -147,15 +147,14 @@ def run_steps(
         if stats:
             stats.reset()
         for out in eng.step():
-            for d in out.deltas:
-                toks[out.request_id] += d.token_ids
-                lps += d.logprobs or []
+            toks[out.request_id] += out.new_token_ids
+            lps += out.logprobs or []
         if stats:
             moved.append((stats.to_host_copies, stats.to_host_bytes))
     return [toks[r] for r in rids], lps, moved
 
 
-def test_engine_greedy_on_device_moves_only_ids(llms: dict[str, EngineCore]) -> None:
+def test_engine_greedy_on_device_moves_only_ids(llms: dict[str, EngineCoreProc]) -> None:
     prompts = [[1, 17, 42, 99], [5, 6, 7]]
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     cpu_tokens, _, _ = run_steps(llms["cpu"], prompts, params)
@@ -165,7 +164,7 @@ def test_engine_greedy_on_device_moves_only_ids(llms: dict[str, EngineCore]) -> 
     assert moved == [(1, 8)] * 3
 
 
-def test_engine_speculative_greedy_verifies_on_device(llms: dict[str, EngineCore], tiny: Path) -> None:
+def test_engine_speculative_greedy_verifies_on_device(llms: dict[str, EngineCoreProc], tiny: Path) -> None:
     """Drafts verified with the device argmax of every scored row: plain decoding's tokens, ids only to
     the host. The drafts are the plain tokens with one wrong, so one verify step accepts and one rejects."""
     from edgellm.engine.spec.config import SpeculativeConfig
@@ -183,19 +182,19 @@ def test_engine_speculative_greedy_verifies_on_device(llms: dict[str, EngineCore
             pass
 
     spec = SpeculativeConfig("ngram", num_tokens=2, adaptive=False)
-    core = EngineCore(
+    core = EngineCoreProc(
         EngineConfig(str(tiny), backend="cuda", n_ctx=64, kv_cache_memory=1 << 20, speculative=spec)
     )
-    core.engine.speculator.proposer = Replay()
+    core.engine_core.speculator.proposer = Replay()
     [got], _, moved = run_steps(core, prompts, params)
-    stats = core.engine.stats()
+    stats = core.engine_core.stats()
     assert got == want
     # prefill -> t0; drafts [t1, wrong] -> t1 t2; one draft left within max_tokens: [t3] -> t3 t4
     assert (stats.spec_draft_tokens_total, stats.spec_accepted_tokens_total) == (3, 2)
     assert moved == [(1, 4), (1, 12), (1, 8)]  # one id per scored row
 
 
-def test_engine_logprobs_take_the_host_path(llms: dict[str, EngineCore]) -> None:
+def test_engine_logprobs_take_the_host_path(llms: dict[str, EngineCoreProc]) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, logprobs=2)
     cpu_tokens, cpu_lps, _ = run_steps(llms["cpu"], [[9, 8, 7]], params)
     cuda_tokens, cuda_lps, moved = run_steps(llms["cuda"], [[9, 8, 7]], params)
@@ -217,7 +216,7 @@ def forward_twice(
     from edgellm.backends.cuda import get_cuda_backend
     from edgellm.engine.model_runner import ModelRunner, RunItem
     from edgellm.gguf.config import config_from_gguf
-    from edgellm.gguf.reader import load_gguf
+    from edgellm.gguf.load import load_gguf
 
     g = load_gguf(path)
     cfg = config_from_gguf(g)
@@ -314,7 +313,7 @@ def test_fused_chains_with_k_quant_weights(qtype: str) -> None:
 
     from edgellm.backends.cuda.matmul import upload_weight
     from edgellm.quants.packing import pack_weight
-    from tests.test_backend_ops import random_raw
+    from edgellm.testing.kernel_refs import random_raw
 
     qt = GGMLQuantizationType[qtype]
     n, rng = 256, np.random.default_rng(9)
@@ -371,11 +370,11 @@ def test_fused_chains_with_k_quant_weights(qtype: str) -> None:
     assert (n_plain, n_fused) == (19, 10)  # 3 of them the contiguous copies of Q, K, V
 
 
-def test_engine_embeddings_match_the_cpu(llms: dict[str, EngineCore]) -> None:
+def test_engine_embeddings_match_the_cpu(llms: dict[str, EngineCoreProc]) -> None:
     """The final hidden states come back from the device (forward_hidden) and pool as on the CPU."""
     vectors = {}
     for be, core in llms.items():
-        eng = core.engine
+        eng = core.engine_core
         eng.add_embedding_request([3, 1, 4, 1, 5])
         while eng.has_unfinished():
             for out in eng.step():
@@ -418,7 +417,7 @@ def test_gemma2_granite_olmo2_logits_match_the_cpu(
     from edgellm.backends.cpu.backend import CpuBackend
     from edgellm.engine.model_runner import ModelRunner, RunItem
     from edgellm.gguf.config import config_from_gguf
-    from edgellm.gguf.reader import load_gguf
+    from edgellm.gguf.load import load_gguf
     from edgellm.testing.oracle_cases import GEMMA2_CAPS
 
     caps = GEMMA2_CAPS if arch == "gemma2" else {}
@@ -453,7 +452,7 @@ def test_phi3_smollm3_logits_match_the_cpu(arch: str, tmp_path: Path) -> None:
     from edgellm.backends.cpu.backend import CpuBackend
     from edgellm.engine.model_runner import ModelRunner, RunItem
     from edgellm.gguf.config import config_from_gguf
-    from edgellm.gguf.reader import load_gguf
+    from edgellm.gguf.load import load_gguf
 
     n_rot = 8
     phi3 = {
@@ -490,7 +489,7 @@ def test_moe_logits_match_the_cpu(tmp_path: Path) -> None:
     from edgellm.backends.cpu.backend import CpuBackend
     from edgellm.engine.model_runner import ModelRunner, RunItem
     from edgellm.gguf.config import config_from_gguf
-    from edgellm.gguf.reader import load_gguf
+    from edgellm.gguf.load import load_gguf
 
     path = write_tiny_model(
         tmp_path / "moe.gguf", "qwen3moe", "Q8_0", n_layers=1, n_embd=32, n_ff=64, head_dim=8,
@@ -505,3 +504,18 @@ def test_moe_logits_match_the_cpu(tmp_path: Path) -> None:
     cpu_logits = runner.run([RunItem([2, 3], [1, 17, 42], 0)]) + runner.run([RunItem([2, 3], [5], 3)])
     for got, want in zip(cuda_logits, cpu_logits, strict=True):
         assert nmse(got, want) < 1e-6
+
+
+def test_gpt_oss_is_refused_at_load_naming_the_backend(tmp_path: Path) -> None:
+    """The CUDA attention kernel has no attention sinks: a gpt-oss file is refused when the model is built,
+    naming the architecture and the backend, before any weight goes to the device."""
+    from edgellm.arch import ARCHITECTURES
+    from edgellm.gguf.config import UnsupportedArchitectureError, config_from_gguf
+    from edgellm.gguf.load import load_gguf
+
+    path = write_tiny_model(tmp_path / "oss.gguf", "gpt-oss", "F32", n_layers=1, n_expert=4)
+    g = load_gguf(path)
+    cfg = config_from_gguf(g)
+    refused = r"'gpt-oss' is not implemented on the cuda backend"
+    with pytest.raises(UnsupportedArchitectureError, match=refused):
+        ARCHITECTURES[cfg.arch](cfg, g, BE)

@@ -28,8 +28,8 @@ from edgellm.backends.cuda.matmul import quantize_act, upload_weight
 from edgellm.quants.activations import quantize_act_ref
 from edgellm.quants.packing import pack_weight
 from edgellm.quants.traits import get_traits
-from tests.test_backend_ops import nmse, random_raw
-from tests.test_cuda_backend import BE, guarded
+from edgellm.testing.cuda_guards import BE, guarded
+from edgellm.testing.kernel_refs import nmse, random_raw
 
 FULL = os.environ.get("EDGELLM_CUDA_TESTS") == "gpu" or os.environ.get("EDGELLM_CUDA_SIM_FULL") == "1"
 WIDTHS = [(T.Q4_1, 576), (T.Q4_K, 2048), (T.Q6_K, 1536)]
@@ -130,11 +130,11 @@ def test_real_shape_layers_match_the_cpu(name: str, tmp_path: Path) -> None:
     """Two layers at the real width, heads and vocabulary: a prompt longer than the split-K threshold, then
     greedy decode steps: the CPU's tokens, logits close."""
     from edgellm.arch import ARCHITECTURES
-    from edgellm.backends.base import get_backend
+    from edgellm.backends import get_backend
     from edgellm.backends.cuda.config import ATTN_SPLIT_KEYS
     from edgellm.engine.model_runner import ModelRunner, RunItem
     from edgellm.gguf.config import config_from_gguf
-    from edgellm.gguf.reader import load_gguf
+    from edgellm.gguf.load import load_gguf
     from edgellm.testing.real_shapes import SHAPES
     from edgellm.testing.synthetic import write_tiny_model
 

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from edgellm import SamplingParams
-from edgellm.backends.base import get_backend
+from edgellm.backends import get_backend
 from edgellm.engine.config import EngineConfig
-from edgellm.engine.core import EngineCore
-from edgellm.engine.outputs import CompletionDelta
+from edgellm.engine.core_process import EngineCoreProc
+from edgellm.engine.protocol import EngineCoreOutput
 from edgellm.sampling import MAX_DEVICE_TOP_K, Sampler, TopCandidates, device_candidates
 from edgellm.testing.synthetic import write_tiny_model
 
@@ -109,27 +109,27 @@ class DeviceSampling:
 
 
 @pytest.fixture(scope="module")
-def llm(tmp_path_factory: pytest.TempPathFactory) -> EngineCore:
+def llm(tmp_path_factory: pytest.TempPathFactory) -> EngineCoreProc:
     """An engine core built in this process, to drive its engine step by step."""
     path = write_tiny_model(tmp_path_factory.mktemp("tiny") / "llama.gguf", "llama")
-    return EngineCore(EngineConfig(str(path), n_ctx=128, kv_cache_memory=1 << 20))
+    return EngineCoreProc(EngineConfig(str(path), n_ctx=128, kv_cache_memory=1 << 20))
 
 
 def run_both(
-    llm: EngineCore, prompts: list[list[int]], params: list[SamplingParams]
+    llm: EngineCoreProc, prompts: list[list[int]], params: list[SamplingParams]
 ) -> tuple[list, list, list]:
     """(outputs with whole rows on the host, outputs through the device-sampling proxy, the proxy's log)."""
 
-    def run() -> list[list[CompletionDelta]]:
-        eng = llm.engine
+    def run() -> list[list[EngineCoreOutput]]:
+        eng = llm.engine_core
         rids = [eng.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
-        deltas: dict[str, list[CompletionDelta]] = {r: [] for r in rids}
+        deltas: dict[str, list[EngineCoreOutput]] = {r: [] for r in rids}
         while eng.has_unfinished():
             for out in eng.step():
-                deltas[out.request_id] += out.deltas
+                deltas[out.request_id].append(out)
         return [deltas[r] for r in rids]
 
-    runner = llm.engine.runner
+    runner = llm.engine_core.runner
     host = run()
     proxy = DeviceSampling(runner.be)
     runner.be = proxy
@@ -140,21 +140,21 @@ def run_both(
     return host, dev, proxy.log
 
 
-def tokens(outs: list[list[CompletionDelta]], index: int = 0) -> list[list[int]]:
-    return [[t for d in ds if d.index == index for t in d.token_ids] for ds in outs]
+def tokens(outs: list[list[EngineCoreOutput]], index: int = 0) -> list[list[int]]:
+    return [[t for d in ds if d.index == index for t in d.new_token_ids] for ds in outs]
 
 
 PROMPTS = [[1, 17, 42, 99], [5, 6, 7], [200, 3, 3, 3, 9, 11]]
 
 
-def test_engine_greedy_asks_only_for_ids(llm: EngineCore) -> None:
+def test_engine_greedy_asks_only_for_ids(llm: EngineCoreProc) -> None:
     params = [SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)] * 3
     host, dev, log = run_both(llm, PROMPTS, params)
     assert tokens(dev) == tokens(host) and all(len(t) == 6 for t in tokens(dev))
     assert log and {e[0] for e in log} == {"argmax"}
 
 
-def test_engine_top_k_sampling_asks_only_for_k_best(llm: EngineCore) -> None:
+def test_engine_top_k_sampling_asks_only_for_k_best(llm: EngineCoreProc) -> None:
     params = [
         SamplingParams(temperature=0.9, top_k=8, top_p=0.9, seed=11, max_tokens=6, ignore_eos=True),
         SamplingParams(temperature=1.5, top_k=3, seed=12, max_tokens=6, ignore_eos=True),
@@ -181,16 +181,18 @@ def test_engine_top_k_sampling_asks_only_for_k_best(llm: EngineCore) -> None:
     ],
     ids=["logprobs", "penalty", "mixed"],
 )
-def test_engine_whole_row_requests_take_the_host_path(llm: EngineCore, params: list[SamplingParams]) -> None:
+def test_engine_whole_row_requests_take_the_host_path(
+    llm: EngineCoreProc, params: list[SamplingParams]
+) -> None:
     host, dev, log = run_both(llm, PROMPTS[: len(params)], params)
     assert tokens(dev) == tokens(host)
     assert log and {e[0] for e in log} == {"logits"}
     if params[0].logprobs:
-        lp = [d.logprobs for ds in dev for d in ds if d.token_ids]
-        assert lp == [d.logprobs for ds in host for d in ds if d.token_ids] and all(lp)
+        lp = [d.logprobs for ds in dev for d in ds if d.new_token_ids]
+        assert lp == [d.logprobs for ds in host for d in ds if d.new_token_ids] and all(lp)
 
 
-def test_engine_parallel_sampling_forks_from_the_row_then_samples_on_device(llm: EngineCore) -> None:
+def test_engine_parallel_sampling_forks_from_the_row_then_samples_on_device(llm: EngineCoreProc) -> None:
     params = [SamplingParams(temperature=0.9, top_k=10, n=3, seed=21, max_tokens=4, ignore_eos=True)]
     host, dev, log = run_both(llm, PROMPTS[:1], params)
     for i in range(3):
@@ -199,8 +201,8 @@ def test_engine_parallel_sampling_forks_from_the_row_then_samples_on_device(llm:
     assert {e[0] for e in log[1:]} == {"top_k"}
 
 
-def test_score_still_returns_whole_rows(llm: EngineCore) -> None:
-    runner = llm.engine.runner
+def test_score_still_returns_whole_rows(llm: EngineCoreProc) -> None:
+    runner = llm.engine_core.runner
     runner.be = DeviceSampling(runner.be)
     try:
         rows = llm.score([1, 17, 42, 99])

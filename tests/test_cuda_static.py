@@ -4,9 +4,10 @@ processes of scripts/gpu_check.sh (and every engine start) load compiled kernels
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-CUDA_DIR = Path(__file__).resolve().parent.parent / "edgellm" / "backends" / "cuda"
+from edgellm.testing.paths import ROOT
+
+CUDA_DIR = ROOT / "edgellm" / "backends" / "cuda"
 
 
 def _jit_kernels() -> list[tuple[str, str, ast.expr]]:

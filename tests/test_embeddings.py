@@ -1,4 +1,4 @@
-"""Embedding requests in the engine (an in-process EngineCore on tiny synthetic models): chunked, batched
+"""Embedding requests in the engine (an in-process EngineCoreProc on tiny synthetic models): chunked, batched
 with generation and preempted like prompts, pooled per the GGUF's pooling_type, KV freed at the end.
 
 The reference for every vector is the same model's final hidden states of the whole input computed in one
@@ -16,9 +16,9 @@ import pytest
 
 from edgellm.engine.checks import PromptTooLongError
 from edgellm.engine.config import EngineConfig
-from edgellm.engine.core import EngineCore
+from edgellm.engine.core_process import EngineCoreProc
 from edgellm.engine.model_runner import RunItem
-from edgellm.engine.outputs import RequestOutput
+from edgellm.engine.protocol import EngineCoreOutput
 from edgellm.engine.sequence import Sequence
 from edgellm.sampling import SamplingParams
 from edgellm.testing.synthetic import write_tiny_model
@@ -27,9 +27,9 @@ CTX = 64
 TOL = 1e-6
 
 
-def _core(path: Path, **kw: object) -> EngineCore:
+def _core(path: Path, **kw: object) -> EngineCoreProc:
     spec = dict(n_ctx=CTX, kv_cache_memory=1 << 20, max_num_seqs=4, max_num_batched_tokens=8, threads=1)
-    return EngineCore(EngineConfig(str(path), **{**spec, **kw}))  # type: ignore[arg-type]
+    return EngineCoreProc(EngineConfig(str(path), **{**spec, **kw}))  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +44,9 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
-def reference(core: EngineCore, ids: list[int]) -> np.ndarray:
+def reference(core: EngineCoreProc, ids: list[int]) -> np.ndarray:
     """The input's final hidden states [n, n_embd] from one forward pass of its own (blocks borrowed)."""
-    bm = core.engine.scheduler.block_manager
+    bm = core.engine_core.scheduler.block_manager
     seq = Sequence(-1, ids)
     bm.allocate(seq, len(ids))
     try:
@@ -63,24 +63,26 @@ def pooled(h: np.ndarray, how: str) -> np.ndarray:
     return v / np.linalg.norm(v)
 
 
-def run_all(core: EngineCore, embed: list[list[int]], generate: list[list[int]] = ()) -> list[RequestOutput]:
+def run_all(
+    core: EngineCoreProc, embed: list[list[int]], generate: list[list[int]] = ()
+) -> list[EngineCoreOutput]:
     """Embedding requests and generation requests together, stepped to the end; the embeddings' final
     outputs in order."""
-    eng = core.engine
+    eng = core.engine_core
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     for g in generate:
         eng.add_request(g, params)
     rids = [eng.add_embedding_request(ids) for ids in embed]
-    got: dict[str, RequestOutput] = {}
+    got: dict[str, EngineCoreOutput] = {}
     while eng.has_unfinished():
         for out in eng.step():
             if out.embedding is not None:
-                assert out.finished and not out.deltas
+                assert out.request_finished and not out.new_token_ids
                 got[out.request_id] = out
     return [got[r] for r in rids]
 
 
-def vectors(core: EngineCore, embed: list[list[int]], generate: list[list[int]] = ()) -> list[np.ndarray]:
+def vectors(core: EngineCoreProc, embed: list[list[int]], generate: list[list[int]] = ()) -> list[np.ndarray]:
     return [out.embedding for out in run_all(core, embed, generate)]
 
 
@@ -100,7 +102,7 @@ def test_mean_vectors_batched_chunked_and_with_generation_equal_each_alone(model
         assert abs(np.linalg.norm(a) - 1) < TOL
         assert np.abs(a - ref).max() < TOL and np.abs(t - a).max() < TOL
     assert float(together[1] @ together[1]) == pytest.approx(1.0, abs=TOL)
-    bm = core.engine.scheduler.block_manager
+    bm = core.engine_core.scheduler.block_manager
     assert bm.num_free_blocks == bm.num_blocks  # every block back (the cached ones are evictable)
     assert core.stats()["num_running"] == 0
 
@@ -112,7 +114,7 @@ def test_preempted_embedding_recomputes_to_the_same_vector(models) -> None:
     ref = pooled(reference(core, xs[3]), "mean")
     gens = [xs[2][:20], xs[2][3:23], xs[1] * 4]
     [out] = run_all(core, [xs[3]], generate=gens)
-    assert out.metrics.num_preemptions >= 1  # how often depends on how the steps share the budget
+    assert out.num_preemptions >= 1  # how often depends on how the steps share the budget
     assert np.abs(out.embedding - ref).max() < TOL
 
 
@@ -130,7 +132,7 @@ def test_pooling_type_from_the_gguf(models, how: str) -> None:
 
 def test_bad_inputs_and_unsupported_pooling_are_clear_errors(models) -> None:
     core = _core(models["default"])
-    eng = core.engine
+    eng = core.engine_core
     with pytest.raises(PromptTooLongError, match=f"context window is {CTX}"):
         eng.add_embedding_request([1] * (CTX + 1))
     with pytest.raises(ValueError, match="empty input"):
@@ -139,4 +141,4 @@ def test_bad_inputs_and_unsupported_pooling_are_clear_errors(models) -> None:
         eng.add_embedding_request([core.config.n_vocab])
     assert not eng.has_unfinished()
     with pytest.raises(ValueError, match="'rank'"):
-        _core(models["rank"]).engine.add_embedding_request([1, 2])
+        _core(models["rank"]).engine_core.add_embedding_request([1, 2])

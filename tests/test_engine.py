@@ -6,16 +6,9 @@ from __future__ import annotations
 import pytest
 
 from edgellm import LLM, SamplingParams
-from edgellm.engine.llm_engine import PromptTooLongError
+from edgellm.engine.engine_core import PromptTooLongError
+from edgellm.testing.engine_fakes import PROMPTS, wait_idle
 
-PROMPTS = [
-    "The capital of France is",
-    "def add(a, b):\n    return",
-    "My favourite fruit is",
-    "1, 2, 3,",
-    "Once upon a time",
-    "The sky is blue because",
-]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
 
@@ -71,19 +64,6 @@ def test_preemption_under_tiny_kv_budget_completes_every_request(alone) -> None:
     assert stats.num_preemptions > 0
     assert stats.kv_blocks_used == 0 and stats.num_running == 0
     tiny.shutdown()
-
-
-def wait_idle(llm: LLM) -> None:
-    """Aborts reach the core asynchronously: wait (bounded) until its gauges say nothing runs."""
-    import time
-
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        s = llm.stats()
-        if s.num_running == 0 and s.num_waiting == 0 and s.kv_blocks_used == 0:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"the engine did not go idle: {llm.stats()}")
 
 
 def test_abort_frees_all_blocks(llm) -> None:

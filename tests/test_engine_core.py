@@ -16,12 +16,12 @@ import pytest
 
 from edgellm import LLM, SamplingParams
 from edgellm.engine.core_client import EngineDeadError
-from tests.test_engine import PROMPTS as ENGINE_PROMPTS
-from tests.test_engine import wait_idle
+from edgellm.testing.engine_fakes import PROMPTS as ENGINE_PROMPTS
+from edgellm.testing.engine_fakes import wait_idle
+from edgellm.testing.paths import ROOT
 
 PROMPTS = ENGINE_PROMPTS + ["Water boils at", "The first president of"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")

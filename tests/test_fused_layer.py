@@ -8,52 +8,25 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgellm.arch import ARCHITECTURES
 from edgellm.backends.cpu import tiers, vnni
-from edgellm.backends.cpu.backend import CpuBackend
-from edgellm.engine.model_runner import ModelRunner, RunItem
-from edgellm.gguf.config import config_from_gguf
-from edgellm.gguf.reader import load_gguf
+from edgellm.testing.fused import QTYPES
+from edgellm.testing.fused import load_runner as _load
+from edgellm.testing.fused import run_logits as _logits
 from edgellm.testing.oracle_cases import LLAMA_BIASES, SMALL, SOME_BIASES, bias_tensors
-from edgellm.testing.synthetic import ARCHS, DEFAULT_QTYPES, write_tiny_model
+from edgellm.testing.synthetic import ARCHS, write_tiny_model
 
 FUSED_TIERS = [t.name for t in tiers.compiled_tiers() if t.fused_layer]
 pytestmark = pytest.mark.skipif(
     not tiers.active_tier().fused_layer, reason="the fused layer needs a tile tier with F16C"
 )
-BS = 16
-# Q|K|V of three types (three stacked parts), and every matrix tiled
-QTYPES = {**DEFAULT_QTYPES, "ffn_down": "Q8_0"}
-
-
-def _load(path, fuse: bool, kv_dtype: str = "f16", tier: str | None = None):  # noqa: ANN001, ANN202
-    gguf = load_gguf(str(path))
-    cfg = config_from_gguf(gguf)
-    be = CpuBackend(tier)
-    be.fuse_layers = fuse
-    model = ARCHITECTURES[cfg.arch](cfg, gguf, be)
-    return model, ModelRunner(model, cfg, be, num_blocks=12, block_size=BS, kv_dtype=kv_dtype)
-
-
-def _logits(runner: ModelRunner, rng: np.random.Generator) -> list[np.ndarray]:
-    """Prefill two sequences (all logits), three decode steps of both, then one of the first alone."""
-    v = runner.cfg.n_vocab
-    a, b = rng.integers(0, v, 21).tolist(), rng.integers(0, v, 9).tolist()
-    tables = [[0, 1, 2], [3, 4]]
-    out = runner.run([RunItem(tables[0], a, 0, all_logits=True), RunItem(tables[1], b, 0, all_logits=True)])
-    for step in range(3):
-        t = rng.integers(0, v, 2).tolist()
-        out += runner.run([RunItem(tables[0], [t[0]], 21 + step), RunItem(tables[1], [t[1]], 9 + step)])
-    out += runner.run([RunItem(tables[0], [int(rng.integers(0, v))], 24)])
-    return out
 
 
 # no fused form: OLMo 2 (no pre-norms, whole-projection Q/K norms), StarCoder 2 and GPT-2 (LayerNorm, the
 # ungated MLP), a mixture of experts: the blocks run
-UNFUSED_ARCHS = ("olmo2", "starcoder2", "gpt2", "olmoe", "qwen3moe", "qwen2moe")
+UNFUSED_ARCHS = ("olmo2", "starcoder2", "gpt2", "olmoe", "qwen3moe", "qwen2moe", "gpt-oss")
 
 
-@pytest.mark.parametrize("arch", [a for a in ARCHS if a not in UNFUSED_ARCHS])
+@pytest.mark.parametrize("arch", [a for a in ARCHS if a not in UNFUSED_ARCHS + ("lfm2",)])
 def test_fused_layer_matches_blocks_bit_for_bit(tmp_path, arch: str) -> None:
     path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, QTYPES, n_layers=7 if arch == "gemma3" else 2)
     fused_model, fused = _load(path, True)
@@ -88,6 +61,18 @@ def test_fused_layer_runs_the_new_quant_types_bit_for_bit(tmp_path, qtypes: dict
     got, want = _logits(fused, np.random.default_rng(3)), _logits(plain, np.random.default_rng(3))
     for g, w in zip(got, want, strict=True):
         np.testing.assert_array_equal(g, w)
+def test_lfm2_fuses_its_attention_layers_only(tmp_path) -> None:
+    """LFM2's attention layers (per-head Q/K norms, NEOX rope) take the fused layer; its short-conv
+    layers run through the blocks; the logits are the blocks' bit for bit."""
+    path = write_tiny_model(tmp_path / "lfm2.gguf", "lfm2", QTYPES, n_layers=3)
+    fused_model, fused = _load(path, True)
+    assert [f is None for f in fused_model.fused] == fused_model.cfg.conv_layers == [True, False, True]
+    _, plain = _load(path, False)
+    got, want = _logits(fused, np.random.default_rng(1)), _logits(plain, np.random.default_rng(1))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
 @pytest.mark.parametrize("arch", UNFUSED_ARCHS)
 def test_fused_layer_declines_where_it_has_no_form(tmp_path, arch: str) -> None:
     path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, QTYPES)

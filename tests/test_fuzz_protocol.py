@@ -13,11 +13,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.requests import Request
 
+from edgellm.config import ServerConfig
 from edgellm.engine.config import EngineConfig
 from edgellm.sampling import Sampler
-from edgellm.server.app import ServerConfig, ServerState, build_app
+from edgellm.server.app import build_app
 from edgellm.server.auth import check_api_key, has_api_key
-from edgellm.server.protocol import ApiError, check_unicode, parse_chat, parse_completion
+from edgellm.server.errors import ApiError
+from edgellm.server.protocol import check_unicode, parse_chat, parse_completion
+from edgellm.server.state import ServerState
 from edgellm.testing.http_attacks import AsgiClient
 
 FIELDS = [

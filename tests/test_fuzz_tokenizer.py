@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edgellm.chat_template import CHATML_TEMPLATE, ChatTemplate
-from edgellm.gguf.reader import load_gguf
+from edgellm.gguf.load import load_gguf
 from edgellm.tokenizer import Tokenizer, TokenizerError
 from edgellm.tokenizer.bpe import BYTE_TO_CHAR
 from edgellm.tokenizer.spm import SPACE_ESCAPE

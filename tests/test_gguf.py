@@ -18,8 +18,10 @@ from gguf import GGMLQuantizationType as T
 from edgellm import LLM
 from edgellm.catalog import ModelNotFoundError
 from edgellm.gguf.config import UnsupportedArchitectureError
-from edgellm.gguf.reader import GGUFError, load_gguf
+from edgellm.gguf.load import load_gguf
+from edgellm.gguf.reader import GGUFError
 from edgellm.quants import UnsupportedQuantError
+from edgellm.testing.gguf_edit import record_start, write
 from edgellm.testing.synthetic import write_tiny_model
 from edgellm.tokenizer.vocab import TokenizerError
 
@@ -31,20 +33,6 @@ def tiny_bytes(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, gguf.GG
     """A valid tiny model's bytes, with gguf-py's parse of it (for the section boundaries)."""
     path = write_tiny_model(tmp_path_factory.mktemp("gguf") / "tiny.gguf", "llama")
     return path.read_bytes(), gguf.GGUFReader(path)
-
-
-def write(tmp_path: Path, data: bytes, name: str = "m.gguf") -> Path:
-    path = tmp_path / name
-    path.write_bytes(data)
-    return path
-
-
-def record_start(raw: bytes, text: str) -> int:
-    """Offset of a GGUF string record (u64 length + bytes) holding `text`; unique in the file."""
-    needle = struct.pack("<Q", len(text)) + text.encode()
-    at = raw.find(needle)
-    assert at >= 0 and raw.find(needle, at + 1) < 0, text
-    return at
 
 
 def patch_u32(raw: bytes, offset: int, value: int) -> bytes:

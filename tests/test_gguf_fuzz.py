@@ -32,13 +32,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edgellm.gguf.config import config_from_gguf
-from edgellm.gguf.reader import GGUFError, load_gguf
+from edgellm.gguf.load import load_gguf
+from edgellm.gguf.reader import GGUFError
 from edgellm.gguf.validation import tokenizer_from_gguf, validate_model
 from edgellm.testing.gguf_edit import read_editable, serialize
 from edgellm.testing.gguf_fuzz import LoadWorker, apply, exercise_tokenizer, mutations
+from edgellm.testing.paths import ROOT
 from edgellm.testing.synthetic import spm_vocab, write_tiny_model
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = ROOT
 EXAMPLES = int(os.environ.get("EDGELLM_FUZZ_EXAMPLES", "0"))
 STRUCTURED_EXAMPLES = EXAMPLES or 1000
 SHAPE_EXAMPLES = EXAMPLES // 10 or 100

@@ -1,4 +1,4 @@
-"""The fast reader (`edgellm.gguf.reader.load_gguf`) returns exactly what gguf-py's `GGUFReader` reads:
+"""The fast reader (`edgellm.gguf.load.load_gguf`) returns exactly what gguf-py's `GGUFReader` reads:
 metadata keys, values and types, and the tensor table, on tiny synthetic models, a file with every value
 type, and both real models. gguf-py needs ~3.6 s (SmolLM2) and ~18 s (Gemma 3) to open the real files.
 """
@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from gguf import GGUFValueType as V
 
-from edgellm.gguf.reader import load_gguf, release_mapped_pages
+from edgellm.gguf.load import load_gguf
+from edgellm.gguf.reader import release_mapped_pages
 from edgellm.testing.synthetic import write_tiny_model
 
 

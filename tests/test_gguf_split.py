@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgellm.gguf.reader import GGUFError, load_gguf, load_gguf_part
+from edgellm.gguf.load import load_gguf
+from edgellm.gguf.reader import GGUFError, load_gguf_part
 from edgellm.testing.gguf_edit import read_editable, serialize
 from edgellm.testing.synthetic import write_tiny_model
 

@@ -11,7 +11,8 @@ from gguf import GGUFValueType
 
 from edgellm import LLM
 from edgellm.gguf.config import config_from_gguf
-from edgellm.gguf.reader import GGUFError, load_gguf
+from edgellm.gguf.load import load_gguf
+from edgellm.gguf.reader import GGUFError
 from edgellm.gguf.validation import validate_model
 from edgellm.testing.synthetic import Typed, write_tiny_model
 

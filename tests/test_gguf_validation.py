@@ -19,13 +19,15 @@ from gguf import GGUFValueType as V
 
 from edgellm import LLM
 from edgellm.gguf.config import config_from_gguf
-from edgellm.gguf.reader import GGUFError, load_gguf
+from edgellm.gguf.load import load_gguf
+from edgellm.gguf.reader import GGUFError
 from edgellm.gguf.validation import tokenizer_from_gguf, validate_model
+from edgellm.testing.gguf_edit import record_start, write
+from edgellm.testing.paths import ROOT
 from edgellm.testing.synthetic import spm_vocab, write_tiny_model
-from tests.test_gguf import record_start, write
 
 LLM_KW = dict(n_ctx=64, kv_cache_memory=1 << 20, threads=1)
-REPO = Path(__file__).resolve().parents[1]
+REPO = ROOT
 
 # Loads a model and greedily generates 2 tokens; prints the GGUFError's message when loading refuses it.
 CHILD = textwrap.dedent(

@@ -17,8 +17,7 @@ from edgellm.grammar_limits import MAX_RULE_DEPTH, MAX_SCHEMA_DEPTH, check_gramm
 from edgellm.grammar_worker import GrammarPool
 from edgellm.server.tools import ToolRequest
 from edgellm.testing.grammar_attacks import PYDANTIC_WEATHER, REF_LOOP, SELF_REF, lark_chain, ref_chain
-
-ROOT = Path(__file__).resolve().parent.parent
+from edgellm.testing.paths import ROOT
 
 # Each case in a fresh interpreter: the old code died here by SIGSEGV (exit 139), taking the caller along.
 IN_PROCESS_ATTACKS = """
@@ -130,7 +129,7 @@ def test_required_tools_with_defs_and_refs_compile_with_each_refs_meaning_kept()
 @pytest.fixture(scope="module")
 def tokenizer_vocab(smollm2_path: Path):
     from edgellm.gguf.config import config_from_gguf
-    from edgellm.gguf.reader import load_gguf
+    from edgellm.gguf.load import load_gguf
     from edgellm.gguf.validation import tokenizer_from_gguf
 
     gguf = load_gguf(smollm2_path)

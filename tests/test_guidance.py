@@ -16,7 +16,7 @@ from edgellm import LLM, SamplingParams
 from edgellm.chat_template import ChatTemplate
 from edgellm.chat_tools import parse_tool_calls
 from edgellm.grammar import GrammarError, compile_grammar
-from tests.test_engine import PROMPTS
+from edgellm.testing.engine_fakes import PROMPTS
 
 SCHEMA = {
     "type": "object",

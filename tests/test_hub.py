@@ -13,12 +13,12 @@ import pytest
 
 from edgellm import hub
 from edgellm.catalog import ModelNotFoundError, resolve_model
-from edgellm.gguf.reader import load_gguf
+from edgellm.gguf.load import load_gguf
 from edgellm.hub import HubError, HubRef, choose_files, parse_hub_ref
 from edgellm.testing.fake_hub import FakeHub
+from edgellm.testing.paths import ROOT
 from edgellm.testing.synthetic import write_tiny_model
 
-ROOT = Path(__file__).resolve().parents[1]
 REPO = "test-org/tiny-GGUF"
 
 

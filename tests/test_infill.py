@@ -13,7 +13,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from edgellm.gguf.reader import load_gguf
+from edgellm.gguf.load import load_gguf
 from edgellm.testing.api_attacks import INFILL, error_message
 from edgellm.testing.servers import httpx, start_server, stop_server
 from edgellm.testing.synthetic import Typed, write_tiny_model

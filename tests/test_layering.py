@@ -1,5 +1,7 @@
 """Which package may import which: host code shared by backends (quants/) imports no backend, and no
-backend imports another's modules, so a backend can be removed or replaced without touching the others."""
+backend imports another's modules, so a backend can be removed or replaced without touching the others;
+no module of edgellm/ or tui/ imports, however lazily, one that imports it back; and the front-ends load
+neither Numba nor a backend."""
 
 import ast
 import subprocess
@@ -8,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
-PKG = Path(__file__).resolve().parent.parent / "edgellm"
+from edgellm.testing.paths import ROOT
+
+PKG = ROOT / "edgellm"
+CYCLE_CHECKED = ("edgellm", "tui")
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -52,5 +57,215 @@ def test_front_ends_load_no_numba() -> None:
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=PKG.parent, timeout=120
     )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+# The engine core's modules: they run in the core process only.
+CORE_MODULES = (
+    "edgellm.arch",
+    "edgellm.backends",
+    "edgellm.engine.block_manager",
+    "edgellm.engine.core_process",
+    "edgellm.engine.engine_core",
+    "edgellm.engine.guidance",
+    "edgellm.engine.model_runner",
+    "edgellm.engine.pooling",
+    "edgellm.engine.prefix_cache",
+    "edgellm.engine.request",
+    "edgellm.engine.scheduler",
+    "edgellm.engine.scheduler_types",
+    "edgellm.engine.sequence",
+    "edgellm.engine.spec.build",
+    "edgellm.engine.spec.draft",
+    "edgellm.engine.spec.speculator",
+)
+# The front-end's side of the engine: what LLM, the server and the TUI import of it.
+FRONT_END_MODULES = ["config.py", "engine/checks.py", "engine/config.py", "engine/core_client.py",
+                     "engine/frontend.py", "engine/outputs.py", "engine/protocol.py", "llm.py"]  # fmt: skip
+
+
+def top_level_imports(path: Path) -> set[str]:
+    """Modules a file imports when it is imported (not those inside functions or `if TYPE_CHECKING:`)."""
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def is_core(module: str) -> bool:
+    return any(module == m or module.startswith(m + ".") for m in CORE_MODULES)
+
+
+@pytest.mark.parametrize("name", FRONT_END_MODULES)
+def test_front_end_modules_import_nothing_of_the_core(name: str) -> None:
+    offenders = sorted(m for m in top_level_imports(PKG / name) if is_core(m))
+    assert not offenders, offenders
+
+
+def test_protocol_imports_nothing_of_edgellm() -> None:
+    """The messages are shared by both sides: plain dataclasses, the types they name only for checkers."""
+    assert not [m for m in top_level_imports(PKG / "engine/protocol.py") if m.startswith("edgellm")]
+
+
+def test_front_ends_load_no_model_runner_or_backend() -> None:
+    """LLM, the server and the TUI reach the engine core through protocol.py's messages: importing them
+    loads no model, runner, backend, scheduler or step loop."""
+    code = (
+        "import sys, edgellm, edgellm.cli, edgellm.server.app, tui.app\n"
+        f"core = {CORE_MODULES!r}\n"
+        "print(sorted(m for m in sys.modules if any(m == c or m.startswith(c + '.') for c in core)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=PKG.parent, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+# ---- import cycles ---------------------------------------------------------------------------------
+def module_files(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of `packages` under `root`."""
+    out = {}
+    for pkg in packages:
+        for path in sorted((root / pkg).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+def module_imports(name: str, path: Path, known: dict[str, Path]) -> dict[str, int]:
+    """The modules of `known` that `name` imports -> the line of the first such import. Every import
+    counts: at module level, inside a function (a lazy import still runs, and is how a cycle hides),
+    and under `if TYPE_CHECKING` (a cycle for the reader and the type checker). `from P import x` names
+    the submodule P.x when there is one, else P; relative imports resolve against the module's package."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    out: dict[str, int] = {}
+
+    def add(target: str, line: int) -> None:
+        if target != name and target in known:
+            out.setdefault(target, line)
+
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                target = alias.name
+                while target and target not in known:  # `import a.b.c` where only a.b is ours
+                    target = target.rpartition(".")[0]
+                add(target, node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            for alias in node.names:
+                sub = f"{module}.{alias.name}"
+                add(sub if sub in known else module, node.lineno)
+    return out
+
+
+def import_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """One cycle (a, b, ..., a) through each strongly connected group of modules (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.add(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(group)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    cycles = []
+    for group in groups:  # the shortest way from the group's first module back to it, breadth first
+        start = min(group)
+        came_from: dict[str, str] = {}
+        frontier = [start]
+        while start not in came_from:
+            step = []
+            for v in frontier:
+                for w in sorted(graph[v]):
+                    if w in group and w not in came_from:
+                        came_from[w] = v
+                        step.append(w)
+            frontier = step
+        path = [start]
+        while came_from[path[-1]] != start:
+            path.append(came_from[path[-1]])
+        cycles.append([start, *reversed(path[1:]), start])
+    return cycles
+
+
+def describe_cycle(cycle: list[str], graph: dict[str, dict[str, int]]) -> str:
+    return " -> ".join(
+        f"{a} (line {graph[a][b]})" if b else a for a, b in zip(cycle, [*cycle[1:], None], strict=True)
+    )
+
+
+def package_cycles(root: Path, packages: tuple[str, ...]) -> list[str]:
+    known = module_files(root, packages)
+    graph = {name: module_imports(name, path, known) for name, path in known.items()}
+    return [describe_cycle(c, graph) for c in import_cycles(graph)]
+
+
+def test_no_import_cycle() -> None:
+    """A cycle makes import order matter and hides in lazy imports; the shared piece belongs in a module
+    both sides import."""
+    cycles = package_cycles(ROOT, CYCLE_CHECKED)
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_the_cycle_walk_finds_lazy_relative_and_type_only_cycles(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from . import b\n")  # pkg.sub -> pkg.sub.b
+    (pkg / "a.py").write_text("def f():\n    from pkg.sub import b\n")  # lazy: pkg.a -> pkg.sub.b
+    (pkg / "sub" / "b.py").write_text("from ..a import f\n")  # relative: pkg.sub.b -> pkg.a
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.d\n")
+    (pkg / "d.py").write_text("import pkg.c\nimport json\n")
+    (pkg / "e.py").write_text("import pkg.d\n")  # imports into a cycle without being in it
+    assert package_cycles(tmp_path, ("pkg",)) == [
+        "pkg.a (line 2) -> pkg.sub.b (line 1) -> pkg.a",
+        "pkg.c (line 3) -> pkg.d (line 1) -> pkg.c",
+    ]
+
+
+def test_front_ends_load_no_backend() -> None:
+    """A front-end names a backend for the engine core to load; the kernels of neither backend (their
+    Numba code, CUDA's driver) are loaded where requests are parsed."""
+    code = (
+        "import sys, edgellm, edgellm.cli, edgellm.llm, edgellm.engine.core_client, edgellm.server.app\n"
+        "import tui.app\n"
+        "backends = ('edgellm.backends.cpu', 'edgellm.backends.cuda')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(backends)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

@@ -17,7 +17,7 @@ import pytest
 
 from edgellm import LLM, SamplingParams
 from edgellm.backends.cpu import tiers
-from tests.conftest import FIXTURES
+from edgellm.testing.paths import FIXTURES
 
 MODELS = ["smollm2-135m", "gemma3-270m"]
 # Logits. llama.cpp's own token-by-token and batched runs of the score text differ by rms 0.20 / 0.21 and

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,14 +16,16 @@ import numpy as np
 import pytest
 
 from edgellm.arch import ARCHITECTURES
-from edgellm.arch.moe import group_by_expert, route_top_k
+from edgellm.arch.common import weight_bytes_per_token
+from edgellm.arch.moe import group_by_expert, route_softmax_weight, route_top_k
 from edgellm.backends.cpu.backend import CpuBackend
-from edgellm.engine.core import weight_bytes_per_token
 from edgellm.engine.model_runner import ModelRunner, RunItem
-from edgellm.gguf.config import UnsupportedArchitectureError, config_from_gguf
-from edgellm.gguf.reader import GGUFError, load_gguf
+from edgellm.gguf.config import config_from_gguf
+from edgellm.gguf.load import load_gguf
+from edgellm.gguf.reader import GGUFError
 from edgellm.gguf.validation import validate_model
-from edgellm.testing.oracle_cases import MOE, MOE_QTYPES, QWEN2MOE, QWEN3MOE
+from edgellm.testing.oracle_cases import GPT_OSS_QTYPES, MOE, MOE_QTYPES, QWEN2MOE, QWEN3MOE
+from edgellm.testing.paths import SCRIPTS
 from edgellm.testing.synthetic import write_tiny_model
 
 BS = 16
@@ -38,8 +41,9 @@ def _runner(path: Path) -> ModelRunner:
 
 @pytest.mark.parametrize(
     ("arch", "qtypes", "writer"),
-    [("qwen3moe", MOE_QTYPES, QWEN3MOE), ("llama", "F32", MOE), ("qwen2moe", "Q8_0", QWEN2MOE)],
-    ids=["qwen3moe_mix", "llama_moe_f32", "qwen2moe_q8_0"],
+    [("qwen3moe", MOE_QTYPES, QWEN3MOE), ("llama", "F32", MOE), ("qwen2moe", "Q8_0", QWEN2MOE),
+     ("gpt-oss", GPT_OSS_QTYPES, {**MOE, "n_ff_exp": 64})],  # gpt-oss: its sinks, window 4 on even layers
+    ids=["qwen3moe_mix", "llama_moe_f32", "qwen2moe_q8_0", "gpt_oss_mxfp4"],
 )
 def test_logits_do_not_depend_on_the_rest_of_the_batch(tmp_path: Path, arch: str, qtypes, writer) -> None:
     """Sequence A scored alone, then beside B and C (whose tokens route to other experts and share A's),
@@ -141,14 +145,28 @@ def test_bench_json_reports_active_and_total_weight_bytes(tmp_path: Path) -> Non
     assert 0.9 < result["weight_bytes_vs_gguf"] < 1.1  # every expert counted once, at the file's width
 
 
-def test_gpt_oss_is_refused_naming_it(tmp_path: Path) -> None:
-    path = write_tiny_model(
-        tmp_path / "m.gguf", "llama", "F32", metadata_overrides={"general.architecture": "gpt-oss"}
-    )
-    with pytest.raises(
-        UnsupportedArchitectureError, match=r"'gpt-oss' is not implemented \(it needs attention"
-    ):
-        config_from_gguf(load_gguf(str(path)))
+def test_gpt_oss_loads_and_refuses_a_file_without_its_sinks(tmp_path: Path) -> None:
+    """gpt-oss loads and runs (its logits: tests/test_oracle_cases.py, gpt_oss_*); llama.cpp requires its
+    attention sinks and its biases, so a file without them is refused naming the tensor."""
+    path = write_tiny_model(tmp_path / "m.gguf", "gpt-oss", "F32", n_expert=8, n_expert_used=2)
+    runner = _runner(path)
+    assert np.isfinite(runner.run([RunItem([0, 1], list(range(3, 30)), 0, all_logits=True)])[0]).all()
+    for name in ("blk.1.attn_sinks.weight", "blk.0.ffn_down_exps.bias", "output.weight"):
+        path = write_tiny_model(tmp_path / "s.gguf", "gpt-oss", "F32", skip_tensors=[name])
+        with pytest.raises(GGUFError, match=rf"missing tensor '{re.escape(name)}'"):
+            _runner(path)
+
+
+def test_softmax_weight_routing_weights_the_selected_logits() -> None:
+    """gpt-oss (llama.cpp's SOFTMAX_WEIGHT): the top k logits, then a softmax over those k only."""
+    logits = np.array([[0.0, 2.0, 1.0, 2.0], [3.0, -1.0, 0.5, 0.0]], np.float32)
+    ids, w = route_softmax_weight(logits, 2)
+    np.testing.assert_array_equal(ids, [[1, 3], [0, 2]])  # ties: the lower id first
+    np.testing.assert_allclose(w[0], [0.5, 0.5], rtol=1e-6)
+    e = np.exp([3.0, 0.5])
+    np.testing.assert_allclose(w[1], e / e.sum(), rtol=1e-6)
+    _, w_all = route_top_k(logits, 2, renormalise=False)  # olmoe's rule: the probabilities over all four
+    assert not np.allclose(w[1], w_all[1], rtol=1e-3)
 
 
 def test_expert_metadata_errors_name_the_key(tmp_path: Path) -> None:
@@ -177,7 +195,7 @@ def test_make_bench_model_writes_a_qwen3moe_file_edgellm_runs(tmp_path: Path, sm
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "make_bench_model", Path(__file__).parent.parent / "scripts" / "make_bench_model.py"
+        "make_bench_model", SCRIPTS / "make_bench_model.py"
     )
     mbm = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mbm)

@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 from edgellm.testing.oracle_cases import CASES, nmse, score_edgellm, top1_agreement
+from edgellm.testing.paths import ORACLE_FIXTURES
 
-FIXTURES = Path(__file__).parent / "fixtures" / "oracle"
+FIXTURES = ORACLE_FIXTURES
 
 
 def test_every_case_has_a_fixture() -> None:

@@ -1,4 +1,4 @@
-"""Prefix-aware replica choice (edgellm/server/prefix_router.py): pure Python, no Ray."""
+"""Prefix-aware replica choice (edgellm/server/replicas/prefix_router.py): pure Python, no Ray."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from edgellm.engine.prefix_cache import HashPrefixCache, block_keys
-from edgellm.server.prefix_router import (
+from edgellm.server.replicas.prefix_router import (
     BusyRule,
     Choice,
     PrefixAffinity,

@@ -17,18 +17,11 @@ from edgellm import LLM, SamplingParams
 from edgellm.chat_template import ChatTemplate
 from edgellm.engine.outputs import TextStream
 from edgellm.reasoning import REASONING_END, THINK_CLOSE, THINK_OPEN, configure, split_mode, thinking_plan
+from edgellm.testing.reasoning import ASK, BUDGET, THINKING_TEMPLATE
+from edgellm.testing.servers import serve as _start
 from edgellm.testing.synthetic import write_tiny_model
 from edgellm.tokenizer import Tokenizer
-from tests.test_server import _start
 
-THINKING_TEMPLATE = (
-    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n"
-    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
-    "{% else %}<think>\n{% endif %}{% endif %}"
-)
-BUDGET = 6
-ASK = [{"role": "user", "content": "Is the cat in the world?"}]
 # The tiny vocabulary's specials (<|endoftext|>, <|im_start|>, <|im_end|>) kept out: the reply runs to
 # max_tokens, so there is always an answer after the forced close.
 NO_SPECIALS = {"0": -100, "1": -100, "2": -100}
@@ -213,7 +206,7 @@ def test_tui_shows_the_reasoning_folded_above_the_answer(tmp_path: Path, thinkin
 
     from textual.widgets import Collapsible, Static
 
-    from tests.test_tui import SIZE, wait_for
+    from tests.tui.pilot import SIZE, wait_for
     from tui.app import ChatApp
     from tui.local_backend import LocalBackend
     from tui.messages import GenerationSettings

@@ -15,9 +15,9 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from edgellm.cli import build_parser, main
-from edgellm.server.asgi_relay import Relay, app_messages, portable_scope, read_body
-from edgellm.server.protocol import ApiError
-from edgellm.server.replica_metrics import label_replicas
+from edgellm.server.errors import ApiError
+from edgellm.server.replicas.asgi_relay import Relay, app_messages, portable_scope, read_body
+from edgellm.server.replicas.replica_metrics import label_replicas
 
 SCOPE = {
     "type": "http",

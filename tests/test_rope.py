@@ -12,45 +12,11 @@ import pytest
 from edgellm.backends.cpu import ops
 from edgellm.backends.cpu.backend import CpuBackend
 from edgellm.gguf.config import config_from_gguf
-from edgellm.gguf.reader import GGUFError, load_gguf
+from edgellm.gguf.load import load_gguf
+from edgellm.gguf.reader import GGUFError
 from edgellm.gguf.rope import RopeParams
+from edgellm.testing.rope_ref import ggml_rope_ref
 from edgellm.testing.synthetic import write_tiny_model
-
-
-def ggml_rope_ref(x, pos, rope: RopeParams) -> np.ndarray:  # noqa: ANN001
-    """llama.cpp's rope (ggml-cpu ggml_rope_cache_init / rope_yarn / rotate_pairs, ggml.c
-    ggml_rope_yarn_corr_dims) written out per element in float64, the loop structure as ggml's."""
-    n_dims = rope.n_rot
-    theta_scale = rope.base ** (-2.0 / n_dims)
-
-    def corr_dim(beta: float) -> float:
-        return n_dims * math.log(rope.n_ctx_orig / (beta * 2 * math.pi)) / (2 * math.log(rope.base))
-
-    if rope.ext_factor != 0.0:
-        low = max(0.0, math.floor(corr_dim(rope.beta_fast)))
-        high = min(n_dims - 1.0, math.ceil(corr_dim(rope.beta_slow)))
-    out = np.asarray(x, np.float64).copy()
-    for t, p in enumerate(pos):
-        theta = float(p)
-        for i0 in range(0, n_dims, 2):
-            ff = rope.freq_factors[i0 // 2] if rope.freq_factors else 1.0
-            theta_extrap = theta / ff
-            theta_interp = rope.freq_scale * theta_extrap
-            th, mscale = theta_interp, rope.attn_factor
-            if rope.ext_factor != 0.0:
-                # rope_yarn_ramp in float32 as ggml: far out a mix 1 ulp off moves theta by ~1e-5
-                y = np.float32(i0 // 2 - low) / np.float32(max(0.001, high - low))
-                ramp_mix = float(np.float32(1) - min(np.float32(1), max(np.float32(0), y))) * rope.ext_factor
-                th = theta_interp * (1 - ramp_mix) + theta_extrap * ramp_mix
-                mscale *= 1.0 + 0.1 * math.log(1.0 / rope.freq_scale)
-            c, s = math.cos(th) * mscale, math.sin(th) * mscale
-            a, b = (i0 // 2, i0 // 2 + n_dims // 2) if rope.neox else (i0, i0 + 1)
-            x0, x1 = out[t, :, a].copy(), out[t, :, b].copy()
-            out[t, :, a] = x0 * c - x1 * s
-            out[t, :, b] = x0 * s + x1 * c
-            theta *= theta_scale
-    return out
-
 
 STRONG_FACTORS = tuple(float(f) for f in np.geomspace(1.0, 40.0, 24))
 ROPES = {
@@ -69,8 +35,8 @@ ROPES = {
 
 @pytest.mark.parametrize("name", ROPES)
 def test_rope_tables_match_llamacpp_formulas(name: str) -> None:
-    """The backend's cos/sin tables (every scaling folded into one frequency per pair and mscale) rotate
-    as llama.cpp's rope does, to f32 rounding, at positions past the 1,024 of the first table."""
+    """The backend's cos/sin tables rotate as llama.cpp's CPU rope does, bit for bit, at positions past the
+    1,024 of the first table."""
     rope = ROPES[name]
     rng = np.random.default_rng(7)
     T, H, d = 7, 2, 64  # n_rot 48 < d: the last 16 dims pass through
@@ -83,7 +49,7 @@ def test_rope_tables_match_llamacpp_formulas(name: str) -> None:
     ops.rope_cpu(one_call, pos, rope)
     np.testing.assert_array_equal(got, one_call)
     ref = ggml_rope_ref(x, pos, rope)
-    np.testing.assert_allclose(got, ref, rtol=0, atol=3e-5 * max(1.0, rope.mscale))
+    np.testing.assert_array_equal(got, ref)
     np.testing.assert_array_equal(got[:, :, 48:], x[:, :, 48:])
 
 

@@ -133,7 +133,8 @@ def test_temperature_sampling_follows_the_softmax() -> None:
 
 @pytest.mark.parametrize("name", sorted(PARAM_BOUNDS))
 def test_sampling_params_and_the_server_share_one_set_of_bounds(name: str) -> None:
-    from edgellm.server.protocol import ApiError, parse_completion
+    from edgellm.server.errors import ApiError
+    from edgellm.server.protocol import parse_completion
 
     lo, hi, lo_open = PARAM_BOUNDS[name]
     outside = [hi + 0.01, lo - 0.01] + ([lo] if lo_open else [])

@@ -14,51 +14,7 @@ import pytest
 
 from edgellm.engine.scheduler import Scheduler, SchedulerConfig, SchedulerPlan
 from edgellm.engine.sequence import Sequence, SequenceStatus
-
-
-def next_token(tokens: list[int]) -> int:
-    return (sum((i + 1) * t for i, t in enumerate(tokens)) + 7 * len(tokens)) % 997
-
-
-class FakeRunner:
-    def __init__(self, sched: Scheduler) -> None:
-        self.sched = sched
-        cfg = sched.config
-        self.kv = [-1] * (cfg.num_blocks * cfg.block_size)  # -1: slot never written
-
-    def step(self) -> tuple[SchedulerPlan, list[Sequence]]:
-        plan = self.sched.schedule()
-        bm, bs = self.sched.block_manager, self.sched.config.block_size
-        for src, dst in plan.block_copies:
-            self.kv[dst * bs : (dst + 1) * bs] = self.kv[src * bs : (src + 1) * bs]
-        for seq, n in plan.scheduled:
-            start = seq.num_computed_tokens
-            for slot, tok in zip(
-                bm.slot_mapping(seq, start, n), seq.tokens_to_compute(n), strict=True
-            ):
-                self.kv[slot] = tok
-        sampled: dict[int, list[int]] = {}
-        for seq, _ in plan.scheduled:
-            if seq.seq_id in plan.sample_seq_ids:
-                cached = [self.kv[s] for s in bm.slot_mapping(seq, 0, seq.num_tokens)]
-                assert cached == seq.token_ids, f"KV of sequence {seq.seq_id} is corrupt"
-                sampled[seq.seq_id] = [next_token(cached)]
-        return plan, self.sched.postprocess(plan, sampled)
-
-    def run(self, max_steps: int = 1000) -> list[Sequence]:
-        done: list[Sequence] = []
-        for _ in range(max_steps):
-            if not self.sched.has_unfinished():
-                return done
-            done.extend(self.step()[1])
-        raise AssertionError("scheduler did not drain")
-
-
-def reference_output(prompt: list[int], max_tokens: int) -> list[int]:
-    tokens = list(prompt)
-    for _ in range(max_tokens):
-        tokens.append(next_token(tokens))
-    return tokens[len(prompt) :]
+from edgellm.testing.engine_fakes import FakeRunner, reference_output
 
 
 def ids(plan: SchedulerPlan) -> list[tuple[int, int]]:
@@ -230,12 +186,10 @@ def test_abort_running_and_waiting_returns_the_pool(prefix_caching: bool) -> Non
     assert sched.abort(1) is None and not sched.has_unfinished()
 
 
-def test_stop_check_callback_and_explicit_finish() -> None:
+def test_stop_token_and_explicit_finish() -> None:
     cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=8, block_size=4, num_blocks=8)
-    sched = Scheduler(
-        cfg, stop_check=lambda s: SequenceStatus.FINISHED_STOPPED if s.num_output_tokens == 2 else None
-    )
-    runner = FakeRunner(sched)
+    sched = Scheduler(cfg)
+    runner = FakeRunner(sched, stop_ids=frozenset({reference_output([1, 2, 3], 2)[1]}))  # its 2nd token
     sched.add(Sequence(0, [1, 2, 3], max_tokens=10))
     sched.add(Sequence(1, [4, 5, 6], max_tokens=10))
     runner.step()

@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,63 +15,11 @@ from pathlib import Path
 import openai
 import pytest
 
-try:  # the openai client's HTTP library: httpx, or its successor httpx2 in recent openai releases
-    import httpx
-except ImportError:
-    import httpx2 as httpx  # type: ignore[no-redef]
+from edgellm.testing.servers import CTX, MODEL, MSGS, NO_EOS, httpx
+from edgellm.testing.servers import metrics as _metrics
+from edgellm.testing.servers import serve as _start
 
-CTX = 256
 BODY_LIMIT = 65536
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(model: Path, *args: str) -> Iterator[str]:
-    port = _free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "edgellm.server",
-        str(model),
-        "--port",
-        str(port),
-        "--ctx",
-        str(CTX),
-        "--threads",
-        "1",
-    ]
-    cmd += args  # one kernel thread: no OpenMP spin-waiting against the test client for the 2 cores
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180  # a cold Numba compile on first use
-        seen_loading = False
-        while True:
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else "server exited"
-            try:
-                r = httpx.get(f"{url}/health", timeout=2)
-                if r.status_code == 200:
-                    break
-                assert r.status_code == 503 and r.json()["status"] == "loading"
-                seen_loading = True
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not become healthy"
-            time.sleep(0.05)
-        del seen_loading  # whether 503 was caught depends on timing; its body is checked when it is
-        yield url
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -86,21 +32,6 @@ def server(smollm2_path: Path) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def client(server: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0, timeout=60)
-
-
-MODEL = "SmolLM2-135M-Instruct.Q4_1"
-MSGS = [{"role": "user", "content": "What is the capital of France?"}]
-NO_EOS = {"0": -100, "2": -100, "4": -100}  # SmolLM2's end-of-generation ids: keeps a request running
-
-
-def _metrics(url: str, key: str | None = None) -> dict[str, float]:
-    out = {}
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    for line in httpx.get(f"{url}/metrics", headers=headers).text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[re.sub(r'model_name="[^"]*",?', "", name).replace("{}", "")] = float(value)
-    return out
 
 
 def test_models_health_tokenize(server: str, client: openai.OpenAI) -> None:
@@ -366,7 +297,8 @@ def test_api_key_and_queue_full(guarded_server: str) -> None:
 
 def test_loopback_detection_and_request_validation() -> None:
     from edgellm.server import _is_loopback
-    from edgellm.server.protocol import ApiError, parse_chat, parse_completion
+    from edgellm.server.errors import ApiError
+    from edgellm.server.protocol import parse_chat, parse_completion
 
     assert _is_loopback("127.0.0.1") and _is_loopback("::1") and _is_loopback("localhost")
     assert not _is_loopback("0.0.0.0") and not _is_loopback("192.168.1.10")
@@ -393,8 +325,8 @@ def test_loopback_detection_and_request_validation() -> None:
 
 def test_server_sampling_defaults_fill_only_what_a_request_omits() -> None:
     from edgellm.cli import build_parser
+    from edgellm.config import ServerConfig
     from edgellm.engine.config import EngineConfig
-    from edgellm.server.app import ServerConfig
     from edgellm.server.protocol import parse_chat, parse_completion
 
     args = build_parser().parse_args(

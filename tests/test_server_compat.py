@@ -12,7 +12,8 @@ import numpy as np
 import openai
 import pytest
 
-from tests.test_server import CTX, MODEL, _start, httpx
+from edgellm.testing.servers import CTX, MODEL, httpx
+from edgellm.testing.servers import serve as _start
 
 ORIGIN = "http://localhost:3000"
 NAMES = ("edge", "gpt-4o-mini")  # the first is reported

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_server import MODEL, MSGS, NO_EOS, _start, httpx
+from edgellm.testing.servers import MODEL, MSGS, NO_EOS, httpx
+from edgellm.testing.servers import serve as _start
 
 
 @pytest.fixture()

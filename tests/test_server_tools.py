@@ -14,10 +14,10 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from edgellm.server.protocol import ApiError
+from edgellm.server.errors import ApiError
 from edgellm.server.tools import DEFAULT_MAX_PARALLEL_CALLS, ToolOutput, parse_tools
 from edgellm.testing.grammar_attacks import PYDANTIC_WEATHER, tool
-from tests.test_server import _start
+from edgellm.testing.servers import serve as _start
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 # Nested objects, arrays, enums and required fields; short strings so that a small budget closes the JSON.

@@ -13,9 +13,11 @@ import pytest
 
 from edgellm.chat_template import CHATML_TEMPLATE
 from edgellm.cli import main as cli_main
+from edgellm.config import ServerConfig
 from edgellm.engine.config import EngineConfig
-from edgellm.server.app import ServerConfig, ServerState, build_app, load_template, render_chat_prompt
-from edgellm.server.protocol import ApiError
+from edgellm.server.app import build_app
+from edgellm.server.errors import ApiError
+from edgellm.server.state import ServerState, load_template, render_chat_prompt
 from edgellm.testing.grammar_attacks import chat_body_attacks
 from edgellm.testing.http_attacks import (
     EVIL_HOST,
@@ -29,7 +31,8 @@ from edgellm.testing.http_attacks import (
     good_auth,
     raw_request,
 )
-from tests.test_server import MODEL, _start, httpx
+from edgellm.testing.servers import MODEL, httpx
+from edgellm.testing.servers import serve as _start
 
 # ChatML, except that the last message's content can ask for one of the fuzzing pass's hostile templates.
 HOSTILE_TEMPLATE = (

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from edgellm.testing.paths import SCRIPTS  # noqa: E402
+
+sys.path.insert(0, str(SCRIPTS))
 
 from soak_report import SoakReport, evaluate, format_summary, parse_metrics  # noqa: E402
 from soak_traffic import Failed, Result, join_stream, parse_sse  # noqa: E402

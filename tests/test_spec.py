@@ -15,7 +15,13 @@ from edgellm.engine.spec.config import parse_speculative
 from edgellm.engine.spec.ngram import NgramProposer
 from edgellm.engine.spec.verify import verify_drafts
 from edgellm.sampling import Sampler, SamplingParams
-from tests.test_scheduler import FakeRunner, next_token, reference_output
+from edgellm.testing.engine_fakes import (
+    FakeRunner,
+    chi2_critical,
+    chi2_two_sample,
+    next_token,
+    reference_output,
+)
 
 
 class SpecFakeRunner(FakeRunner):
@@ -66,7 +72,7 @@ class SpecFakeRunner(FakeRunner):
             self.drafted += len(seq.spec_token_ids)
             self.accepted += len(out) - 1
             sampled[seq.seq_id] = out
-        return plan, self.sched.postprocess(plan, sampled)
+        return plan, self.postprocess(plan, sampled)
 
 
 @pytest.mark.parametrize("hit", [0.0, 0.6, 1.0])
@@ -134,20 +140,6 @@ def test_drafts_are_cut_to_the_budget_and_never_preempt() -> None:
     a.spec_token_ids = [4, 4, 4]
     plan = sched.schedule()
     assert {s.seq_id: n for s, n in plan.scheduled} == {0: 1, 1: 1} and not plan.preempted
-
-
-def chi2_critical(df: int, z: float = 3.719) -> float:
-    """Wilson-Hilferty approximation of the chi-square quantile (z = 3.719: p = 1e-4, one-sided)."""
-    return df * (1 - 2 / (9 * df) + z * (2 / (9 * df)) ** 0.5) ** 3
-
-
-def chi2_two_sample(a: np.ndarray, b: np.ndarray) -> tuple[float, int]:
-    """Chi-square statistic and degrees of freedom of two count vectors over the same categories."""
-    keep = (a + b) > 0
-    a, b = a[keep].astype(float), b[keep].astype(float)
-    na, nb = a.sum(), b.sum()
-    ea, eb = (a + b) * na / (na + nb), (a + b) * nb / (na + nb)
-    return float(((a - ea) ** 2 / ea).sum() + ((b - eb) ** 2 / eb).sum()), int(keep.sum()) - 1
 
 
 @pytest.mark.parametrize(
@@ -274,7 +266,7 @@ def test_speculative_config_parsing_and_errors() -> None:
 def test_surfaces_report_speculation(capsys: pytest.CaptureFixture[str]) -> None:
     """/metrics carries the acceptance figures; a bad --speculative is an error before any model loads."""
     from edgellm.cli import main
-    from edgellm.engine.llm_engine import EngineStats
+    from edgellm.engine.protocol import EngineStats
     from edgellm.server.metrics import ServerMetrics
 
     zero = {f: 0 for f in EngineStats.__dataclass_fields__}
@@ -293,7 +285,7 @@ def test_surfaces_report_speculation(capsys: pytest.CaptureFixture[str]) -> None
 
 @pytest.mark.asyncio
 async def test_tui_status_bar_shows_speculation(tmp_path) -> None:
-    from tests.test_tui import SIZE, make_app, ready, send, status_text
+    from tests.tui.pilot import SIZE, make_app, ready, send, status_text
 
     app, backends = make_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:

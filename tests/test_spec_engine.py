@@ -13,10 +13,11 @@ import pytest
 
 from edgellm import LLM, SamplingParams
 from edgellm.engine.config import EngineConfig
-from edgellm.engine.core import EngineCore
+from edgellm.engine.core_process import EngineCoreProc
 from edgellm.engine.spec.config import SpeculativeConfig
+from edgellm.testing.engine_fakes import chi2_critical, chi2_two_sample
+from edgellm.testing.paths import SCRIPTS
 from edgellm.testing.synthetic import write_tiny_model
-from tests.test_spec import chi2_critical, chi2_two_sample
 
 
 @pytest.fixture(scope="module")
@@ -24,21 +25,20 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("spec") / "tiny.gguf", "llama", n_layers=1, seed=4)
 
 
-def core(path: Path, speculative: SpeculativeConfig | None = None, seqs: int = 16) -> EngineCore:
+def core(path: Path, speculative: SpeculativeConfig | None = None, seqs: int = 16) -> EngineCoreProc:
     spec = EngineConfig(
         str(path), n_ctx=64, kv_cache_memory=1 << 20, max_num_seqs=seqs, speculative=speculative
     )
-    return EngineCore(spec)
+    return EngineCoreProc(spec)
 
 
-def run(c: EngineCore, prompts: list[list[int]], params: list[SamplingParams]) -> list[list[int]]:
-    eng = c.engine
+def run(c: EngineCoreProc, prompts: list[list[int]], params: list[SamplingParams]) -> list[list[int]]:
+    eng = c.engine_core
     rids = [eng.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
     toks: dict[str, list[int]] = {r: [] for r in rids}
     while eng.has_unfinished():
         for out in eng.step():
-            for d in out.deltas:
-                toks[out.request_id] += d.token_ids
+            toks[out.request_id] += out.new_token_ids
     return [toks[r] for r in rids]
 
 
@@ -51,12 +51,12 @@ def test_greedy_ngram_and_self_draft_equal_plain_decoding_on_a_tiny_model(tiny: 
     want = run(core(tiny), prompts, greedy)
     ngram = core(tiny, SpeculativeConfig("ngram", num_tokens=3, ngram_min=1))
     assert run(ngram, prompts, greedy) == want
-    assert ngram.engine.stats().spec_draft_tokens_total > 0
+    assert ngram.engine_core.stats().spec_draft_tokens_total > 0
     draft = core(tiny, SpeculativeConfig("draft", num_tokens=4, model=str(tiny), adaptive=False))
     assert run(draft, prompts, greedy) == want
-    s = draft.engine.stats()
+    s = draft.engine_core.stats()
     assert s.spec_accepted_tokens_total == s.spec_draft_tokens_total > 0  # the target drafting for itself
-    bm = draft.engine.speculator.proposer.bm
+    bm = draft.engine_core.speculator.proposer.bm
     assert bm.num_free_blocks == bm.num_blocks  # finished sequences left no draft KV behind
 
 
@@ -76,7 +76,7 @@ def test_sampled_output_distribution_is_unchanged_by_speculation(tiny: Path) -> 
     got = run(spec, [PROMPT] * n, params)
     params = [sampled(s + n) for s in range(n)]
     want = run(plain, [PROMPT] * n, params)
-    s = spec.engine.stats()
+    s = spec.engine_core.stats()
     assert 0.2 < s.spec_acceptance_rate < 0.9, s.spec_acceptance_rate
     vocab = plain.config.n_vocab
     for pos in (1, 2, 3):
@@ -123,7 +123,7 @@ def test_layer_draft_keeps_the_chosen_layers_renumbered(tmp_path: Path) -> None:
     target's third; all 3 layers, written to another file, draft for the target with every draft accepted."""
     import gguf
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    sys.path.insert(0, str(SCRIPTS))
     from make_layer_draft import parse_layers, write_layer_draft
 
     target = write_tiny_model(tmp_path / "t3.gguf", "llama", n_layers=3, seed=5)
@@ -142,5 +142,5 @@ def test_layer_draft_keeps_the_chosen_layers_renumbered(tmp_path: Path) -> None:
     draft = core(target, SpeculativeConfig("draft", num_tokens=3, model=str(whole), adaptive=False))
     greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     assert run(draft, [PROMPT], [greedy]) == run(core(target), [PROMPT], [greedy])
-    s = draft.engine.stats()
+    s = draft.engine_core.stats()
     assert s.spec_accepted_tokens_total == s.spec_draft_tokens_total > 0

@@ -21,13 +21,17 @@ from edgellm import LLM
 from edgellm.chat_template import prompt_token_ids, render_chat
 from edgellm.engine.frontend import RequestStream
 from edgellm.engine.outputs import RequestOutput
-from edgellm.gguf.reader import load_gguf
+from edgellm.engine.protocol import EngineCoreOutput, FinishReason
+from edgellm.gguf.load import load_gguf
 from edgellm.gguf.validation import tokenizer_from_gguf
 from edgellm.sampling import SamplingParams
+from edgellm.testing.paths import SCRIPTS  # noqa: E402
+from edgellm.testing.servers import MODEL, httpx
+from edgellm.testing.servers import metrics as _metrics
+from edgellm.testing.servers import serve as _start
 from edgellm.tokenizer import Tokenizer
-from tests.test_server import MODEL, _metrics, _start, httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+sys.path.insert(0, str(SCRIPTS))
 from soak_traffic import join_stream, parse_sse  # noqa: E402
 
 NAMES = ["Ann", "Bob", "Cleo", "Dag", "Eva", "Finn", "Greta", "Hugo", "Ida", "Jon", "Kari", "Lars", "Mia"]
@@ -86,11 +90,12 @@ class _Core:
 
 
 def _feed(tok: Tokenizer, p: SamplingParams, steps: list[tuple[list[int], str | None]]) -> tuple:
-    """Wire outputs of one completion, a step each -> (text, token ids, finish reason, aborts)."""
+    """Core outputs of one completion, a step each -> (text, token ids, finish reason, aborts)."""
     core, got = _Core(), []
     stream = RequestStream(core, tok, "r", [1], p, got.append)  # type: ignore[arg-type]
     for toks, reason in steps:
-        stream([(("r", reason is not None, [(0, toks, reason, None)], 0, 0, None), 0.0)])
+        why = None if reason is None else FinishReason[reason.upper()]
+        stream([(EngineCoreOutput("r", toks, why, request_finished=why is not None), 0.0)])
     outs: list[RequestOutput] = got
     deltas = [d for o in outs for d in o.deltas]
     assert outs[-1].finished and outs[-1].metrics.num_generated_tokens == sum(

@@ -12,7 +12,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from edgellm.gguf.config import config_from_gguf
-from edgellm.gguf.reader import load_gguf
+from edgellm.gguf.load import load_gguf
 from edgellm.quants import BLOCK_DTYPES
 from edgellm.testing.encode import KQUANT_REF, random_raw_blocks, scale_fields
 from edgellm.testing.synthetic import write_tiny_model

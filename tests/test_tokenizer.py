@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from edgellm.gguf.reader import load_gguf
+from edgellm.gguf.load import load_gguf
+from edgellm.testing.paths import FIXTURES
 from edgellm.tokenizer import StreamDecoder, Tokenizer, TokenizerError
 from edgellm.tokenizer.spm import SPACE_ESCAPE, SpmModel, spm_tokenize_ref
 
-FIXTURES = Path(__file__).parent / "fixtures"
 MODELS = ("smollm2", "gemma3")
 
 
@@ -81,7 +81,8 @@ def test_decode_matches_llama_cpp_pieces(tokenizers: dict[str, Tokenizer], name:
 
 
 def test_other_pre_tokenizers_match_llama_cpp(metadata: dict[str, dict]) -> None:
-    """llama-bpe / qwen2 / gpt-2 / default regexes: SmolLM2 vocabulary with another tokenizer.ggml.pre."""
+    """llama-bpe / qwen2 / gpt-2 / default / gpt-4o regexes: SmolLM2 vocabulary with another
+    tokenizer.ggml.pre."""
     fixture = json.loads((FIXTURES / "tokenizer_smollm2_pre_variants.json").read_text(encoding="utf-8"))
     base = {k: v for k, v in metadata["smollm2"].items() if k != "tokenizer.ggml.add_bos_token"}
     for pre, variant in fixture["variants"].items():

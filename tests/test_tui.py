@@ -6,14 +6,15 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from textual.widgets.markdown import MarkdownBlock
 
+from tests.scripted_backend import ScriptedBackend
+from tests.tui.pilot import MODELS, SIZE, header, make_app, ready, send, status_text, wait_for
 from tui.app import ChatApp
-from tui.fake_backend import ScriptedBackend
 from tui.messages import BackendError, ChatMessage, GenerationSettings
 from tui.screens import ConfirmScreen, SettingsScreen
 from tui.storage import ConversationStore, SettingsStore
@@ -24,41 +25,7 @@ from tui.widgets import (
     MessageBody,
     MessageView,
     PromptInput,
-    StatusBar,
 )
-
-SIZE = (100, 30)
-MODELS = [("scripted", "scripted"), ("other", "other")]
-
-
-def make_app(tmp_path: Path, **backend_kwargs) -> tuple[ChatApp, list[ScriptedBackend]]:
-    made: list[ScriptedBackend] = []
-
-    def factory(model: str) -> ScriptedBackend:
-        made.append(ScriptedBackend(model, **backend_kwargs))
-        return made[-1]
-
-    app = ChatApp(factory, "scripted", store=ConversationStore(tmp_path), model_options=MODELS)
-    return app, made
-
-
-async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    for _ in range(int(timeout / 0.02)):
-        if condition():
-            return
-        await pilot.pause(0.02)
-    raise AssertionError("condition not reached in time")
-
-
-async def ready(pilot) -> None:
-    await wait_for(pilot, lambda: pilot.app.state in ("ready", "error"))
-
-
-async def send(pilot, text: str) -> None:
-    await pilot.press(*text)
-    await pilot.press("enter")
-    app = pilot.app
-    await wait_for(pilot, lambda: not app.replying and app.conversation.messages[-1].role != "user")
 
 
 def saved(tmp_path: Path) -> list[dict]:
@@ -69,10 +36,6 @@ async def click_conversation(pilot, conv_id: str) -> None:
     """Click a conversation's line in the sidebar (one line per conversation, no border)."""
     sidebar = pilot.app.query_one(ConversationList)
     await pilot.click(ConversationList, offset=(2, sidebar.get_option_index(conv_id)))
-
-
-def status_text(app: ChatApp) -> str:
-    return str(app.query_one(StatusBar).render())
 
 
 @pytest.mark.asyncio
@@ -159,10 +122,6 @@ async def test_view_follows_a_long_reply_unless_the_user_scrolls_up(tmp_path: Pa
         await wait_for(pilot, lambda: not app.replying)
         await pilot.pause()
         assert chat.scroll_y == 0 < chat.max_scroll_y
-
-
-def header(view: MessageView) -> str:
-    return str(view.query_one(".message-header").render())
 
 
 @pytest.mark.asyncio

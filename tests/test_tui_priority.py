@@ -7,11 +7,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from edgellm.testing.paths import ROOT
 
 CHILD = """
 import os, queue, subprocess, sys, threading

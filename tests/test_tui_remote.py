@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_tui import SIZE, ready, send, status_text
+from tests.tui.pilot import SIZE, ready, send, status_text
 from tui.app import ChatApp
 from tui.storage import ConversationStore
 from tui.widgets import LoadingPanel

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import tui.app
+from tests.scripted_backend import ScriptedBackend
 from tui.app import ChatApp
-from tui.fake_backend import ScriptedBackend
 from tui.messages import ChatMessage
 from tui.storage import ConversationStore
 from tui.widgets import PromptInput

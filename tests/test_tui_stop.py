@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from textual.widgets.markdown import MarkdownBlock
 
-from tests.test_tui import header, wait_for
+from tests.scripted_backend import ScriptedBackend
+from tests.tui.pilot import header, wait_for
 from tui.app import ChatApp
-from tui.fake_backend import ScriptedBackend
 from tui.messages import ChatMessage, GenerationSettings, StreamDelta, StreamDone, StreamEvent
 from tui.storage import ConversationStore
 from tui.widgets import MessageBody, MessageView, PromptInput

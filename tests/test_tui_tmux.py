@@ -20,11 +20,12 @@ from pathlib import Path
 
 import pytest
 
+from edgellm.testing.paths import ROOT
+
 pytestmark = pytest.mark.skipif(
     shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux): no real terminal"
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 MODEL = "smollm2-135m"
 WIDTH, HEIGHT = 160, 45
 EXITED = "chat process exited with status"

@@ -18,7 +18,7 @@ from edgellm.backends.cpu.packed import dequantize_rows_cpu, pack_tiles, pack_we
 from edgellm.backends.cpu.tile_layouts import TILE_LAYOUTS
 from edgellm.gguf.reader import TensorInfo
 from edgellm.quants import BLOCK_DTYPES, QUANT_TRAITS, get_traits
-from tests.test_backend_ops import FLOAT_TYPES, random_raw
+from edgellm.testing.kernel_refs import FLOAT_TYPES, random_raw
 
 QUANT_TYPES = [t for t in QUANT_TRAITS if t not in FLOAT_TYPES]
 TILE_TIERS = [t.name for t in tiers.compiled_tiers()]  # every tier with tile kernels the host runs

@@ -3,16 +3,48 @@ settings), kept apart from the streaming machinery in tui/app.py."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tui.screens import ConfirmScreen, RenameScreen, SettingsResult, SettingsScreen
 from tui.storage import Conversation
 from tui.widgets import ConversationList
 
 if TYPE_CHECKING:
-    from tui.app import ChatApp
+    from tui.backend import ChatBackend
+    from tui.messages import GenerationSettings
+    from tui.storage import ConversationStore, SettingsStore
+    from tui.widgets import ConversationView, PromptInput
 
-    _Base = ChatApp
+
+class ChatAppParts(Protocol):
+    """What the actions use of the app they are mixed into (ChatApp, and textual's App under it)."""
+
+    model: str
+    model_options: list[tuple[str, str]]
+    backend: ChatBackend | None
+    conversation: Conversation
+    replying: bool
+    settings: GenerationSettings
+    store: ConversationStore
+    settings_store: SettingsStore
+
+    @property
+    def chat(self) -> ConversationView: ...
+    @property
+    def prompt_input(self) -> PromptInput: ...
+    def start_reply(self) -> None: ...
+    async def stop_reply(self) -> None: ...
+    def save_conversation(self, conv: Conversation | None = None) -> None: ...
+    def update_status(self) -> None: ...
+    async def refresh_sidebar(self) -> None: ...
+    def load_model(self, model: str) -> Any: ...
+    def copy_to_clipboard(self, text: str) -> None: ...
+    def notify(self, message: str, **kw: Any) -> None: ...
+    def push_screen(self, screen: Any, callback: Any = None) -> Any: ...
+
+
+if TYPE_CHECKING:
+    _Base = ChatAppParts
 else:
     _Base = object
 

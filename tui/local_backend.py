@@ -166,6 +166,7 @@ class LocalBackend:
             raise BackendError("the model is not loaded yet")
         from edgellm import SamplingParams
         from edgellm.engine.core_client import EngineDeadError
+        from edgellm.engine.outputs import CompletionOutput
 
         params = SamplingParams(
             max_tokens=settings.max_tokens,
@@ -174,16 +175,14 @@ class LocalBackend:
             seed=settings.seed,
         )
         ids = self._prompt_ids(messages, params)
-        finish: str | None = None
+        reply = CompletionOutput.empty(0)
         metrics = None
-        n = 0
         try:
             async with aclosing(self.llm.stream(ids, params)) as outputs:
                 async for out in outputs:
                     metrics = out.metrics
                     for d in out.deltas:
-                        n += len(d.token_ids)
-                        finish = d.finish_reason or finish
+                        reply.add(d)
                         if d.text or d.reasoning:
                             yield StreamDelta(d.text, d.reasoning)
         except EngineDeadError as e:
@@ -192,7 +191,8 @@ class LocalBackend:
             raise BackendError("Out of memory while generating the reply.") from e
         except ValueError as e:  # a bad request, e.g. a prompt longer than the context window
             raise BackendError(str(e)) from e
-        yield StreamDone(finish, *_speed(metrics), completion_tokens=n, prompt_tokens=len(ids))
+        n = len(reply.token_ids)
+        yield StreamDone(reply.finish_reason, *_speed(metrics), completion_tokens=n, prompt_tokens=len(ids))
 
     async def close(self) -> None:
         if self.llm is not None:

@@ -6,7 +6,9 @@ from edgellm.arch.common import ForwardBatch
 from edgellm.arch.gemma2 import Gemma2Model
 from edgellm.arch.gemma3 import Gemma3Model
 from edgellm.arch.gpt2 import Gpt2Model
+from edgellm.arch.gpt_oss import GptOssModel
 from edgellm.arch.granite import GraniteModel
+from edgellm.arch.lfm2 import Lfm2Model
 from edgellm.arch.llama import LlamaModel
 from edgellm.arch.olmo2 import Olmo2Model
 from edgellm.arch.olmoe import OlmoeModel
@@ -31,6 +33,8 @@ ARCHITECTURES = {
     "qwen3moe": Qwen3MoeModel,
     "qwen2moe": Qwen2MoeModel,
     "olmoe": OlmoeModel,
+    "lfm2": Lfm2Model,
+    "gpt-oss": GptOssModel,
 }
 
 __all__ = [
@@ -39,8 +43,10 @@ __all__ = [
     "Gemma2Model",
     "Gemma3Model",
     "Gpt2Model",
+    "GptOssModel",
     "GraniteModel",
     "LlamaModel",
+    "Lfm2Model",
     "Olmo2Model",
     "Starcoder2Model",
     "Phi3Model",

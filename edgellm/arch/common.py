@@ -25,6 +25,9 @@ class ForwardBatch:
     logits_index: np.ndarray  # [L] int32: which of the T tokens need logits (vocabulary projection)
     # [H] int32: which of the T tokens' final hidden states are wanted (embeddings; forward_hidden)
     hidden_index: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+    # [S, conv layers, l_cache - 1, n_embd] float32: each sequence's recurrent state (cfg.recurrent models,
+    # LFM2: engine/conv_state.py), read and advanced in place by the forward pass; None without one
+    conv_state: np.ndarray | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -60,6 +63,7 @@ class AttentionWeights:
     k_norm: Any = None  # [d]; [Hkv * d] (OLMo 2)
     post_norm: Any = None  # [n_embd] (Gemma)
     norm_b: Any = None  # [n_embd] the pre-norm's bias (LayerNorm: StarCoder 2, GPT-2)
+    sinks: Any = None  # [H] each head's extra softmax logit (gpt-oss's attention sinks)
 
 
 @dataclass
@@ -160,8 +164,11 @@ def attention_block(
     seq_index: Any,
     block_tables: Any,
     slots: Any,
+    kv_layer: int | None = None,
 ) -> None:
-    """x += Attention(norm(x)) for every token of the batch (in place). x: [T, n_embd]."""
+    """x += Attention(norm(x)) for every token of the batch (in place). x: [T, n_embd]. kv_layer: the
+    layer's index in the KV cache when not il (LFM2's cache holds its attention layers only)."""
+    kl = il if kv_layer is None else kv_layer
     T = batch.n_tokens
     H, Hkv, d, dv = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v
     h = pre_norm(be, cfg, w.norm, x, T, w.norm_b)
@@ -185,11 +192,11 @@ def attention_block(
     if rope is not None:  # None: no rotary embedding in this layer (GPT-2; SmolLM3's NoPE layers)
         be.rope(q, positions, rope)
         be.rope(k, positions, rope)
-    be.write_kv(kv, il, k, v, slots)
+    be.write_kv(kv, kl, k, v, slots)
     attn = be.empty((T, H, dv))
     window = cfg.sliding_window if cfg.swa_layers[il] else 0
     scale, cap = cfg.attn_scale, cfg.attn_softcap
-    be.attention(q, kv, il, block_tables, seq_index, positions, window, scale, attn, cap)
+    be.attention(q, kv, kl, block_tables, seq_index, positions, window, scale, attn, cap, w.sinks)
     o = be.empty((T, cfg.n_embd))
     be.matmul(attn.reshape(T, H * dv), w.wo, o)  # [T, n_embd]
     if w.bo is not None:
@@ -224,3 +231,24 @@ def feed_forward_block(be: Backend, cfg: ModelConfig, w: FeedForwardWeights, x: 
     if cfg.residual_scale != 1.0:
         out = be.scale(out, cfg.residual_scale)
     be.add(x, out)
+
+
+def weight_bytes_per_token(model: Any, all_experts: bool = False) -> int:
+    """Bytes of weights one decode step streams: every matmul once (tied output counted once); of a
+    mixture of experts the router, any shared expert and the n_expert_used experts a token selects (their
+    file bytes), or every expert with all_experts (what the model holds)."""
+    seen, total = set(), 0
+    mats = [model.output]
+    for attn, ffn in model.layers:
+        mats += attn.matrices if hasattr(attn, "matrices") else [attn.wqkv, attn.wo]  # LFM2's short conv
+        if hasattr(ffn, "experts"):  # arch/moe.py
+            mats += [m for m in (ffn.router, ffn.shared_gate_up, ffn.shared_down) if m is not None]
+            total += ffn.total_expert_bytes if all_experts else ffn.active_bytes * model.cfg.n_expert_used
+        else:
+            mats += [ffn.w_gate_up, ffn.w_down]
+    for w in mats:
+        if id(w) in seen:
+            continue
+        seen.add(id(w))
+        total += sum(p.nbytes for p in getattr(w, "parts", [w]))
+    return total

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from edgellm.arch.common import (
+    AttentionWeights,
     FeedForwardWeights,
     ForwardBatch,
     TensorSource,
@@ -31,6 +32,8 @@ from edgellm.gguf.reader import GGUFFile
 
 
 class LlamaModel:
+    output_norm_name = "output_norm.weight"  # the final norm (LFM2's converter names it token_embd_norm)
+
     def __init__(self, cfg: ModelConfig, gguf: GGUFFile, be: Backend, progress=None) -> None:
         self.cfg, self.be = cfg, be
         src = TensorSource(gguf)
@@ -47,10 +50,12 @@ class LlamaModel:
                 progress(il + 1, cfg.n_layers)
         # the backend's one-call form of each layer, where it has one (None: the blocks' kernel calls)
         self.fused = [
-            be.prepare_layer(cfg, a, f, il) if isinstance(f, FeedForwardWeights) else None
+            be.prepare_layer(cfg, a, f, il)
+            if isinstance(a, AttentionWeights) and isinstance(f, FeedForwardWeights)
+            else None
             for il, (a, f) in enumerate(self.layers)
         ]
-        self.output_norm = be.load_vector(src.get("output_norm.weight", (e,)))
+        self.output_norm = be.load_vector(src.get(self.output_norm_name, (e,)))
         self.output_norm_b = be.load_vector(src.get("output_norm.bias", (e,))) if cfg.layer_norm else None
         # Tied embeddings: without output.weight the embedding matrix is the vocabulary projection.
         self.output = (

@@ -7,6 +7,8 @@ llama.cpp's build_moe_ffn computes it:
     x += sum_s w[:, s] * W_down[sel_s] @ (silu(W_gate[sel_s] h) * (W_up[sel_s] h))   # slot order
     (Qwen 2 MoE, then + sigmoid(w_shexp . h) * FFN_shexp(h): a shared expert every token runs, its gate a
     row stacked under the router's, its output summed as one more slot)
+    (gpt-oss: the router's logits biased, sel = top-k of the logits and w = softmax over those k, each
+    expert's matrices biased, swiglu_oai in place of silu: arch/gpt_oss.py)
 
 Expert-grouped execution: the step's (token, slot) pairs are sorted by expert, and each selected expert
 runs one gate|up and one down matmul over all its tokens (the backend's matmul, so each expert's weights
@@ -57,6 +59,21 @@ class ExpertMatrices:
         self.gate, self.up, self.down = gate, up, down  # [E, n_ff_exp, n_embd] x2, [E, n_embd, n_ff_exp]
         self.n_expert = gate.shape[0]
         self._prepared: list[tuple[Any, Any] | None] = [None] * self.n_expert
+        # gpt-oss: per-expert biases, host float32 [E, 2 * n_ff_exp] gate|up and [E, n_embd] down (small:
+        # loaded whole); each expert's rows go to the backend with its matrices
+        self.bias_gate_up: np.ndarray | None = None
+        self.bias_down: np.ndarray | None = None
+        self._biases: list[tuple[Any, Any] | None] = [None] * self.n_expert
+
+    def biases(self, e: int) -> tuple[Any, Any]:
+        """(b_gate_up [2 * n_ff_exp], b_down [n_embd]) of expert e, backend vectors; (None, None) without."""
+        if self.bias_gate_up is None or self.bias_down is None:
+            return None, None
+        b = self._biases[e]
+        if b is None:
+            b = (self.be.from_host(self.bias_gate_up[e]), self.be.from_host(self.bias_down[e]))
+            self._biases[e] = b
+        return b
 
     def get(self, e: int) -> tuple[Any, Any]:
         """(w_gate_up [2 * n_ff_exp, n_embd], w_down [n_embd, n_ff_exp]) of expert e."""
@@ -86,6 +103,7 @@ class MoeFeedForwardWeights:
     shared_gate_up: Any = None  # [2 * n_ff_shexp, n_embd] the shared expert's gate|up (Qwen 2 MoE)
     shared_down: Any = None  # [n_embd, n_ff_shexp]
     post_norm: Any = None  # no MoE architecture here has one
+    router_b: np.ndarray | None = None  # [n_expert] host float32, added to the router's logits (gpt-oss)
 
     @property
     def active_bytes(self) -> int:
@@ -97,7 +115,11 @@ class MoeFeedForwardWeights:
         return self.experts.expert_bytes * self.experts.n_expert
 
 
-def load_moe_feed_forward(be: Backend, src: TensorSource, cfg: ModelConfig, il: int) -> MoeFeedForwardWeights:
+def load_moe_feed_forward(
+    be: Backend, src: TensorSource, cfg: ModelConfig, il: int, norm: str = "ffn_norm.weight"
+) -> MoeFeedForwardWeights:
+    """Layer il's router and experts (with their biases where the file has them: gpt-oss); `norm`: the
+    name of the FFN's pre-norm in the layer (gpt-oss calls it post_attention_norm)."""
     p = f"blk.{il}."
     e, E, fe = cfg.n_embd, cfg.n_expert, cfg.n_ff_exp
     gate = src.get(p + "ffn_gate_exps.weight", (E, fe, e))
@@ -105,10 +127,20 @@ def load_moe_feed_forward(be: Backend, src: TensorSource, cfg: ModelConfig, il: 
     down = src.get(p + "ffn_down_exps.weight", (E, e, fe))
     router = [src.get(p + "ffn_gate_inp.weight", (E, e))]
     w = MoeFeedForwardWeights(
-        norm=be.load_vector(src.get(p + "ffn_norm.weight", (e,))),
+        norm=be.load_vector(src.get(p + norm, (e,))),
         router=None,
         experts=ExpertMatrices(be, gate, up, down),
     )
+    if src.has(p + "ffn_gate_inp.bias"):
+        w.router_b = be.to_host(be.load_vector(src.get(p + "ffn_gate_inp.bias", (E,)))).copy()  # [E]
+    bias_names = [p + f"ffn_{m}_exps.bias" for m in ("gate", "up", "down")]
+    if any(src.has(n) for n in bias_names):  # all three or none (validation.py requires them for gpt-oss)
+        gb, ub, db = (
+            be.to_host(be.load_vector(src.get(n, (E, rows)))).reshape(E, rows)
+            for n, rows in zip(bias_names, (fe, fe, e), strict=True)
+        )
+        w.experts.bias_gate_up = np.ascontiguousarray(np.concatenate([gb, ub], axis=1), np.float32)
+        w.experts.bias_down = np.ascontiguousarray(db, np.float32)
     if cfg.n_ff_shexp:
         fs = cfg.n_ff_shexp
         shared_gate = src.get(p + "ffn_gate_inp_shexp.weight", (e,))  # [n_embd]: one more router row
@@ -119,6 +151,23 @@ def load_moe_feed_forward(be: Backend, src: TensorSource, cfg: ModelConfig, il: 
         w.shared_down = be.load_matrix([src.get(p + "ffn_down_shexp.weight", (e, fs))])
     w.router = be.load_matrix(router)
     return w
+
+
+def _softmax_rows(x: np.ndarray) -> np.ndarray:
+    """float32 softmax of each row of x, computed in float64."""
+    z = x.astype(np.float64)
+    z -= z.max(axis=1, keepdims=True)
+    np.exp(z, out=z)
+    return (z / z.sum(axis=1, keepdims=True)).astype(np.float32)
+
+
+def route_softmax_weight(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """llama.cpp's SOFTMAX_WEIGHT gating (gpt-oss): the k largest logits (ties to the lower id), weighted
+    by a softmax over those k alone. logits: [T, n_expert] float32 -> (experts [T, k] int64, weights [T, k]
+    float32). Row by row."""
+    experts = np.argsort(-logits, axis=1, kind="stable")[:, :k]
+    weights = _softmax_rows(np.take_along_axis(logits, experts, axis=1))  # [T, k]
+    return experts.astype(np.int64), np.ascontiguousarray(weights, np.float32)
 
 
 def route_top_k(logits: np.ndarray, k: int, renormalise: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -134,6 +183,14 @@ def route_top_k(logits: np.ndarray, k: int, renormalise: bool) -> tuple[np.ndarr
     if renormalise:
         weights = weights / weights.sum(axis=1, keepdims=True, dtype=np.float32)
     return experts.astype(np.int64), np.ascontiguousarray(weights, np.float32)
+
+
+# cfg.moe_gating -> (logits [T, E], k, renormalise) -> (experts [T, k], weights [T, k]); gpt-oss's
+# softmax over the selected logits already sums to 1 (llama.cpp's norm_w is off for it)
+ROUTERS = {
+    "softmax": route_top_k,
+    "softmax_weight": lambda logits, k, renormalise: route_softmax_weight(logits, k),
+}
 
 
 def group_by_expert(experts: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int]], np.ndarray]:
@@ -154,16 +211,29 @@ def group_by_expert(experts: np.ndarray) -> tuple[np.ndarray, list[tuple[int, in
     return tokens, runs, where.reshape(T, k)
 
 
-def _expert_ffn(be: Backend, cfg: ModelConfig, x: Any, w: tuple[Any, Any], width: int, out: Any) -> None:
-    """out = W_down @ (silu(W_gate x) * (W_up x)), w = (W_gate|W_up, W_down) of FFN width `width`.
-    x: [n, n_embd]; out: [n, n_embd]."""
+def _expert_ffn(
+    be: Backend,
+    cfg: ModelConfig,
+    x: Any,
+    w: tuple[Any, Any],
+    width: int,
+    out: Any,
+    b: tuple[Any, Any] = (None, None),
+) -> None:
+    """out = W_down @ act(W_gate x + b_gate, W_up x + b_up) + b_down, w = (W_gate|W_up, W_down) of FFN
+    width `width`, b = (b_gate|b_up, b_down) or Nones; act: cfg.activation's gated form (silu(g) * u, or
+    gpt-oss's swiglu_oai). x: [n, n_embd]; out: [n, n_embd]."""
     w_gate_up, w_down = w
     n = x.shape[0]
     gate_up = be.empty((n, 2 * width))
     be.matmul(x, w_gate_up, gate_up)  # [n, 2*width]
+    if b[0] is not None:
+        be.add_bias(gate_up, b[0])
     act = be.empty((n, width))
     be.gated_act(gate_up, act, cfg.activation)  # [n, width]
     be.matmul(act, w_down, out)  # [n, n_embd]
+    if b[1] is not None:
+        be.add_bias(out, b[1])
 
 
 def moe_feed_forward_block(be: Backend, cfg: ModelConfig, w: MoeFeedForwardWeights, x: Any, T: int) -> None:
@@ -176,12 +246,15 @@ def moe_feed_forward_block(be: Backend, cfg: ModelConfig, w: MoeFeedForwardWeigh
     logits = be.empty((T, E + shared))
     be.matmul(h, w.router, logits)  # [T, n_expert (+1: the shared expert's gate)]
     host_logits = be.to_host(logits)
-    experts, weights = route_top_k(np.ascontiguousarray(host_logits[:, :E]), k, cfg.moe_norm_weights)
+    routed = np.ascontiguousarray(host_logits[:, :E])  # [T, n_expert]
+    if w.router_b is not None:
+        routed = routed + w.router_b  # float32, as ggml_add
+    experts, weights = ROUTERS[cfg.moe_gating](routed, k, cfg.moe_norm_weights)
     tokens, runs, where = group_by_expert(experts)  # where: [T, k]
     outs = be.empty((T * (k + shared), cfg.n_embd))  # each pair's expert output, in expert order
     for e, start, end in runs:
         xe = be.take_rows(h, tokens[start:end])  # [n, n_embd]: the expert's tokens
-        _expert_ffn(be, cfg, xe, w.experts.get(e), cfg.n_ff_exp, outs[start:end])
+        _expert_ffn(be, cfg, xe, w.experts.get(e), cfg.n_ff_exp, outs[start:end], w.experts.biases(e))
     if shared:  # every token, as a last slot weighted by sigmoid(gate) (llama.cpp: silu(g) / g)
         _expert_ffn(be, cfg, h, (w.shared_gate_up, w.shared_down), cfg.n_ff_shexp, outs[T * k :])
         g = host_logits[:, E]  # [T]

@@ -150,10 +150,16 @@ class Backend(ABC):
         scale: float,
         out: Array,
         softcap: float = 0.0,
+        sinks: Array | None = None,
     ) -> None:
         """out [T, H, dv] = causal attention of q [T, H, d] over the cached K/V. softcap > 0: Gemma 2's
         attention logit soft-capping, in llama.cpp's order (Q times scale, Q.K, cap * tanh(. / cap),
-        softmax)."""
+        softmax). sinks [H] float32 (gpt-oss): head h's softmax has one more logit sinks[h], in its
+        denominator only (no value), as ggml_soft_max_add_sinks; a backend without attention_sinks
+        refuses them."""
+
+    # Whether attention() takes sinks (gpt-oss refuses to load on a backend without them).
+    attention_sinks: bool = False
 
     # --- whole layers ----------------------------------------------------------------------------------
     def prepare_layer(self, cfg: Any, attn: Any, ffn: Any, layer: int) -> Any:
@@ -207,15 +213,3 @@ class Backend(ABC):
         x = self.to_host(logits)
         ids = np.argsort(-x, axis=1, kind="stable")[:, :k]
         return np.take_along_axis(x, ids, axis=1), ids
-
-
-def get_backend(name: str = "cpu") -> Backend:
-    if name == "cpu":
-        from edgellm.backends.cpu.backend import CpuBackend
-
-        return CpuBackend()
-    if name == "cuda":
-        from edgellm.backends.cuda import get_cuda_backend
-
-        return get_cuda_backend()
-    raise ValueError(f"unknown backend {name!r} (available: cpu, cuda)")

@@ -1,20 +1,11 @@
-"""Serving-engine core: sequences, paged KV block manager with prefix caching, iteration-level scheduler."""
+"""The serving engine, in two halves that meet at protocol.py's messages.
 
-from edgellm.engine.block_manager import BlockCopy, BlockManager, PrefixMatch
-from edgellm.engine.prefix_cache import HashPrefixCache, PrefixCache
-from edgellm.engine.scheduler import Scheduler, SchedulerConfig, SchedulerPlan, SchedulerStats
-from edgellm.engine.sequence import Sequence, SequenceStatus
+Front-end (any process: LLM, the server, the TUI): core_client (the core process's handle), frontend
+(text: detokenization, stop strings), outputs (RequestOutput, the one delta accumulator), checks (the
+front-end's prompt checks), config (EngineConfig: what the core is built from).
 
-__all__ = [
-    "BlockCopy",
-    "BlockManager",
-    "HashPrefixCache",
-    "PrefixCache",
-    "PrefixMatch",
-    "Scheduler",
-    "SchedulerConfig",
-    "SchedulerPlan",
-    "SchedulerStats",
-    "Sequence",
-    "SequenceStatus",
-]
+Engine core (its own process, core_process.EngineCoreProc): engine_core.EngineCore (the step loop),
+request (a request's state, the stop rule), scheduler and scheduler_types, block_manager, prefix_cache,
+sequence, pooling, guidance, model_runner, spec/. The front-end imports none of these
+(tests/test_layering.py).
+"""

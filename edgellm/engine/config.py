@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,21 @@ def kv_memory(text: str) -> int | float:
         raise argparse.ArgumentTypeError(
             f"{text!r} is neither bytes (512M, 2G, 1073741824) nor a fraction of RAM in (0, 1)"
         ) from None
+
+
+DEFAULT_CTX = 4096
+DEFAULT_KV_MEMORY = 512 * 2**20  # bytes of KV cache when not given (at least one full context is kept)
+
+
+def kv_budget_bytes(kv_cache_memory: int | float | None) -> int:
+    """KV cache budget: bytes (an int), or a fraction of physical RAM (a float in (0, 1))."""
+    if kv_cache_memory is None:
+        return DEFAULT_KV_MEMORY
+    if isinstance(kv_cache_memory, float) and 0 < kv_cache_memory < 1:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * kv_cache_memory)
+    if kv_cache_memory < 0:
+        raise ValueError(f"kv_cache_memory must be bytes >= 0 or a fraction in (0, 1), got {kv_cache_memory}")
+    return int(kv_cache_memory)
 
 
 BACKENDS = ["cpu", "cuda"]  # the command line's choices; the core refuses an unknown one when it loads

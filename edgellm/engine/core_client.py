@@ -16,15 +16,29 @@ from collections.abc import Callable
 from typing import Any
 
 from edgellm.engine.config import EngineConfig
-from edgellm.engine.core import run_core_process
-from edgellm.engine.llm_engine import EngineStats
+from edgellm.engine.protocol import (
+    AbortRequests,
+    CoreFailed,
+    CoreLoadFailed,
+    CoreProgress,
+    CoreReady,
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    EngineStats,
+    RequestRejected,
+    Shutdown,
+    UtilityCall,
+    UtilityResult,
+)
 from edgellm.sampling import SamplingParams
 from edgellm.spawn import describe_exit, start_without_main
 
 # A sink receives, on the receiver thread, its request's outputs from one core message as a list of
-# (wire output, step time) in step order, or one exception (the core rejected the request, or died). It
-# must not block.
+# (EngineCoreOutput, step time) in step order, or one exception (the core rejected the request, or died).
+# It must not block.
 Sink = Callable[[Any], None]
+StepItems = list[tuple[EngineCoreOutput, float]]
 
 
 class EngineDeadError(RuntimeError):
@@ -33,6 +47,13 @@ class EngineDeadError(RuntimeError):
 
 class CoreLoadError(RuntimeError):
     pass
+
+
+def _core_main(conn: Any, spec: EngineConfig) -> None:
+    """The core process's entry point: the core's modules (model, runner, kernels) load there only."""
+    from edgellm.engine.core_process import run_core_process
+
+    run_core_process(conn, spec)
 
 
 def _describe_exit(code: int | None) -> str:
@@ -53,7 +74,7 @@ class CoreClient:
         ctx = multiprocessing.get_context("spawn")  # fork after Numba/OpenMP threads exist is unsafe
         self._conn, child = ctx.Pipe(duplex=True)
         self.process = ctx.Process(
-            target=run_core_process, args=(child, spec), name="edgellm-core", daemon=True
+            target=_core_main, args=(child, spec), name="edgellm-core", daemon=True
         )
         start_without_main(self.process)
         child.close()  # so that the core's death reads as EOF here
@@ -80,15 +101,15 @@ class CoreClient:
                 self.process.join(timeout=5)
                 self._conn.close()
                 raise CoreLoadError(f"{_describe_exit(self.process.exitcode)} while loading") from None
-            if msg[0] == "progress":
+            if isinstance(msg, CoreProgress):
                 if progress is not None:
-                    progress(msg[1])
-            elif msg[0] == "ready":
-                return msg[1]
-            elif msg[0] == "load_error":
+                    progress(msg.line)
+            elif isinstance(msg, CoreReady):
+                return msg.info
+            elif isinstance(msg, CoreLoadFailed):
                 self.process.join(timeout=5)
                 self._conn.close()
-                raise msg[1]
+                raise msg.error
 
     # ---- any thread ----------------------------------------------------------------------------
     def add(
@@ -103,14 +124,14 @@ class CoreClient:
         """A generation request; `group`: the client request it is part of (they share its part of each
         step), None: its own."""
         self._register(rid, sink)
-        self._outbox.put(("add", rid, ids, params, priority, group))
+        self._outbox.put(EngineCoreRequest(rid, ids, params, priority, group))
 
     def add_embedding(
         self, rid: str, ids: list[int], sink: Sink, priority: int = 0, group: str | None = None
     ) -> None:
-        """An input to embed; its sink gets one wire output whose last field is the vector."""
+        """An input to embed; its sink gets one EngineCoreOutput whose `embedding` is the vector."""
         self._register(rid, sink)
-        self._outbox.put(("embed", rid, ids, priority, group))
+        self._outbox.put(EngineCoreRequest(rid, ids, None, priority, group))
 
     def _register(self, rid: str, sink: Sink) -> None:
         with self._lock:
@@ -127,7 +148,7 @@ class CoreClient:
             with self._lock:
                 self._sinks.pop(rid, None)
         if self.error is None:
-            self._outbox.put(("abort", rid, index))
+            self._outbox.put(AbortRequests([rid], index))
 
     def abort_all(self, rids: list[str]) -> None:
         """Stop several requests (an abandoned call's inputs) in one message: the core drops them all
@@ -136,7 +157,7 @@ class CoreClient:
             for rid in rids:
                 self._sinks.pop(rid, None)
         if self.error is None:
-            self._outbox.put(("abort_all", list(rids)))
+            self._outbox.put(AbortRequests(list(rids)))
 
     def call(self, name: str, *args: Any) -> Any:
         """A request/reply message to the core ("score", "stats"); blocks the caller only."""
@@ -146,7 +167,7 @@ class CoreClient:
                 raise EngineDeadError(self.error)
             call_id = next(self._call_ids)
             self._calls[call_id] = fut
-        self._outbox.put(("call", call_id, name, args))
+        self._outbox.put(UtilityCall(call_id, name, args))
         return fut.result()
 
     def stats(self) -> EngineStats:
@@ -160,7 +181,7 @@ class CoreClient:
     def shutdown(self, timeout: float = 10.0) -> None:
         self._closing = True
         if self.error is None:
-            self._outbox.put(("shutdown",))
+            self._outbox.put(Shutdown())
             self._outbox.put(None)
         self.process.join(timeout=timeout)
         if self.process.is_alive():
@@ -180,38 +201,38 @@ class CoreClient:
         try:
             while True:
                 msg = self._conn.recv()
-                kind = msg[0]
-                if kind == "step":
-                    _, stats, steps = msg
-                    self.step_messages += 1
-                    self._stats = EngineStats(**stats)
-                    # a request's outputs from all the steps of one message go to its sink in one call:
-                    # with stream_interval the front-end then wakes its reader once per message, not per token
-                    per_request: dict[str, list] = {}
-                    for t, outs in steps:
-                        for out in outs:
-                            per_request.setdefault(out[0], []).append((out, t))
-                    for rid, items in per_request.items():
-                        with self._lock:
-                            sink = self._sinks.pop(rid, None) if items[-1][0][1] else self._sinks.get(rid)
-                        if sink is not None:
-                            sink(items)
-                elif kind == "add_error":
+                if isinstance(msg, EngineCoreOutputs):
+                    self._deliver(msg)
+                elif isinstance(msg, RequestRejected):
                     with self._lock:
-                        sink = self._sinks.pop(msg[1], None)
+                        sink = self._sinks.pop(msg.request_id, None)
                     if sink is not None:
-                        sink(msg[2])
-                elif kind == "reply":
-                    _, call_id, ok, value = msg
+                        sink(msg.error)
+                elif isinstance(msg, UtilityResult):
                     with self._lock:
-                        fut = self._calls.pop(call_id)
-                    fut.set_result(value) if ok else fut.set_exception(value)
-                elif kind == "fatal":
-                    reason = f"the engine core failed: {msg[1]!r}"
+                        fut = self._calls.pop(msg.call_id)
+                    fut.set_result(msg.value) if msg.ok else fut.set_exception(msg.value)
+                elif isinstance(msg, CoreFailed):
+                    reason = f"the engine core failed: {msg.error!r}"
         except (EOFError, OSError):
             pass
         self.process.join(timeout=2)
         self._die(reason or _describe_exit(self.process.exitcode))
+
+    def _deliver(self, msg: EngineCoreOutputs) -> None:
+        self.step_messages += 1
+        self._stats = msg.stats
+        # a request's outputs from all the steps of one message go to its sink in one call: with
+        # stream_interval the front-end then wakes its reader once per message, not per token
+        per_request: dict[str, StepItems] = {}
+        for t, outs in msg.steps:
+            for out in outs:
+                per_request.setdefault(out.request_id, []).append((out, t))
+        for rid, items in per_request.items():
+            with self._lock:
+                sink = self._sinks.pop(rid, None) if items[-1][0].request_finished else self._sinks.get(rid)
+            if sink is not None:
+                sink(items)
 
     def _die(self, reason: str) -> None:
         if self._closing:

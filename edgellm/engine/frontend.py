@@ -10,6 +10,7 @@ from typing import Any
 
 from edgellm.engine.core_client import CoreClient
 from edgellm.engine.outputs import CompletionDelta, RequestMetrics, RequestOutput, TextStream, now
+from edgellm.engine.protocol import EngineCoreOutput
 from edgellm.sampling import SamplingParams
 from edgellm.tokenizer import Tokenizer
 
@@ -35,9 +36,9 @@ class RequestStream:
         self.done = False
 
     def __call__(self, item: Any) -> None:
-        """`item`: the core's outputs for this request from one message, [(wire output, step time), ...]
-        in step order (several steps when the core batches by stream_interval), or an exception. Hands on
-        one RequestOutput: a completion's tokens and text from all those steps in one delta."""
+        """`item`: the core's outputs for this request from one message, [(EngineCoreOutput, step time),
+        ...] in step order (several steps when the core batches by stream_interval), or an exception.
+        Hands on one RequestOutput: a completion's tokens and text from all those steps in one delta."""
         if isinstance(item, BaseException):
             self.done = True
             self.deliver(item)
@@ -45,54 +46,48 @@ class RequestStream:
         if self.done:
             return
         deltas: dict[int, CompletionDelta] = {}
-        core_finished = False
-        for wire, t in item:
-            core_finished = self._step(wire, t, deltas)
+        for out, t in item:
+            delta = self._text(out, t)
+            if delta is not None:
+                d = deltas.get(out.index)
+                if d is None:
+                    deltas[out.index] = delta
+                else:
+                    d.add(delta)
         m = self.metrics
         finished = all(ts.finish_reason is not None for ts in self.texts)
         if finished:
             self.done = True
             m.finished_time = item[-1][1]
-            if not core_finished:  # its last completion ended on a stop string: drop this sink
+            if not item[-1][0].request_finished:  # its last completion ended on a stop string: drop this sink
                 self.client.abort(self.rid)
         if deltas or finished:
             self.deliver(RequestOutput(self.rid, list(deltas.values()), finished, m))
 
-    def _step(self, wire: tuple, t: float, deltas: dict[int, CompletionDelta]) -> bool:
-        """One step's output: text and metrics, merged into `deltas` by completion index. Returns whether
-        the core finished the request."""
-        rid, core_finished, wire_deltas, cached, preemptions, _ = wire
+    def _text(self, out: EngineCoreOutput, t: float) -> CompletionDelta | None:
+        """One completion's output of one step as text, and the metrics it brings; None when the
+        completion had already ended here (sampled before the core saw its abort)."""
         m = self.metrics
-        for index, token_ids, reason, logprobs in wire_deltas:
-            ts = self.texts[index]
-            if ts.finish_reason is not None:
-                continue  # sampled before the core saw this completion's abort
-            if token_ids:
-                kept, text = ts.push_step(token_ids, reason)
-                token_ids = token_ids[:kept]  # a stop string ended it inside a verify step's tokens
-                if logprobs is not None:
-                    logprobs = logprobs[:kept]
-                if reason is None and ts.finish_reason is not None:  # a stop string matched
-                    self.client.abort(rid, index)
-                if m.first_token_time is None:
-                    m.first_token_time = t
-                    m.num_cached_tokens = cached
-                if index == 0:
-                    m.token_times.extend([t] * len(token_ids))
-                m.num_generated_tokens += len(token_ids)
-            else:
-                text = ts.finish(reason or "abort")
-            reasoning = ts.take_reasoning()
-            d = deltas.get(index)
-            if d is None:
-                d = CompletionDelta(index, list(token_ids), text, ts.finish_reason, logprobs, reasoning)
-                deltas[index] = d
-            else:
-                d.token_ids.extend(token_ids)
-                d.text += text
-                d.reasoning += reasoning
-                d.finish_reason = ts.finish_reason
-                if logprobs is not None:
-                    d.logprobs = (d.logprobs or []) + logprobs
-        m.num_preemptions = preemptions
-        return core_finished
+        m.num_preemptions = out.num_preemptions
+        ts = self.texts[out.index]
+        if ts.finish_reason is not None:
+            return None
+        token_ids, logprobs = out.new_token_ids, out.logprobs
+        reason = None if out.finish_reason is None else str(out.finish_reason)
+        if token_ids:
+            kept, text = ts.push_step(token_ids, reason)
+            token_ids = token_ids[:kept]  # a stop string ended it inside a verify step's tokens
+            if logprobs is not None:
+                logprobs = logprobs[:kept]
+            if reason is None and ts.finish_reason is not None:  # a stop string matched
+                self.client.abort(self.rid, out.index)
+            if m.first_token_time is None:
+                m.first_token_time = t
+                m.num_cached_tokens = out.num_cached_tokens
+            if out.index == 0:
+                m.token_times.extend([t] * len(token_ids))
+            m.num_generated_tokens += len(token_ids)
+        else:
+            text = ts.finish(reason or "abort")
+        reasoning = ts.take_reasoning()
+        return CompletionDelta(out.index, list(token_ids), text, ts.finish_reason, logprobs, reasoning)

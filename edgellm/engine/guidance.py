@@ -1,8 +1,9 @@
-"""Constrained decoding in the engine core: one llguidance matcher per constrained sequence, and the
-allowed-token mask of each sampled one applied to its logits row before sampling.
+"""Constrained decoding in the engine core: the llguidance matcher of each constrained completion (held
+by the completion, engine/request.py), and the allowed-token mask of each sampled one applied to its
+logits row before sampling.
 
 The masks of a step are computed on a worker thread while that step's forward pass runs (llguidance
-releases the GIL, and so do the kernels): `start(seq_ids)` right after scheduling, `mask(seq_id, row)`
+releases the GIL, and so do the kernels): `start(matchers)` right after scheduling, `mask(seq_id, row)`
 when sampling (it waits for the masks only the first time). Sequences without a grammar never reach
 llguidance: their rows are returned as they are, and a step without constrained sequences starts nothing.
 """
@@ -14,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from edgellm.grammar import build_matcher
+from edgellm.grammar_compile import build_matcher
 
 MASK_THREADS = 1  # llguidance's own pool: a mask is microseconds, a step's masks well under a millisecond
 
@@ -22,47 +23,24 @@ MASK_THREADS = 1  # llguidance's own pool: a mask is microseconds, a step's mask
 class GuidedDecoding:
     def __init__(self, tokenizer: Any, n_vocab: int) -> None:
         self.tokenizer, self.n_vocab = tokenizer, n_vocab
-        self.matchers: dict[int, Any] = {}  # seq id -> llguidance.LLMatcher
         self._rows: dict[int, int] = {}  # seq id -> its row in _bitmask, for the step being computed
         self._bitmask = np.zeros((0, (n_vocab + 31) // 32), np.int32)  # [rows, n_vocab / 32] bit words
         self._pending: Future | None = None
         self._worker: ThreadPoolExecutor | None = None
         self._executor: Any = None  # llguidance.LLExecutor
 
-    # ---- sequences -----------------------------------------------------------------------------
-    def add(self, seq_id: int, grammar: str) -> None:
-        """A matcher for a new constrained sequence. `grammar` comes from edgellm.grammar.compile_grammar,
+    def matcher(self, grammar: str) -> Any:
+        """A matcher for a new constrained completion. `grammar` comes from edgellm.grammar.compile_grammar,
         and the front-end had a compile worker build this same matcher for this vocabulary first
-        (check_for_vocabulary), so building it here cannot crash the core."""
-        self.matchers[seq_id] = build_matcher(grammar, self.tokenizer, self.n_vocab)
-
-    def fork(self, parent: int, child: int) -> None:
-        """n > 1: the child continues from the parent's state (call before the parent consumes its token)."""
-        matcher = self.matchers.get(parent)
-        if matcher is not None:
-            self.matchers[child] = matcher.deep_copy()
-
-    def consume(self, seq_id: int, token: int) -> None:
-        matcher = self.matchers.get(seq_id)
-        if matcher is not None:
-            # A token drawn from the mask is always accepted; were it not, the matcher is in its error
-            # state and mask() then allows only end-of-generation tokens.
-            matcher.consume_token(token)
-
-    def free(self, seq_id: int) -> None:
-        self.matchers.pop(seq_id, None)
-        self._rows.pop(seq_id, None)
+        (check_for_vocabulary), so building it here cannot crash the core. n > 1: the other completions
+        take a deep_copy() of it before the first token is consumed."""
+        return build_matcher(grammar, self.tokenizer, self.n_vocab)
 
     # ---- one step ------------------------------------------------------------------------------
-    def start(self, seq_ids: list[int]) -> None:
-        """Start computing the next-token masks of the constrained sequences among `seq_ids`."""
-        if not self.matchers:
-            return
-        rows = {}
-        for sid in seq_ids:
-            if sid in self.matchers:
-                rows[sid] = len(rows)
-        self._rows = rows
+    def start(self, matchers: dict[int, Any]) -> None:
+        """Start computing the next-token masks of the constrained sequences sampled this step (seq id ->
+        its completion's matcher)."""
+        self._rows = rows = {sid: i for i, sid in enumerate(matchers)}
         if not rows:
             return
         if len(self._bitmask) < len(rows):
@@ -75,7 +53,7 @@ class GuidedDecoding:
             self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgellm-grammar")
         from llguidance.numpy import fill_next_token_bitmask_par
 
-        jobs = [(self.matchers[sid], i) for sid, i in rows.items()]
+        jobs = [(matchers[sid], i) for sid, i in rows.items()]
         self._pending = self._worker.submit(
             fill_next_token_bitmask_par, self._executor, jobs, self._bitmask[: len(rows)]
         )

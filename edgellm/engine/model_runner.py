@@ -3,12 +3,14 @@ into one ForwardBatch and one forward pass. It knows nothing of scheduling."""
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass
 
 import numpy as np
 
 from edgellm.arch import ForwardBatch
 from edgellm.backends.base import Backend
+from edgellm.engine.conv_state import ConvStates, state_shape
 from edgellm.gguf.config import ModelConfig
 from edgellm.quants.kv_cache import get_kv_cache_type
 
@@ -24,6 +26,9 @@ class RunItem:
     need_logits: bool = True  # False for a prefill chunk that does not reach the end of the prompt
     hidden_rows: np.ndarray | None = None  # [H] offsets into token_ids whose final hidden states to return
     num_logits: int = 1  # with need_logits: rows for this many last tokens (1 + drafts when verifying)
+    # the scheduler's sequence id: a recurrent model's conv state is kept per id (engine/conv_state.py);
+    # None: the one anonymous state (one sequence at a time: scoring, warm-up)
+    seq_id: int | None = None
 
 
 class ModelRunner:
@@ -33,11 +38,13 @@ class ModelRunner:
         self.model, self.cfg, self.be = model, cfg, be
         self.num_blocks, self.block_size, self.kv_dtype = num_blocks, block_size, kv_dtype
         self.kv = be.alloc_kv(
-            cfg.n_layers, num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v, kv_dtype
+            cfg.n_kv_layers, num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v, kv_dtype
         )
         # Each item's requested hidden states from the latest forward pass ([H, n_embd] float32, host), in
         # item order: the run methods return logits, embeddings read these.
         self.last_hidden: list[np.ndarray] = []
+        # each sequence's state beside its KV blocks, for models that have one (LFM2's short convolutions)
+        self.conv_states = ConvStates(state_shape(cfg)) if cfg.recurrent else None
 
     @staticmethod
     def kv_bytes_per_token(cfg: ModelConfig, kv_dtype: str = "f16") -> int:
@@ -45,7 +52,7 @@ class ModelRunner:
         type or head sizes it cannot hold."""
         kvt = get_kv_cache_type(kv_dtype)
         kvt.check_head_dims(cfg.head_dim, cfg.head_dim_v)
-        return kvt.bytes_per_token(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v)
+        return kvt.bytes_per_token(cfg.n_kv_layers, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v)
 
     @staticmethod
     def kv_bytes_per_block(cfg: ModelConfig, block_size: int, kv_dtype: str = "f16") -> int:
@@ -91,19 +98,40 @@ class ModelRunner:
             logits_index=np.asarray(logit_rows, dtype=np.int32),
             hidden_index=np.concatenate(hidden) if hidden else np.empty(0, np.int32),
         )
+        if self.conv_states is not None:
+            keys, starts = [it.seq_id for it in items], [it.start_pos for it in items]
+            batch.conv_state = self.conv_states.gather(keys, starts)
         return batch, out_slices
 
     def _forward(self, items: list[RunItem], batch: ForwardBatch):  # noqa: ANN202 - a backend array
         """model.forward's logits; with the hidden states items asked for, split per item into
-        last_hidden."""
+        last_hidden. Keeps the conv states the pass advanced."""
         if not len(batch.hidden_index):
             self.last_hidden = [np.empty((0, self.cfg.n_embd), np.float32)] * len(items)
-            return self.model.forward(batch, self.kv)
+            logits = self.model.forward(batch, self.kv)
+            self._keep_states(items, batch)
+            return logits
         logits, hidden = self.model.forward_hidden(batch, self.kv)
+        self._keep_states(items, batch)
         rows = self.be.to_host(hidden)  # [H, n_embd]
         counts = [0 if it.hidden_rows is None else len(it.hidden_rows) for it in items]
         self.last_hidden = np.split(rows, np.cumsum(counts)[:-1])
         return logits
+
+    def _keep_states(self, items: list[RunItem], batch: ForwardBatch) -> None:
+        if self.conv_states is not None:
+            ends = [it.start_pos + len(it.token_ids) for it in items]
+            self.conv_states.store([it.seq_id for it in items], ends, batch.conv_state)
+
+    def fork_state(self, parent_id: int, child_id: int) -> None:
+        """A child sharing its parent's blocks (parallel sampling) continues from the parent's state."""
+        if self.conv_states is not None:
+            self.conv_states.fork(parent_id, child_id)
+
+    def retain_states(self, live_ids: Container[int]) -> None:
+        """Free the per-sequence state of every sequence not in live_ids (finished or aborted)."""
+        if self.conv_states is not None:
+            self.conv_states.retain(live_ids)
 
     def run(self, items: list[RunItem]) -> list[np.ndarray]:
         """One forward pass over every item; returns each item's logits rows ([0|1|n, n_vocab])."""

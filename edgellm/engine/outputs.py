@@ -1,23 +1,16 @@
-"""Messages the engine hands to its callers (LLM.generate, the server, the TUI), and the per-sequence
-output processing: the core's stop rule on ids (check_stop) and the front-end's text (TextStream)."""
+"""What the front-end hands to its callers (LLM.generate, the server, the TUI): per-step RequestOutputs of
+text deltas, and the text processing of one completion (TextStream: detokenization, stop strings, the
+reasoning split). The core's messages are in protocol.py; its stop rule on token ids in request.py."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from edgellm.reasoning import ReasoningSplitter
+from edgellm.engine.protocol import TokenLogprob
+from edgellm.reasoning import make_splitter
 from edgellm.sampling import SamplingParams
 from edgellm.tokenizer import StreamDecoder, Tokenizer
-
-
-@dataclass
-class TokenLogprob:
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]]  # the most likely alternatives (id, logprob)
 
 
 @dataclass
@@ -32,6 +25,16 @@ class CompletionDelta:
     # New reasoning text this step, when the completion splits (SamplingParams.reasoning_split): what the
     # model wrote inside <think>...</think>, the tags left out; `text` is then the answer alone.
     reasoning: str = ""
+
+    def add(self, d: CompletionDelta) -> None:
+        """Append the next delta of the same completion: how the front-end adds deltas up, everywhere (the
+        steps of one core message, LLM.generate, the server's whole responses, the TUI)."""
+        self.token_ids.extend(d.token_ids)
+        self.text += d.text
+        self.reasoning += d.reasoning
+        self.finish_reason = d.finish_reason or self.finish_reason
+        if d.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + d.logprobs
 
 
 @dataclass
@@ -63,34 +66,31 @@ class RequestOutput:
     deltas: list[CompletionDelta]
     finished: bool
     metrics: RequestMetrics
-    embedding: np.ndarray | None = None  # [n_embd] float32: an embedding request's pooled vector
 
 
 @dataclass
-class CompletionOutput:
-    """A whole completion, as LLM.generate returns it."""
+class CompletionOutput(CompletionDelta):
+    """A whole completion, as LLM.generate returns it: its deltas added up."""
 
-    index: int
-    token_ids: list[int]
-    text: str
-    finish_reason: str | None
-    logprobs: list[TokenLogprob] | None = None
-    reasoning: str = ""  # the think block's text when the completion splits (`text` is the answer)
+    @classmethod
+    def empty(cls, index: int) -> CompletionOutput:
+        return cls(index, [], "", None)
 
 
-def check_stop(token_id: int, num_tokens: int, max_tokens: int, stop_ids: frozenset[int]) -> str | None:
-    """The engine core's one stop rule on token ids: a stop/end-of-generation id ends a completion as
-    "stop", its max_tokens (already capped by the context window) as "length". Stop strings are text and
-    are matched by the front-end (TextStream), which then aborts the completion in the core."""
-    if token_id in stop_ids:
-        return "stop"
-    if num_tokens >= max_tokens:
-        return "length"
-    return None
+class OutputCollector:
+    """One request's RequestOutputs added up: a CompletionOutput per completion, and the request's metrics
+    once it finished."""
 
+    def __init__(self, n: int) -> None:
+        self.outputs = [CompletionOutput.empty(i) for i in range(n)]
+        self.finished = False
+        self.metrics: RequestMetrics | None = None
 
-def stop_token_ids(params: SamplingParams, eog_ids: frozenset[int] | set[int]) -> frozenset[int]:
-    return frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else frozenset(eog_ids))
+    def push(self, out: RequestOutput) -> None:
+        for d in out.deltas:
+            self.outputs[d.index].add(d)
+        if out.finished:
+            self.finished, self.metrics = True, out.metrics
 
 
 class TextStream:
@@ -107,7 +107,7 @@ class TextStream:
         self.hold = max((len(s) for s in params.stop), default=1) - 1  # chars that may start a stop string
         self.finish_reason: str | None = None
         split = params.reasoning_split
-        self.splitter = ReasoningSplitter(split) if split is not None else None
+        self.splitter = make_splitter(split) if split is not None else None
         self.reasoning = ""  # reasoning text handed out so far
         self._reasoning_sent = 0  # chars of self.reasoning already taken
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgellm.engine.outputs import RequestMetrics, RequestOutput, now
+from edgellm.engine.protocol import EngineCoreOutput, FinishReason
 from edgellm.engine.scheduler import Scheduler, SchedulerPlan
 from edgellm.engine.sequence import Sequence, SequenceStatus
 
@@ -46,7 +46,6 @@ class Pooler:
     request_id: str
     seq: Sequence
     pooling: str
-    metrics: RequestMetrics
     acc: np.ndarray | None = None  # [n_embd] float64: the sum (mean), or the one pooled row (cls, last)
     n: int = 0  # rows in acc
     rows_wanted: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
@@ -78,10 +77,15 @@ class Pooler:
         norm = float(np.linalg.norm(v))
         return (v / norm if norm > 0 else v).astype(np.float32)
 
-    def output(self) -> RequestOutput:
-        self.metrics.finished_time = now()
-        self.metrics.num_preemptions = self.seq.num_preemptions
-        return RequestOutput(self.request_id, [], True, self.metrics, embedding=self.result())
+    def output(self) -> EngineCoreOutput:
+        return EngineCoreOutput(
+            self.request_id,
+            [],
+            FinishReason.STOP,
+            num_preemptions=self.seq.num_preemptions,
+            request_finished=True,
+            embedding=self.result(),
+        )
 
 
 class PooledRequests:
@@ -106,9 +110,7 @@ class PooledRequests:
         check_pooling(self.pooling)
         seq = Sequence(seq_id, ids, priority=priority, max_tokens=0, pooled=True, group=group)
         self.scheduler.add(seq)  # raises before anything is registered if it can never fit
-        p = Pooler(
-            request_id, seq, self.pooling, RequestMetrics(arrival_time=now(), num_prompt_tokens=len(ids))
-        )
+        p = Pooler(request_id, seq, self.pooling)
         self.by_request[request_id] = p
         self.by_seq[seq_id] = p
 
@@ -121,7 +123,7 @@ class PooledRequests:
             if seq.pooled:
                 self.by_seq[seq.seq_id].add(rows)
 
-    def finish(self, plan: SchedulerPlan) -> list[RequestOutput]:
+    def finish(self, plan: SchedulerPlan) -> list[EngineCoreOutput]:
         """After the scheduler's postprocess: the requests whose whole input is computed (blocks freed)."""
         outs = []
         for seq, _ in plan.scheduled:

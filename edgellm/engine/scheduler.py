@@ -20,70 +20,13 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter, deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from edgellm.engine.block_manager import BlockCopy, BlockManager, cdiv
+from edgellm.engine.block_manager import BlockManager, cdiv
+from edgellm.engine.scheduler_types import SchedulerConfig, SchedulerPlan, SchedulerStats
 from edgellm.engine.sequence import Sequence, SequenceStatus
 
-# Called after a token is appended; returns a FINISHED_* status to stop the sequence, or None to go on.
-StopCheck = Callable[[Sequence], SequenceStatus | None]
-
-
-@dataclass
-class SchedulerConfig:
-    max_num_seqs: int = 16  # most sequences in the running set (and so in one batch)
-    max_num_batched_tokens: int = 512  # token budget per step, summed over all scheduled sequences
-    block_size: int = 16  # tokens per KV block
-    num_blocks: int = 256  # KV blocks in the pool
-    long_prefill_chunk: int | None = None  # cap on tokens one sequence computes per step (None: budget)
-    # Tokens embedding inputs may compute in one step. A prompt that arrives waits for the step in flight
-    # to end: short steps of embedding work keep that wait short (and a prompt to prefill takes its step
-    # alone: see _prefill_shares).
-    max_pooled_tokens_per_step: int | None = 64
-    enable_prefix_caching: bool = True
-    max_model_len: int | None = None  # longest sequence (prompt + max_tokens) accepted by add()
-
-    def __post_init__(self) -> None:
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            # Otherwise a full running set could not all decode in one step.
-            raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
-        if self.long_prefill_chunk is not None and self.long_prefill_chunk <= 0:
-            raise ValueError("long_prefill_chunk must be positive")
-        if self.max_pooled_tokens_per_step is not None and self.max_pooled_tokens_per_step <= 0:
-            raise ValueError("max_pooled_tokens_per_step must be positive")
-
-
-@dataclass
-class SchedulerPlan:
-    # (sequence, number of new tokens to compute this step), in batch order. A decode is 1 token, a prefill
-    # chunk or a recompute many. seq.num_computed_tokens is NOT yet advanced: postprocess() does that.
-    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)
-    # Sequences whose last scheduled token is their last token: they need logits and a sampled token.
-    # A partial prefill chunk is not in here.
-    sample_seq_ids: list[int] = field(default_factory=list)
-    # Running sequences preempted this step: blocks freed, back in the waiting queue, will recompute.
-    preempted: list[Sequence] = field(default_factory=list)
-    # Copy-on-write (src_block, dst_block) pairs the runner must apply in list order before the forward pass.
-    block_copies: list[BlockCopy] = field(default_factory=list)
-    # Sum of the new-token counts in `scheduled` (<= max_num_batched_tokens).
-    num_batched_tokens: int = 0
-    # Sequences the scheduler itself finished this step (a lone sequence that outgrew the whole pool).
-    finished: list[Sequence] = field(default_factory=list)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
-
-
-@dataclass(frozen=True)
-class SchedulerStats:
-    num_running: int
-    num_waiting: int
-    kv_usage: float  # fraction of KV blocks held by live sequences
-    num_preemptions: int  # total since start
-    prefix_cache_hit_rate: float  # hit tokens / looked-up tokens since start
+__all__ = ["Scheduler", "SchedulerConfig", "SchedulerPlan", "SchedulerStats"]
 
 
 def _importance(seq: Sequence) -> tuple[int, int]:
@@ -91,9 +34,8 @@ def _importance(seq: Sequence) -> tuple[int, int]:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, stop_check: StopCheck | None = None) -> None:
+    def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
-        self.stop_check = stop_check
         self.block_manager = BlockManager(
             config.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
@@ -133,7 +75,8 @@ class Scheduler:
         return self.finish(seq_id, SequenceStatus.FINISHED_ABORTED)
 
     def finish(self, seq_id: int, status: SequenceStatus = SequenceStatus.FINISHED_STOPPED) -> Sequence:
-        """Stop a sequence (stop condition seen by the caller, or abort) and free its blocks."""
+        """Stop a sequence (the engine's stop rule, engine/request.py check_stop, or an abort) and free
+        its blocks."""
         if not status.is_finished:
             raise ValueError(f"{status} is not a finished status")
         seq = self.seqs.pop(seq_id)
@@ -161,7 +104,6 @@ class Scheduler:
             child_id,
             parent.token_ids,
             parent.num_prompt_tokens,
-            sampling_params=parent.sampling_params,
             priority=parent.priority,
             max_tokens=parent.max_tokens,
             group=parent.group,
@@ -372,14 +314,14 @@ class Scheduler:
         self.waiting.insert(pos, seq)
 
     def postprocess(self, plan: SchedulerPlan, sampled: dict[int, list[int]]) -> list[Sequence]:
-        """Advance the plan's sequences, append sampled tokens, cache full blocks, apply stop rules.
+        """Advance the plan's sequences, append sampled tokens and cache full blocks.
 
         sampled maps seq_id -> new tokens for the ids in plan.sample_seq_ids (others are ignored): one
-        token, or with drafts the accepted ones followed by one more. Only positions whose token was
-        accepted count as computed; blocks past them are released. Returns the sequences that finished
-        this step (including plan.finished).
+        token, or with drafts the accepted ones followed by one more, already cut at the engine's stop
+        rule (engine/request.py check_stop); the engine then finishes the sequences that stopped. Only
+        positions whose token was accepted count as computed; blocks past them are released. Returns the
+        sequences the scheduler itself finished this step (plan.finished).
         """
-        finished = list(plan.finished)
         bm = self.block_manager
         for seq, num_new in plan.scheduled:
             if seq.status != SequenceStatus.RUNNING:
@@ -387,24 +329,15 @@ class Scheduler:
             computed = seq.num_computed_tokens + num_new
             seq.spec_token_ids = []
             tokens = sampled.get(seq.seq_id) if computed >= seq.num_tokens else None
-            status = None
             for token in tokens or ():
                 seq.append_token(token)
-                if seq.max_tokens is not None and seq.num_output_tokens >= seq.max_tokens:
-                    status = SequenceStatus.FINISHED_LENGTH
-                if self.stop_check is not None:
-                    status = self.stop_check(seq) or status  # an explicit stop wins over the length cap
-                if status is not None:
-                    break  # tokens after a stop are dropped
             # The last appended token is never computed yet; before it, every position the step scored
             # holds the token now in token_ids (a rejected draft's position is past it).
             seq.num_computed_tokens = min(computed, seq.num_tokens - 1 if tokens else seq.num_tokens)
             if computed > seq.num_computed_tokens:
                 bm.trim(seq)
             bm.cache_full_blocks(seq)
-            if status is not None:
-                finished.append(self.finish(seq.seq_id, status))
-        return finished
+        return list(plan.finished)
 
     # ---- gauges --------------------------------------------------------------------------------
     @property

@@ -21,7 +21,7 @@ class SequenceStatus(Enum):
     WAITING = auto()  # queued, never scheduled yet
     RUNNING = auto()  # owns KV blocks, scheduled every step it fits in the budget
     PREEMPTED = auto()  # queued again after losing its blocks; recomputes prompt + generated tokens
-    FINISHED_STOPPED = auto()  # stop token / stop string (decided by the caller)
+    FINISHED_STOPPED = auto()  # a stop token id, or an embedding computed (decided by the engine)
     FINISHED_LENGTH = auto()  # max_tokens reached, or the sequence outgrew the whole KV pool
     FINISHED_ABORTED = auto()  # cancelled by the caller
 
@@ -44,7 +44,6 @@ class Sequence:
     seq_id: int
     token_ids: list[int]  # prompt followed by generated tokens
     num_prompt_tokens: int = -1  # -1: the whole of token_ids at construction is the prompt
-    sampling_params: Any = None  # opaque to the engine core; the model runner/sampler reads it
     priority: int = 0  # lower value = more important; ties are broken by arrival (FCFS)
     max_tokens: int | None = None  # cap on generated tokens; also used to reject requests that can never fit
     arrival: int = -1  # admission order, assigned by Scheduler.add()
@@ -58,6 +57,9 @@ class Sequence:
     # The client request it came with (an HTTP request's embedding inputs, a request's n completions):
     # the scheduler shares a step's tokens out per group, not per sequence. None: a group of its own.
     group: Any = None
+    # What the sequence is to the engine (engine/request.py's Completion: its request, sampler, grammar);
+    # opaque to the scheduler. None for an embedding input (pooling.py keeps those by seq id).
+    owner: Any = None
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.token_ids)  # own the list: callers often reuse theirs

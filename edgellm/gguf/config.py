@@ -7,28 +7,35 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from edgellm.gguf.lfm2 import lfm2_head_counts, read_lfm2
 from edgellm.gguf.metadata import INT32_MAX, check_int_range, describe, get_float, get_int, get_str, is_int
 from edgellm.gguf.reader import GGUFError, GGUFFile
 from edgellm.gguf.rope import LongRope, RopeParams, longrope_from_gguf, rope_from_gguf
 
 SUPPORTED_ARCHS = (
     "llama", "gemma2", "gemma3", "granite", "olmo2", "olmoe", "qwen2", "qwen2moe", "qwen3", "qwen3moe",
-    "starcoder2", "gpt2", "phi3", "smollm3",
+    "starcoder2", "gpt2", "phi3", "smollm3", "lfm2", "gpt-oss",
 )  # fmt: skip
 # The architectures with LayerNorm (weight and bias, {arch}.attention.layer_norm_epsilon) instead of RMSNorm,
 # and an ungated GELU MLP with biases (arch/starcoder2.py, arch/gpt2.py).
 LAYER_NORM_ARCHS = ("starcoder2", "gpt2")
 # Mixture-of-experts architectures (llama too, when its file has experts: Mixtral), and whether llama.cpp
 # renormalises the top-k router probabilities to sum to 1 (build_moe_ffn's norm_w for that architecture).
-MOE_NORM_WEIGHTS = {"llama": True, "qwen3moe": True, "olmoe": False, "qwen2moe": False}
+MOE_NORM_WEIGHTS = {"llama": True, "qwen3moe": True, "olmoe": False, "qwen2moe": False, "gpt-oss": False}
+# How the router's logits become the selected experts' weights (llama.cpp's expert_gating_func per
+# architecture): "softmax" over all experts, then the top k; "softmax_weight": the top k logits, then a
+# softmax over those k (gpt-oss).
+MOE_GATING = {"gpt-oss": "softmax_weight"}
+# The experts' widths key {arch}.expert_feed_forward_length, and whether the file must have it (llama.cpp:
+# required for gpt-oss; the Qwen MoEs default to feed_forward_length / expert_used_count).
+EXPERT_WIDTH_KEY = {"qwen2moe": False, "qwen3moe": False, "gpt-oss": True}
 MAX_EXPERTS = 1 << 16  # a bound for the metadata check: real files have up to a few hundred
 # Architectures llama.cpp runs that are refused here by name, with what they would need.
-KNOWN_UNSUPPORTED = {
-    "gpt-oss": "attention sinks, alternating sliding-window layers, clamped SwiGLU and biased MXFP4 experts",
-}
+KNOWN_UNSUPPORTED: dict[str, str] = {}
 # The architectures with sliding-window layers, and the window when {arch}.attention.sliding_window is
-# missing (llama.cpp's defaults; 0: every layer global). Their local layers' rope: gguf/rope.py SWA_ROPE.
-SLIDING_WINDOW_DEFAULT = {"gemma2": 4096, "gemma3": 0, "olmo2": 0}
+# missing (llama.cpp's defaults; 0: every layer global; None: the key is required). Their local layers'
+# rope: gguf/rope.py SWA_ROPE.
+SLIDING_WINDOW_DEFAULT: dict[str, int | None] = {"gemma2": 4096, "gemma3": 0, "olmo2": 0, "gpt-oss": None}
 
 # Rotary layouts as in llama.cpp: NORM rotates adjacent pairs (x[2i], x[2i+1]) (llama's converter permutes
 # Q/K rows for it); NEOX rotates the two halves (x[i], x[i + d/2]).
@@ -94,6 +101,23 @@ class ModelConfig:
     n_ff_exp: int = 0
     moe_norm_weights: bool = False  # renormalise the selected experts' probabilities to sum to 1
     n_ff_shexp: int = 0  # a shared expert every token runs, gated by sigmoid(w . h) (Qwen 2 MoE); 0: none
+    # LFM2: layers marked True are short convolutions instead of attention, over the last conv_l_cache
+    # tokens; each sequence then carries a recurrent state beside its KV blocks (engine/conv_state.py)
+    conv_layers: list[bool] = field(default_factory=list)
+    conv_l_cache: int = 0
+
+    @property
+    def recurrent(self) -> bool:
+        """A sequence's state is more than its KV blocks (no prefix-cache hits, no speculative rollback)."""
+        return any(self.conv_layers)
+
+    @property
+    def n_kv_layers(self) -> int:
+        """Layers with K/V in the cache: all but the short-conv ones, in order (the KV cache's layers)."""
+        return self.n_layers - sum(self.conv_layers)
+    moe_gating: str = "softmax"  # MOE_GATING
+    # gpt-oss: each head's learned logit in its softmax's denominator (blk.N.attn_sinks.weight [H])
+    attn_sinks: bool = False
 
     @property
     def kv_dim(self) -> int:
@@ -163,7 +187,10 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
     )
     n_embd = get_int(g, p + "embedding_length", lo=1, hi=size, why="bounded by the file size")
     n_heads = get_int(g, p + "attention.head_count", lo=1, hi=size, why="bounded by the file size")
-    n_kv_heads = _head_count_kv(g, p, n_heads, n_layers)
+    if arch == "lfm2":  # a per-layer array whose zeros mark the short-conv layers
+        n_kv_heads, conv_layers = lfm2_head_counts(g, n_heads, n_layers)
+    else:
+        n_kv_heads, conv_layers = _head_count_kv(g, p, n_heads, n_layers), [False] * n_layers
     if n_heads % n_kv_heads:
         raise GGUFError(
             f"{g.path}: {n_heads} attention heads are not a multiple of {n_kv_heads} KV heads "
@@ -199,7 +226,8 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
     sliding_window = 0
     if arch in SLIDING_WINDOW_DEFAULT:
         window_key, window_default = p + "attention.sliding_window", SLIDING_WINDOW_DEFAULT[arch]
-        sliding_window = get_int(g, window_key, window_default, lo=0, hi=INT32_MAX)
+        default_kw = {} if window_default is None else {"default": window_default}
+        sliding_window = get_int(g, window_key, lo=0, hi=INT32_MAX, **default_kw)
     neox = rope_type == ROPE_NEOX
     rope, rope_swa = rope_from_gguf(g, arch, rope_dim, neox, n_ctx_train, sliding_window > 0)
     cfg = ModelConfig(
@@ -207,7 +235,7 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
         name=get_str(g, "general.name", g.path.stem),
         n_layers=n_layers,
         n_embd=n_embd,
-        n_ff=get_int(g, p + "feed_forward_length", lo=1, hi=size, why="bounded by the file size"),
+        n_ff=_dense_width(g, arch, size),
         n_heads=n_heads,
         n_kv_heads=n_kv_heads,
         head_dim=head_dim,
@@ -223,6 +251,7 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
         swa_layers=[False] * n_layers,
         qkv_fused=[f"blk.{il}.attn_qkv.weight" in g.tensors for il in range(n_layers)],
         pooling=POOLING_TYPES.get(pooling_type := get_int(g, p + "pooling_type", 0), f"type {pooling_type}"),
+        conv_layers=conv_layers,
     )
     cfg.sliding_window = sliding_window
     if arch in MOE_NORM_WEIGHTS:
@@ -254,6 +283,10 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
         _layer_norm_arch(g, cfg)
     elif arch == "phi3":
         _phi3(g, cfg)
+    elif arch == "lfm2":
+        read_lfm2(g, cfg)
+    elif arch == "gpt-oss":
+        _gpt_oss(g, cfg)
     if arch in NO_ROPE_LAYER_STEP:
         step = NO_ROPE_LAYER_STEP[arch]
         cfg.no_rope_layers = [(il + 1) % step == 0 for il in range(n_layers)]
@@ -314,12 +347,37 @@ def _experts(g: GGUFFile, cfg: ModelConfig) -> None:
     cfg.n_expert = n_expert
     cfg.n_expert_used = get_int(g, p + "expert_used_count", lo=1, hi=n_expert, why=f"{n_expert} experts")
     cfg.n_ff_exp = cfg.n_ff
-    if cfg.arch in ("qwen2moe", "qwen3moe"):
-        default = max(1, cfg.n_ff // cfg.n_expert_used)
-        cfg.n_ff_exp = get_int(g, p + "expert_feed_forward_length", default, lo=1, hi=g.file_size)
+    if cfg.arch in EXPERT_WIDTH_KEY:
+        kw = {} if EXPERT_WIDTH_KEY[cfg.arch] else {"default": max(1, cfg.n_ff // cfg.n_expert_used)}
+        cfg.n_ff_exp = get_int(g, p + "expert_feed_forward_length", lo=1, hi=g.file_size, **kw)
     if cfg.arch == "qwen2moe":
         cfg.n_ff_shexp = get_int(g, p + "expert_shared_feed_forward_length", cfg.n_ff, lo=1, hi=g.file_size)
     cfg.moe_norm_weights = MOE_NORM_WEIGHTS[cfg.arch]
+    cfg.moe_gating = MOE_GATING.get(cfg.arch, "softmax")
+
+
+def _dense_width(g: GGUFFile, arch: str, size: int) -> int:
+    """{arch}.feed_forward_length: required, except for gpt-oss, whose graph has no dense FFN (llama.cpp
+    reads the key as optional; here its experts' width stands in)."""
+    key = arch + ".feed_forward_length"
+    if arch == "gpt-oss" and key not in g.metadata:
+        return get_int(g, arch + ".expert_feed_forward_length", lo=1, hi=size, why="bounded by the file size")
+    return get_int(g, key, lo=1, hi=size, why="bounded by the file size")
+
+
+def _gpt_oss(g: GGUFFile, cfg: ModelConfig) -> None:
+    """gpt-oss as llama.cpp's llama_model_openai_moe reads it: even layers local with the required
+    gpt-oss.attention.sliding_window (pattern 2, as Gemma 2), at rope.freq_base_swa (default
+    rope.freq_base) and the global layers' frequency scaling; attention sinks; the experts' clamped SwiGLU
+    (swiglu_oai); Q.K scaled by 1/sqrt(rope.dimension_count)."""
+    cfg.attn_sinks = True
+    cfg.activation = "swiglu_oai"
+    cfg.attn_scale = 1.0 / math.sqrt(cfg.rope_dim)
+    if cfg.sliding_window == 0:  # llama.cpp's standard window of 0 would mask every key
+        raise GGUFError(
+            f"{g.path}: metadata gpt-oss.attention.sliding_window = 0: gpt-oss always has a window"
+        )
+    cfg.swa_layers = swa_pattern(g, "gpt-oss.attention.sliding_window_pattern", cfg.n_layers, 2)
 
 
 def _gemma2(g: GGUFFile, cfg: ModelConfig) -> None:

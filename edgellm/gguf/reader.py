@@ -206,17 +206,6 @@ def _value_type(raw: int, path: Path, what: str) -> GGUFValueType:
         raise GGUFError(f"{path}: corrupt GGUF: unknown metadata value type {raw} in {what}") from None
 
 
-def load_gguf(path: str | Path) -> GGUFFile:
-    """Parse the header, metadata and tensor table of a GGUF file; tensor data stays memory-mapped. The
-    first part of a split model (split.count > 1 in its metadata) brings every part (split.py)."""
-    g = load_gguf_part(path)
-    if "split.count" in g.metadata or "split.no" in g.metadata:
-        from edgellm.gguf.split import join_split_parts
-
-        return join_split_parts(g)
-    return g
-
-
 def load_gguf_part(path: str | Path) -> GGUFFile:
     """One GGUF file as it stands: a whole model, or one part of a split one."""
     path = Path(path)

@@ -48,7 +48,9 @@ CONTEXT_PAD = 256  # llama-context.cpp rounds n_ctx up to a multiple of this
 # for rope.freq_base; whether the frequency scaling applies). Gemma 3's local layers are never scaled;
 # Gemma 2's are scaled as the global ones. An architecture not listed rotates its local layers as its
 # global ones (OLMo 2).
-SWA_ROPE: dict[str, tuple[float | None, bool]] = {"gemma3": (10000.0, False), "gemma2": (None, True)}
+SWA_ROPE: dict[str, tuple[float | None, bool]] = {
+    "gemma3": (10000.0, False), "gemma2": (None, True), "gpt-oss": (None, True)
+}
 
 
 @dataclass(frozen=True, eq=False)
@@ -87,6 +89,19 @@ class RopeParams:
             return interp
         mix = self.ext_factor * yarn_ramp(self.corr_dims(), self.n_rot // 2)
         return interp * (1.0 - mix) + theta * mix
+
+    def table_args(self) -> tuple[np.ndarray, float, float, np.ndarray]:
+        """What the CPU rope table needs to follow ggml-cpu's rope cache in float32 (ops.rope_table_cpu):
+        (freq_factors f32 [n_rot/2], ones without them; freq_scale; ext_factor; YaRN's ramp per pair f32
+        [n_rot/2], zeros without YaRN). The base and n_rot give theta_scale there, mscale the factor."""
+        half = self.n_rot // 2
+        ff = np.asarray(self.freq_factors, np.float32) if self.freq_factors else np.ones(half, np.float32)
+        ramp = (
+            yarn_ramp(self.corr_dims(), half).astype(np.float32)
+            if self.ext_factor != 0.0
+            else np.zeros(half, np.float32)
+        )
+        return ff, float(np.float32(self.freq_scale)), float(np.float32(self.ext_factor)), ramp
 
     def corr_dims(self) -> tuple[float, float]:
         """YaRN's low and high correction dims (ggml_rope_yarn_corr_dims, in float32 as ggml)."""

@@ -56,6 +56,16 @@ _SHARED_EXPERT = frozenset(
     {"ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight"}
 )
 
+# gpt-oss (llama_model_openai_moe): biased attention with sinks, post_attention_norm as the FFN's pre-norm,
+# a biased router and biased experts; every bias but Q/K/V's required (validation.py)
+_GPT_OSS_BLOCK = (
+    (_LLAMA_BLOCK - _DENSE_FFN - {"ffn_norm.weight"})
+    | _QKV_BIASES
+    | _EXPERTS
+    | {"attn_output.bias", "attn_sinks.weight", "post_attention_norm.weight", "ffn_gate_inp.bias"}
+    | {f"ffn_{m}_exps.bias" for m in ("gate", "up", "down")}
+)
+
 BLOCK_TENSORS: dict[str, frozenset[str]] = {
     "llama": _LLAMA_BLOCK | _QKV_BIASES | _LLAMA_BIASES | _EXPERTS,  # Mixtral: experts, no dense FFN
     "qwen2": _LLAMA_BLOCK | _QKV_BIASES,
@@ -71,6 +81,7 @@ BLOCK_TENSORS: dict[str, frozenset[str]] = {
     "qwen3moe": (_LLAMA_BLOCK - _DENSE_FFN) | _QKV_BIASES | _QK_NORMS | _EXPERTS,
     "olmoe": (_LLAMA_BLOCK - _DENSE_FFN) | _QKV_BIASES | _QK_NORMS | _EXPERTS,
     "qwen2moe": (_LLAMA_BLOCK - _DENSE_FFN) | _QKV_BIASES | _EXPERTS | _SHARED_EXPERT,
+    "gpt-oss": _GPT_OSS_BLOCK,
 }
 # LayerNorm architectures: every norm has a bias; the MLP is up -> GELU -> down (no ffn_gate), every
 # matrix biased. StarCoder 2 has separate Q/K/V, GPT-2 one fused attn_qkv.
@@ -82,9 +93,15 @@ BLOCK_TENSORS["starcoder2"] = (
     _LN_NORMS | _LN_REST | _QKV_BIASES | {"attn_q.weight", "attn_k.weight", "attn_v.weight"}
 )
 BLOCK_TENSORS["gpt2"] = _LN_NORMS | _LN_REST | {"attn_qkv.weight", "attn_qkv.bias"}
+# LFM2: attention layers (no biases: llama.cpp asserts none in its FFN and its graph adds none) and short-conv
+# layers; gguf/lfm2.py checks that each layer has only its own kind's
+_SHORTCONV = frozenset({"shortconv.in_proj.weight", "shortconv.conv.weight", "shortconv.out_proj.weight"})
+BLOCK_TENSORS["lfm2"] = _LLAMA_BLOCK | _QK_NORMS | _SHORTCONV
 # Q|K|V as one matrix (and its bias): llama.cpp's create_tensor_qkv reads attn_qkv.weight in place of the
 # three for these architectures, per layer; validation.py refuses a layer with both forms.
-FUSED_QKV_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2", "phi3", "smollm3")
+FUSED_QKV_ARCHS = (
+    "llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2", "phi3", "smollm3", "gpt-oss"
+)  # fmt: skip
 BLOCK_TENSORS.update({a: BLOCK_TENSORS[a] | {"attn_qkv.weight", "attn_qkv.bias"} for a in FUSED_QKV_ARCHS})
 _GLOBAL = frozenset({"token_embd.weight", "output_norm.weight", "output.weight"})
 GLOBAL_TENSORS: dict[str, frozenset[str]] = {arch: _GLOBAL for arch in BLOCK_TENSORS}
@@ -92,6 +109,7 @@ GLOBAL_TENSORS["starcoder2"] = _GLOBAL | {"output_norm.bias"}
 GLOBAL_TENSORS["gpt2"] = _GLOBAL | {"output_norm.bias", "position_embd.weight"}
 # llama.cpp's Gemma 2 always projects with token_embd.weight: an output.weight would go unused there
 GLOBAL_TENSORS["gemma2"] = _GLOBAL - {"output.weight"}
+GLOBAL_TENSORS["lfm2"] = _GLOBAL - {"output_norm.weight"} | {"token_embd_norm.weight"}  # the final norm
 
 # ---- {arch}.* keys ------------------------------------------------------------------------------------
 # Keys config.py reads (the suffix after "{arch}.").
@@ -139,6 +157,15 @@ ARCH_KEYS: dict[str, frozenset[str]] = {
     "gpt2": _COMMON_KEYS | {"attention.layer_norm_epsilon"},
     "phi3": _COMMON_KEYS | {"attention.sliding_window"},  # read and unused, as llama.cpp's Phi-3
     "smollm3": _COMMON_KEYS,
+    "lfm2": _COMMON_KEYS | {"shortconv.l_cache"},
+    "gpt-oss": _COMMON_KEYS
+    | _EXPERT_KEYS
+    | {
+        "expert_feed_forward_length",
+        "attention.sliding_window",
+        "attention.sliding_window_pattern",
+        "rope.freq_base_swa",
+    },
 }
 # Keys llama.cpp's common loader reads for every architecture, accepted at the values that leave the
 # model a dense, causal, text-only transformer (llama-model.cpp load_hparams).

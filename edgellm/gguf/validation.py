@@ -29,6 +29,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from edgellm.gguf.config import MAX_HEAD_DIM, ModelConfig
+from edgellm.gguf.lfm2 import check_lfm2_layers, lfm2_tensors
 from edgellm.gguf.metadata import describe, get_bool, get_str, is_int
 from edgellm.gguf.reader import GGUFError, GGUFFile
 from edgellm.gguf.understood import check_understood
@@ -75,6 +76,8 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     H, Hkv, d, dv = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v
     if cfg.layer_norm:
         return _layer_norm_tensors(cfg)
+    if cfg.arch == "lfm2":  # attention and short-conv layers (gguf/lfm2.py)
+        return lfm2_tensors(cfg)
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (V, e)}
     for il in range(cfg.n_layers):
         p = f"blk.{il}."
@@ -125,11 +128,32 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             layer.update({"attn_q_norm.weight": (H * d,), "attn_k_norm.weight": (Hkv * d,)})
         if cfg.post_norms:
             layer.update({"post_attention_norm.weight": (e,), "post_ffw_norm.weight": (e,)})
+        if cfg.arch == "gpt-oss":
+            layer = _gpt_oss_layer(cfg, layer)
         shapes.update({p + name: shape for name, shape in layer.items()})
     shapes["output_norm.weight"] = (e,)
-    if cfg.arch == "olmo2":  # llama.cpp's OLMo 2 requires its own output matrix
+    if cfg.arch in ("olmo2", "gpt-oss"):  # llama.cpp requires their own output matrix
         shapes["output.weight"] = (V, e)
     return shapes
+
+
+def _gpt_oss_layer(cfg: ModelConfig, layer: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """A gpt-oss layer (arch/gpt_oss.py): post_attention_norm is the experts' pre-norm, the attention
+    sinks, and the biases llama.cpp requires (output projection, router, every expert matrix)."""
+    e, E, fe = cfg.n_embd, cfg.n_expert, cfg.n_ff_exp
+    out = {name: shape for name, shape in layer.items() if name != "ffn_norm.weight"}
+    out.update(
+        {
+            "post_attention_norm.weight": (e,),
+            "attn_sinks.weight": (cfg.n_heads,),
+            "attn_output.bias": (e,),
+            "ffn_gate_inp.bias": (E,),
+            "ffn_gate_exps.bias": (E, fe),
+            "ffn_up_exps.bias": (E, fe),
+            "ffn_down_exps.bias": (E, e),
+        }
+    )
+    return out
 
 
 def _layer_norm_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -202,6 +226,8 @@ def validate_model(g: GGUFFile, cfg: ModelConfig) -> None:
     _check_heads(g, cfg)
     check_understood(g, cfg)  # first: a tensor or key it does not implement explains a shape error after
     check_qkv_forms(g, cfg)
+    if cfg.arch == "lfm2":
+        check_lfm2_layers(g, cfg)
     shapes = expected_tensors(cfg)
     shapes.update({n: s for n, s in optional_tensors(cfg).items() if n in g.tensors and n not in shapes})
     for name, shape in shapes.items():

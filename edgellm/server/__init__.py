@@ -1,7 +1,9 @@
 """OpenAI-compatible HTTP server over the engine: `run_server(config)` (what `edgellm serve` calls).
 
 Starlette on uvicorn: the event loop handles HTTP and SSE while the engine core runs in its own process
-(engine/core.py), started by LLM. See app.py for the routes and generate.py for streaming.
+(engine/core_process.py), started by LLM. See app.py for the routes, state.py for what the server holds,
+endpoint.py and errors.py for the route wrapper and its errors, generate.py for streaming, and replicas/
+for `serve --replicas` on Ray Serve.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ import threading
 
 import uvicorn
 
-from edgellm.config import ServerConfig
-from edgellm.server.app import ServerState, build_app
+from edgellm.server.app import build_app
 from edgellm.server.http_strict import uvicorn_config
+from edgellm.server.state import ServerConfig, ServerState
 
 __all__ = ["ServerConfig", "build_app", "run_server"]
 

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from edgellm.server.errors import ApiError, bad_value
 from edgellm.server.frontend import (
     CallArgs,
     CallStart,
@@ -32,7 +33,7 @@ from edgellm.server.frontend import (
     respond,
 )
 from edgellm.server.ollama_api import can_switch_thinking
-from edgellm.server.protocol import ApiError, _bad, parse_chat
+from edgellm.server.protocol import parse_chat
 
 FIELDS = {
     "model", "max_tokens", "messages", "system", "stop_sequences", "stream", "temperature", "top_p", "top_k",
@@ -65,12 +66,12 @@ def _text(value: Any, where: str) -> str:
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
-        raise _bad(where, "expected a string or a list of text blocks")
+        raise bad_value(where, "expected a string or a list of text blocks")
     parts = []
     for i, b in enumerate(value):
         if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
             kind = b.get("type") if isinstance(b, dict) else None
-            raise _bad(f"{where}[{i}]", f"only text blocks are supported here, got {kind!r}")
+            raise bad_value(f"{where}[{i}]", f"only text blocks are supported here, got {kind!r}")
         parts.append(b["text"])
     return "".join(parts)
 
@@ -94,16 +95,16 @@ def _user(content: list, where: str, names: dict[str, str]) -> list[dict[str, An
         if kind == "tool_result":
             use_id = b.get("tool_use_id")
             if not isinstance(use_id, str):
-                raise _bad(f"{at}.tool_use_id", "expected the id of the tool_use block it answers")
+                raise bad_value(f"{at}.tool_use_id", "expected the id of the tool_use block it answers")
             result = _text(b.get("content", ""), f"{at}.content")
             if b.get("is_error") is True:
                 result = f"Error: {result}"
             msg = {"role": "tool", "tool_call_id": use_id, "content": result}
             tools.append({**msg, "name": names[use_id]} if use_id in names else msg)
         elif kind in ("image", "document"):
-            raise _bad(at, f"{kind} blocks are not supported: the model reads text only")
+            raise bad_value(at, f"{kind} blocks are not supported: the model reads text only")
         else:
-            raise _bad(at, f"unsupported content block {kind!r} (text, tool_result)")
+            raise bad_value(at, f"unsupported content block {kind!r} (text, tool_result)")
     return tools + ([{"role": "user", "content": "".join(texts)}] if texts or not tools else [])
 
 
@@ -113,9 +114,9 @@ def _assistant(content: list, where: str, names: dict[str, str]) -> dict[str, An
     for at, kind, b in _blocks(content, where, texts):
         if kind == "tool_use":
             if not isinstance(b.get("id"), str) or not isinstance(b.get("name"), str):
-                raise _bad(at, "expected a tool_use block with an 'id' and a 'name'")
+                raise bad_value(at, "expected a tool_use block with an 'id' and a 'name'")
             if not isinstance(b.get("input", {}), dict):
-                raise _bad(f"{at}.input", "expected an object")
+                raise bad_value(f"{at}.input", "expected an object")
             names[b["id"]] = b["name"]
             args = json.dumps(b.get("input", {}), ensure_ascii=False)
             calls.append(
@@ -124,7 +125,7 @@ def _assistant(content: list, where: str, names: dict[str, str]) -> dict[str, An
         elif kind in ("thinking", "redacted_thinking"):
             pass  # earlier reasoning: templates leave it out of the prompt
         else:
-            raise _bad(at, f"unsupported content block {kind!r} in an assistant turn (text, tool_use)")
+            raise bad_value(at, f"unsupported content block {kind!r} in an assistant turn (text, tool_use)")
     return {"role": "assistant", "content": "".join(texts), **({"tool_calls": calls} if calls else {})}
 
 
@@ -135,17 +136,17 @@ def _messages(body: dict) -> list[dict[str, Any]]:
         out.append({"role": "system", "content": _text(system, "system")})
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
-        raise _bad("messages", "expected a non-empty list of messages")
+        raise bad_value("messages", "expected a non-empty list of messages")
     names: dict[str, str] = {}  # tool_use id -> the tool's name
     for i, m in enumerate(msgs):
         where = f"messages[{i}]"
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-            raise _bad(f"{where}.role", "expected a message with role 'user' or 'assistant'")
+            raise bad_value(f"{where}.role", "expected a message with role 'user' or 'assistant'")
         content = m.get("content")
         if isinstance(content, str):
             out.append({"role": m["role"], "content": content})
         elif not isinstance(content, list):
-            raise _bad(f"{where}.content", "expected a string or a list of content blocks")
+            raise bad_value(f"{where}.content", "expected a string or a list of content blocks")
         elif m["role"] == "user":
             out += _user(content, f"{where}.content", names)
         else:
@@ -157,11 +158,13 @@ def _tools(body: dict, out: dict[str, Any]) -> None:
     tools, choice = body.get("tools"), body.get("tool_choice")
     if tools is not None:
         if not isinstance(tools, list):
-            raise _bad("tools", "expected a list of tools")
+            raise bad_value("tools", "expected a list of tools")
         converted = []
         for i, t in enumerate(tools):
             if not isinstance(t, dict) or t.get("type", "custom") != "custom" or "input_schema" not in t:
-                raise _bad(f"tools[{i}]", "expected a client tool {'name', 'description', 'input_schema'}")
+                raise bad_value(
+                    f"tools[{i}]", "expected a client tool {'name', 'description', 'input_schema'}"
+                )
             fn = {"name": t.get("name"), "description": t.get("description"), "parameters": t["input_schema"]}
             converted.append({"type": "function", "function": {k: v for k, v in fn.items() if v is not None}})
         out["tools"] = converted
@@ -169,7 +172,7 @@ def _tools(body: dict, out: dict[str, Any]) -> None:
         return
     kind = choice.get("type") if isinstance(choice, dict) else None
     if kind not in ("auto", "any", "tool", "none"):
-        raise _bad("tool_choice", "expected {'type': 'auto' | 'any' | 'tool' | 'none'}")
+        raise bad_value("tool_choice", "expected {'type': 'auto' | 'any' | 'tool' | 'none'}")
     if kind == "tool":
         out["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
     else:
@@ -177,7 +180,7 @@ def _tools(body: dict, out: dict[str, Any]) -> None:
     one_call = choice.get("disable_parallel_tool_use")
     if one_call is not None:
         if not isinstance(one_call, bool):
-            raise _bad("tool_choice.disable_parallel_tool_use", "expected a boolean")
+            raise bad_value("tool_choice.disable_parallel_tool_use", "expected a boolean")
         out["parallel_tool_calls"] = not one_call
 
 
@@ -190,13 +193,13 @@ def openai_body(
     (the server's --reasoning-budget applies to every request)."""
     extra = sorted(set(body) - allowed)
     if extra:
-        raise _bad(extra[0], "unknown field (Extra inputs are not permitted)")
+        raise bad_value(extra[0], "unknown field (Extra inputs are not permitted)")
     thinking = body.get("thinking")
     kind = thinking.get("type") if isinstance(thinking, dict) else None
     if thinking is not None and kind != "disabled":
-        raise _bad("thinking", "only {'type': 'disabled'}: there is no per-request thinking budget here")
+        raise bad_value("thinking", "only {'type': 'disabled'}: there is no per-request thinking budget here")
     if not count_only and body.get("max_tokens") is None:
-        raise _bad("max_tokens", "required")
+        raise bad_value("max_tokens", "required")
     out = {
         k: body[k] for k in ("model", "max_tokens", "temperature", "top_p", "top_k", "stream") if k in body
     }
@@ -204,7 +207,7 @@ def openai_body(
         out["stop"] = body["stop_sequences"]
     metadata = body.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
-        raise _bad("metadata", "expected an object")
+        raise bad_value("metadata", "expected an object")
     if isinstance(metadata, dict) and metadata.get("user_id") is not None:
         out["user"] = metadata["user_id"]
     if kind == "disabled" and can_switch_thinking:

@@ -1,23 +1,18 @@
-"""The Starlette application: routes, API-key check, body limit, OpenAI-style errors, model loading. The
-other APIs (ollama_api.py, anthropic_api.py, responses_api.py) add their routes on the same front-end.
+"""The Starlette application: the OpenAI routes, /health, /metrics and (de)tokenize over one ServerState
+(state.py), each wrapped by errors.py's endpoint. The other APIs (ollama_api.py, anthropic_api.py,
+responses_api.py, infill.py) add their routes on the same front-end.
 
 The model loads on a background thread after the socket is up, so /health can answer 503 while it
 loads; every model endpoint answers 503 until then too. The engine core runs in its own process (see
-engine/core.py): if it dies, in-flight requests get an error, /health answers 503 with the reason, and a
-new core is started; if that fails too, the server exits non-zero.
+engine/core_process.py): if it dies, in-flight requests get an error, /health answers 503 with the reason,
+and a new core is started; if that fails too, the server exits non-zero.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
-import threading
-import time
-from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
@@ -26,221 +21,22 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from edgellm.chat_template import ChatPrompt, ChatTemplate, ChatTemplateError
-from edgellm.config import ServerConfig
-from edgellm.llm import LLM
 from edgellm.server.anthropic_api import anthropic_routes
-from edgellm.server.auth import check_api_key, has_api_key
-from edgellm.server.compat import ModelNames, cors_middleware, with_unprefixed
+from edgellm.server.auth import has_api_key
+from edgellm.server.compat import cors_middleware, with_unprefixed
 from edgellm.server.embeddings import embeddings
+from edgellm.server.endpoint import endpoint, error_response, read_json
+from edgellm.server.errors import ApiError
 from edgellm.server.frontend import Frontend
 from edgellm.server.generate import generate
 from edgellm.server.infill import completion_prompts, infill_routes
-from edgellm.server.metrics import ServerMetrics
 from edgellm.server.ollama_api import ollama_routes
-from edgellm.server.protocol import (
-    ApiError,
-    GenerationRequest,
-    check_unicode,
-    constrain,
-    parse_chat,
-    parse_completion,
-)
+from edgellm.server.protocol import GenerationRequest, constrain, parse_chat, parse_completion
 from edgellm.server.responses_api import responses_routes
+from edgellm.server.state import ServerState, render_chat_prompt
 from edgellm.server.thinking import reasoning_setup, thinking_options
 
 log = logging.getLogger("edgellm.server")
-
-
-class ServerState:
-    def __init__(self, config: ServerConfig) -> None:
-        self.config = config
-        self.names = ModelNames(config.engine.model, config.served_model_names)
-        self.model_name = self.names.primary
-        self.metrics = ServerMetrics(self.model_name)
-        self.llm: LLM = None  # type: ignore[assignment]  # set once loaded
-        self.core_error: str | None = None  # why the engine core died, while a new one starts
-        self.request_exit: Callable[[], None] = lambda: None  # set by run_server
-        self.template: ChatTemplate | None = None
-        self.template_error: str | None = None  # why chat requests cannot be served (broken template)
-        # Templates render on their own threads: a slow one never blocks the event loop or other requests.
-        self.template_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="edgellm-template")
-        self.ready = threading.Event()
-        self.load_error: BaseException | None = None
-        self.in_flight = 0
-        self.created = int(time.time())
-
-    def load(self, progress: Callable[[str], None] | None = None) -> None:
-        try:
-            llm = LLM(config=self.config.engine, progress=progress)
-            self.template, self.template_error = load_template(self.config, llm)
-            llm.on_core_death = self._core_died
-            self.llm = llm
-            self.ready.set()
-        except BaseException as e:
-            self.load_error = e
-            raise
-
-    def _core_died(self, reason: str) -> None:
-        """The engine core is gone (its requests have their errors): restart it on a helper thread."""
-        log.error("%s; restarting the engine core", reason)
-        self.core_error = reason
-
-        def restart() -> None:
-            try:
-                self.llm.restart()
-            except BaseException as e:  # noqa: BLE001 - no engine: the server stops, non-zero
-                log.error("could not restart the engine core: %r", e)
-                self.load_error = e
-                self.request_exit()
-                return
-            self.core_error = None
-            log.warning("engine core restarted")
-
-        threading.Thread(target=restart, name="edgellm-core-restart", daemon=True).start()
-
-    def admit(self, k: int) -> Callable[[], None]:
-        """Reserve k request slots or raise 429; returns an idempotent release."""
-        running, queued = self.config.engine.max_num_seqs, self.config.max_queue
-        if self.in_flight + k > running + queued:
-            raise ApiError(
-                429,
-                f"the server is at capacity ({self.in_flight} requests in flight, "
-                f"{running} running + {queued} queued at most); retry later",
-                type="rate_limit_error",
-                code="queue_full",
-                headers={"Retry-After": "1"},
-            )
-        self.in_flight += k
-        released = False
-
-        def release() -> None:
-            nonlocal released
-            if not released:
-                released = True
-                self.in_flight -= k
-
-        return release
-
-
-def load_template(config: ServerConfig, llm: LLM) -> tuple[ChatTemplate | None, str | None]:
-    """The chat template, checked once with a plain conversation; a broken one is reported now and turns
-    chat requests into 400s naming the problem, while completions keep working."""
-    try:
-        if config.chat_template_file is not None:
-            source = Path(config.chat_template_file).read_text(encoding="utf-8")
-            metadata = {**llm.metadata, "tokenizer.chat_template": source}
-            template = ChatTemplate.from_metadata(metadata, llm.tokenizer)
-            template.name = config.chat_template_file
-        else:
-            template = ChatTemplate.from_metadata(llm.metadata, llm.tokenizer)
-        template.check()
-        return template, None
-    except ChatTemplateError as e:
-        print(f"edgellm: WARNING: {e}; chat requests will be refused", flush=True)
-        log.warning("%s", e)
-        return None, str(e)
-
-
-class ErrorResponse(JSONResponse):
-    """Error bodies as ASCII JSON: a message echoing client text (a lone surrogate, say) always encodes."""
-
-    def render(self, content: Any) -> bytes:
-        return json.dumps(content, separators=(",", ":")).encode("ascii")
-
-
-def error_response(
-    e: ApiError, state: ServerState | None = None, body: Callable[[ApiError], Any] | None = None
-) -> JSONResponse:
-    """The error as OpenAI's body, or as `body(e)` builds it for another API."""
-    if state is not None:
-        state.metrics.http_errors[e.status] += 1
-    return ErrorResponse(e.body() if body is None else body(e), status_code=e.status, headers=e.headers)
-
-
-async def render_chat_prompt(
-    state: ServerState,
-    messages: list[dict[str, Any]],
-    add_generation_prompt: bool = True,
-    tools: list[dict[str, Any]] | None = None,
-    template_kwargs: dict[str, Any] | None = None,
-) -> ChatPrompt:
-    if state.template is None:
-        raise ApiError(400, f"chat is unavailable: {state.template_error}", param="messages")
-    render = state.template.render_prompt
-    try:
-        return await asyncio.get_running_loop().run_in_executor(
-            state.template_pool,
-            lambda: render(
-                messages,
-                state.llm.tokenizer,
-                add_generation_prompt,
-                allow_special_in_content=state.config.allow_special_in_content,
-                tools=tools,
-                template_kwargs=template_kwargs,
-            ),
-        )
-    except ChatTemplateError as e:
-        raise ApiError(400, str(e), param="messages") from None
-
-
-Handler = Callable[[Request], Awaitable[Response]]
-
-
-def endpoint(
-    state: ServerState,
-    auth: bool = True,
-    needs_model: bool = True,
-    error_body: Callable[[ApiError], Any] | None = None,
-    x_api_key: bool = False,
-) -> Callable[[Handler], Handler]:
-    """Wrap a handler with the API-key check (`x_api_key`: that header may carry it too), the loading
-    check and ApiError -> JSON conversion (OpenAI's error body, or `error_body(e)`)."""
-
-    def wrap(fn: Handler) -> Handler:
-        async def handler(request: Request) -> Response:
-            try:
-                if auth and state.config.api_key is not None:
-                    check_api_key(request, state.config.api_key, x_api_key)
-                if needs_model and not state.ready.is_set():
-                    raise ApiError(503, "the model is still loading", type="server_error", code="loading")
-                return await fn(request)
-            except ApiError as e:
-                return error_response(e, state, error_body)
-            except ValueError as e:  # SamplingParams and the engine reject bad values with ValueError
-                return error_response(ApiError(400, str(e)), state, error_body)
-            except RecursionError:  # a body just under json's nesting limit, walked a few frames deeper
-                return error_response(ApiError(400, "the request is nested too deeply"), state, error_body)
-
-        return handler
-
-    return wrap
-
-
-async def read_json(request: Request, limit: int) -> dict[str, Any]:
-    declared = request.headers.get("content-length", "")
-    too_large = ApiError(413, f"request body exceeds {limit} bytes", code="body_too_large")
-    if declared.isdigit() and int(declared) > 8 * limit:
-        raise too_large  # not worth draining
-    chunks, size = [], 0
-    async for chunk in request.stream():  # drained past the limit so the client reads a clean 413
-        size += len(chunk)
-        if size <= limit:
-            chunks.append(chunk)
-        elif size > 8 * limit:
-            break
-    if size > limit:
-        raise too_large
-    try:
-        body = json.loads(b"".join(chunks))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"malformed JSON body: {e}", code="invalid_json") from None
-    except RecursionError:
-        raise ApiError(400, "malformed JSON body: nested too deeply", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
-    check_unicode(body)
-    return body
 
 
 def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) -> Starlette:
@@ -256,11 +52,8 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
         await constrain(req, (state.llm.tokenizer, state.llm.config.n_vocab))
         if req.messages is None:
             assert req.prompts is not None and len(req.prompts) == 1
-            p = req.prompts[0]
-            ids = state.llm.tokenize(p, add_special=True) if isinstance(p, str) else p
-            if not ids:
-                raise ApiError(400, "empty prompt: at least one token is needed", param="prompt")
-            return ids
+            p = req.prompts[0]  # checked with the others in start_generation
+            return state.llm.tokenize(p, add_special=True) if isinstance(p, str) else p
         template_kwargs, budget = thinking_options(state, req)
         tools = req.tools and req.tools.tools
         prompt = await render_chat_prompt(state, req.messages, tools=tools, template_kwargs=template_kwargs)
@@ -281,10 +74,7 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
         check_model(req.model)
         assert req.prompts is not None
         await constrain(req, (state.llm.tokenizer, state.llm.config.n_vocab))
-        prompts = completion_prompts(state, req)
-        if any(not p for p in prompts):
-            raise ApiError(400, "empty prompt: at least one token is needed", param="prompt")
-        return await generate(state, request, req, prompts, chat=False)
+        return await generate(state, request, req, completion_prompts(state, req), chat=False)
 
     @endpoint(state)
     async def create_embeddings(request: Request) -> Response:

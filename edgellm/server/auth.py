@@ -17,7 +17,7 @@ import re
 
 from starlette.requests import Request
 
-from edgellm.server.protocol import ApiError
+from edgellm.server.errors import ApiError
 
 _BEARER = re.compile(rb"[Bb][Ee][Aa][Rr][Ee][Rr] +(?P<key>.*)", re.DOTALL)
 _KEY_CHARS = re.compile(r"[\x21-\x7e]+")  # what an Authorization header carries without encoding

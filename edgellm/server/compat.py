@@ -11,7 +11,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import BaseRoute, Route
 
 from edgellm.catalog import CATALOG
-from edgellm.server.protocol import ApiError
+from edgellm.server.errors import ApiError
 
 CORS_MAX_AGE_S = 600  # how long a browser may reuse a preflight answer
 

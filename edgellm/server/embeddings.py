@@ -14,11 +14,11 @@ from starlette.responses import JSONResponse, Response
 
 from edgellm.engine.checks import PromptTooLongError
 from edgellm.engine.core_client import EngineDeadError
+from edgellm.server.errors import ApiError, bad_value
 from edgellm.server.generate import _until_disconnect
-from edgellm.server.protocol import ApiError
 
 if TYPE_CHECKING:
-    from edgellm.server.app import ServerState
+    from edgellm.server.state import ServerState
 
 MAX_INPUTS = 2048  # OpenAI's limit of inputs per request
 ENCODINGS = ("float", "base64")
@@ -32,10 +32,6 @@ class EmbeddingRequest:
     dimensions: int | None
 
 
-def _bad(param: str, message: str) -> ApiError:
-    return ApiError(400, f"'{param}': {message}", param=param, code="invalid_value")
-
-
 def _is_ids(v: Any) -> bool:
     return isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
 
@@ -43,7 +39,7 @@ def _is_ids(v: Any) -> bool:
 def parse_embedding(body: dict[str, Any]) -> EmbeddingRequest:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        raise _bad("model", f"expected a string, got {type(model).__name__}")
+        raise bad_value("model", f"expected a string, got {type(model).__name__}")
     x = body.get("input")
     if isinstance(x, str):
         inputs: list = [x]
@@ -54,19 +50,19 @@ def parse_embedding(body: dict[str, Any]) -> EmbeddingRequest:
     elif isinstance(x, list) and x and all(_is_ids(s) for s in x):
         inputs = list(x)
     else:
-        raise _bad("input", "expected a string, a list of strings, token ids or lists of token ids")
+        raise bad_value("input", "expected a string, a list of strings, token ids or lists of token ids")
     if len(inputs) > MAX_INPUTS:
-        raise _bad("input", f"{len(inputs)} inputs; at most {MAX_INPUTS} per request")
+        raise bad_value("input", f"{len(inputs)} inputs; at most {MAX_INPUTS} per request")
     for i, s in enumerate(inputs):
         if not s:
-            raise _bad("input", f"input {i} is empty")
+            raise bad_value("input", f"input {i} is empty")
     fmt = body.get("encoding_format")
     fmt = "float" if fmt is None else fmt
     if fmt not in ENCODINGS:
-        raise _bad("encoding_format", f"expected one of {', '.join(ENCODINGS)}, got {fmt!r}")
+        raise bad_value("encoding_format", f"expected one of {', '.join(ENCODINGS)}, got {fmt!r}")
     dims = body.get("dimensions")
     if dims is not None and (not isinstance(dims, int) or isinstance(dims, bool)):
-        raise _bad("dimensions", f"expected an integer, got {type(dims).__name__}")
+        raise bad_value("dimensions", f"expected an integer, got {type(dims).__name__}")
     return EmbeddingRequest(model, inputs, fmt, dims)
 
 
@@ -111,7 +107,7 @@ async def embeddings(state: ServerState, request: Request, body: dict[str, Any])
     state.names.check(req.model)
     n_embd = state.llm.config.n_embd
     if req.dimensions is not None and req.dimensions != n_embd:
-        raise _bad(
+        raise bad_value(
             "dimensions",
             f"{req.dimensions} is not supported: this model's embeddings have {n_embd} dimensions (no "
             "shortening); leave it out or send that",

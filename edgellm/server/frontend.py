@@ -20,7 +20,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from edgellm.engine.core_client import EngineDeadError
-from edgellm.engine.outputs import RequestMetrics
+from edgellm.engine.outputs import CompletionOutput, RequestMetrics
+from edgellm.server.errors import ApiError
 from edgellm.server.generate import (
     EngineStreamResponse,
     Generation,
@@ -28,11 +29,11 @@ from edgellm.server.generate import (
     engine_error,
     start_generation,
 )
-from edgellm.server.protocol import ApiError, GenerationRequest
+from edgellm.server.protocol import GenerationRequest
 from edgellm.server.tools import ToolOutput
 
 if TYPE_CHECKING:
-    from edgellm.server.app import ServerState
+    from edgellm.server.state import ServerState
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -141,14 +142,13 @@ def matched_stop(state: ServerState, text: str, token_ids: list[int], stops: lis
 async def events(state: ServerState, req: GenerationRequest, gen: Generation) -> AsyncIterator[Event]:
     """The engine's output for a one-completion request as events, tool calls parsed when it has tools."""
     tools = ToolOutput(req.tools) if req.tools is not None else None
-    token_ids: list[int] = []
-    text, reason = "", None
+    whole = CompletionOutput.empty(0)
+    reason = None
     n_prompt = n_cached = 0
     metrics = None
     async for _, out in _closing(gen.merged):
         for d in out.deltas:
-            token_ids += d.token_ids
-            text += d.text
+            whole.add(d)
             if d.reasoning:  # the think block's text, ahead of this step's answer text
                 yield Reasoning(d.reasoning)
             deltas = tools.feed(d.text) if tools is not None else [{"content": d.text}]
@@ -166,8 +166,8 @@ async def events(state: ServerState, req: GenerationRequest, gen: Generation) ->
             state.metrics.observe_request(out.metrics, reason or "stop")
             metrics = out.metrics
     reason = reason or "stop"
-    stop = matched_stop(state, text, token_ids, req.params.stop) if reason == "stop" else None
-    yield End(reason, stop, n_prompt, len(token_ids), n_cached, metrics)
+    stop = matched_stop(state, whole.text, whole.token_ids, req.params.stop) if reason == "stop" else None
+    yield End(reason, stop, n_prompt, len(whole.token_ids), n_cached, metrics)
 
 
 async def _closing(merged: AsyncIterator[Any]) -> AsyncIterator[Any]:

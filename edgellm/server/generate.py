@@ -15,7 +15,8 @@ from starlette.types import Receive, Scope, Send
 
 from edgellm.engine.checks import PromptTooLongError
 from edgellm.engine.core_client import EngineDeadError
-from edgellm.engine.outputs import RequestOutput
+from edgellm.engine.outputs import OutputCollector, RequestOutput
+from edgellm.server.errors import ApiError
 from edgellm.server.openai_format import (
     Choice,
     ResponseHead,
@@ -26,11 +27,11 @@ from edgellm.server.openai_format import (
     usage,
 )
 from edgellm.server.openai_format import chat_logprobs as chat_lp
-from edgellm.server.protocol import ApiError, GenerationRequest
+from edgellm.server.protocol import GenerationRequest
 from edgellm.server.tools import ToolOutput
 
 if TYPE_CHECKING:
-    from edgellm.server.app import ServerState
+    from edgellm.server.state import ServerState
 
 
 class EngineStreamResponse(StreamingResponse):
@@ -187,22 +188,27 @@ async def generate(
 async def _collect(
     state: ServerState, req: GenerationRequest, head: ResponseHead, merged: Any, num_choices: int
 ) -> JSONResponse:
-    choices = [Choice() for _ in range(num_choices)]
+    n = req.params.n
+    collectors = [OutputCollector(n) for _ in range(num_choices // n)]  # one per prompt
     n_prompt = n_cached = 0
     async for pi, out in merged:
-        for d in out.deltas:
-            c = choices[pi * req.params.n + d.index]
-            c.text += d.text
-            if req.params.reasoning_split is not None:
-                c.reasoning = (c.reasoning or "") + d.reasoning
-            c.num_tokens += len(d.token_ids)
-            c.finish_reason = d.finish_reason or c.finish_reason
-            if d.logprobs:
-                c.logprobs += d.logprobs
+        collectors[pi].push(out)
         if out.finished:
             n_prompt += out.metrics.num_prompt_tokens
             n_cached += out.metrics.num_cached_tokens
-            state.metrics.observe_request(out.metrics, choices[pi * req.params.n].finish_reason or "stop")
+            state.metrics.observe_request(out.metrics, collectors[pi].outputs[0].finish_reason or "stop")
+    split = req.params.reasoning_split is not None
+    choices = [
+        Choice(
+            text=o.text,
+            num_tokens=len(o.token_ids),
+            finish_reason=o.finish_reason,
+            logprobs=o.logprobs or [],
+            reasoning=o.reasoning if split else None,
+        )
+        for c in collectors
+        for o in c.outputs
+    ]
     if req.tools is not None:  # the text becomes content and tool calls
         for c in choices:
             out = ToolOutput(req.tools)

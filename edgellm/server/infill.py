@@ -18,13 +18,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from edgellm.server.errors import ApiError
 from edgellm.server.frontend import End, Event, Frontend, Reply, Text, respond
 from edgellm.server.openai_format import sse
-from edgellm.server.protocol import ApiError, GenerationRequest, parse_completion
+from edgellm.server.protocol import GenerationRequest, parse_completion
 from edgellm.tokenizer.fim import DEFAULT_CHUNK_FILE_NAME, FimTokens, NoFimError, fim_prompt_ids, fim_tokens
 
 if TYPE_CHECKING:
-    from edgellm.server.app import ServerState
+    from edgellm.server.state import ServerState
 
 # /infill's own fields; every other field goes to parse_completion as it is.
 _INFILL_FIELDS = ("input_prefix", "input_suffix", "input_extra", "prompt", "n_predict")

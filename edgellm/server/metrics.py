@@ -7,8 +7,8 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 
-from edgellm.engine.llm_engine import EngineStats
 from edgellm.engine.outputs import RequestMetrics
+from edgellm.engine.protocol import EngineStats
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 60.0)
 ITL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)

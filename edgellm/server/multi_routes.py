@@ -25,12 +25,12 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from edgellm.server import anthropic_api, ollama_api
-from edgellm.server.app import error_response
 from edgellm.server.auth import check_api_key
 from edgellm.server.compat import with_unprefixed
+from edgellm.server.endpoint import error_response
+from edgellm.server.errors import ApiError
 from edgellm.server.ollama_models import file_entry
 from edgellm.server.ollama_options import opt_bool
-from edgellm.server.protocol import ApiError
 
 if TYPE_CHECKING:
     from edgellm.server.multi import ModelRouter, ModelSlot

@@ -22,6 +22,7 @@ from starlette.routing import Route
 from edgellm.catalog import CATALOG, local_path
 from edgellm.reasoning import thinking_plan
 from edgellm.server.embeddings import embed
+from edgellm.server.errors import ApiError
 from edgellm.server.frontend import (
     CallArgs,
     CallStart,
@@ -36,10 +37,10 @@ from edgellm.server.frontend import (
 )
 from edgellm.server.ollama_models import model_entry, show_body
 from edgellm.server.ollama_options import bad, chat_messages, check_common, openai_fields, opt_bool
-from edgellm.server.protocol import ApiError, parse_chat, parse_completion
+from edgellm.server.protocol import parse_chat, parse_completion
 
 if TYPE_CHECKING:
-    from edgellm.server.app import ServerState
+    from edgellm.server.state import ServerState
 
 # What /api/version reports: the Ollama release whose API this matches; VS Code's Copilot needs >= 0.6.4.
 OLLAMA_VERSION = "0.6.4"

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import gguf
 
 if TYPE_CHECKING:
-    from edgellm.server.app import ServerState
+    from edgellm.server.state import ServerState
 
 
 def _details(meta: Mapping[str, Any]) -> dict[str, Any]:

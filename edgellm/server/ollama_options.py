@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from edgellm.server.protocol import ApiError, _bad, _is_int, _is_number
+from edgellm.server.errors import ApiError, bad_value
+from edgellm.server.protocol import _is_int, _is_number
 
 OPTION_FIELDS = {
     "temperature": "temperature",
@@ -45,7 +46,7 @@ THINK_EFFORTS: dict[bool | str, str] = {True: "medium", False: "none", "low": "l
 
 
 def bad(param: str, message: str) -> ApiError:
-    return _bad(param, message)
+    return bad_value(param, message)
 
 
 def opt_bool(body: dict, key: str) -> bool | None:

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgellm.engine.outputs import TokenLogprob
+from edgellm.engine.protocol import TokenLogprob
 from edgellm.tokenizer import Tokenizer
 
 SYSTEM_FINGERPRINT = "edgellm"

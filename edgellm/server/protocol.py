@@ -1,4 +1,4 @@
-"""OpenAI request bodies -> validated requests (SamplingParams and prompts), and OpenAI-style errors.
+"""OpenAI request bodies -> validated requests (SamplingParams and prompts); a bad field is an ApiError.
 
 Unknown fields are ignored, as OpenAI does; a known field of the wrong type or out of range is a 400
 naming the field. `null` counts as "not given" for every optional field. Booleans are never accepted
@@ -17,39 +17,14 @@ from typing import Any
 
 from edgellm.grammar import GrammarError, constrain_async
 from edgellm.grammar_worker import default_pool
-from edgellm.sampling import PARAM_BOUNDS, SamplingParams
-from edgellm.server.thinking import parse_thinking
+from edgellm.sampling import MAX_SEED, PARAM_BOUNDS, SamplingParams
+from edgellm.server.errors import ApiError, bad_value
 from edgellm.server.tools import ToolRequest, checked_tool_schema, parse_response_format, parse_tools
 
 MAX_N = 16  # completions per request
 MAX_TOP_LOGPROBS = 20
 MAX_STOP = 16
-MAX_SEED = 2**63 - 1  # OpenAI's seed is an int64; numpy seeds its generators with any non-negative int
 CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
-
-
-class ApiError(Exception):
-    """An error the client caused or must handle, rendered as OpenAI's {"error": {...}} body."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
-        self.headers = headers
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-def _bad(param: str, message: str) -> ApiError:
-    return ApiError(400, f"'{param}': {message}", param=param, code="invalid_value")
 
 
 def _is_int(v: Any) -> bool:
@@ -97,9 +72,9 @@ def _int(body: dict, key: str, lo: int | None = None, hi: int | None = None) -> 
     if v is None:
         return None
     if not _is_int(v):
-        raise _bad(key, f"expected an integer, got {type(v).__name__}")
+        raise bad_value(key, f"expected an integer, got {type(v).__name__}")
     if (lo is not None and v < lo) or (hi is not None and v > hi):
-        raise _bad(
+        raise bad_value(
             key,
             f"{v} is out of range [{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]",
         )
@@ -111,9 +86,9 @@ def _number(body: dict, key: str, lo: float, hi: float, lo_open: bool = False) -
     if v is None:
         return None
     if not _is_number(v):
-        raise _bad(key, f"expected a number, got {type(v).__name__}")
+        raise bad_value(key, f"expected a number, got {type(v).__name__}")
     if v > hi or v < lo or (lo_open and v == lo):
-        raise _bad(key, f"{v} is out of range {'(' if lo_open else '['}{lo}, {hi}]")
+        raise bad_value(key, f"{v} is out of range {'(' if lo_open else '['}{lo}, {hi}]")
     return float(v)
 
 
@@ -122,7 +97,7 @@ def _bool(body: dict, key: str) -> bool | None:
     if v is None:
         return None
     if not isinstance(v, bool):
-        raise _bad(key, f"expected a boolean, got {type(v).__name__}")
+        raise bad_value(key, f"expected a boolean, got {type(v).__name__}")
     return v
 
 
@@ -131,7 +106,7 @@ def _str(body: dict, key: str) -> str | None:
     if v is None:
         return None
     if not isinstance(v, str):
-        raise _bad(key, f"expected a string, got {type(v).__name__}")
+        raise bad_value(key, f"expected a string, got {type(v).__name__}")
     return v
 
 
@@ -174,33 +149,35 @@ def _common(
     elif isinstance(stop, str):
         stop = [stop]
     elif not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
-        raise _bad("stop", "expected a string or a list of strings")
+        raise bad_value("stop", "expected a string or a list of strings")
     if len(stop) > MAX_STOP or any(not s for s in stop):
-        raise _bad("stop", f"at most {MAX_STOP} non-empty strings")
+        raise bad_value("stop", f"at most {MAX_STOP} non-empty strings")
     bias_raw = body.get("logit_bias")
     logit_bias: dict[int, float] | None = None
     if bias_raw is not None:
         if not isinstance(bias_raw, dict):
-            raise _bad("logit_bias", "expected an object mapping token ids to biases")
+            raise bad_value("logit_bias", "expected an object mapping token ids to biases")
         logit_bias = {}
         for k, v in bias_raw.items():
             try:
                 tid = int(k)
             except ValueError:
-                raise _bad("logit_bias", f"key {reprlib.repr(k)} is not a token id") from None
+                raise bad_value("logit_bias", f"key {reprlib.repr(k)} is not a token id") from None
             if not 0 <= tid < vocab_size:
-                raise _bad("logit_bias", f"token id {tid} is outside the vocabulary (0..{vocab_size - 1})")
+                raise bad_value(
+                    "logit_bias", f"token id {tid} is outside the vocabulary (0..{vocab_size - 1})"
+                )
             if not _is_number(v) or not -100 <= v <= 100:
-                raise _bad("logit_bias", f"bias for token {tid} must be a number in [-100, 100]")
+                raise bad_value("logit_bias", f"bias for token {tid} must be a number in [-100, 100]")
             logit_bias[tid] = float(v)
     stream = _bool(body, "stream") or False
     options = body.get("stream_options")
     include_usage = False
     if options is not None:
         if not isinstance(options, dict):
-            raise _bad("stream_options", "expected an object")
+            raise bad_value("stream_options", "expected an object")
         if not stream:
-            raise _bad("stream_options", "only allowed when 'stream' is true")
+            raise bad_value("stream_options", "only allowed when 'stream' is true")
         include_usage = _bool(options, "include_usage") or False
     top_k = _int(body, "top_k", lo=-1)
     opt = {
@@ -233,21 +210,23 @@ async def constrain(req: GenerationRequest, vocab: tuple[Any, int]) -> None:
             await constrain_async(req.params, vocab, schema)
     except GrammarError as e:
         prefix = "a function's parameters cannot constrain decoding: " if param == "tools" else ""
-        raise _bad(param, prefix + str(e)) from None
+        raise bad_value(param, prefix + str(e)) from None
 
 
 def _messages(body: dict) -> list[dict[str, Any]]:
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
-        raise _bad("messages", "expected a non-empty list of messages")
+        raise bad_value("messages", "expected a non-empty list of messages")
     out = []
     for i, m in enumerate(msgs):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
-            raise _bad(where, "expected an object")
+            raise bad_value(where, "expected an object")
         role = m.get("role")
         if not isinstance(role, str) or role not in CHAT_ROLES:
-            raise _bad(f"{where}.role", f"expected one of {sorted(CHAT_ROLES)}, got {reprlib.repr(role)}")
+            raise bad_value(
+                f"{where}.role", f"expected one of {sorted(CHAT_ROLES)}, got {reprlib.repr(role)}"
+            )
         content = m.get("content")
         if content is None:
             content = ""
@@ -258,9 +237,9 @@ def _messages(body: dict) -> list[dict[str, Any]]:
                     and part.get("type") == "text"
                     and isinstance(part.get("text"), str)
                 ):
-                    raise _bad(f"{where}.content", "only text content parts are supported")
+                    raise bad_value(f"{where}.content", "only text content parts are supported")
         elif not isinstance(content, str):
-            raise _bad(f"{where}.content", "expected a string or a list of content parts")
+            raise bad_value(f"{where}.content", "expected a string or a list of content parts")
         msg = {"role": "system" if role == "developer" else role, "content": content}
         if role == "assistant" and m.get("tool_calls") is not None:
             msg["tool_calls"] = _history_tool_calls(m["tool_calls"], f"{where}.tool_calls")
@@ -268,7 +247,7 @@ def _messages(body: dict) -> list[dict[str, Any]]:
             for key in ("tool_call_id", "name"):
                 if m.get(key) is not None:
                     if not isinstance(m[key], str):
-                        raise _bad(f"{where}.{key}", "expected a string")
+                        raise bad_value(f"{where}.{key}", "expected a string")
                     msg[key] = m[key]
         out.append(msg)
     return out
@@ -277,18 +256,18 @@ def _messages(body: dict) -> list[dict[str, Any]]:
 def _history_tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
     """An assistant message's earlier tool calls, as OpenAI sends them back."""
     if not isinstance(calls, list):
-        raise _bad(where, "expected a list of tool calls")
+        raise bad_value(where, "expected a list of tool calls")
     out = []
     for i, c in enumerate(calls):
         fn = c.get("function") if isinstance(c, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise _bad(f"{where}[{i}]", "expected {'id', 'type', 'function': {'name', 'arguments'}}")
+            raise bad_value(f"{where}[{i}]", "expected {'id', 'type', 'function': {'name', 'arguments'}}")
         args = fn.get("arguments", "{}")
         if not isinstance(args, str):
-            raise _bad(f"{where}[{i}].function.arguments", "expected a JSON string")
+            raise bad_value(f"{where}[{i}].function.arguments", "expected a JSON string")
         call_id = c.get("id")
         if call_id is not None and not isinstance(call_id, str):
-            raise _bad(f"{where}[{i}].id", "expected a string")
+            raise bad_value(f"{where}[{i}].id", "expected a string")
         out.append({"id": call_id, "type": "function", "function": {"name": fn["name"], "arguments": args}})
     return out
 
@@ -299,6 +278,40 @@ def _object(body: Any) -> dict:
     return body
 
 
+# OpenAI's reasoning_effort values -> thinking on or off (a template's switch has no levels).
+REASONING_EFFORTS = {"none": False, "minimal": True, "low": True, "medium": True, "high": True}
+TEMPLATE_KWARGS = {"enable_thinking": bool}  # chat_template_kwargs a request may set, and their types
+
+
+def parse_thinking(body: dict) -> tuple[bool | None, str | None]:
+    """(thinking on/off or None, the field that said so) from `reasoning_effort` and
+    `chat_template_kwargs` (vLLM's and llama.cpp's extension field)."""
+    effort, kwargs = body.get("reasoning_effort"), body.get("chat_template_kwargs")
+    if effort is not None and not isinstance(effort, str):
+        raise bad_value("reasoning_effort", f"expected a string, got {type(effort).__name__}")
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise bad_value("reasoning_effort", f"expected one of {', '.join(REASONING_EFFORTS)}, got {effort!r}")
+    think = None if effort is None else REASONING_EFFORTS[effort]
+    if kwargs is None:
+        return think, None if effort is None else "reasoning_effort"
+    if not isinstance(kwargs, dict):
+        raise bad_value("chat_template_kwargs", "expected an object")
+    for key, value in kwargs.items():
+        if key not in TEMPLATE_KWARGS:
+            supported = ", ".join(TEMPLATE_KWARGS)
+            raise bad_value(
+                "chat_template_kwargs", f"{reprlib.repr(key)} is not supported (supported: {supported})"
+            )
+        if not isinstance(value, TEMPLATE_KWARGS[key]):
+            raise bad_value(f"chat_template_kwargs.{key}", f"expected a {TEMPLATE_KWARGS[key].__name__}")
+    enable = kwargs.get("enable_thinking")
+    if enable is None:
+        return think, None if effort is None else "reasoning_effort"
+    if think is not None and think != enable:
+        raise bad_value("chat_template_kwargs.enable_thinking", f"contradicts reasoning_effort {effort!r}")
+    return enable, "chat_template_kwargs.enable_thinking"
+
+
 def parse_chat(
     body: dict, vocab_size: int, n_ctx: int, defaults: Mapping[str, Any] = MappingProxyType({})
 ) -> GenerationRequest:
@@ -307,11 +320,11 @@ def parse_chat(
     logprobs = _bool(body, "logprobs") or False
     top = _int(body, "top_logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
     if top is not None and not logprobs:
-        raise _bad("top_logprobs", "requires 'logprobs' to be true")
+        raise bad_value("top_logprobs", "requires 'logprobs' to be true")
     tools = parse_tools(body)
     schema = parse_response_format(body)
     if tools is not None and schema is not None:
-        raise _bad("response_format", "cannot be combined with tools (unless tool_choice is 'none')")
+        raise bad_value("response_format", "cannot be combined with tools (unless tool_choice is 'none')")
     top_or_none = (top or 0) if logprobs else None
     model, params, stream, include_usage, user = _common(body, vocab_size, n_ctx, top_or_none, defaults)
     enable_thinking, thinking_param = parse_thinking(body)
@@ -336,10 +349,10 @@ def parse_completion(
     body = _object(body)
     k = _int(body, "logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
     if _bool(body, "echo"):
-        raise _bad("echo", "echo is not supported")
+        raise bad_value("echo", "echo is not supported")
     suffix = _str(body, "suffix") or None  # "" asks for no infill: a plain completion
     if body.get("tools") is not None or body.get("tool_choice") is not None:
-        raise _bad("tools", "tools are only supported on /v1/chat/completions")
+        raise bad_value("tools", "tools are only supported on /v1/chat/completions")
     schema = parse_response_format(body)
     model, params, stream, include_usage, user = _common(body, vocab_size, 16, k, defaults)  # OpenAI: 16
     prompt = body.get("prompt")
@@ -357,14 +370,14 @@ def parse_completion(
     ):
         prompts = [list(p) for p in prompt]
     else:
-        raise _bad("prompt", "expected a string, a list of strings, token ids or lists of token ids")
+        raise bad_value("prompt", "expected a string, a list of strings, token ids or lists of token ids")
     if len(prompts) * params.n > MAX_N:
-        raise _bad("prompt", f"at most {MAX_N} completions per request (prompts x n)")
+        raise bad_value("prompt", f"at most {MAX_N} completions per request (prompts x n)")
     for p in prompts:
         if isinstance(p, list) and any(not 0 <= t < vocab_size for t in p):
-            raise _bad("prompt", f"token ids must be in 0..{vocab_size - 1}")
+            raise bad_value("prompt", f"token ids must be in 0..{vocab_size - 1}")
         if isinstance(p, list) and suffix is not None:
-            raise _bad("suffix", "needs a text prompt (the text before the gap), not token ids")
+            raise bad_value("suffix", "needs a text prompt (the text before the gap), not token ids")
     return GenerationRequest(
         model,
         params,

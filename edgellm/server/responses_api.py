@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from edgellm.server.errors import ApiError
 from edgellm.server.frontend import (
     Call,
     CallArgs,
@@ -31,7 +32,7 @@ from edgellm.server.frontend import (
     respond,
 )
 from edgellm.server.openai_format import sse
-from edgellm.server.protocol import ApiError, GenerationRequest, parse_chat
+from edgellm.server.protocol import GenerationRequest, parse_chat
 from edgellm.server.responses_input import OPENAI_NAMES, ResponseStore, openai_body
 
 

@@ -13,7 +13,7 @@ import json
 from collections import OrderedDict
 from typing import Any
 
-from edgellm.server.protocol import _bad
+from edgellm.server.errors import bad_value
 
 FIELDS = {
     "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
@@ -59,7 +59,7 @@ class ResponseStore:
     def get(self, response_id: str) -> list[dict[str, Any]]:
         found = self.items.get(response_id)
         if found is None:
-            raise _bad(
+            raise bad_value(
                 "previous_response_id",
                 f"no stored response {response_id!r} (this server keeps the last {self.max_items} responses "
                 "made with store true, in memory, until it restarts)",
@@ -72,19 +72,19 @@ def _text(content: Any, where: str) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise _bad(where, "expected a string or a list of content parts")
+        raise bad_value(where, "expected a string or a list of content parts")
     parts = []
     for i, p in enumerate(content):
         kind = p.get("type") if isinstance(p, dict) else None
         if kind in TEXT_PARTS:
             text = p.get("text", p.get("refusal"))
             if not isinstance(text, str):
-                raise _bad(f"{where}[{i}].text", "expected a string")
+                raise bad_value(f"{where}[{i}].text", "expected a string")
             parts.append(text)
         elif kind in ("input_image", "input_file", "input_audio"):
-            raise _bad(f"{where}[{i}]", f"{kind} is not supported: the model reads text only")
+            raise bad_value(f"{where}[{i}]", f"{kind} is not supported: the model reads text only")
         else:
-            raise _bad(f"{where}[{i}]", f"unsupported content part {kind!r} (input_text, output_text)")
+            raise bad_value(f"{where}[{i}]", f"unsupported content part {kind!r} (input_text, output_text)")
     return "".join(parts)
 
 
@@ -93,23 +93,25 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
-        raise _bad("input", "expected a string or a non-empty list of items")
+        raise bad_value("input", "expected a string or a non-empty list of items")
     out: list[dict[str, Any]] = []
     names: dict[str, str] = {}  # call_id -> the function's name
     for i, item in enumerate(value):
         where = f"input[{i}]"
         if not isinstance(item, dict):
-            raise _bad(where, "expected an object")
+            raise bad_value(where, "expected an object")
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "system", "developer", "assistant"):
-                raise _bad(f"{where}.role", "expected 'user', 'system', 'developer' or 'assistant'")
+                raise bad_value(f"{where}.role", "expected 'user', 'system', 'developer' or 'assistant'")
             out.append({"role": role, "content": _text(item.get("content"), f"{where}.content")})
         elif kind == "function_call":
             call_id, name, args = item.get("call_id"), item.get("name"), item.get("arguments")
             if not (isinstance(call_id, str) and isinstance(name, str) and isinstance(args, str)):
-                raise _bad(where, "expected a function_call with string 'call_id', 'name' and 'arguments'")
+                raise bad_value(
+                    where, "expected a function_call with string 'call_id', 'name' and 'arguments'"
+                )
             names[call_id] = name
             call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
             if not (out and out[-1]["role"] == "assistant"):
@@ -118,7 +120,7 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
         elif kind == "function_call_output":
             call_id = item.get("call_id")
             if not isinstance(call_id, str):
-                raise _bad(f"{where}.call_id", "expected the call_id of the function_call it answers")
+                raise bad_value(f"{where}.call_id", "expected the call_id of the function_call it answers")
             msg = {
                 "role": "tool",
                 "tool_call_id": call_id,
@@ -128,7 +130,7 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
         elif kind == "reasoning":
             pass  # earlier reasoning: templates leave it out of the prompt
         else:
-            raise _bad(f"{where}.type", f"unsupported item type {kind!r} (message, function_call, ...)")
+            raise bad_value(f"{where}.type", f"unsupported item type {kind!r} (message, function_call, ...)")
     return out
 
 
@@ -136,19 +138,21 @@ def _tools(body: dict, out: dict[str, Any]) -> None:
     tools = body.get("tools")
     if tools is not None:
         if not isinstance(tools, list):
-            raise _bad("tools", "expected a list of tools")
+            raise bad_value("tools", "expected a list of tools")
         converted = []
         for i, t in enumerate(tools):
             if not isinstance(t, dict) or t.get("type") != "function":
                 kind = t.get("type") if isinstance(t, dict) else None
-                raise _bad(f"tools[{i}]", f"only function tools are supported, got {kind!r}")
+                raise bad_value(f"tools[{i}]", f"only function tools are supported, got {kind!r}")
             fn = {k: t[k] for k in ("name", "description", "parameters") if t.get(k) is not None}
             converted.append({"type": "function", "function": fn})
         out["tools"] = converted or None
     choice = body.get("tool_choice")
     if isinstance(choice, dict):
         if choice.get("type") != "function":
-            raise _bad("tool_choice", "expected 'auto', 'none', 'required' or {'type': 'function', 'name'}")
+            raise bad_value(
+                "tool_choice", "expected 'auto', 'none', 'required' or {'type': 'function', 'name'}"
+            )
         choice = {"type": "function", "function": {"name": choice.get("name")}}
     if choice is not None:
         out["tool_choice"] = choice
@@ -161,17 +165,17 @@ def _text_format(body: dict, out: dict[str, Any]) -> None:
     if text is None:
         return
     if not isinstance(text, dict):
-        raise _bad("text", "expected an object")
+        raise bad_value("text", "expected an object")
     extra = sorted(set(text) - {"format", "verbosity"})
     if extra:
-        raise _bad(f"text.{extra[0]}", "unknown field")
+        raise bad_value(f"text.{extra[0]}", "unknown field")
     if text.get("verbosity") not in (None, "medium"):
-        raise _bad("text.verbosity", "only 'medium' is supported")
+        raise bad_value("text.verbosity", "only 'medium' is supported")
     fmt = text.get("format")
     if fmt is None:
         return
     if not isinstance(fmt, dict):
-        raise _bad("text.format", "expected an object with a 'type'")
+        raise bad_value("text.format", "expected an object with a 'type'")
     if fmt.get("type") == "json_schema":
         spec = {k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}
         out["response_format"] = {"type": "json_schema", "json_schema": spec}
@@ -182,27 +186,29 @@ def _text_format(body: dict, out: dict[str, Any]) -> None:
 def _refuse_unsupported(body: dict) -> None:
     extra = sorted(set(body) - FIELDS)
     if extra:
-        raise _bad(extra[0], "unknown parameter")
+        raise bad_value(extra[0], "unknown parameter")
     reasoning = body.get("reasoning")
     if reasoning is not None and not isinstance(reasoning, dict):
-        raise _bad("reasoning", "expected an object")
+        raise bad_value("reasoning", "expected an object")
     extra = sorted(k for k, v in (reasoning or {}).items() if k != "effort" and v is not None)
     if extra:  # `summary`, `generate_summary`: the reasoning comes back whole, never summarised
-        raise _bad(f"reasoning.{extra[0]}", "not supported (only 'effort')")
+        raise bad_value(f"reasoning.{extra[0]}", "not supported (only 'effort')")
     if body.get("truncation") not in (None, "disabled"):
-        raise _bad("truncation", "only 'disabled' is supported: inputs are never truncated")
+        raise bad_value("truncation", "only 'disabled' is supported: inputs are never truncated")
     if body.get("background") not in (None, False):
-        raise _bad("background", "background responses are not supported")
+        raise bad_value("background", "background responses are not supported")
     if body.get("include") not in (None, []):
-        raise _bad("include", "no extra output data is supported")
+        raise bad_value("include", "no extra output data is supported")
     if body.get("top_logprobs") not in (None, 0):
-        raise _bad("top_logprobs", "logprobs are not supported on /v1/responses (use /v1/chat/completions)")
+        raise bad_value(
+            "top_logprobs", "logprobs are not supported on /v1/responses (use /v1/chat/completions)"
+        )
     for key in ("store",):
         if body.get(key) is not None and not isinstance(body[key], bool):
-            raise _bad(key, "expected a boolean")
+            raise bad_value(key, "expected a boolean")
     for key in ("metadata",):
         if body.get(key) is not None and not isinstance(body[key], dict):
-            raise _bad(key, "expected an object")
+            raise bad_value(key, "expected an object")
 
 
 def openai_body(body: dict, store: ResponseStore) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -211,13 +217,13 @@ def openai_body(body: dict, store: ResponseStore) -> tuple[dict[str, Any], list[
     _refuse_unsupported(body)
     prev = body.get("previous_response_id")
     if prev is not None and not isinstance(prev, str):
-        raise _bad("previous_response_id", "expected a string")
+        raise bad_value("previous_response_id", "expected a string")
     if "input" not in body:
-        raise _bad("input", "required")
+        raise bad_value("input", "required")
     conversation = (list(store.get(prev)) if prev is not None else []) + input_messages(body["input"])
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
-        raise _bad("instructions", "expected a string")
+        raise bad_value("instructions", "expected a string")
     system = [{"role": "system", "content": instructions}] if instructions else []
     out: dict[str, Any] = {"messages": system + conversation}
     for key in ("model", "temperature", "top_p", "stream", "user"):

@@ -26,6 +26,7 @@ from typing import Any
 from edgellm.chat_tools import HERMES_OPEN, ToolCall, complete_list_calls, could_start_call, parse_tool_calls
 from edgellm.grammar_limits import check_schema
 from edgellm.reasoning import partial_tail
+from edgellm.server.errors import bad_value
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _ANY_OBJECT = {"type": "object"}
@@ -38,37 +39,31 @@ MAX_TOOLS_CHARS = 1 << 20  # the `tools` list as compact JSON
 DEFAULT_MAX_PARALLEL_CALLS = 8
 
 
-def _bad(param: str, message: str) -> Exception:
-    from edgellm.server.protocol import _bad as bad  # protocol imports this module
-
-    return bad(param, message)
-
-
 def parse_response_format(body: dict) -> dict[str, Any] | bool | None:
     """The JSON schema `response_format` asks for (True: any JSON object), or None for text."""
     rf = body.get("response_format")
     if rf is None:
         return None
     if not isinstance(rf, dict) or not isinstance(rf.get("type"), str):
-        raise _bad("response_format", "expected an object with a 'type'")
+        raise bad_value("response_format", "expected an object with a 'type'")
     kind = rf["type"]
     if kind == "text":
         return None
     if kind == "json_object":
         return True
     if kind != "json_schema":
-        raise _bad("response_format", f"type {kind!r} is not supported (text, json_object, json_schema)")
+        raise bad_value("response_format", f"type {kind!r} is not supported (text, json_object, json_schema)")
     spec = rf.get("json_schema")
     if not isinstance(spec, dict):
-        raise _bad("response_format.json_schema", "expected an object with 'name' and 'schema'")
+        raise bad_value("response_format.json_schema", "expected an object with 'name' and 'schema'")
     name = spec.get("name")
     if name is not None and (not isinstance(name, str) or not _NAME.match(name)):
-        raise _bad("response_format.json_schema.name", "expected 1-64 letters, digits, '_' or '-'")
+        raise bad_value("response_format.json_schema.name", "expected 1-64 letters, digits, '_' or '-'")
     if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
-        raise _bad("response_format.json_schema.strict", "expected a boolean")
+        raise bad_value("response_format.json_schema.strict", "expected a boolean")
     schema = spec.get("schema", _ANY_OBJECT)
     if not isinstance(schema, dict):
-        raise _bad("response_format.json_schema.schema", "expected a JSON Schema object")
+        raise bad_value("response_format.json_schema.schema", "expected a JSON Schema object")
     return schema
 
 
@@ -157,54 +152,56 @@ def _rebased(name: str, ref: str) -> str:
 def parse_tools(body: dict) -> ToolRequest | None:
     """`tools`/`tool_choice`/`parallel_tool_calls`; None when no tool may be called."""
     if body.get("functions") is not None or body.get("function_call") is not None:
-        raise _bad("functions", "the deprecated 'functions'/'function_call' are not supported; use 'tools'")
+        raise bad_value(
+            "functions", "the deprecated 'functions'/'function_call' are not supported; use 'tools'"
+        )
     tools, choice = body.get("tools"), body.get("tool_choice")
     parallel = body.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
-        raise _bad("parallel_tool_calls", "expected a boolean")
+        raise bad_value("parallel_tool_calls", "expected a boolean")
     max_calls = body.get("max_parallel_calls")
     if max_calls is not None and (
         not isinstance(max_calls, int) or isinstance(max_calls, bool) or not 1 <= max_calls <= MAX_TOOLS
     ):
-        raise _bad("max_parallel_calls", f"expected an integer in [1, {MAX_TOOLS}]")
+        raise bad_value("max_parallel_calls", f"expected an integer in [1, {MAX_TOOLS}]")
     if tools is None:
         if choice not in (None, "none"):
-            raise _bad("tool_choice", "only allowed when 'tools' are given")
+            raise bad_value("tool_choice", "only allowed when 'tools' are given")
         return None
     if not isinstance(tools, list) or not tools:
-        raise _bad("tools", "expected a non-empty list of tools")
+        raise bad_value("tools", "expected a non-empty list of tools")
     if len(tools) > MAX_TOOLS:
-        raise _bad("tools", f"{len(tools)} tools; the limit is {MAX_TOOLS} (MAX_TOOLS)")
+        raise bad_value("tools", f"{len(tools)} tools; the limit is {MAX_TOOLS} (MAX_TOOLS)")
     size = len(json.dumps(tools, separators=(",", ":")))
     if size > MAX_TOOLS_CHARS:
         limit = f"the limit is {MAX_TOOLS_CHARS} (MAX_TOOLS_CHARS)"
-        raise _bad("tools", f"the tools are {size} characters of JSON; {limit}")
+        raise bad_value("tools", f"the tools are {size} characters of JSON; {limit}")
     checked, seen = [], set()
     for i, t in enumerate(tools):
         where = f"tools[{i}]"
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("function"), dict):
-            raise _bad(where, "expected {'type': 'function', 'function': {...}} (only function tools)")
+            raise bad_value(where, "expected {'type': 'function', 'function': {...}} (only function tools)")
         fn = t["function"]
         name = fn.get("name")
         if not isinstance(name, str) or not _NAME.match(name):
-            raise _bad(f"{where}.function.name", "expected 1-64 letters, digits, '_' or '-'")
+            raise bad_value(f"{where}.function.name", "expected 1-64 letters, digits, '_' or '-'")
         if name in seen:
-            raise _bad(f"{where}.function.name", f"duplicate function name {name!r}")
+            raise bad_value(f"{where}.function.name", f"duplicate function name {name!r}")
         seen.add(name)
         if fn.get("description") is not None and not isinstance(fn["description"], str):
-            raise _bad(f"{where}.function.description", "expected a string")
+            raise bad_value(f"{where}.function.description", "expected a string")
         params = fn.get("parameters")
         if params is not None and not isinstance(params, dict):
-            raise _bad(f"{where}.function.parameters", "expected a JSON Schema object")
+            raise bad_value(f"{where}.function.parameters", "expected a JSON Schema object")
         checked.append({"type": "function", "function": fn})
     if choice is None or choice in ("auto", "required", "none"):
         choice = choice or "auto"
     elif isinstance(choice, dict) and isinstance(choice.get("function"), dict):
         choice = choice["function"].get("name")
         if choice not in seen:
-            raise _bad("tool_choice", f"function {choice!r} is not among the tools")
+            raise bad_value("tool_choice", f"function {choice!r} is not among the tools")
     else:
-        raise _bad("tool_choice", "expected 'none', 'auto', 'required' or a {'function': {'name': ...}}")
+        raise bad_value("tool_choice", "expected 'none', 'auto', 'required' or a {'function': {'name': ...}}")
     if choice == "none":
         return None
     max_calls = DEFAULT_MAX_PARALLEL_CALLS if max_calls is None else max_calls

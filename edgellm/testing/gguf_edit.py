@@ -172,3 +172,17 @@ def serialize(model: EditableGGUF) -> bytes:
         keep = int(len(out) * keep) if isinstance(keep, float) else keep
         del out[max(0, keep) :]
     return bytes(out)
+
+
+def write(tmp_path: Path, data: bytes, name: str = "m.gguf") -> Path:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+def record_start(raw: bytes, text: str) -> int:
+    """Offset of a GGUF string record (u64 length + bytes) holding `text`; unique in the file."""
+    needle = struct.pack("<Q", len(text)) + text.encode()
+    at = raw.find(needle)
+    assert at >= 0 and raw.find(needle, at + 1) < 0, text
+    return at

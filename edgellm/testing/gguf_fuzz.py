@@ -290,9 +290,10 @@ def load_and_generate(path: str) -> tuple[str, str]:
     kernel fault kills this worker (a signal the parent reports) and no core process is started per
     example."""
     from edgellm.engine.config import EngineConfig
-    from edgellm.engine.core import EngineCore
+    from edgellm.engine.core_process import EngineCoreProc
     from edgellm.gguf.config import config_from_gguf
-    from edgellm.gguf.reader import GGUFError, load_gguf
+    from edgellm.gguf.load import load_gguf
+    from edgellm.gguf.reader import GGUFError
     from edgellm.gguf.validation import tokenizer_from_gguf, validate_model
     from edgellm.sampling import SamplingParams
 
@@ -302,7 +303,8 @@ def load_and_generate(path: str) -> tuple[str, str]:
         validate_model(gguf, cfg)
         tokenizer = tokenizer_from_gguf(gguf)
         del gguf
-        core = EngineCore(EngineConfig(path, n_ctx=64, kv_cache_memory=1 << 20, threads=1, max_num_seqs=2))
+        spec = EngineConfig(path, n_ctx=64, kv_cache_memory=1 << 20, threads=1, max_num_seqs=2)
+        core = EngineCoreProc(spec)
     except GGUFError as e:
         return "gguf_error", f"{type(e).__name__}: {e}".replace(path, "<file>")
     except Exception:  # noqa: BLE001 - reported to the parent as a finding
@@ -312,11 +314,11 @@ def load_and_generate(path: str) -> tuple[str, str]:
     except Exception:  # noqa: BLE001 - content the load let through and the tokenizer then refused
         return "error", "tokenize: " + traceback.format_exc()
     try:
-        engine = core.engine
+        engine = core.engine_core
         engine.add_request([0], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
         tokens: list[int] = []
         while engine.has_unfinished():
-            tokens += [t for out in engine.step() for d in out.deltas for t in d.token_ids]
+            tokens += [t for out in engine.step() for t in out.new_token_ids]
         return "ok", repr(tokens)
     except Exception:  # noqa: BLE001
         return "error", "generate: " + traceback.format_exc()

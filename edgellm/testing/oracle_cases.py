@@ -18,7 +18,7 @@ Adding a case: one entry in CASES (a feature's cases next to each other, named `
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,17 +104,23 @@ class OracleCase:
 
 
 def score_edgellm(
-    path: str | Path, tokens: np.ndarray, positions: np.ndarray, n_ctx: int, chunk: int = 512
+    path: str | Path,
+    tokens: np.ndarray,
+    positions: np.ndarray,
+    n_ctx: int,
+    chunk: int = 512,
+    edit: Callable[[Any], None] | None = None,
 ) -> np.ndarray:
     """edgellm's logits [len(positions), n_vocab] float32 for the teacher-forced `tokens`, on the CPU
     backend, in process: the file goes through the same checks as LLM() (config, then validate_model), the
     context window is llama.cpp's n_ctx (LongRoPE chooses its factors by it), and the prompt goes through
-    prefill chunks as the engine schedules them."""
+    prefill chunks as the engine schedules them. edit(model): changes the loaded model before it runs (the
+    tests that take a feature out, to show that the match depends on it)."""
     from edgellm.arch import ARCHITECTURES
     from edgellm.backends.cpu.backend import CpuBackend
     from edgellm.engine.model_runner import ModelRunner, RunItem
     from edgellm.gguf.config import config_from_gguf
-    from edgellm.gguf.reader import load_gguf
+    from edgellm.gguf.load import load_gguf
     from edgellm.gguf.validation import validate_model
 
     g = load_gguf(str(path))
@@ -124,7 +130,10 @@ def score_edgellm(
     be = CpuBackend()
     block_size = 16
     n_blocks = -(-len(tokens) // block_size)
-    runner = ModelRunner(ARCHITECTURES[cfg.arch](cfg, g, be), cfg, be, n_blocks, block_size)
+    model = ARCHITECTURES[cfg.arch](cfg, g, be)
+    if edit is not None:
+        edit(model)
+    runner = ModelRunner(model, cfg, be, n_blocks, block_size)
     table, ids, rows = list(range(n_blocks)), [int(t) for t in tokens], []
     for start in range(0, len(ids), chunk):
         rows += runner.run([RunItem(table, ids[start : start + chunk], start, all_logits=True)])
@@ -360,6 +369,47 @@ def _moe_cases() -> dict[str, OracleCase]:
     }
 
 
+# LFM2: 6 layers, conv, attention, conv, conv, attention, conv (synthetic_lfm2.lfm2_conv_layers); heads
+# spanning the width, as llama.cpp's LFM2 requires
+LFM2: dict[str, int] = dict(SMALL, n_layers=6)
+LFM2_WIDE: dict[str, int] = dict(WIDE, n_layers=3)  # conv, attention, conv
+
+
+def _lfm2_cases() -> dict[str, OracleCase]:
+    return {
+        "lfm2_f32": OracleCase("lfm2", model=LFM2, note="lfm2, 4 short-conv and 2 attention layers, F32"),
+        "lfm2_tied_q8_0": OracleCase("lfm2", "Q8_0", model=LFM2, writer={"tied": True},
+                                     note="lfm2, Q8_0, output tied to token_embd (as the released files)"),
+        "lfm2_q4_k": OracleCase("lfm2", "Q4_K", model=LFM2_WIDE, writer={"quantize_kquants": True},
+                                note="lfm2, 256 wide, every matrix Q4_K (conv kernels F32)"),
+    }
+
+
+# gpt-oss (arch/gpt_oss.py): 3 layers (0 and 2 local, 1 global) with its real window of 128 tokens, rope
+# base 150000 and YaRN x32 from 4096; 8 experts of 64, top 2; gate / up weights 4x the default spread so
+# that the clamp at 7 bites (a few % of values), sinks ~N(2, 1) (synthetic.py) so that they take a share.
+GPT_OSS_MODEL: dict[str, int] = dict(SMALL, n_layers=3)
+GPT_OSS_WRITER = {"n_expert": 8, "n_expert_used": 2, "n_ff_exp": 64, "sliding_window": 128,
+                  "rope_base": 150000.0, "weight_scale": {"ffn_gate_exps": 4.0, "ffn_up_exps": 4.0}}
+GPT_OSS_YARN = {"gpt-oss.rope.scaling.type": "yarn", "gpt-oss.rope.scaling.factor": 32.0,
+                "gpt-oss.rope.scaling.original_context_length": Typed(4096, U32)}
+# the released files' layout: MXFP4 experts, the rest 8-bit / 16-bit
+GPT_OSS_QTYPES = {"*": T.Q8_0, "attn_output": T.F16, "ffn_gate_exps": T.MXFP4, "ffn_up_exps": T.MXFP4,
+                  "ffn_down_exps": T.MXFP4}
+
+
+def _gpt_oss_cases() -> dict[str, OracleCase]:
+    def case(qtypes: Any, note: str) -> OracleCase:
+        return OracleCase(
+            "gpt-oss", qtypes, model=GPT_OSS_MODEL, metadata=GPT_OSS_YARN, writer=GPT_OSS_WRITER, note=note
+        )
+
+    return {
+        "gpt_oss_f32": case("F32", "gpt-oss, sinks, window 128 on even layers, YaRN x32, top 2 of 8, F32"),
+        "gpt_oss_mxfp4": case(GPT_OSS_QTYPES, "gpt-oss, MXFP4 experts, Q8_0 / F16 elsewhere"),
+    }
+
+
 # fmt: off
 CASES: dict[str, OracleCase] = {
     # ---- architectures, F32 weights and the default mix of block-32 types
@@ -431,5 +481,9 @@ CASES: dict[str, OracleCase] = {
     **_phi3_smollm3_cases(),
     # ---- mixture of experts: qwen3moe, Mixtral-style llama, OLMoE
     **_moe_cases(),
+    # ---- LFM2: short convolutions (a per-sequence conv state) beside attention
+    **_lfm2_cases(),
+    # ---- gpt-oss: attention sinks, alternating windows, YaRN, biased experts with swiglu_oai, MXFP4
+    **_gpt_oss_cases(),
 }
 # fmt: on

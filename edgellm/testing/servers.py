@@ -1,17 +1,19 @@
-"""`edgellm serve` as a subprocess on a free loopback port, and a streamed chat request that reports what
-the replica tests and benchmarks look at (shared by tests/test_ray_serve.py and
-scripts/ray_serve_bench.py)."""
+"""The one server launcher of the tests and scripts: `edgellm serve` (or `python -m edgellm.server`) as a
+subprocess on a free loopback port, waited for by its URL line or by /health; the server tests' model
+constants and /metrics reader; and a streamed chat request that reports what the replica tests and
+benchmarks look at."""
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +37,56 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# The CLI's `serve`, and the server module's own entry point (it takes the engine-core options).
+SERVE = ("edgellm", "serve")
+SERVER_MODULE = ("edgellm.server",)
+# The server tests' defaults: a short context and one kernel thread (no OpenMP spin-waiting against the
+# test client on a 2-core machine).
+CTX = 256
+MODEL = "SmolLM2-135M-Instruct.Q4_1"
+MSGS = [{"role": "user", "content": "What is the capital of France?"}]
+NO_EOS = {"0": -100, "2": -100, "4": -100}  # SmolLM2's end-of-generation ids: keeps a request running
+
+
+class ServerStartError(RuntimeError):
+    """The server exited, or did not become ready in time."""
+
+
+def spawn(
+    args: list[str] | tuple[str, ...], entry: tuple[str, ...] = SERVE, stdout: Any = subprocess.PIPE
+) -> tuple[subprocess.Popen, str]:
+    """Start `python -m ENTRY ARGS --port PORT` on a free loopback port without waiting; returns
+    (process, URL). stdout: a pipe (read by the waits below) or an open log file."""
+    port = free_port()
+    cmd = [sys.executable, "-m", *entry, *args, "--port", str(port)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=stdout, stderr=subprocess.STDOUT, text=True)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, timeout: float, poll: float = 0.05) -> None:
+    """Poll /health until 200; while the model loads the answer must be 503 {"status": "loading"}."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            out = proc.stdout.read() if proc.stdout is not None else ""
+            raise ServerStartError(f"the server exited with {proc.returncode}\n{out}")
+        try:
+            r = httpx.get(f"{url}/health", timeout=2)
+            if r.status_code == 200:
+                return
+            if not (r.status_code == 503 and r.json()["status"] == "loading"):
+                raise AssertionError(f"/health answered {r.status_code} {r.text} while loading")
+        except httpx.TransportError:
+            pass
+        if time.monotonic() >= deadline:
+            raise ServerStartError(f"the server did not become healthy in {timeout} s")
+        time.sleep(poll)
+
+
 def start_server(model: str | None, *args: str, ready_timeout: float = 600) -> tuple[subprocess.Popen, str]:
     """`python -m edgellm serve MODEL ARGS` on a free port, returned once it prints its URL line (with
     --replicas that is once every replica has loaded). MODEL None: ARGS name the models (--models)."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "edgellm", "serve", *([model] if model else []), "--port", str(port), *args]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc, url = spawn([*([model] if model else []), *args])
     assert proc.stdout is not None
     lines: list[str] = []
     deadline = time.monotonic() + ready_timeout
@@ -48,21 +94,49 @@ def start_server(model: str | None, *args: str, ready_timeout: float = 600) -> t
         lines.append(line)
         if line.startswith("edgellm: serving"):  # keep draining: a chatty Ray must not block on the pipe
             threading.Thread(target=proc.stdout.read, daemon=True).start()
-            return proc, f"http://127.0.0.1:{port}"
+            return proc, url
     proc.kill()
     proc.wait()
     raise RuntimeError("the server did not start:\n" + "".join(lines[-40:]))
 
 
-def stop_server(proc: subprocess.Popen, timeout: float = 60) -> int:
-    """Ctrl-C, as a user stops it; killed if it does not end within `timeout`. Returns its exit status."""
+def stop_server(proc: subprocess.Popen, timeout: float = 60, check: bool = True) -> int:
+    """Ctrl-C, as a user stops it; killed if it does not end within `timeout` (and, with `check`,
+    TimeoutExpired raised). Returns its exit status."""
+    if proc.poll() is not None:
+        return proc.returncode
     proc.send_signal(signal.SIGINT)
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-        raise
+        if check:
+            raise
+        return proc.returncode
+
+
+def serve(model: Path | str, *args: str, ctx: int = CTX, timeout: float = 180) -> Iterator[str]:
+    """A pytest fixture body (`yield from serve(path, ...)`): `python -m edgellm.server MODEL --ctx CTX
+    --threads 1 ARGS`, its URL yielded once /health answers 200 (timeout: a cold Numba compile on first use),
+    stopped with Ctrl-C afterwards."""
+    proc, url = spawn([str(model), "--ctx", str(ctx), "--threads", "1", *args], entry=SERVER_MODULE)
+    try:
+        wait_healthy(proc, url, timeout)
+        yield url
+    finally:
+        stop_server(proc, timeout=10, check=False)
+
+
+def metrics(url: str, key: str | None = None) -> dict[str, float]:
+    """The /metrics gauges and counters by name, the model_name label dropped."""
+    out = {}
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    for line in httpx.get(f"{url}/metrics", headers=headers).text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[re.sub(r'model_name="[^"]*",?', "", name).replace("{}", "")] = float(value)
+    return out
 
 
 async def stream_chat(

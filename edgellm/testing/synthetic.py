@@ -36,16 +36,19 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType
 
 from edgellm.testing.encode import encode_tensor
+from edgellm.testing.harmony import HARMONY_SPECIALS, HARMONY_TEMPLATE
+from edgellm.testing.synthetic_lfm2 import lfm2_metadata, lfm2_shapes
 from edgellm.testing.tiny_vocab import CONTROL, bpe_vocab, spm_vocab
 
 T = GGMLQuantizationType
 ARCHS = (
     "llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2", "starcoder2", "gpt2", "phi3",
-    "smollm3", "qwen3moe", "olmoe", "qwen2moe",
+    "smollm3", "qwen3moe", "olmoe", "qwen2moe", "lfm2", "gpt-oss",
 )
 LAYER_NORM_ARCHS = ("starcoder2", "gpt2")  # LayerNorm with biases, biased ungated MLP (layer_norm_shapes)
-MOE_ARCHS = ("qwen3moe", "olmoe", "qwen2moe")  # always with experts (llama: with n_expert > 0, as Mixtral)
-EXPERT_WIDTH_ARCHS = ("qwen3moe", "qwen2moe")  # expert_feed_forward_length (llama, OLMoE: n_ff)
+# always with experts (llama: with n_expert > 0, as Mixtral)
+MOE_ARCHS = ("qwen3moe", "olmoe", "qwen2moe", "gpt-oss")
+EXPERT_WIDTH_ARCHS = ("qwen3moe", "qwen2moe", "gpt-oss")  # expert_feed_forward_length (llama, OLMoE: n_ff)
 DEFAULT_N_EXPERT = 4
 GEMMA_ARCHS = ("gemma2", "gemma3")  # SentencePiece vocabulary, head size always written
 POST_NORM_ARCHS = ("gemma2", "gemma3", "olmo2")  # post_attention_norm and post_ffw_norm
@@ -57,8 +60,9 @@ FUSED_ARCHS = ("phi3",)
 # leave the embedding so dominant that a wrong attention scale moves the logits by NMSE 1e-5 only). These
 # each move them by NMSE 5e-3 or more when dropped.
 BPE_PRE = {
-    "llama": "default", "granite": "default", "smollm3": "default", "starcoder2": "starcoder", "gpt2": "gpt-2"
-}
+    "llama": "default", "granite": "default", "smollm3": "default", "starcoder2": "starcoder",
+    "gpt2": "gpt-2", "lfm2": "lfm2", "gpt-oss": "gpt-4o",
+}  # fmt: skip
 GRANITE_SCALES = {"embedding_scale": 2.0, "residual_scale": 0.5, "attention.scale": 0.5, "logit_scale": 2.0}
 
 # A mix of the block-32 types (n_embd=64 rows cannot hold the 256-wide k-quant blocks). Keys are tensor
@@ -100,6 +104,8 @@ def tensor_shapes(
     """Tensor name -> numpy-order shape (rows, cols) as llama.cpp's loader expects them, in file order."""
     if arch in LAYER_NORM_ARCHS:
         return layer_norm_shapes(arch, n_layers, n_embd, n_kv_heads * head_dim, n_ff, n_vocab, tied)
+    if arch == "lfm2":
+        return lfm2_shapes(n_layers, n_embd, n_kv_heads, head_dim, n_ff, n_vocab, tied)
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (n_vocab, n_embd)}
     q_rows, kv_rows = n_heads * head_dim, n_kv_heads * head_dim
     for il in range(n_layers):
@@ -112,7 +118,7 @@ def tensor_shapes(
             shapes[p + "attn_q.weight"] = (q_rows, n_embd)
             shapes[p + "attn_k.weight"] = (kv_rows, n_embd)
             shapes[p + "attn_v.weight"] = (kv_rows, n_embd)
-        if arch in ("qwen2", "qwen2moe"):
+        if arch in ("qwen2", "qwen2moe", "gpt-oss"):
             shapes[p + "attn_q.bias"] = (q_rows,)
             shapes[p + "attn_k.bias"] = (kv_rows,)
             shapes[p + "attn_v.bias"] = (kv_rows,)
@@ -123,9 +129,12 @@ def tensor_shapes(
             shapes[p + "attn_q_norm.weight"] = (q_rows,)
             shapes[p + "attn_k_norm.weight"] = (kv_rows,)
         shapes[p + "attn_output.weight"] = (n_embd, q_rows)
-        if arch in POST_NORM_ARCHS:
+        if arch == "gpt-oss":  # the output bias (required there) and the attention sinks
+            shapes[p + "attn_output.bias"] = (n_embd,)
+            shapes[p + "attn_sinks.weight"] = (n_heads,)
+        if arch in POST_NORM_ARCHS or arch == "gpt-oss":  # gpt-oss: the FFN's pre-norm has this name
             shapes[p + "post_attention_norm.weight"] = (n_embd,)
-        if arch != "olmo2":
+        if arch not in ("olmo2", "gpt-oss"):
             shapes[p + "ffn_norm.weight"] = (n_embd,)
         if arch in FUSED_ARCHS:
             shapes[p + "ffn_up.weight"] = (2 * n_ff, n_embd)
@@ -168,11 +177,18 @@ def layer_norm_shapes(
 
 
 def with_experts(
-    shapes: dict[str, tuple[int, ...]], n_embd: int, n_expert: int, n_ff_exp: int, n_ff_shexp: int = 0
+    shapes: dict[str, tuple[int, ...]],
+    n_embd: int,
+    n_expert: int,
+    n_ff_exp: int,
+    n_ff_shexp: int = 0,
+    biases: bool = False,
 ) -> dict[str, tuple[int, ...]]:
     """`shapes` with each layer's dense FFN replaced by a router and 3-D expert matrices (llama.cpp's
     ffn_gate_inp, ffn_{gate,up,down}_exps: numpy order [expert, rows, cols]), in the dense FFN's place,
-    and with n_ff_shexp a shared expert and its gate (Qwen 2 MoE's *_shexp)."""
+    with n_ff_shexp a shared expert and its gate (Qwen 2 MoE's *_shexp), with `biases` the router's and
+    each expert's (gpt-oss: ffn_gate_inp.bias [E], ffn_{gate,up}_exps.bias [E, n_ff_exp],
+    ffn_down_exps.bias [E, n_embd])."""
     out: dict[str, tuple[int, ...]] = {}
     dense = {"ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"}
     for name, shape in shapes.items():
@@ -185,6 +201,11 @@ def with_experts(
             out[p + "ffn_gate_exps.weight"] = (n_expert, n_ff_exp, n_embd)
             out[p + "ffn_up_exps.weight"] = (n_expert, n_ff_exp, n_embd)
             out[p + "ffn_down_exps.weight"] = (n_expert, n_embd, n_ff_exp)
+            if biases:
+                out[p + "ffn_gate_inp.bias"] = (n_expert,)
+                out[p + "ffn_gate_exps.bias"] = (n_expert, n_ff_exp)
+                out[p + "ffn_up_exps.bias"] = (n_expert, n_ff_exp)
+                out[p + "ffn_down_exps.bias"] = (n_expert, n_embd)
             if n_ff_shexp:
                 out[p + "ffn_gate_inp_shexp.weight"] = (n_embd,)
                 out[p + "ffn_gate_shexp.weight"] = (n_ff_shexp, n_embd)
@@ -210,8 +231,8 @@ def pick_qtype(
 ) -> GGMLQuantizationType:
     """The type of one tensor: 1-D tensors (norms, biases) are always F32, as llama.cpp writes them."""
     role = tensor_role(name)
-    # the MoE router too: llama.cpp's quantizer leaves ffn_gate_inp unquantized
-    if role.endswith("norm") or role.endswith(".bias") or role == "ffn_gate_inp":
+    # the MoE router and LFM2's conv kernel too: llama.cpp's quantizer leaves them unquantized
+    if role.endswith("norm") or role.endswith(".bias") or role in ("ffn_gate_inp", "shortconv.conv"):
         return T.F32
     if qtypes is None:
         qtypes = DEFAULT_QTYPES
@@ -289,6 +310,10 @@ def _metadata(
         md[p + "final_logit_softcapping"] = (30.0, F32, None)
     if arch == "granite":
         md.update({p + k: (v, F32, None) for k, v in GRANITE_SCALES.items()})
+    if arch == "lfm2":
+        md.update(lfm2_metadata(n_layers, n_kv_heads))
+    if arch == "gpt-oss":
+        md[p + "attention.sliding_window"] = (sliding_window, U32, None)
     if arch in GEMMA_ARCHS:
         md[p + "attention.sliding_window"] = (sliding_window, U32, None)
         tokens, types, scores = spm_vocab()
@@ -311,11 +336,11 @@ def _metadata(
             }
         )
     else:
-        specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+        specials = HARMONY_SPECIALS if arch == "gpt-oss" else ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
         tokens, types, merges = bpe_vocab(specials)
         extra = _vocab_padding(len(tokens), n_vocab)
         tokens, types = tokens + extra, types + [CONTROL] * len(extra)
-        if arch in LLAMA_ROPE_ARCHS:
+        if arch in LLAMA_ROPE_ARCHS or arch == "lfm2":
             md[p + "vocab_size"] = (len(tokens), U32, None)
         md.update(
             {
@@ -330,6 +355,8 @@ def _metadata(
                 "tokenizer.ggml.add_bos_token": (False, BOOL, None),
             }
         )
+        if arch == "gpt-oss":
+            md["tokenizer.chat_template"] = (HARMONY_TEMPLATE, STR, None)
     return md
 
 
@@ -361,6 +388,7 @@ def write_tiny_model(
     skip_tensors: Iterable[str] = (),
     shape_overrides: Mapping[str, tuple[int, ...]] | None = None,
     split_max_tensors: int = 0,
+    weight_scale: Mapping[str, float] | None = None,
 ) -> Path:
     """Write a tiny random `arch` model (one of ARCHS) to `path`; returns it.
 
@@ -371,8 +399,8 @@ def write_tiny_model(
         default: with random tied weights the residual stream stays close to the input embedding, so greedy
         decoding just repeats the last token; an own output matrix gives varied continuations.
     rope_base: default 10000 (llama, qwen) or 1e6 (gemma3, whose sliding-window layers use 10000).
-    sliding_window: Gemma only; Gemma 3's layers il % 6 < 5 use it, Gemma 2's even layers (llama.cpp's
-        default patterns). Phi-3 files carry it too; llama.cpp ignores it there.
+    sliding_window: Gemma and gpt-oss only; Gemma 3's layers il % 6 < 5 use it, Gemma 2's and gpt-oss's
+        even layers (llama.cpp's default patterns). Phi-3 files carry it too; llama.cpp ignores it there.
     n_vocab: pad the vocabulary with control tokens to this size (default: the tiny vocabulary, ~300).
     quantize_kquants: Q4_K / Q6_K matrices quantized from normal weights (encode.KQUANT_REF) rather than
         random blocks.
@@ -386,6 +414,8 @@ def write_tiny_model(
         the name's role, typed by `qtypes` as the standard tensors are: biases F32 ~N(0, 0.1^2)). Written
         after the standard tensors and drawn after them, so adding one leaves every other weight unchanged.
     skip_tensors / shape_overrides: leave tensors out / write them with another (numpy-order) shape.
+    weight_scale: role -> factor on the spread of that role's random weights (gpt-oss's clamp shows only
+        where gate / up values pass 7).
     split_max_tensors: write a split model of parts of at most this many tensors, as llama.cpp's gguf-split
         lays them out (gguf-py's own sharding: PATH-00001-of-0000N.gguf, ...); returns the first part.
     """
@@ -445,7 +475,7 @@ def write_tiny_model(
 
     standard = tensor_shapes(arch, n_layers, n_embd, n_heads, n_kv_heads, head_dim, n_ff, n_vocab, tied)
     if n_expert:
-        standard = with_experts(standard, n_embd, n_expert, n_ff_exp, n_ff_shexp)
+        standard = with_experts(standard, n_embd, n_expert, n_ff_exp, n_ff_shexp, arch == "gpt-oss")
     shapes: dict[str, tuple[int, ...] | np.ndarray] = dict(standard)
     if arch == "gpt2":  # learned positions, after the token embedding as GPT-2's converter writes them
         shapes = {"token_embd.weight": shapes.pop("token_embd.weight"),
@@ -461,12 +491,15 @@ def write_tiny_model(
                 writer.add_tensor(name, np.ascontiguousarray(spec, np.float32))
             continue
         shape = tuple((shape_overrides or {}).get(name, spec))
-        qtype = T.F32 if len(shape) == 1 else pick_qtype(name, qtypes)  # vectors F32, as llama.cpp writes
+        # vectors and biases (gpt-oss's expert biases are 2-D) F32, as llama.cpp writes them
+        qtype = T.F32 if len(shape) == 1 or name.endswith(".bias") else pick_qtype(name, qtypes)
         role = tensor_role(name)
         # Norm weights near 1 (Gemma's files store 1 + w), small biases, embeddings ~N(0, 1), matrices
         # ~N(0, 1/cols) so activations stay O(1) through the layers.
         if role.endswith("norm"):
             mean, std = 1.0, 0.1
+        elif role == "attn_sinks":  # logits a little above Q.K's: each takes a visible share of its softmax
+            mean, std = 2.0, 1.0
         elif role.endswith(".bias"):
             mean, std = 0.0, 0.1
         elif role == "token_embd":
@@ -475,6 +508,7 @@ def write_tiny_model(
             mean, std = 0.0, 0.5
         else:
             mean, std = 0.0, 1.0 / math.sqrt(shape[-1])
+        std *= (weight_scale or {}).get(role, 1.0)
         # drawn even when skipped: same weights
         data = encode_tensor(qtype, shape, std, mean, rng, quantize_kquants)
         if name in skip:

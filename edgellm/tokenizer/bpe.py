@@ -21,12 +21,24 @@ _LLAMA3 = (
 )
 _QWEN2 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 
+# GPT-4o / o200k (gpt-oss, Llama 4): llama.cpp's form of tokenizer.json's regex (LLAMA_VOCAB_PRE_TYPE_GPT4O),
+# which spells the case runs [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]* / [\p{Ll}\p{Lm}\p{Lo}\p{M}]+ as "letters
+# other than a-z" / "other than A-Z": a non-ASCII letter fits either run there, so it is split as there.
+_GPT4O_UPPER = r"((?=[\p{L}])([^a-z]))"
+_GPT4O_LOWER = r"((?=[\p{L}])([^A-Z]))"
+_GPT4O = (
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_GPT4O_UPPER}*{_GPT4O_LOWER}+{_CONTRACTIONS}?"
+    rf"|[^\r\n\p{{L}}\p{{N}}]?{_GPT4O_UPPER}+{_GPT4O_LOWER}*{_CONTRACTIONS}?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
 PRE_TOKENIZER_REGEXES: dict[str, tuple[str, ...]] = {
     "default": (r"[\p{P}\$\+<=>\^~\|]+", _GPT2_WORDS, r"\p{N}+", r"[0-9][0-9][0-9]"),
     "llama3": (_LLAMA3,),
     "gpt2": (_GPT2_WORDS,),
     "qwen2": (_QWEN2,),
     "smollm": (r"\p{N}", _GPT2_WORDS),
+    "gpt4o": (_GPT4O,),
 }
 # tokenizer.ggml.pre value -> (regex family, ignore_merges, add_bos default), as llama.cpp maps them.
 PRE_TYPES: dict[str, tuple[str, bool, bool]] = {
@@ -36,6 +48,7 @@ PRE_TYPES: dict[str, tuple[str, bool, bool]] = {
     "llama-bpe": ("llama3", True, True),
     "falcon3": ("llama3", True, True),
     "pixtral": ("llama3", True, True),
+    "lfm2": ("llama3", True, True),
     "gpt-2": ("gpt2", False, False),
     "phi-2": ("gpt2", False, False),
     "qwen2": ("qwen2", False, False),
@@ -44,6 +57,8 @@ PRE_TYPES: dict[str, tuple[str, bool, bool]] = {
     "starcoder": ("smollm", False, False),
     "refact": ("smollm", False, False),
     "codeshell": ("smollm", False, False),
+    "gpt-4o": ("gpt4o", False, False),
+    "llama4": ("gpt4o", False, False),
 }
 
 

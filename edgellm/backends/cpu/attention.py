@@ -53,15 +53,17 @@ def _f16_round_unit_inplace(a: np.ndarray) -> None:
 
 
 @njit(cache=True, nogil=True, fastmath=SAFE_MATH)
-def _softmax_f16_row(s: np.ndarray, softcap: float) -> None:
+def _softmax_f16_row(s: np.ndarray, softcap: float, sink: np.float32) -> None:
     """In place: s = f16(softmax(s)) as ggml's soft_max (f32 exps, float64 sum, f32 scale by 1/sum),
     then the f16 rounding llama.cpp applies before multiplying V. softcap > 0: the scores are first
-    capped to cap * tanh(s / cap), as llama.cpp's attn_soft_cap (a scale by 1/cap, tanh, a scale by cap)."""
+    capped to cap * tanh(s / cap), as llama.cpp's attn_soft_cap (a scale by 1/cap, tanh, a scale by cap).
+    sink: one more logit in the max and the sum, with no entry of its own (ggml_soft_max_add_sinks); -inf
+    for none (it then adds an exact 0)."""
     if softcap > 0:
         inv_cap, cap = np.float32(1.0) / np.float32(softcap), np.float32(softcap)
         for j in range(s.shape[0]):
             s[j] = np.tanh(s[j] * inv_cap) * cap
-    m = np.float32(-np.inf)
+    m = sink
     for j in range(s.shape[0]):
         m = max(m, s[j])
     for j in range(s.shape[0]):
@@ -73,6 +75,7 @@ def _softmax_f16_row(s: np.ndarray, softcap: float) -> None:
     total = 0.0  # float64 sum of the float32 exps
     for j in range(s.shape[0]):
         total += s[j]
+    total += np.exp(sink - m)
     inv = np.float32(1.0 / total)
     for j in range(s.shape[0]):
         s[j] *= inv
@@ -288,6 +291,7 @@ def attention_paged_cpu(
     window: int,
     scale: float,
     softcap: float,
+    sinks: np.ndarray,
     n_threads: int,
     out: np.ndarray,
 ) -> None:
@@ -299,8 +303,9 @@ def attention_paged_cpu(
     (window <= 0: no window). out: [T, H, dv]. softcap > 0: llama.cpp's order for a soft-capped model
     (Gemma 2), whose Q is scaled before attention and whose Q.K is capped before an unscaled softmax: Q
     times `scale` in f32, then rounded to f16, Q.K, cap * tanh(. / cap), softmax. Decode tokens and prefill
-    chunks over cached prefixes are the same call. The caller checks the shapes (CpuBackend: the cache was
-    allocated for this model).
+    chunks over cached prefixes are the same call. sinks: [H] float32 attention sinks (gpt-oss: head h's
+    softmax has the extra logit sinks[h] in its denominator), or an empty array for none. The caller checks
+    the shapes (CpuBackend: the cache was allocated for this model; sinks [H] or empty).
     """
     T, H, d = q.shape
     n_kv, bs, dv = _kv_geometry(k_cache, v_cache)
@@ -316,6 +321,7 @@ def attention_paged_cpu(
     sbits = np.empty(1, np.float32)
     sbits[0] = kq_scale
     scale_bits = np.int64(sbits.view(np.int32)[0])
+    has_sinks = sinks.shape[0] > 0
     n_items = T * n_kv
     n_runs = min(n_items, n_threads)  # an argument: get_num_threads() inside njit defeats cache=True
     for run in prange(n_runs):
@@ -344,7 +350,8 @@ def attention_paged_cpu(
                 blk = block_tables[s, b0 + b]
                 _qk_block(fast, group, qh, k_cache, blk, kvh, kq_scale, scale_bits, scores, b * bs, width)
             for g in range(group):
-                _softmax_f16_row(scores[g, lo : lo + n], softcap)  # f16 weights, as llama.cpp's P.V
+                sink = sinks[kvh * group + g] if has_sinks else np.float32(-np.inf)
+                _softmax_f16_row(scores[g, lo : lo + n], softcap, sink)  # f16 weights, as llama.cpp's P.V
             acc[:] = 0.0
             for b in range(nb):
                 blk = block_tables[s, b0 + b]

@@ -45,8 +45,14 @@ def _tile_runs(tensors: list[TensorInfo]) -> list[list[TensorInfo]]:
     return runs
 
 
+# the row-parallel kernel of each gated activation kind (ModelConfig.activation)
+GATED_ACTS = {"silu": ops.swiglu_par_cpu, "gelu": ops.geglu_par_cpu, "swiglu_oai": ops.swiglu_oai_par_cpu}
+NO_SINKS = np.empty(0, np.float32)  # attention without sinks: attention_paged_cpu's empty array
+
+
 class CpuBackend(Backend):
     name = "cpu"
+    attention_sinks = True
 
     def __init__(self, tier: str | None = None) -> None:
         # The kernel tier (tiers.py): the active one, or a named one this process's kernels hold (tests).
@@ -132,13 +138,13 @@ class CpuBackend(Backend):
         table = self._rope_tables.get(rope)
         if table is None or table[0].shape[0] < need:  # grow by doubling: positions only go up to n_ctx
             size = max(need, 2 * table[0].shape[0] if table is not None else 1024)
-            table = self._rope_tables[rope] = ops.rope_table_cpu(size, rope.inv_freq(), rope.mscale)
+            table = self._rope_tables[rope] = ops.rope_tables(size, rope)
         return table
 
     def gated_act(self, gate_up: np.ndarray, out: np.ndarray, kind: str) -> None:
         # A parallel region costs more than the work for a few rows (decode), and pays from ~8 rows on.
         parallel = gate_up.shape[0] >= 8
-        if kind != "gelu" and self.tier.tiles is not None and gate_up.strides[1] == 4 and out.strides[1] == 4:
+        if kind == "silu" and self.tier.tiles is not None and gate_up.strides[1] == 4 and out.strides[1] == 4:
             # ggml's AVX-512 vectorised silu, bit for bit, on every tile tier
             kernel = silu_ir.swiglu_vec_par_cpu if parallel else silu_ir.swiglu_vec_cpu
             kernel(gate_up, out, self.tier.index)
@@ -146,7 +152,7 @@ class CpuBackend(Backend):
             # Always the row-parallel kernel: LLVM vectorises exp/tanh differently in the serial one, so a
             # row's bits would depend on the batch's size (speculative decoding's verify must score a token
             # exactly as its decode would). The region costs ~2 us per call at one row.
-            (ops.geglu_par_cpu if kind == "gelu" else ops.swiglu_par_cpu)(gate_up, out)
+            GATED_ACTS[kind](gate_up, out)
 
     def layernorm(self, x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float, out: np.ndarray) -> None:
         layernorm_gelu.layernorm_cpu(x, w, b, eps, out)
@@ -188,11 +194,16 @@ class CpuBackend(Backend):
         scale: float,
         out: np.ndarray,
         softcap: float = 0.0,
+        sinks: np.ndarray | None = None,
     ) -> None:
         k_cache, v_cache = kv.layers[layer]
+        if sinks is None:
+            sinks = NO_SINKS
+        elif sinks.shape != (q.shape[1],):  # the kernel reads sinks[h] for every head h unchecked
+            raise ValueError(f"attention sinks of shape {sinks.shape} for {q.shape[1]} heads")
         attention_paged_cpu(
             np.ascontiguousarray(q), k_cache, v_cache, block_tables, seq_index, positions, window, scale,
-            softcap, numba.get_num_threads(), out,
+            softcap, sinks, numba.get_num_threads(), out,
         )  # fmt: skip
 
     def scale(self, x: np.ndarray, s: float) -> np.ndarray:

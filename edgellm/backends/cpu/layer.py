@@ -118,8 +118,8 @@ def decoder_layer_cpu(
     ops.write_kv_slots_cpu(k, v, k_cache, v_cache, slots)
     attn = np.empty((T, H, dv), np.float32)
     attention_paged_cpu(
-        q, k_cache, v_cache, block_tables, seq_index, positions, dims[WINDOW_], scale, softcap, n_threads,
-        attn,
+        q, k_cache, v_cache, block_tables, seq_index, positions, dims[WINDOW_], scale, softcap,
+        np.empty(0, np.float32), n_threads, attn,
     )
     o = np.empty((T, E), np.float32)
     _matmul_parts(attn.reshape(T, H * dv), planes[3:6], meta[3:6], o, n_threads, tier)

@@ -363,7 +363,10 @@ class CudaBackend(DeviceSampling, Backend):
         scale: float,
         out: DeviceTensor,
         softcap: float = 0.0,
+        sinks: Any = None,
     ) -> None:
+        if sinks is not None:  # attention_sinks is False: models with sinks refuse this backend at load
+            raise NotImplementedError("attention sinks are not implemented on the CUDA backend")
         self._flush()
         lay, split = kv.layers[layer], self.split_keys
         op = AttnOp(

@@ -13,7 +13,7 @@ from edgellm.engine.spec.speculator import Speculator
 def build_speculator(
     config: SpeculativeConfig | None, core: Any, log: Callable[[str], None] | None = None
 ) -> Speculator | None:
-    """core: the EngineCore being built (its config, backend, context and KV block size)."""
+    """core: the EngineCoreProc being built (its config, backend, context and KV block size)."""
     if config is None:
         return None
     if config.method == "ngram":

@@ -76,7 +76,7 @@ def check_draft_model(model: str, target_gguf: Any, target_cfg: Any) -> Any:
     (every token id must mean the same text in both, or its drafts are noise)."""
     from edgellm.catalog import resolve_model
     from edgellm.gguf.config import config_from_gguf
-    from edgellm.gguf.reader import load_gguf
+    from edgellm.gguf.load import load_gguf
     from edgellm.gguf.validation import validate_model
 
     path = resolve_model(model)

@@ -35,12 +35,12 @@ class DraftProposer:
 
     @classmethod
     def load(cls, path: str, core: Any, log: Callable[[str], None] | None = None) -> DraftProposer:
-        """Load the draft next to the target of `core` (an EngineCore being built): same backend, the same
+        """Load the draft next to the target of `core` (an EngineCoreProc being built): same backend, the same
         number of KV tokens as the target's cache."""
         from edgellm.arch import ARCHITECTURES
-        from edgellm.engine.core import weight_bytes_per_token
+        from edgellm.arch.common import weight_bytes_per_token
         from edgellm.gguf.config import config_from_gguf
-        from edgellm.gguf.reader import load_gguf
+        from edgellm.gguf.load import load_gguf
         from edgellm.gguf.validation import validate_model
 
         target = core.runner
@@ -51,6 +51,8 @@ class DraftProposer:
             cfg = config_from_gguf(gguf)
             validate_model(gguf, cfg)
             cfg.set_context(core.n_ctx)  # the target's window (LongRoPE's factors depend on it)
+            if cfg.recurrent:  # its runner drafts with rollback, which a conv state cannot take
+                raise ValueError(f"a {cfg.arch} model cannot be a draft model (per-sequence conv state)")
             if cfg.n_vocab != core.config.n_vocab:
                 raise ValueError(f"draft model has {cfg.n_vocab} tokens, the target {core.config.n_vocab}")
             model = ARCHITECTURES[cfg.arch](cfg, gguf, core.backend, None)

@@ -14,9 +14,9 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from edgellm.server.app import error_response
+from edgellm.server.endpoint import error_response
+from edgellm.server.errors import ApiError
 from edgellm.server.openai_format import sse
-from edgellm.server.protocol import ApiError
 
 log = logging.getLogger("edgellm.server.ray")
 Message = dict[str, Any]
@@ -50,7 +50,7 @@ def portable_scope(scope: Scope) -> dict[str, Any]:
 
 async def read_body(receive: Receive, limit: int) -> bytes | None:
     """The request body, cut at limit + 1 bytes (enough for the app to answer 413), drained up to 8x the
-    limit as app.read_json does so the client reads a clean answer; None if the client went away."""
+    limit as errors.read_json does so the client reads a clean answer; None if the client went away."""
     chunks, size = [], 0
     while True:
         msg = await receive()

@@ -31,15 +31,18 @@ from starlette.types import Receive, Scope, Send
 
 from edgellm.catalog import resolve_model
 from edgellm.config import ServerConfig
-from edgellm.gguf.reader import load_gguf
+from edgellm.gguf.load import load_gguf
 from edgellm.gguf.validation import tokenizer_from_gguf
-from edgellm.server.app import ServerState, build_app, error_response, load_template
-from edgellm.server.asgi_relay import Relay, app_messages, portable_scope, read_body
+from edgellm.server.app import build_app
 from edgellm.server.auth import check_api_key, has_api_key
 from edgellm.server.compat import ModelNames
-from edgellm.server.prefix_router import DECISIONS, prefix_block_hashes
-from edgellm.server.protocol import ApiError, parse_chat, parse_completion
-from edgellm.server.replica_metrics import label_replicas
+from edgellm.server.endpoint import error_response
+from edgellm.server.errors import ApiError
+from edgellm.server.protocol import parse_chat, parse_completion
+from edgellm.server.replicas.asgi_relay import Relay, app_messages, portable_scope, read_body
+from edgellm.server.replicas.prefix_router import DECISIONS, prefix_block_hashes
+from edgellm.server.replicas.replica_metrics import label_replicas
+from edgellm.server.state import ServerState, load_template
 
 log = logging.getLogger("edgellm.server.ray")
 REPLICA_HEADER = b"x-edgellm-replica"
@@ -297,7 +300,7 @@ def build_ray_app(
         max_ongoing_requests=config.engine.max_num_seqs,  # beyond a batch, requests wait at the ingress...
         max_queued_requests=config.max_queue,  # ...up to --max-queue of them, then 429
         request_router_config=RequestRouterConfig(
-            request_router_class="edgellm.server.ray_router.PrefixAwareRequestRouter",
+            request_router_class="edgellm.server.replicas.ray_router.PrefixAwareRequestRouter",
             request_router_kwargs={"max_margin": max(1, config.engine.max_num_seqs // 4)},
         ),
         health_check_period_s=5,

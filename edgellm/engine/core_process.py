@@ -1,18 +1,12 @@
-"""The engine core: the one place that loads the model, calls `step()` and launches kernels.
+"""The engine core process: the one place that loads the model, steps the engine core and launches kernels.
 
 `serve`, `chat`, `bench` and `LLM` run it in its own process (`run_core_process`, started with the
 "spawn" context by core_client.CoreClient), where its loop runs on the process's main thread: GNU OpenMP
 kernels ran ~3x slower when launched from another thread or from several threads, and a crash in a
-kernel takes down this process only. Tests may build an `EngineCore` in-process to drive its engine.
+kernel takes down this process only. Tests may build an `EngineCoreProc` in-process to drive its
+`engine_core` (engine_core.EngineCore) step by step.
 
-Messages in (tuples): ("add", rid, prompt_ids, params, priority, group), ("embed", rid, input_ids, priority,
-group) (group: the client request's id, shared by its engine requests, or None),
-("abort", rid, index|None), ("abort_all", [rid, ...]), ("call", call_id, name, args), ("shutdown",).
-Out: ("progress", line),
-("ready", info), ("load_error", exc), per step (or per EngineConfig.stream_interval) ("step", stats,
-[(time, outputs), ...]) with outputs as (rid, finished, deltas, cached, preemptions, embedding|None),
-("add_error", rid, exc), ("reply", call_id, ok, value). Only ids, numbers, strings, the SamplingParams
-dataclass and exceptions cross: no tokenizer state.
+The messages in and out are protocol.py's dataclasses.
 """
 
 from __future__ import annotations
@@ -28,61 +22,41 @@ from typing import Any
 import numpy as np
 
 from edgellm.engine.checks import PromptTooLongError
-from edgellm.engine.config import EngineConfig
+from edgellm.engine.config import DEFAULT_CTX, EngineConfig, kv_budget_bytes
+from edgellm.engine.engine_core import EngineCore
 from edgellm.engine.guidance import GuidedDecoding
-from edgellm.engine.llm_engine import LLMEngine
 from edgellm.engine.model_runner import ModelRunner, RunItem
-from edgellm.engine.outputs import RequestOutput
+from edgellm.engine.protocol import (
+    AbortRequests,
+    CoreFailed,
+    CoreLoadFailed,
+    CoreProgress,
+    CoreReady,
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    RequestRejected,
+    Shutdown,
+    UtilityCall,
+    UtilityResult,
+)
 from edgellm.engine.scheduler import SchedulerConfig
 from edgellm.engine.sequence import Sequence as EngineSequence
 from edgellm.engine.spec.build import build_speculator
 
-DEFAULT_CTX = 4096
-DEFAULT_KV_MEMORY = 512 * 2**20  # bytes of KV cache when not given (at least one full context is kept)
 IDLE_POLL_S = 0.5  # how often an idle core looks whether its front-end is still there
 
 
-def kv_budget_bytes(kv_cache_memory: int | float | None) -> int:
-    """KV cache budget: bytes (an int), or a fraction of physical RAM (a float in (0, 1))."""
-    if kv_cache_memory is None:
-        return DEFAULT_KV_MEMORY
-    if isinstance(kv_cache_memory, float) and 0 < kv_cache_memory < 1:
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * kv_cache_memory)
-    if kv_cache_memory < 0:
-        raise ValueError(f"kv_cache_memory must be bytes >= 0 or a fraction in (0, 1), got {kv_cache_memory}")
-    return int(kv_cache_memory)
-
-
-def weight_bytes_per_token(model: Any, all_experts: bool = False) -> int:
-    """Bytes of weights one decode step streams: every matmul once (tied output counted once); of a
-    mixture of experts the router, any shared expert and the n_expert_used experts a token selects (their
-    file bytes), or every expert with all_experts (what the model holds)."""
-    seen, total = set(), 0
-    mats = [model.output]
-    for attn, ffn in model.layers:
-        mats += [attn.wqkv, attn.wo]
-        if hasattr(ffn, "experts"):  # arch/moe.py
-            mats += [m for m in (ffn.router, ffn.shared_gate_up, ffn.shared_down) if m is not None]
-            total += ffn.total_expert_bytes if all_experts else ffn.active_bytes * model.cfg.n_expert_used
-        else:
-            mats += [ffn.w_gate_up, ffn.w_down]
-    for w in mats:
-        if id(w) in seen:
-            continue
-        seen.add(id(w))
-        total += sum(p.nbytes for p in getattr(w, "parts", [w]))
-    return total
-
-
-class EngineCore:
+class EngineCoreProc:
     """Loads the model from `spec.model` (a .gguf path, mmapped) and owns the model, scheduler and
     sampler."""
 
     def __init__(self, spec: EngineConfig, log: Callable[[str], None] | None = None) -> None:
         from edgellm.arch import ARCHITECTURES
-        from edgellm.backends.base import get_backend
+        from edgellm.arch.common import weight_bytes_per_token
+        from edgellm.backends import get_backend
         from edgellm.gguf.config import config_from_gguf
-        from edgellm.gguf.reader import load_gguf
+        from edgellm.gguf.load import load_gguf
         from edgellm.runtime import keep_freed_memory, set_threads, warm_up
         from edgellm.tokenizer import Tokenizer
 
@@ -121,7 +95,7 @@ class EngineCore:
             max_model_len=self.n_ctx,
         )
         speculator = build_speculator(spec.speculative_config(), self, log)
-        self.engine = LLMEngine(
+        self.engine_core = EngineCore(
             self.runner,
             eog_ids,
             self.n_ctx,
@@ -166,13 +140,13 @@ class EngineCore:
             raise PromptTooLongError(
                 len(ids), self.n_ctx, f"{len(ids)} tokens exceed the context window of {self.n_ctx}"
             )
-        bm = self.engine.scheduler.block_manager
+        bm = self.engine_core.scheduler.block_manager
         seq = EngineSequence(-1, ids)
         if not bm.can_allocate(seq, len(ids)):
             raise RuntimeError("not enough free KV blocks to score this sequence while other requests run")
         bm.allocate(seq, len(ids))
         try:
-            chunk = self.engine.scheduler.config.max_num_batched_tokens
+            chunk = self.engine_core.scheduler.config.max_num_batched_tokens
             rows = []
             for start in range(0, len(ids), chunk):
                 item = RunItem(seq.block_table, ids[start : start + chunk], start, all_logits=True)
@@ -182,46 +156,45 @@ class EngineCore:
             bm.free(seq)
 
     def stats(self) -> dict:
-        return asdict(self.engine.stats())
+        return asdict(self.engine_core.stats())
 
     # ---- the loop ------------------------------------------------------------------------------
-    def handle(self, msg: tuple, send: Callable[[tuple], None]) -> bool:
+    def handle(self, msg: Any, send: Callable[[Any], None]) -> bool:
         """Apply one message from the front-end; False on shutdown."""
-        kind = msg[0]
-        if kind == "add":
-            _, rid, ids, params, priority, group = msg
-            try:
-                self.engine.add_request(ids, params, rid, priority, group)
-            except Exception as e:  # a bad request: its sender gets the error, the core goes on
-                send(("add_error", rid, portable(e)))
-        elif kind == "embed":
-            _, rid, ids, priority, group = msg
-            try:
-                self.engine.add_embedding_request(ids, rid, priority, group)
-            except Exception as e:
-                send(("add_error", rid, portable(e)))
-        elif kind == "abort":
-            self.engine.abort(msg[1], msg[2])
-        elif kind == "abort_all":
-            for rid in msg[1]:
-                self.engine.abort(rid)
-        elif kind == "call":
-            _, call_id, name, args = msg
-            try:
-                value = {"score": self.score, "stats": self.stats}[name](*args)
-                send(("reply", call_id, True, value))
-            except Exception as e:
-                send(("reply", call_id, False, portable(e)))
-        elif kind == "shutdown":
+        if isinstance(msg, Shutdown):
             return False
+        _HANDLERS[type(msg)](self, msg, send)
         return True
+
+    def _add(self, req: EngineCoreRequest, send: Callable[[Any], None]) -> None:
+        core = self.engine_core
+        try:
+            if req.sampling_params is None:
+                core.add_embedding_request(req.prompt_token_ids, req.request_id, req.priority, req.group)
+            else:
+                core.add_request(
+                    req.prompt_token_ids, req.sampling_params, req.request_id, req.priority, req.group
+                )
+        except Exception as e:  # a bad request: its sender gets the error, the core goes on
+            send(RequestRejected(req.request_id, portable(e)))
+
+    def _abort(self, msg: AbortRequests, send: Callable[[Any], None]) -> None:
+        for rid in msg.request_ids:
+            self.engine_core.abort(rid, msg.index)
+
+    def _call(self, msg: UtilityCall, send: Callable[[Any], None]) -> None:
+        try:
+            value = {"score": self.score, "stats": self.stats}[msg.name](*msg.args)
+            send(UtilityResult(msg.call_id, True, value))
+        except Exception as e:
+            send(UtilityResult(msg.call_id, False, portable(e)))
 
     def run(self, conn: Any) -> None:
         """Serve the front-end over `conn` until it says shutdown or goes away (EOF)."""
         send = conn.send
-        eng = self.engine
+        eng = self.engine_core
         interval = self.stream_interval
-        pending: list[tuple[float, list]] = []  # (time, outputs) of steps not sent yet
+        pending: list[tuple[float, list[EngineCoreOutput]]] = []  # steps not sent yet
         last_sent = 0.0
         while True:
             busy = eng.has_unfinished()
@@ -236,25 +209,25 @@ class EngineCore:
             if eng.has_unfinished():
                 outs = eng.step()
                 now = time.perf_counter()
-                pending.append((now, [_wire(o) for o in outs]))
+                pending.append((now, outs))
                 if any(map(_first_or_last, outs)) or now - last_sent >= interval or not eng.has_unfinished():
-                    send(("step", self.stats(), pending))
+                    send(EngineCoreOutputs(eng.stats(), pending))
                     pending, last_sent = [], now
             elif changed:  # aborts and adds that left the engine idle: the gauges changed
-                send(("step", self.stats(), pending))
+                send(EngineCoreOutputs(eng.stats(), pending))
                 pending = []
 
 
-def _first_or_last(out: RequestOutput) -> bool:
-    """A request's first tokens (its TTFT) or its end: sent at once, never batched by stream_interval. First:
-    every token the request has generated is in this output."""
-    return out.finished or out.metrics.num_generated_tokens == sum(len(d.token_ids) for d in out.deltas)
+_HANDLERS: dict[type, Callable[[EngineCoreProc, Any, Callable[[Any], None]], None]] = {
+    EngineCoreRequest: EngineCoreProc._add,
+    AbortRequests: EngineCoreProc._abort,
+    UtilityCall: EngineCoreProc._call,
+}
 
 
-def _wire(out: RequestOutput) -> tuple:
-    m = out.metrics
-    deltas = [(d.index, d.token_ids, d.finish_reason, d.logprobs) for d in out.deltas]
-    return (out.request_id, out.finished, deltas, m.num_cached_tokens, m.num_preemptions, out.embedding)
+def _first_or_last(out: EngineCoreOutput) -> bool:
+    """A request's first tokens (its TTFT) or its end: sent at once, never batched by stream_interval."""
+    return out.first or out.request_finished
 
 
 def portable(e: BaseException) -> BaseException:
@@ -277,17 +250,17 @@ def run_core_process(conn: Any, spec: EngineConfig) -> None:
         os.dup2(fd, 2)
         os.close(fd)
     try:
-        core = EngineCore(spec, log=lambda line: conn.send(("progress", line)))
+        core = EngineCoreProc(spec, log=lambda line: conn.send(CoreProgress(line)))
     except BaseException as e:  # noqa: BLE001 - reported to the front-end, which raises it
-        conn.send(("load_error", portable(e)))
+        conn.send(CoreLoadFailed(portable(e)))
         return
-    conn.send(("ready", core.info))
+    conn.send(CoreReady(core.info))
     try:
         core.run(conn)
     except (EOFError, OSError):
         pass  # the front-end went away
     except BaseException as e:  # a failed step: the front-end fails its requests with this reason
         try:
-            conn.send(("fatal", portable(e)))
+            conn.send(CoreFailed(portable(e)))
         finally:
             raise

@@ -26,7 +26,7 @@ def default_threads(replicas: int | str) -> int:
 
 def _local_runtime_env() -> dict[str, Any]:
     """Ray's workers import edgellm from this process's copy of it (a source checkout included)."""
-    root = str(Path(__file__).resolve().parents[2])
+    root = str(Path(__file__).resolve().parents[3])
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     return {"env_vars": {"PYTHONPATH": path}}
 
@@ -40,7 +40,7 @@ def run_ray_server(config: ServerConfig, num_cpus: int | None = None) -> None:
         from ray import serve
     except ImportError:
         raise RuntimeError("--replicas needs Ray Serve: pip install 'edgellm[ray]'") from None
-    from edgellm.server.ray_app import ReplicaBoard, build_ray_app
+    from edgellm.server.replicas.ray_app import ReplicaBoard, build_ray_app
 
     host, port, replicas, ray_address = config.host, config.port, config.replicas, config.ray_address
     if replicas is None:

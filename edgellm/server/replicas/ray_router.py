@@ -11,8 +11,8 @@ from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from edgellm.server import prefix_router
-from edgellm.server.prefix_router import BusyRule, PrefixAffinity
+from edgellm.server.replicas import prefix_router
+from edgellm.server.replicas.prefix_router import BusyRule, PrefixAffinity
 
 CHOSEN_TTL_S = 60.0  # a choice never routed (its caller gone) stops counting toward load after this
 

@@ -1,5 +1,6 @@
-"""`ScriptedBackend`: a deterministic ChatBackend with no model behind it, for tests and UI work.
-Replies come from `reply_for(messages)`, streamed word by word; tokens are counted as words."""
+"""`ScriptedBackend`: a deterministic ChatBackend with no model behind it, for the TUI tests (the app
+itself never loads it). Replies come from `reply_for(messages)`, streamed word by word; tokens are
+counted as words."""
 
 from __future__ import annotations
 

@@ -1,0 +1,80 @@
+"""The A/B loop of the benchmark scripts: every variant once per round, N rounds, then medians.
+
+On a shared machine the other load moves every figure; running the variants alternately spreads it over
+all of them alike, and the median of each variant's rounds is the figure to compare. A round's order is
+one of ORDERS: the same each round, reversed every other round (two variants: each goes first as often),
+or rotated by one each round (a variant's place in the round, right after another's, is not its cost).
+
+    results = alternate({"old": run_old, "new": run_new}, rounds=3, report=print_one)
+    med = medians(results, key=lambda r: r["decode_tok_s"])
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
+
+R = TypeVar("R")
+
+
+def _fixed(names: list[str], r: int) -> list[str]:
+    return names
+
+
+def _reverse(names: list[str], r: int) -> list[str]:
+    return names if r % 2 == 0 else names[::-1]
+
+
+def _rotate(names: list[str], r: int) -> list[str]:
+    k = r % len(names)
+    return names[k:] + names[:k]
+
+
+ORDERS: dict[str, Callable[[list[str], int], list[str]]] = {
+    "fixed": _fixed,
+    "reverse": _reverse,
+    "rotate": _rotate,
+}
+
+
+def round_order(names: Iterable[str], r: int, order: str = "fixed") -> list[str]:
+    """The variants' order in round `r` (0-based)."""
+    if order not in ORDERS:
+        raise ValueError(f"unknown order {order!r}: one of {', '.join(ORDERS)}")
+    return ORDERS[order](list(names), r)
+
+
+def alternate(
+    variants: Mapping[str, Callable[[], R]],
+    rounds: int,
+    order: str = "fixed",
+    report: Callable[[int, str, R], None] | None = None,
+    end_round: Callable[[int, dict[str, R]], None] | None = None,
+) -> dict[str, list[R]]:
+    """Run each variant once per round, `rounds` rounds, in the round's order. `report(round, name,
+    result)` after each run, `end_round(round, {name: result})` after each round (rounds count from 0).
+    Returns each variant's results in round order, keyed as `variants` is."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    results: dict[str, list[R]] = {name: [] for name in variants}
+    for r in range(rounds):
+        row: dict[str, R] = {}
+        for name in round_order(variants, r, order):
+            row[name] = variants[name]()
+            results[name].append(row[name])
+            if report is not None:
+                report(r, name, row[name])
+        if end_round is not None:
+            end_round(r, {name: row[name] for name in variants})
+    return results
+
+
+def medians(
+    results: Mapping[str, Iterable[Any]], key: Callable[[Any], float] | None = None
+) -> dict[str, float]:
+    """The median of each variant's results (of `key(result)` when given)."""
+    return {
+        name: statistics.median(key(x) for x in rs) if key else statistics.median(rs)
+        for name, rs in results.items()
+    }
