@@ -22,7 +22,8 @@ if _os.environ.get("EDGELLM_CPU_TIER"):
 
 __version__ = "0.1.0"
 
+from edgellm.engine.config import EngineConfig  # noqa: E402
 from edgellm.llm import LLM, GenerationOutput  # noqa: E402
 from edgellm.sampling import SamplingParams  # noqa: E402
 
-__all__ = ["LLM", "GenerationOutput", "SamplingParams", "__version__"]
+__all__ = ["LLM", "EngineConfig", "GenerationOutput", "SamplingParams", "__version__"]

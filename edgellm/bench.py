@@ -158,27 +158,18 @@ def cpu_tier() -> str:
 
 
 def run_bench(args: argparse.Namespace) -> dict:
-    from edgellm import LLM
+    from edgellm import LLM, EngineConfig
 
-    n_ctx = args.ctx or max(
+    n_ctx = args.n_ctx or max(
         2048, args.prompt_tokens + args.gen_tokens + args.shared_prefix + args.long_prompt + 16
     )
-    llm = LLM(
-        args.model,
-        backend=args.backend,
-        n_ctx=n_ctx,
-        threads=args.threads,
-        kv_cache_memory=args.kv_cache_memory,
-        kv_cache_dtype=args.kv_cache_dtype,
-        enable_prefix_caching=args.concurrency > 1 or args.shared_prefix > 0,
-        speculative=args.speculative,
-        num_speculative_tokens=args.num_speculative_tokens,
-    )
+    prefix_caching = args.concurrency > 1 or args.shared_prefix > 0
+    llm = LLM(config=EngineConfig.from_cli_args(args, n_ctx=n_ctx, enable_prefix_caching=prefix_caching))
     result: dict = {
         "model": llm.path.name,
         "threads": llm.threads,
-        "backend": args.backend,
-        "cpu_tier": cpu_tier() if args.backend == "cpu" else None,
+        "backend": llm.engine_config.backend,
+        "cpu_tier": cpu_tier() if llm.engine_config.backend == "cpu" else None,
         "kv_cache_dtype": llm.kv_cache_dtype,
         "kv_bytes_per_token": llm.kv_bytes_per_token,
         "kv_cache_tokens": llm.num_kv_blocks * llm.block_size,

@@ -12,6 +12,7 @@ loop.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import itertools
 import sys
@@ -23,19 +24,19 @@ from typing import Any
 
 import numpy as np
 
-from edgellm.catalog import DEFAULT_MODEL, resolve_model
+from edgellm.catalog import resolve_model
 from edgellm.engine.checks import PromptTooLongError, check_embedding_input, check_prompt
+from edgellm.engine.config import EngineConfig, kv_budget_bytes
 from edgellm.engine.core_client import CoreClient, EngineDeadError
-from edgellm.engine.core_spec import CoreSpec, kv_budget_bytes
 from edgellm.engine.frontend import RequestStream
 from edgellm.engine.outputs import CompletionOutput, OutputCollector, RequestMetrics, RequestOutput
 from edgellm.engine.protocol import EngineStats
-from edgellm.engine.spec.config import SpeculativeConfig, check_draft_model, parse_speculative
+from edgellm.engine.spec.config import SpeculativeConfig, check_draft_model
 from edgellm.gguf.config import ModelConfig, config_from_gguf
 from edgellm.gguf.load import load_gguf
 from edgellm.gguf.validation import tokenizer_from_gguf, validate_model
 from edgellm.grammar import check_for_vocabulary
-from edgellm.quants.kv_cache import DEFAULT_KV_CACHE_DTYPE, get_kv_cache_type
+from edgellm.quants.kv_cache import get_kv_cache_type
 from edgellm.sampling import SamplingParams
 
 __all__ = ["LLM", "EngineDeadError", "GenerationOutput", "PromptTooLongError", "kv_budget_bytes"]
@@ -75,56 +76,36 @@ def _result(rid: str, prompt_ids: list[int], c: OutputCollector) -> GenerationOu
 class LLM:
     def __init__(
         self,
-        model: str | Path = DEFAULT_MODEL,
-        backend: str = "cpu",
-        n_ctx: int | None = None,
-        threads: int | None = None,
-        max_num_seqs: int = 16,
-        max_num_batched_tokens: int = 512,
-        block_size: int = 16,
-        kv_cache_memory: int | float | None = None,  # bytes, or a fraction of RAM; default 512 MiB
-        kv_cache_dtype: str = DEFAULT_KV_CACHE_DTYPE,  # "f16", or "q8_0" (llama.cpp's --cache-type-k/-v)
-        enable_prefix_caching: bool = True,
+        model: str | Path | None = None,
+        *,
+        config: EngineConfig | None = None,
         verbose: bool = False,
         progress: Callable[[str], None] | None = None,
-        core_log: str | Path | None = None,  # file for the core process's stdout/stderr (default: ours)
-        speculative: str | dict | SpeculativeConfig | None = None,  # "ngram", "draft:PATH", or a dict
-        num_speculative_tokens: int | None = None,  # k: overrides the speculative config's num_tokens
-        stream_interval: float = 0.0,  # seconds between the core's output batches (0: every step)
+        **engine_kwargs: Any,
     ) -> None:
+        """`config`, or EngineConfig's fields as keywords (n_ctx=, threads=, kv_cache_dtype=, ...; with
+        `config` they override its fields); `model` likewise sets config.model."""
         self._log = progress or (
             (lambda msg: print(f"edgellm: {msg}", file=sys.stderr, flush=True)) if verbose else None
         )
-        kv_budget_bytes(kv_cache_memory)  # a bad value fails here, before a process starts
-        if not 0 <= stream_interval <= 1:
-            raise ValueError(f"stream_interval must be seconds in [0, 1], got {stream_interval}")
-        spec_config = parse_speculative(speculative, num_speculative_tokens)
+        changes = engine_kwargs | ({} if model is None else {"model": model})
+        config = config or EngineConfig()
+        self.engine_config: EngineConfig = dataclasses.replace(config, **changes) if changes else config
+        spec_config = self.engine_config.speculative_config()
         self.speculative: SpeculativeConfig | None = spec_config
-        self.path: Path = resolve_model(model)
+        self.path: Path = resolve_model(self.engine_config.model)
         gguf = load_gguf(self.path)  # mmapped: the header and metadata only are read here
         self.config: ModelConfig = config_from_gguf(gguf)
         validate_model(gguf, self.config)  # before any kernel sees a shape the file claims
         # an unknown dtype, or head sizes it cannot hold, fail here, before a process starts
-        get_kv_cache_type(kv_cache_dtype).check_head_dims(self.config.head_dim, self.config.head_dim_v)
+        kv_dtype = self.engine_config.kv_cache_dtype
+        get_kv_cache_type(kv_dtype).check_head_dims(self.config.head_dim, self.config.head_dim_v)
         self.metadata = gguf.metadata
         self.tokenizer = tokenizer_from_gguf(gguf)
         if spec_config is not None and spec_config.method == "draft":
             spec_config.model = str(check_draft_model(spec_config.model, gguf, self.config))
-        self.spec = CoreSpec(
-            str(self.path),
-            backend=backend,
-            n_ctx=n_ctx,
-            threads=threads,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            block_size=block_size,
-            kv_cache_memory=kv_cache_memory,
-            kv_cache_dtype=kv_cache_dtype,
-            enable_prefix_caching=enable_prefix_caching,
-            log_path=None if core_log is None else str(core_log),
-            speculative=spec_config,
-            stream_interval=stream_interval,
-        )
+        # what the core process gets: the model as a path, the draft model's resolved
+        self.spec = dataclasses.replace(self.engine_config, model=str(self.path), speculative=spec_config)
         self._rids = itertools.count()
         self.on_core_death: Callable[[str], None] | None = None
         self.core = self._start_core()

@@ -17,7 +17,8 @@ import time
 from functools import partial
 
 from edgellm.catalog import resolve_model
-from edgellm.engine.core_process import CoreSpec, EngineCoreProc
+from edgellm.engine.config import EngineConfig
+from edgellm.engine.core_process import EngineCoreProc
 from edgellm.engine.engine_core import EngineCore
 from edgellm.sampling import SamplingParams
 from edgellm.testing.ab import alternate, medians
@@ -51,7 +52,7 @@ def main() -> None:
     args = ap.parse_args()
     n = args.in_flight
     core = EngineCoreProc(
-        CoreSpec(str(resolve_model(args.model)), n_ctx=512, max_num_seqs=n, threads=args.threads)
+        EngineConfig(str(resolve_model(args.model)), n_ctx=512, max_num_seqs=n, threads=args.threads)
     )
     engine, tok = core.engine_core, core.engine_core.guidance.tokenizer
     prompts = [

@@ -20,7 +20,8 @@ from collections import defaultdict
 from edgellm.backends.cpu.backend import CpuBackend
 from edgellm.bench import synthetic_prompt
 from edgellm.catalog import resolve_model
-from edgellm.engine.core_process import CoreSpec, EngineCoreProc
+from edgellm.engine.config import EngineConfig
+from edgellm.engine.core_process import EngineCoreProc
 from edgellm.sampling import SamplingParams
 
 METHODS = [
@@ -60,7 +61,7 @@ def main() -> None:
             return r
 
         setattr(CpuBackend, name, timed)
-    core = EngineCoreProc(CoreSpec(str(resolve_model(args.model)), n_ctx=2048, threads=args.threads))
+    core = EngineCoreProc(EngineConfig(str(resolve_model(args.model)), n_ctx=2048, threads=args.threads))
     engine = core.engine_core
     params = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
     engine.add_request(synthetic_prompt(args.prompt), params)

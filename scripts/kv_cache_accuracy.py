@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from edgellm import LLM  # noqa: E402
-from edgellm.cli import kv_memory  # noqa: E402
+from edgellm.engine.config import kv_memory  # noqa: E402
 from edgellm.quants.kv_cache import KV_CACHE_TYPES  # noqa: E402
 
 

@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from edgellm.bench import synthetic_prompt  # noqa: E402
 from edgellm.catalog import resolve_model  # noqa: E402
-from edgellm.engine.core_process import CoreSpec, EngineCoreProc  # noqa: E402
+from edgellm.engine.config import EngineConfig  # noqa: E402
+from edgellm.engine.core_process import EngineCoreProc  # noqa: E402
 from edgellm.engine.model_runner import RunItem  # noqa: E402
 from edgellm.engine.spec.build import build_speculator  # noqa: E402
 from edgellm.engine.spec.config import SpeculativeConfig  # noqa: E402
@@ -272,7 +273,7 @@ def main() -> None:
     a = ap.parse_args()
     skip = set(filter(None, a.skip.split(",")))
     path = str(resolve_model(a.model))
-    spec = CoreSpec(path, n_ctx=2048, threads=a.threads, kv_cache_memory=256 << 20)
+    spec = EngineConfig(path, n_ctx=2048, threads=a.threads, kv_cache_memory=256 << 20)
     plain = EngineCoreProc(spec)
     report: dict = {"model": Path(path).name, "threads": plain.threads}
     draft_runner = None

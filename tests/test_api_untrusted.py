@@ -12,11 +12,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from edgellm.config import ServerConfig
+from edgellm.engine.config import EngineConfig
 from edgellm.server import anthropic_api, ollama_options, responses_input
 from edgellm.server.app import build_app
 from edgellm.server.errors import ApiError
 from edgellm.server.protocol import check_unicode, parse_chat
-from edgellm.server.state import ServerConfig, ServerState
+from edgellm.server.state import ServerState
 from edgellm.testing.api_attacks import ANTHROPIC, NEW_POST_ROUTES, OLLAMA, RAW, RESPONSES, error_message
 from edgellm.testing.http_attacks import AsgiClient
 
@@ -116,7 +118,7 @@ KEY = "sk-test-key"
 @pytest.fixture(scope="module")
 def guarded() -> AsgiClient:
     return AsgiClient(
-        build_app(ServerState(ServerConfig(model="x", api_key=KEY)))
+        build_app(ServerState(ServerConfig(EngineConfig("x"), api_key=KEY)))
     )  # never loads: 503 past auth
 
 

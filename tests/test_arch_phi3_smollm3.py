@@ -153,13 +153,14 @@ def test_engine_core_takes_the_factors_of_its_context(tmp_path: Path) -> None:
     """EngineCoreProc with llama.cpp's n_ctx (1200, past the original 1024) scores the phi3_f32
     fixture's tokens as llama.cpp does; with a context of 1024 it rotates with the short factors and
     does not."""
-    from edgellm.engine.core_process import CoreSpec, EngineCoreProc
+    from edgellm.engine.config import EngineConfig
+    from edgellm.engine.core_process import EngineCoreProc
 
     ref = np.load(FIXTURES / "phi3_f32.npz")
     path = CASES["phi3_f32"].write(tmp_path / "m.gguf")
     tokens, positions = ref["tokens"].tolist(), ref["positions"]
     for n_ctx in (1200, 1024):
-        core = EngineCoreProc(CoreSpec(str(path), n_ctx=n_ctx, kv_cache_memory=8 << 20, threads=2))
+        core = EngineCoreProc(EngineConfig(str(path), n_ctx=n_ctx, kv_cache_memory=8 << 20, threads=2))
         keep = positions < n_ctx
         got = core.score(tokens[:n_ctx])[positions[keep]]
         err = nmse(got, ref["logits"][keep])

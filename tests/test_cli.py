@@ -81,7 +81,7 @@ def test_a_path_works_wherever_a_name_does(smollm2_path) -> None:
     [("0", 0), ("1073741824", 2**30), ("512M", 512 * 2**20), ("2GiB", 2 * 2**30), ("0.25", 0.25)],
 )
 def test_kv_cache_memory_takes_bytes_or_a_fraction_of_ram(text: str, value: int | float) -> None:
-    from edgellm.cli import kv_memory
+    from edgellm.engine.config import kv_memory
 
     assert kv_memory(text) == value and type(kv_memory(text)) is type(value)
 
@@ -90,7 +90,7 @@ def test_kv_cache_memory_takes_bytes_or_a_fraction_of_ram(text: str, value: int 
 def test_kv_cache_memory_refuses_what_is_neither(text: str) -> None:
     import argparse
 
-    from edgellm.cli import kv_memory
+    from edgellm.engine.config import kv_memory
 
     with pytest.raises(argparse.ArgumentTypeError, match="neither bytes"):
         kv_memory(text)
@@ -102,6 +102,16 @@ class _Captured(Exception):
 
 
 def _capture(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    """A config passed (EngineConfig, or a ServerConfig holding one) counts as its fields' keywords."""
+    import dataclasses
+
+    configs = [v for v in (*args, *kwargs.values()) if dataclasses.is_dataclass(v)]
+    while configs:
+        config = configs.pop()
+        for f in dataclasses.fields(config):
+            value = getattr(config, f.name)
+            configs += [value] if dataclasses.is_dataclass(value) else []
+            kwargs.setdefault(f.name, value)
     raise _Captured(kwargs)
 
 
@@ -116,7 +126,7 @@ def test_kv_cache_dtype_reaches_the_model(command: str, flags: list[str], want: 
     import tui.app
     from edgellm import cli
 
-    for mod, name in ((edgellm, "LLM"), (edgellm.server, "run_server"), (server_main, "run_server")):
+    for mod, name in ((edgellm, "LLM"), (edgellm.server, "run_server")):  # server_main runs serve's
         monkeypatch.setattr(mod, name, _capture)
     monkeypatch.setattr(tui.app, "run_chat", _capture)
     argv = {"run": ["run", "m.gguf", "hi"], "serve": ["serve", "m.gguf"], "bench": ["bench", "m.gguf"]}

@@ -20,7 +20,8 @@ if not (os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or os.environ.get("EDGELLM
 
 from edgellm import SamplingParams
 from edgellm.backends.base import Backend
-from edgellm.engine.core_process import CoreSpec, EngineCoreProc
+from edgellm.engine.config import EngineConfig
+from edgellm.engine.core_process import EngineCoreProc
 from edgellm.gguf.rope import RopeParams
 from edgellm.testing.cuda_guards import BE, guarded, guards_intact
 from edgellm.testing.kernel_refs import nmse
@@ -128,7 +129,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def llms(tiny: Path) -> dict[str, EngineCoreProc]:
     """Engine cores built in this process, to drive their engines step by step."""
     return {
-        be: EngineCoreProc(CoreSpec(str(tiny), backend=be, n_ctx=64, kv_cache_memory=1 << 20))
+        be: EngineCoreProc(EngineConfig(str(tiny), backend=be, n_ctx=64, kv_cache_memory=1 << 20))
         for be in ("cpu", "cuda")
     }
 
@@ -182,7 +183,7 @@ def test_engine_speculative_greedy_verifies_on_device(llms: dict[str, EngineCore
 
     spec = SpeculativeConfig("ngram", num_tokens=2, adaptive=False)
     core = EngineCoreProc(
-        CoreSpec(str(tiny), backend="cuda", n_ctx=64, kv_cache_memory=1 << 20, speculative=spec)
+        EngineConfig(str(tiny), backend="cuda", n_ctx=64, kv_cache_memory=1 << 20, speculative=spec)
     )
     core.engine_core.speculator.proposer = Replay()
     [got], _, moved = run_steps(core, prompts, params)

@@ -16,7 +16,8 @@ import pytest
 
 from edgellm import SamplingParams
 from edgellm.backends import get_backend
-from edgellm.engine.core_process import CoreSpec, EngineCoreProc
+from edgellm.engine.config import EngineConfig
+from edgellm.engine.core_process import EngineCoreProc
 from edgellm.engine.protocol import EngineCoreOutput
 from edgellm.sampling import MAX_DEVICE_TOP_K, Sampler, TopCandidates, device_candidates
 from edgellm.testing.synthetic import write_tiny_model
@@ -111,7 +112,7 @@ class DeviceSampling:
 def llm(tmp_path_factory: pytest.TempPathFactory) -> EngineCoreProc:
     """An engine core built in this process, to drive its engine step by step."""
     path = write_tiny_model(tmp_path_factory.mktemp("tiny") / "llama.gguf", "llama")
-    return EngineCoreProc(CoreSpec(str(path), n_ctx=128, kv_cache_memory=1 << 20))
+    return EngineCoreProc(EngineConfig(str(path), n_ctx=128, kv_cache_memory=1 << 20))
 
 
 def run_both(

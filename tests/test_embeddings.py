@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from edgellm.engine.checks import PromptTooLongError
-from edgellm.engine.core_process import CoreSpec, EngineCoreProc
+from edgellm.engine.config import EngineConfig
+from edgellm.engine.core_process import EngineCoreProc
 from edgellm.engine.model_runner import RunItem
 from edgellm.engine.protocol import EngineCoreOutput
 from edgellm.engine.sequence import Sequence
@@ -28,7 +29,7 @@ TOL = 1e-6
 
 def _core(path: Path, **kw: object) -> EngineCoreProc:
     spec = dict(n_ctx=CTX, kv_cache_memory=1 << 20, max_num_seqs=4, max_num_batched_tokens=8, threads=1)
-    return EngineCoreProc(CoreSpec(str(path), **{**spec, **kw}))  # type: ignore[arg-type]
+    return EngineCoreProc(EngineConfig(str(path), **{**spec, **kw}))  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")

@@ -13,12 +13,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.requests import Request
 
+from edgellm.config import ServerConfig
+from edgellm.engine.config import EngineConfig
 from edgellm.sampling import Sampler
 from edgellm.server.app import build_app
 from edgellm.server.auth import check_api_key, has_api_key
 from edgellm.server.errors import ApiError
 from edgellm.server.protocol import check_unicode, parse_chat, parse_completion
-from edgellm.server.state import ServerConfig, ServerState
+from edgellm.server.state import ServerState
 from edgellm.testing.http_attacks import AsgiClient
 
 FIELDS = [
@@ -83,7 +85,8 @@ def test_any_json_value_parses_or_is_a_400(body: object) -> None:
 # ---- the HTTP surface in front of the parser: Authorization values and paths (no model, no socket) ----
 
 KEY = b"k"
-GUARDED = AsgiClient(build_app(ServerState(ServerConfig(model="unused.gguf", api_key=KEY.decode()))))
+GUARDED_CONFIG = ServerConfig(EngineConfig("unused.gguf"), api_key=KEY.decode())
+GUARDED = AsgiClient(build_app(ServerState(GUARDED_CONFIG)))
 SCHEMES = st.sampled_from([b"Bearer", b"bearer", b"BEARER", b"bEaReR", b"Basic", b"Bearer:", b"Bear", b""])
 # separators and ends: what a lax parser (str.strip, split()) takes for spaces, and what it does not
 WHITE = [b" ", b"  ", b"\t", b" \t", b"\t ", b"\xa0", b" \xa0", b"\x85", b" \x0b", b"\x0c", b""]

@@ -81,8 +81,8 @@ CORE_MODULES = (
     "edgellm.engine.spec.speculator",
 )
 # The front-end's side of the engine: what LLM, the server and the TUI import of it.
-FRONT_END_MODULES = ["engine/checks.py", "engine/core_client.py", "engine/core_spec.py", "engine/frontend.py",
-                     "engine/outputs.py", "engine/protocol.py", "llm.py"]  # fmt: skip
+FRONT_END_MODULES = ["config.py", "engine/checks.py", "engine/config.py", "engine/core_client.py",
+                     "engine/frontend.py", "engine/outputs.py", "engine/protocol.py", "llm.py"]  # fmt: skip
 
 
 def top_level_imports(path: Path) -> set[str]:

@@ -127,10 +127,11 @@ def test_engine_turns_off_prefix_hits_and_refuses_speculation(lfm2_path: Path) -
     one, forked from its state) generate what each does alone, finished sequences leave no state, and
     speculative decoding is refused naming why."""
     from edgellm import SamplingParams
-    from edgellm.engine.core_process import CoreSpec, EngineCoreProc
+    from edgellm.engine.config import EngineConfig
+    from edgellm.engine.core_process import EngineCoreProc
     from edgellm.engine.spec.config import SpeculativeConfig
 
-    core = EngineCoreProc(CoreSpec(str(lfm2_path), n_ctx=128, kv_cache_memory=1 << 20, threads=2))
+    core = EngineCoreProc(EngineConfig(str(lfm2_path), n_ctx=128, kv_cache_memory=1 << 20, threads=2))
     eng = core.engine_core
     assert eng.scheduler.block_manager.cache is None
     greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
@@ -153,16 +154,18 @@ def test_engine_turns_off_prefix_hits_and_refuses_speculation(lfm2_path: Path) -
     assert len(core.runner.conv_states) <= 1  # the anonymous one (warm-up) at most
     spec = SpeculativeConfig("ngram", num_tokens=3, ngram_min=1)
     with pytest.raises(ValueError, match=r"speculative decoding is not supported for lfm2"):
-        EngineCoreProc(CoreSpec(str(lfm2_path), n_ctx=128, kv_cache_memory=1 << 20, speculative=spec))
+        EngineCoreProc(EngineConfig(str(lfm2_path), n_ctx=128, kv_cache_memory=1 << 20, speculative=spec))
 
 
 def test_preempted_sequences_recompute_from_a_fresh_state(lfm2_path: Path) -> None:
     """A KV pool too small for both sequences at once: one is preempted and recomputes from position 0
     (its conv state restarts from zeros), and both generate what each does alone."""
     from edgellm import SamplingParams
-    from edgellm.engine.core_process import CoreSpec, EngineCoreProc
+    from edgellm.engine.config import EngineConfig
+    from edgellm.engine.core_process import EngineCoreProc
 
-    core = EngineCoreProc(CoreSpec(str(lfm2_path), n_ctx=128, kv_cache_memory=0, threads=2))  # 9 blocks of 16
+    spec = EngineConfig(str(lfm2_path), n_ctx=128, kv_cache_memory=0, threads=2)  # 9 blocks of 16
+    core = EngineCoreProc(spec)
     eng = core.engine_core
     greedy = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
     rng = np.random.default_rng(9)

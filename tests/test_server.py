@@ -324,17 +324,18 @@ def test_loopback_detection_and_request_validation() -> None:
 
 
 def test_server_sampling_defaults_fill_only_what_a_request_omits() -> None:
-    from edgellm.cli import build_parser, server_options
+    from edgellm.cli import build_parser
+    from edgellm.config import ServerConfig
+    from edgellm.engine.config import EngineConfig
     from edgellm.server.protocol import parse_chat, parse_completion
-    from edgellm.server.state import ServerConfig
 
     args = build_parser().parse_args(
         ["serve", "m", "--temperature", "0.3", "--top-k", "-1", "--min-p", "0.05", "--seed", "7"]
     )
-    defaults = server_options(args)["sampling_defaults"]
+    defaults = ServerConfig.from_cli_args(args).sampling_defaults
     assert defaults == {"temperature": 0.3, "top_k": 0, "min_p": 0.05, "seed": 7}  # top_k -1: off
     random_seed = build_parser().parse_args(["serve", "m", "--seed", "-1"])
-    assert server_options(random_seed)["sampling_defaults"] == {}  # -1: a fresh seed per request
+    assert ServerConfig.from_cli_args(random_seed).sampling_defaults == {}  # -1: a fresh seed per request
     msgs = {"messages": MSGS}
     p = parse_chat(msgs, 100, 64, defaults).params
     assert (p.temperature, p.top_k, p.min_p, p.seed, p.top_p) == (0.3, 0, 0.05, 7, 1.0)
@@ -344,6 +345,6 @@ def test_server_sampling_defaults_fill_only_what_a_request_omits() -> None:
     assert parse_chat(msgs, 100, 64).params.temperature == 1.0  # no defaults: SamplingParams'
     for bad, flag in (({"temperature": 3.0}, "--temperature 3.0"), ({"seed": -5}, "--seed -5")):
         with pytest.raises(ValueError, match=flag):
-            ServerConfig(model="m", sampling_defaults=bad)
+            ServerConfig(EngineConfig("m"), sampling_defaults=bad)
     with pytest.raises(ValueError, match="unknown sampling default 'tempreature'"):
-        ServerConfig(model="m", sampling_defaults={"tempreature": 0.1})
+        ServerConfig(EngineConfig("m"), sampling_defaults={"tempreature": 0.1})

@@ -13,9 +13,11 @@ import pytest
 
 from edgellm.chat_template import CHATML_TEMPLATE
 from edgellm.cli import main as cli_main
+from edgellm.config import ServerConfig
+from edgellm.engine.config import EngineConfig
 from edgellm.server.app import build_app
 from edgellm.server.errors import ApiError
-from edgellm.server.state import ServerConfig, ServerState, load_template, render_chat_prompt
+from edgellm.server.state import ServerState, load_template, render_chat_prompt
 from edgellm.testing.grammar_attacks import chat_body_attacks
 from edgellm.testing.http_attacks import (
     EVIL_HOST,
@@ -161,7 +163,7 @@ def test_typed_control_tokens_stay_text(hostile_server: str) -> None:
 
 
 def _app(**config: object) -> AsgiClient:
-    return AsgiClient(build_app(ServerState(ServerConfig(model="unused.gguf", **config))))  # type: ignore[arg-type]
+    return AsgiClient(build_app(ServerState(ServerConfig(EngineConfig("unused.gguf"), **config))))  # type: ignore[arg-type]
 
 
 KEY = [("Authorization", "Bearer k")]
@@ -190,7 +192,7 @@ def test_a_broken_model_template_is_reported_at_load_and_refuses_chat(
     spin = tmp_path / "spin.jinja"
     spin.write_text("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}")
     llm = type("FakeLLM", (), {"metadata": {"tokenizer.ggml.tokens": ["<s>"]}, "tokenizer": None})()
-    config = ServerConfig(model="unused.gguf", chat_template_file=str(spin))
+    config = ServerConfig(EngineConfig("unused.gguf"), chat_template_file=str(spin))
     template, error = load_template(config, llm)  # type: ignore[arg-type]
     assert template is None and error is not None
     assert "chat template is broken" in error and "ran longer than its 2 s limit" in error
@@ -244,11 +246,11 @@ def test_x_api_key_is_not_a_key() -> None:
 @pytest.mark.parametrize("key", ["", " k", "k ", "a b", "k\n", "k\x00", "kë", "k\t"], ids=repr)
 def test_an_api_key_no_client_can_send_is_refused_at_start(key: str) -> None:
     with pytest.raises(ValueError, match="--api-key: expected a non-empty key of printable ASCII"):
-        ServerConfig(model="unused.gguf", api_key=key)
+        ServerConfig(EngineConfig("unused.gguf"), api_key=key)
 
 
 def test_health_details_need_the_key() -> None:
-    state = ServerState(ServerConfig(model="unused.gguf", api_key="k"))
+    state = ServerState(ServerConfig(EngineConfig("unused.gguf"), api_key="k"))
     state.load_error = RuntimeError("cannot open /home/alice/models/secret.gguf")
     client = AsgiClient(build_app(state))
     for headers in ([], [("Authorization", "Bearer wrong")], [("Authorization", "Bearer\tk")]):
@@ -256,7 +258,7 @@ def test_health_details_need_the_key() -> None:
         assert (a.status, a.json()) == (503, {"status": "error"})
     a = client.get("/health", KEY)
     assert a.status == 503 and "secret.gguf" in a.json()["error"]
-    open_state = ServerState(ServerConfig(model="unused.gguf"))  # no --api-key: every route is open
+    open_state = ServerState(ServerConfig(EngineConfig("unused.gguf")))  # no --api-key: every route is open
     open_state.load_error = state.load_error
     assert "secret.gguf" in AsgiClient(build_app(open_state)).get("/health").json()["error"]
 

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from edgellm import LLM, SamplingParams
-from edgellm.engine.core_process import CoreSpec, EngineCoreProc
+from edgellm.engine.config import EngineConfig
+from edgellm.engine.core_process import EngineCoreProc
 from edgellm.engine.spec.config import SpeculativeConfig
 from edgellm.testing.engine_fakes import chi2_critical, chi2_two_sample
 from edgellm.testing.paths import SCRIPTS
@@ -25,7 +26,9 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def core(path: Path, speculative: SpeculativeConfig | None = None, seqs: int = 16) -> EngineCoreProc:
-    spec = CoreSpec(str(path), n_ctx=64, kv_cache_memory=1 << 20, max_num_seqs=seqs, speculative=speculative)
+    spec = EngineConfig(
+        str(path), n_ctx=64, kv_cache_memory=1 << 20, max_num_seqs=seqs, speculative=speculative
+    )
     return EngineCoreProc(spec)
 
 

@@ -392,7 +392,7 @@ def loading_title(model: str) -> str:
 def run_chat(
     model: str | None = None, url: str | None = None, api_key: str | None = None, **llm_kwargs: Any
 ) -> None:
-    """`edgellm chat [MODEL] [--url URL]`: chat with an in-process model (llm_kwargs go to its LLM, e.g.
+    """`edgellm chat [MODEL] [--url URL]`: chat with an in-process model (llm_kwargs: its EngineConfig, e.g.
     kv_cache_dtype), or with a server at `url`."""
     if url:
         from tui.remote_backend import RemoteBackend

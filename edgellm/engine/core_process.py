@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from edgellm.engine.checks import PromptTooLongError
-from edgellm.engine.core_spec import DEFAULT_CTX, CoreSpec, kv_budget_bytes
+from edgellm.engine.config import DEFAULT_CTX, EngineConfig, kv_budget_bytes
 from edgellm.engine.engine_core import EngineCore
 from edgellm.engine.guidance import GuidedDecoding
 from edgellm.engine.model_runner import ModelRunner, RunItem
@@ -48,9 +48,10 @@ IDLE_POLL_S = 0.5  # how often an idle core looks whether its front-end is still
 
 
 class EngineCoreProc:
-    """Loads the model from `spec.path` (mmapped) and owns the model, scheduler and sampler."""
+    """Loads the model from `spec.model` (a .gguf path, mmapped) and owns the model, scheduler and
+    sampler."""
 
-    def __init__(self, spec: CoreSpec, log: Callable[[str], None] | None = None) -> None:
+    def __init__(self, spec: EngineConfig, log: Callable[[str], None] | None = None) -> None:
         from edgellm.arch import ARCHITECTURES
         from edgellm.arch.common import weight_bytes_per_token
         from edgellm.backends import get_backend
@@ -63,15 +64,15 @@ class EngineCoreProc:
         keep_freed_memory()
         self.threads = set_threads(spec.threads)
         t0 = time.perf_counter()
-        gguf = load_gguf(spec.path)
-        self.path = spec.path
+        self.path = str(spec.model)
+        gguf = load_gguf(self.path)
         self.config = cfg = config_from_gguf(gguf)
         tokenizer = Tokenizer.from_metadata(gguf.metadata)
         eog_ids = frozenset(tokenizer.eog_ids)
         self.backend = get_backend(spec.backend)
         layer_progress = None
         if log:
-            name = os.path.basename(spec.path)
+            name = os.path.basename(self.path)
             log(f"loading {name}: {cfg.arch}, {cfg.n_layers} layers, vocab {cfg.n_vocab}")
 
             def layer_progress(done: int, total: int) -> None:
@@ -93,7 +94,7 @@ class EngineCoreProc:
             enable_prefix_caching=spec.enable_prefix_caching,
             max_model_len=self.n_ctx,
         )
-        speculator = build_speculator(spec.speculative, self, log)
+        speculator = build_speculator(spec.speculative_config(), self, log)
         self.engine_core = EngineCore(
             self.runner,
             eog_ids,
@@ -238,13 +239,13 @@ def portable(e: BaseException) -> BaseException:
         return RuntimeError(f"{type(e).__name__}: {e}")
 
 
-def run_core_process(conn: Any, spec: CoreSpec) -> None:
+def run_core_process(conn: Any, spec: EngineConfig) -> None:
     """The core process's entry point (its main thread). Ctrl-C in a terminal reaches the whole process
     group: the front-end decides what happens, so the core ignores SIGINT and ends when told, or when its
     front-end's end of the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if spec.log_path is not None:  # e.g. under a full-screen UI, whose screen a traceback would garble
-        fd = os.open(spec.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    if spec.core_log is not None:  # e.g. under a full-screen UI, whose screen a traceback would garble
+        fd = os.open(spec.core_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)

@@ -4,7 +4,7 @@ runner, scheduler or backend): both sides share it without the front-end loading
 
 In, front-end -> core: EngineCoreRequest (a generation or an embedding), AbortRequests, UtilityCall,
 Shutdown. Out, core -> front-end: CoreProgress lines, then CoreReady or CoreLoadFailed while it loads;
-then EngineCoreOutputs per step (or per CoreSpec.stream_interval), RequestRejected, UtilityResult, and
+then EngineCoreOutputs per step (or per EngineConfig.stream_interval), RequestRejected, UtilityResult, and
 CoreFailed when a step raised. Only ids, numbers, strings, SamplingParams, numpy vectors and exceptions
 cross: no tokenizer state.
 """
@@ -135,7 +135,7 @@ _OUTPUT_FIELDS = attrgetter(*(f.name for f in fields(EngineCoreOutput)))
 @dataclass
 class EngineCoreOutputs:
     """One message of outputs: each step since the previous message as (step time, its outputs), several
-    when CoreSpec.stream_interval batches them (none after adds and aborts that left the engine idle), and
+    when EngineConfig.stream_interval batches them (none after adds and aborts that left the engine idle), and
     the engine's gauges after the last."""
 
     stats: EngineStats

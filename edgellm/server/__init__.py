@@ -1,4 +1,4 @@
-"""OpenAI-compatible HTTP server over the engine: `run_server(...)` (what `edgellm serve` calls).
+"""OpenAI-compatible HTTP server over the engine: `run_server(config)` (what `edgellm serve` calls).
 
 Starlette on uvicorn: the event loop handles HTTP and SSE while the engine core runs in its own process
 (engine/core_process.py), started by LLM. See app.py for the routes, state.py for what the server holds,
@@ -12,13 +12,12 @@ import ipaddress
 import socket
 import sys
 import threading
-from collections.abc import Sequence
 
 import uvicorn
 
 from edgellm.server.app import build_app
 from edgellm.server.http_strict import uvicorn_config
-from edgellm.server.state import DEFAULT_MAX_BODY_BYTES, ServerConfig, ServerState
+from edgellm.server.state import ServerConfig, ServerState
 
 __all__ = ["ServerConfig", "build_app", "run_server"]
 
@@ -39,63 +38,15 @@ def _say(msg: str) -> None:
     print(f"edgellm: {msg}", file=sys.stderr, flush=True)
 
 
-def run_server(
-    model: str,
-    host: str = "127.0.0.1",
-    port: int = 8080,
-    api_key: str | None = None,
-    max_queue: int = 64,
-    ctx: int | None = None,
-    backend: str = "cpu",
-    threads: int | None = None,
-    *,
-    max_num_seqs: int = 16,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    log_level: str = "warning",
-    kv_cache_memory: int | float | None = None,
-    kv_cache_dtype: str = "f16",
-    metrics_public: bool = False,
-    allow_special_in_content: bool = False,
-    chat_template_file: str | None = None,
-    served_model_names: Sequence[str] = (),
-    cors_origins: Sequence[str] = (),
-    speculative: str | dict | None = None,
-    num_speculative_tokens: int | None = None,
-    reasoning_format: str = "auto",
-    reasoning_budget: int = -1,
-    sampling_defaults: dict | None = None,
-) -> None:
-    """Serve `model` until interrupted. The socket opens at once (/health answers 503 while the model
-    loads); the URL is printed to stdout once the model is ready."""
-    if max_queue < 0 or max_num_seqs < 1:
-        raise ValueError("max_queue must be >= 0 and max_num_seqs >= 1")
-    if not _is_loopback(host) and not api_key:
+def run_server(config: ServerConfig) -> None:
+    """Serve `config.engine.model` until interrupted. The socket opens at once (/health answers 503 while
+    the model loads); the URL is printed to stdout once the model is ready."""
+    host, port, model = config.host, config.port, config.engine.model
+    if not _is_loopback(host) and not config.api_key:
         _say(
             f"WARNING: listening on {host}, reachable from other machines, without an API key; "
             "anyone who can reach this port can use the model (pass --api-key)"
         )
-    config = ServerConfig(
-        model=model,
-        backend=backend,
-        ctx=ctx,
-        threads=threads,
-        api_key=api_key,
-        max_queue=max_queue,
-        max_num_seqs=max_num_seqs,
-        max_body_bytes=max_body_bytes,
-        kv_cache_memory=kv_cache_memory,
-        kv_cache_dtype=kv_cache_dtype,
-        metrics_public=metrics_public,
-        allow_special_in_content=allow_special_in_content,
-        chat_template_file=chat_template_file,
-        served_model_names=tuple(served_model_names),
-        cors_origins=tuple(cors_origins),
-        speculative=speculative,
-        num_speculative_tokens=num_speculative_tokens,
-        reasoning_format=reasoning_format,
-        reasoning_budget=reasoning_budget,
-        sampling_defaults=dict(sampling_defaults or {}),
-    )
     state = ServerState(config)  # a bad --served-model-name or --cors-origin is a ValueError from here on
     server: uvicorn.Server
 
@@ -116,7 +67,7 @@ def run_server(
         threading.Thread(target=load, name="edgellm-load", daemon=True).start()
 
     app = build_app(state, on_startup=start_loading)  # before the socket opens: checks --cors-origin
-    server = uvicorn.Server(uvicorn_config(app, host, port, log_level))
+    server = uvicorn.Server(uvicorn_config(app, host, port, config.log_level))
 
     def request_exit() -> None:
         server.should_exit = True

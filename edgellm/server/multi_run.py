@@ -46,9 +46,9 @@ def serve_models(args) -> int:
         "MODEL": args.model != DEFAULT_MODEL,
         "--replicas": args.replicas is not None,
         "--speculative": args.speculative is not None,
-        "--served-model-name": bool(args.served_model_name),
+        "--served-model-name": bool(args.served_model_names),
         "--chat-template-file": args.chat_template_file is not None,
-        "--cors-origin": bool(args.cors_origin),
+        "--cors-origin": bool(args.cors_origins),
     }
     if any(others.values()):
         given = ", ".join(k for k, v in others.items() if v)
@@ -58,8 +58,9 @@ def serve_models(args) -> int:
         f"--kv-cache-dtype={args.kv_cache_dtype}",
         f"--backend={args.backend}",
         f"--max-queue={args.max_queue}",
+        f"--max-num-seqs={args.max_num_seqs}",
     ]
-    flags = (("--ctx", args.ctx), ("--threads", args.threads), ("--api-key", args.api_key))
+    flags = (("--ctx", args.n_ctx), ("--threads", args.threads), ("--api-key", args.api_key))
     for flag, value in (*flags, ("--kv-cache-memory", args.kv_cache_memory)):
         if value is not None:
             child.append(f"{flag}={value}")

@@ -1,5 +1,6 @@
-"""What the server holds: its configuration, the loaded model (LLM) with its chat template, and the request
-slots. The routes (app.py and the other APIs) read it; nothing here knows a route.
+"""What the server holds: its configuration (edgellm/config.py's ServerConfig), the loaded model (LLM)
+with its chat template, and the request slots. The routes (app.py and the other APIs) read it; nothing
+here knows a route.
 
 The model loads on a background thread after the socket is up, so /health can answer 503 while it
 loads; every model endpoint answers 503 until then too. The engine core runs in its own process (see
@@ -15,61 +16,23 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from edgellm.chat_template import ChatPrompt, ChatTemplate, ChatTemplateError
+from edgellm.config import ServerConfig
 from edgellm.llm import LLM
-from edgellm.reasoning import REASONING_FORMATS
-from edgellm.sampling_defaults import check_sampling_defaults
-from edgellm.server.auth import check_api_key_option
 from edgellm.server.compat import ModelNames
 from edgellm.server.errors import ApiError
 from edgellm.server.metrics import ServerMetrics
 
 log = logging.getLogger("edgellm.server")
-DEFAULT_MAX_BODY_BYTES = 4 * 2**20
-
-
-@dataclass
-class ServerConfig:
-    model: str
-    backend: str = "cpu"
-    ctx: int | None = None
-    threads: int | None = None
-    api_key: str | None = None
-    max_queue: int = 64  # requests that may wait for a free slot beyond the running ones
-    max_num_seqs: int = 16  # requests generated together
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    kv_cache_memory: int | float | None = None  # bytes, or a fraction of RAM (LLM's kv_cache_memory)
-    kv_cache_dtype: str = "f16"  # LLM's kv_cache_dtype
-    metrics_public: bool = False  # /metrics without the API key
-    allow_special_in_content: bool = False  # parse control-token text typed in user/tool content
-    chat_template_file: str | None = None  # instead of the GGUF's template
-    served_model_names: tuple[str, ...] = ()  # names answered to (the first is reported); none: any name
-    cors_origins: tuple[str, ...] = ()  # origins browsers may call from ("*": any); none: CORS off
-    speculative: str | dict | None = None  # LLM's speculative ("ngram", "draft:PATH")
-    num_speculative_tokens: int | None = None
-    reasoning_format: str = "auto"  # edgellm.reasoning.REASONING_FORMATS
-    reasoning_budget: int = -1  # reasoning tokens per reply: -1 unlimited, 0 no thinking
-    # SamplingParams fields for requests that omit them (`serve --temperature ...`; sampling_defaults.py)
-    sampling_defaults: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        check_api_key_option(self.api_key)
-        check_sampling_defaults(self.sampling_defaults)
-        if self.reasoning_format not in REASONING_FORMATS:
-            choices = ", ".join(REASONING_FORMATS)
-            raise ValueError(f"reasoning_format must be one of {choices}, got {self.reasoning_format!r}")
-        if self.reasoning_budget < -1:
-            raise ValueError(f"reasoning_budget must be -1 (unlimited) or >= 0, got {self.reasoning_budget}")
 
 
 class ServerState:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        self.names = ModelNames(config.model, config.served_model_names)
+        self.names = ModelNames(config.engine.model, config.served_model_names)
         self.model_name = self.names.primary
         self.metrics = ServerMetrics(self.model_name)
         self.llm: LLM = None  # type: ignore[assignment]  # set once loaded
@@ -86,20 +49,8 @@ class ServerState:
 
     def load(self, progress: Callable[[str], None] | None = None) -> None:
         try:
-            c = self.config
-            llm = LLM(
-                c.model,
-                backend=c.backend,
-                n_ctx=c.ctx,
-                threads=c.threads,
-                max_num_seqs=c.max_num_seqs,
-                kv_cache_memory=c.kv_cache_memory,
-                kv_cache_dtype=c.kv_cache_dtype,
-                progress=progress,
-                speculative=c.speculative,
-                num_speculative_tokens=c.num_speculative_tokens,
-            )
-            self.template, self.template_error = load_template(c, llm)
+            llm = LLM(config=self.config.engine, progress=progress)
+            self.template, self.template_error = load_template(self.config, llm)
             llm.on_core_death = self._core_died
             self.llm = llm
             self.ready.set()
@@ -127,12 +78,12 @@ class ServerState:
 
     def admit(self, k: int) -> Callable[[], None]:
         """Reserve k request slots or raise 429; returns an idempotent release."""
-        capacity = self.config.max_num_seqs + self.config.max_queue
-        if self.in_flight + k > capacity:
+        running, queued = self.config.engine.max_num_seqs, self.config.max_queue
+        if self.in_flight + k > running + queued:
             raise ApiError(
                 429,
                 f"the server is at capacity ({self.in_flight} requests in flight, "
-                f"{self.config.max_num_seqs} running + {self.config.max_queue} queued at most); retry later",
+                f"{running} running + {queued} queued at most); retry later",
                 type="rate_limit_error",
                 code="queue_full",
                 headers={"Retry-After": "1"},

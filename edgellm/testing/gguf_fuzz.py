@@ -289,7 +289,8 @@ def load_and_generate(path: str) -> tuple[str, str]:
     LLM's front-end checks; the engine is the engine core LLM would start, built in this process so that a
     kernel fault kills this worker (a signal the parent reports) and no core process is started per
     example."""
-    from edgellm.engine.core_process import CoreSpec, EngineCoreProc
+    from edgellm.engine.config import EngineConfig
+    from edgellm.engine.core_process import EngineCoreProc
     from edgellm.gguf.config import config_from_gguf
     from edgellm.gguf.load import load_gguf
     from edgellm.gguf.reader import GGUFError
@@ -302,7 +303,8 @@ def load_and_generate(path: str) -> tuple[str, str]:
         validate_model(gguf, cfg)
         tokenizer = tokenizer_from_gguf(gguf)
         del gguf
-        core = EngineCoreProc(CoreSpec(path, n_ctx=64, kv_cache_memory=1 << 20, threads=1, max_num_seqs=2))
+        spec = EngineConfig(path, n_ctx=64, kv_cache_memory=1 << 20, threads=1, max_num_seqs=2)
+        core = EngineCoreProc(spec)
     except GGUFError as e:
         return "gguf_error", f"{type(e).__name__}: {e}".replace(path, "<file>")
     except Exception:  # noqa: BLE001 - reported to the parent as a finding

@@ -1,6 +1,6 @@
 """`speculative=` as the user writes it ("ngram", "draft:PATH", or a dict) -> one checked SpeculativeConfig.
 
-Plain values only: the config crosses to the engine core process inside CoreSpec."""
+Plain values only: the config crosses to the engine core process inside EngineConfig."""
 
 from __future__ import annotations
 

@@ -12,7 +12,6 @@ the request router (ray_router.py), which prefers the replica that last saw that
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import os
@@ -31,6 +30,7 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.types import Receive, Scope, Send
 
 from edgellm.catalog import resolve_model
+from edgellm.config import ServerConfig
 from edgellm.gguf.load import load_gguf
 from edgellm.gguf.validation import tokenizer_from_gguf
 from edgellm.server.app import build_app
@@ -42,7 +42,7 @@ from edgellm.server.protocol import parse_chat, parse_completion
 from edgellm.server.replicas.asgi_relay import Relay, app_messages, portable_scope, read_body
 from edgellm.server.replicas.prefix_router import DECISIONS, prefix_block_hashes
 from edgellm.server.replicas.replica_metrics import label_replicas
-from edgellm.server.state import ServerConfig, ServerState, load_template
+from edgellm.server.state import ServerState, load_template
 
 log = logging.getLogger("edgellm.server.ray")
 REPLICA_HEADER = b"x-edgellm-replica"
@@ -144,13 +144,13 @@ class IngressApp:
 
     def __init__(self, config: ServerConfig, engine: Any, board: Any) -> None:
         self.config, self.board = config, board
-        self.model_name = ModelNames(config.model, config.served_model_names).primary
+        self.model_name = ModelNames(config.engine.model, config.served_model_names).primary
         self.engine = engine.options(method_name="http", stream=True)
         self.relay = Relay(_replica_gone, error_for=_relay_error)
         self.failed = 0  # responses the ingress ended because their replica failed
         self.geometry: dict[str, int] | None = None  # the replicas' block_size and n_ctx, once posted
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgellm-route")
-        gguf = load_gguf(resolve_model(config.model))  # header and tokenizer only: no weights are read
+        gguf = load_gguf(resolve_model(config.engine.model))  # header and tokenizer only: no weights are read
         self.prompts = SimpleNamespace(metadata=gguf.metadata, tokenizer=tokenizer_from_gguf(gguf))
         self.template, _ = load_template(config, self.prompts)  # type: ignore[arg-type]
 
@@ -286,22 +286,22 @@ def build_ray_app(
                 "min_replicas": 1,
                 "initial_replicas": 1,
                 "max_replicas": max(1, max_replicas or 1),
-                "target_ongoing_requests": config.max_num_seqs,  # more in flight than a batch: a queue
+                "target_ongoing_requests": config.engine.max_num_seqs,  # more in flight than a batch: a queue
             }
         }
     else:
         scale = {"num_replicas": int(replicas)}
     actor = {"num_cpus": threads_per_replica} | ({"runtime_env": runtime_env} if runtime_env else {})
-    engine_config = dataclasses.replace(config, threads=threads_per_replica)
+    engine_config = config.with_engine(threads=threads_per_replica)
     engine = serve.deployment(
         EngineReplica,
         name="EngineReplica",
         ray_actor_options=actor,
-        max_ongoing_requests=config.max_num_seqs,  # beyond a batch, requests wait at the ingress...
+        max_ongoing_requests=config.engine.max_num_seqs,  # beyond a batch, requests wait at the ingress...
         max_queued_requests=config.max_queue,  # ...up to --max-queue of them, then 429
         request_router_config=RequestRouterConfig(
             request_router_class="edgellm.server.replicas.ray_router.PrefixAwareRequestRouter",
-            request_router_kwargs={"max_margin": max(1, config.max_num_seqs // 4)},
+            request_router_kwargs={"max_margin": max(1, config.engine.max_num_seqs // 4)},
         ),
         health_check_period_s=5,
         logging_config=QUIET_LOGS,

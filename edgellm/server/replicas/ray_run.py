@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from edgellm.catalog import resolve_model
-from edgellm.cli_args import replicas_arg
+from edgellm.config import ServerConfig
 from edgellm.server import _is_loopback, _say
 from edgellm.server.compat import ModelNames
-from edgellm.server.state import ServerConfig
 
 APP_NAME = "edgellm"
 OBJECT_STORE_BYTES = 128 * 2**20  # requests and token streams are small; Ray's default is 30% of RAM
@@ -32,21 +31,10 @@ def _local_runtime_env() -> dict[str, Any]:
     return {"env_vars": {"PYTHONPATH": path}}
 
 
-def run_ray_server(
-    model: str,
-    host: str = "127.0.0.1",
-    port: int = 8080,
-    *,
-    replicas: int | str,
-    threads_per_replica: int | None = None,
-    ray_address: str | None = None,
-    num_cpus: int | None = None,
-    **config: Any,
-) -> None:
-    """Serve `model` on `replicas` engine replicas behind one OpenAI-compatible endpoint until
-    interrupted. `config`: the ServerConfig fields of the single server (api_key, max_queue, ctx, ...).
-    Without `ray_address` a local Ray instance is started with `num_cpus` (default: enough for the
-    replicas, at least this machine's cores) and stopped at the end."""
+def run_ray_server(config: ServerConfig, num_cpus: int | None = None) -> None:
+    """Serve `config.engine.model` on `config.replicas` engine replicas behind one OpenAI-compatible
+    endpoint until interrupted. Without `config.ray_address` a local Ray instance is started with
+    `num_cpus` (default: enough for the replicas, at least this machine's cores) and stopped at the end."""
     try:
         import ray
         from ray import serve
@@ -54,12 +42,13 @@ def run_ray_server(
         raise RuntimeError("--replicas needs Ray Serve: pip install 'edgellm[ray]'") from None
     from edgellm.server.replicas.ray_app import ReplicaBoard, build_ray_app
 
-    replicas = replicas_arg(str(replicas))
-    threads = threads_per_replica or default_threads(replicas)
-    if threads < 1:
-        raise ValueError("--threads-per-replica must be >= 1")
+    host, port, replicas, ray_address = config.host, config.port, config.replicas, config.ray_address
+    if replicas is None:
+        raise ValueError("run_ray_server needs a replica count (--replicas N or auto)")
+    model = config.engine.model
+    threads = config.threads_per_replica or default_threads(replicas)
     resolve_model(model)  # a missing model fails here, not in every replica
-    cfg = ServerConfig(model=model, threads=threads, **config)
+    cfg = config.with_engine(threads=threads)
     name = ModelNames(model, cfg.served_model_names).primary  # a bad --served-model-name fails here
     if not _is_loopback(host) and not cfg.api_key:
         _say(f"WARNING: listening on {host} without an API key; anyone who can reach it can use the model")
