@@ -128,7 +128,7 @@ _COMMON_KEYS = frozenset(
         "pooling_type",  # read for embeddings (engine/pooling.py refuses a type it does not pool)
     }
 )
-# Mixture of experts (config._experts reads them)
+# Mixture of experts (arch_config.read_experts reads them)
 # (llama's and OLMoE's experts are feed_forward_length wide: llama.cpp reads no expert width for them)
 _EXPERT_KEYS = frozenset({"expert_count", "expert_used_count"})
 ARCH_KEYS: dict[str, frozenset[str]] = {

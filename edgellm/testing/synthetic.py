@@ -18,6 +18,9 @@ tensor the architecture does not write), `skip_tensors`, `shape_overrides` (writ
 shape) and per-tensor `qtypes`. The bytes are a function of the arguments alone (same arguments and seed,
 same file), so a fixture can record the file's sha256.
 
+The tensor names and shapes per architecture: synthetic_shapes.py; the metadata keys and tokenizer:
+synthetic_metadata.py; LFM2's part of both: synthetic_lfm2.py.
+
 Example:
     path = write_tiny_model(tmp_path / "tiny.gguf", "qwen3", qtypes={"*": "Q8_0", "ffn_down": "F16"})
     llm = LLM(path, n_ctx=128, kv_cache_memory=1 << 20)
@@ -36,34 +39,24 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType
 
 from edgellm.testing.encode import encode_tensor
-from edgellm.testing.harmony import HARMONY_SPECIALS, HARMONY_TEMPLATE
-from edgellm.testing.synthetic_lfm2 import lfm2_metadata, lfm2_shapes
-from edgellm.testing.tiny_vocab import CONTROL, bpe_vocab, spm_vocab
+from edgellm.testing.synthetic_metadata import model_metadata
+from edgellm.testing.synthetic_shapes import (  # noqa: F401 - importable from here
+    LAYER_NORM_ARCHS,
+    layer_norm_shapes,
+    tensor_shapes,
+    with_experts,
+)
+from edgellm.testing.tiny_vocab import spm_vocab  # noqa: F401 - importable from here
 
 T = GGMLQuantizationType
 ARCHS = (
     "llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2", "starcoder2", "gpt2", "phi3",
     "smollm3", "qwen3moe", "olmoe", "qwen2moe", "lfm2", "gpt-oss",
 )
-LAYER_NORM_ARCHS = ("starcoder2", "gpt2")  # LayerNorm with biases, biased ungated MLP (layer_norm_shapes)
 # always with experts (llama: with n_expert > 0, as Mixtral)
 MOE_ARCHS = ("qwen3moe", "olmoe", "qwen2moe", "gpt-oss")
 EXPERT_WIDTH_ARCHS = ("qwen3moe", "qwen2moe", "gpt-oss")  # expert_feed_forward_length (llama, OLMoE: n_ff)
 DEFAULT_N_EXPERT = 4
-GEMMA_ARCHS = ("gemma2", "gemma3")  # SentencePiece vocabulary, head size always written
-POST_NORM_ARCHS = ("gemma2", "gemma3", "olmo2")  # post_attention_norm and post_ffw_norm
-# written by llama.cpp's LlamaModel converter (and its subclasses)
-LLAMA_ROPE_ARCHS = ("llama", "granite", "smollm3")
-# Phi-3's converter keeps the checkpoint's fused attn_qkv and gate|up (ffn_up of 2 * n_ff rows, no ffn_gate)
-FUSED_ARCHS = ("phi3",)
-# Granite's four multipliers (the real 3.x 2B has 12, 0.22, 1/64 and 8: with tiny random weights those
-# leave the embedding so dominant that a wrong attention scale moves the logits by NMSE 1e-5 only). These
-# each move them by NMSE 5e-3 or more when dropped.
-BPE_PRE = {
-    "llama": "default", "granite": "default", "smollm3": "default", "starcoder2": "starcoder",
-    "gpt2": "gpt-2", "lfm2": "lfm2", "gpt-oss": "gpt-4o",
-}  # fmt: skip
-GRANITE_SCALES = {"embedding_scale": 2.0, "residual_scale": 0.5, "attention.scale": 0.5, "logit_scale": 2.0}
 
 # A mix of the block-32 types (n_embd=64 rows cannot hold the 256-wide k-quant blocks). Keys are tensor
 # roles (the name without "blk.N." and ".weight"), full tensor names, or "*" for every other matrix.
@@ -88,131 +81,6 @@ class Typed:
     value: Any
     vtype: GGUFValueType
     sub_type: GGUFValueType | None = None  # element type of an ARRAY
-
-
-def tensor_shapes(
-    arch: str,
-    n_layers: int,
-    n_embd: int,
-    n_heads: int,
-    n_kv_heads: int,
-    head_dim: int,
-    n_ff: int,
-    n_vocab: int,
-    tied: bool,
-) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> numpy-order shape (rows, cols) as llama.cpp's loader expects them, in file order."""
-    if arch in LAYER_NORM_ARCHS:
-        return layer_norm_shapes(arch, n_layers, n_embd, n_kv_heads * head_dim, n_ff, n_vocab, tied)
-    if arch == "lfm2":
-        return lfm2_shapes(n_layers, n_embd, n_kv_heads, head_dim, n_ff, n_vocab, tied)
-    shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (n_vocab, n_embd)}
-    q_rows, kv_rows = n_heads * head_dim, n_kv_heads * head_dim
-    for il in range(n_layers):
-        p = f"blk.{il}."
-        if arch != "olmo2":  # OLMo 2 norms after the blocks only
-            shapes[p + "attn_norm.weight"] = (n_embd,)
-        if arch in FUSED_ARCHS:
-            shapes[p + "attn_qkv.weight"] = (q_rows + 2 * kv_rows, n_embd)
-        else:
-            shapes[p + "attn_q.weight"] = (q_rows, n_embd)
-            shapes[p + "attn_k.weight"] = (kv_rows, n_embd)
-            shapes[p + "attn_v.weight"] = (kv_rows, n_embd)
-        if arch in ("qwen2", "qwen2moe", "gpt-oss"):
-            shapes[p + "attn_q.bias"] = (q_rows,)
-            shapes[p + "attn_k.bias"] = (kv_rows,)
-            shapes[p + "attn_v.bias"] = (kv_rows,)
-        if arch in ("qwen3", "gemma3", "qwen3moe"):
-            shapes[p + "attn_q_norm.weight"] = (head_dim,)
-            shapes[p + "attn_k_norm.weight"] = (head_dim,)
-        if arch in ("olmo2", "olmoe"):  # over the whole projection
-            shapes[p + "attn_q_norm.weight"] = (q_rows,)
-            shapes[p + "attn_k_norm.weight"] = (kv_rows,)
-        shapes[p + "attn_output.weight"] = (n_embd, q_rows)
-        if arch == "gpt-oss":  # the output bias (required there) and the attention sinks
-            shapes[p + "attn_output.bias"] = (n_embd,)
-            shapes[p + "attn_sinks.weight"] = (n_heads,)
-        if arch in POST_NORM_ARCHS or arch == "gpt-oss":  # gpt-oss: the FFN's pre-norm has this name
-            shapes[p + "post_attention_norm.weight"] = (n_embd,)
-        if arch not in ("olmo2", "gpt-oss"):
-            shapes[p + "ffn_norm.weight"] = (n_embd,)
-        if arch in FUSED_ARCHS:
-            shapes[p + "ffn_up.weight"] = (2 * n_ff, n_embd)
-        else:
-            shapes[p + "ffn_gate.weight"] = (n_ff, n_embd)
-            shapes[p + "ffn_up.weight"] = (n_ff, n_embd)
-        shapes[p + "ffn_down.weight"] = (n_embd, n_ff)
-        if arch in POST_NORM_ARCHS:
-            shapes[p + "post_ffw_norm.weight"] = (n_embd,)
-    shapes["output_norm.weight"] = (n_embd,)
-    if not tied and arch != "gemma2":  # Gemma 2's output is always the embedding
-        shapes["output.weight"] = (n_vocab, n_embd)
-    return shapes
-
-
-def layer_norm_shapes(
-    arch: str, n_layers: int, n_embd: int, kv_rows: int, n_ff: int, n_vocab: int, tied: bool
-) -> dict[str, tuple[int, ...]]:
-    """StarCoder 2 / GPT-2 tensors as their converters write them: Q as wide as the model, every norm and
-    matrix biased, no ffn_gate; GPT-2's fused attn_qkv (write_tiny_model adds its position_embd, one row
-    per position of the context)."""
-    shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (n_vocab, n_embd)}
-    qkv = n_embd + 2 * kv_rows
-    for il in range(n_layers):
-        p = f"blk.{il}."
-        shapes[p + "attn_norm.weight"] = shapes[p + "attn_norm.bias"] = (n_embd,)
-        if arch == "gpt2":
-            shapes[p + "attn_qkv.weight"], shapes[p + "attn_qkv.bias"] = (qkv, n_embd), (qkv,)
-        else:
-            for n, rows in (("q", n_embd), ("k", kv_rows), ("v", kv_rows)):
-                shapes[p + f"attn_{n}.weight"], shapes[p + f"attn_{n}.bias"] = (rows, n_embd), (rows,)
-        shapes[p + "attn_output.weight"], shapes[p + "attn_output.bias"] = (n_embd, n_embd), (n_embd,)
-        shapes[p + "ffn_norm.weight"] = shapes[p + "ffn_norm.bias"] = (n_embd,)
-        shapes[p + "ffn_up.weight"], shapes[p + "ffn_up.bias"] = (n_ff, n_embd), (n_ff,)
-        shapes[p + "ffn_down.weight"], shapes[p + "ffn_down.bias"] = (n_embd, n_ff), (n_embd,)
-    shapes["output_norm.weight"] = shapes["output_norm.bias"] = (n_embd,)
-    if not tied:
-        shapes["output.weight"] = (n_vocab, n_embd)
-    return shapes
-
-
-def with_experts(
-    shapes: dict[str, tuple[int, ...]],
-    n_embd: int,
-    n_expert: int,
-    n_ff_exp: int,
-    n_ff_shexp: int = 0,
-    biases: bool = False,
-) -> dict[str, tuple[int, ...]]:
-    """`shapes` with each layer's dense FFN replaced by a router and 3-D expert matrices (llama.cpp's
-    ffn_gate_inp, ffn_{gate,up,down}_exps: numpy order [expert, rows, cols]), in the dense FFN's place,
-    with n_ff_shexp a shared expert and its gate (Qwen 2 MoE's *_shexp), with `biases` the router's and
-    each expert's (gpt-oss: ffn_gate_inp.bias [E], ffn_{gate,up}_exps.bias [E, n_ff_exp],
-    ffn_down_exps.bias [E, n_embd])."""
-    out: dict[str, tuple[int, ...]] = {}
-    dense = {"ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"}
-    for name, shape in shapes.items():
-        il, _, role = name.removeprefix("blk.").partition(".")
-        if not name.startswith("blk.") or role not in dense:
-            out[name] = shape
-        elif role == "ffn_gate.weight":
-            p = f"blk.{il}."
-            out[p + "ffn_gate_inp.weight"] = (n_expert, n_embd)
-            out[p + "ffn_gate_exps.weight"] = (n_expert, n_ff_exp, n_embd)
-            out[p + "ffn_up_exps.weight"] = (n_expert, n_ff_exp, n_embd)
-            out[p + "ffn_down_exps.weight"] = (n_expert, n_embd, n_ff_exp)
-            if biases:
-                out[p + "ffn_gate_inp.bias"] = (n_expert,)
-                out[p + "ffn_gate_exps.bias"] = (n_expert, n_ff_exp)
-                out[p + "ffn_up_exps.bias"] = (n_expert, n_ff_exp)
-                out[p + "ffn_down_exps.bias"] = (n_expert, n_embd)
-            if n_ff_shexp:
-                out[p + "ffn_gate_inp_shexp.weight"] = (n_embd,)
-                out[p + "ffn_gate_shexp.weight"] = (n_ff_shexp, n_embd)
-                out[p + "ffn_up_shexp.weight"] = (n_ff_shexp, n_embd)
-                out[p + "ffn_down_shexp.weight"] = (n_embd, n_ff_shexp)
-    return out
-
 
 def tensor_role(name: str) -> str:
     """'blk.3.attn_q.weight' -> 'attn_q'; 'attn_q.bias' roles keep '.bias'; 'output.weight' -> 'output'."""
@@ -242,123 +110,6 @@ def pick_qtype(
         if key in qtypes:
             return _as_qtype(qtypes[key])
     return T.F32
-
-
-def _vocab_padding(n_base: int, n_vocab: int | None) -> list[str]:
-    """Control tokens that bring a base vocabulary of n_base tokens up to n_vocab."""
-    if n_vocab is None:
-        return []
-    if n_vocab < n_base:
-        raise ValueError(f"n_vocab must be at least the base vocabulary's {n_base} tokens, got {n_vocab}")
-    return [f"<extra_{i}>" for i in range(n_vocab - n_base)]
-
-
-def _metadata(
-    arch: str,
-    n_layers: int,
-    n_embd: int,
-    n_heads: int,
-    n_kv_heads: int,
-    head_dim: int,
-    n_ff: int,
-    context_length: int,
-    rope_base: float,
-    rms_eps: float,
-    sliding_window: int,
-    n_vocab: int | None = None,
-) -> dict[str, tuple[Any, GGUFValueType, GGUFValueType | None]]:
-    """Key -> (value, type, array element type) as llama.cpp's convert_hf_to_gguf.py writes them."""
-    U32, F32, STR, BOOL, ARR = (
-        GGUFValueType.UINT32,
-        GGUFValueType.FLOAT32,
-        GGUFValueType.STRING,
-        GGUFValueType.BOOL,
-        GGUFValueType.ARRAY,
-    )
-    md: dict[str, tuple[Any, GGUFValueType, GGUFValueType | None]] = {
-        "general.type": ("model", STR, None),
-        # not "phi3" for phi3: llama.cpp then looks up Phi-3's SentencePiece tokens (</s>), which a tiny BPE
-        # vocabulary lacks
-        "general.name": ("Tiny Phi 3" if arch == "phi3" else f"Tiny {arch}", STR, None),
-        "general.quantization_version": (2, U32, None),
-    }
-    p = arch + "."
-    md[p + "block_count"] = (n_layers, U32, None)
-    md[p + "context_length"] = (context_length, U32, None)
-    md[p + "embedding_length"] = (n_embd, U32, None)
-    md[p + "feed_forward_length"] = (n_ff, U32, None)
-    md[p + "attention.head_count"] = (n_heads, U32, None)
-    md[p + "attention.head_count_kv"] = (n_kv_heads, U32, None)
-    md[p + "rope.freq_base"] = (rope_base, F32, None)
-    if arch in LAYER_NORM_ARCHS:
-        md[p + "attention.layer_norm_epsilon"] = (rms_eps, F32, None)
-        if arch == "gpt2":  # no rope
-            del md[p + "rope.freq_base"]
-    else:
-        md[p + "attention.layer_norm_rms_epsilon"] = (rms_eps, F32, None)
-    if arch in LLAMA_ROPE_ARCHS or arch == "phi3":
-        md[p + "rope.dimension_count"] = (head_dim, U32, None)
-    if arch == "phi3":  # Phi-3's converter: the original context (LongRoPE's switch) and the window
-        md[p + "rope.scaling.original_context_length"] = (context_length, U32, None)
-        md[p + "attention.sliding_window"] = (sliding_window, U32, None)
-    # The converters write the head size whenever it is not n_embd / n_heads (always for Gemma).
-    if arch in GEMMA_ARCHS or head_dim != n_embd // n_heads:
-        md[p + "attention.key_length"] = (head_dim, U32, None)
-        md[p + "attention.value_length"] = (head_dim, U32, None)
-    if arch == "gemma2":  # Gemma 2's config values (convert_hf_to_gguf.py Gemma2Model)
-        md[p + "attn_logit_softcapping"] = (50.0, F32, None)
-        md[p + "final_logit_softcapping"] = (30.0, F32, None)
-    if arch == "granite":
-        md.update({p + k: (v, F32, None) for k, v in GRANITE_SCALES.items()})
-    if arch == "lfm2":
-        md.update(lfm2_metadata(n_layers, n_kv_heads))
-    if arch == "gpt-oss":
-        md[p + "attention.sliding_window"] = (sliding_window, U32, None)
-    if arch in GEMMA_ARCHS:
-        md[p + "attention.sliding_window"] = (sliding_window, U32, None)
-        tokens, types, scores = spm_vocab()
-        extra = _vocab_padding(len(tokens), n_vocab)
-        tokens, types, scores = tokens + extra, types + [CONTROL] * len(extra), scores + [0.0] * len(extra)
-        md.update(
-            {
-                "tokenizer.ggml.model": ("llama", STR, None),
-                "tokenizer.ggml.pre": ("default", STR, None),
-                "tokenizer.ggml.tokens": (tokens, ARR, STR),
-                "tokenizer.ggml.scores": (scores, ARR, F32),
-                "tokenizer.ggml.token_type": (types, ARR, GGUFValueType.INT32),
-                "tokenizer.ggml.bos_token_id": (2, U32, None),
-                "tokenizer.ggml.eos_token_id": (1, U32, None),
-                "tokenizer.ggml.unknown_token_id": (3, U32, None),
-                "tokenizer.ggml.padding_token_id": (0, U32, None),
-                "tokenizer.ggml.add_bos_token": (True, BOOL, None),
-                "tokenizer.ggml.add_eos_token": (False, BOOL, None),
-                "tokenizer.ggml.add_space_prefix": (False, BOOL, None),
-            }
-        )
-    else:
-        specials = HARMONY_SPECIALS if arch == "gpt-oss" else ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-        tokens, types, merges = bpe_vocab(specials)
-        extra = _vocab_padding(len(tokens), n_vocab)
-        tokens, types = tokens + extra, types + [CONTROL] * len(extra)
-        if arch in LLAMA_ROPE_ARCHS or arch == "lfm2":
-            md[p + "vocab_size"] = (len(tokens), U32, None)
-        md.update(
-            {
-                "tokenizer.ggml.model": ("gpt2", STR, None),
-                "tokenizer.ggml.pre": (BPE_PRE.get(arch, "qwen2"), STR, None),
-                "tokenizer.ggml.tokens": (tokens, ARR, STR),
-                "tokenizer.ggml.token_type": (types, ARR, GGUFValueType.INT32),
-                "tokenizer.ggml.merges": (merges, ARR, STR),
-                "tokenizer.ggml.bos_token_id": (0, U32, None),
-                "tokenizer.ggml.eos_token_id": (2, U32, None),
-                "tokenizer.ggml.padding_token_id": (0, U32, None),
-                "tokenizer.ggml.add_bos_token": (False, BOOL, None),
-            }
-        )
-        if arch == "gpt-oss":
-            md["tokenizer.chat_template"] = (HARMONY_TEMPLATE, STR, None)
-    return md
-
 
 def write_tiny_model(
     path: str | Path,
@@ -425,7 +176,7 @@ def write_tiny_model(
     rng = np.random.default_rng(seed)
     if rope_base is None:
         rope_base = 1e6 if arch == "gemma3" else 10000.0
-    md = _metadata(
+    md = model_metadata(
         arch,
         n_layers,
         n_embd,

@@ -1,15 +1,16 @@
 """Driving the chat app under Textual's pilot: the app over scripted backends, waits bounded in time, and
-reads of what the status bar and a message header show (shared by the TUI tests)."""
+reads of what the status bar, a message header and the saved conversations show (shared by the TUI tests)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
 from tests.scripted_backend import ScriptedBackend
 from tui.app import ChatApp
 from tui.storage import ConversationStore
-from tui.widgets import MessageView, StatusBar
+from tui.widgets import ConversationList, MessageView, StatusBar
 
 SIZE = (100, 30)
 
@@ -53,3 +54,13 @@ def status_text(app: ChatApp) -> str:
 
 def header(view: MessageView) -> str:
     return str(view.query_one(".message-header").render())
+
+
+def saved(tmp_path: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((tmp_path / "conversations").glob("*.json"))]
+
+
+async def click_conversation(pilot, conv_id: str) -> None:
+    """Click a conversation's line in the sidebar (one line per conversation, no border)."""
+    sidebar = pilot.app.query_one(ConversationList)
+    await pilot.click(ConversationList, offset=(2, sidebar.get_option_index(conv_id)))
