@@ -1,7 +1,8 @@
 """Simulator runs of the default suite started as soon as collection ends, and waited for by their tests.
 
 The Numba CUDA simulator runs every GPU thread as a Python thread of one process: the two simulator runs
-(the CUDA test files, tests/test_cuda_backend.py; scripts/gpu_check.sh --sim, tests/test_gpu_check.py) are
+(the CUDA test files, tests/cuda/test_cuda_backend.py; scripts/gpu/gpu_check.sh --sim,
+tests/cuda/test_gpu_check.py) are
 minutes of one-core work each, while the rest of the suite leaves a core of a small machine idle much of
 the time (servers waited on, child processes started, one-threaded Python). So tests/conftest.py starts
 every run whose test was collected when collection ends, at a lower priority so the tests beside it keep
@@ -46,7 +47,7 @@ def _cuda_tests(workdir: Path) -> tuple[list[str], dict[str, str]]:
 
 
 def _gpu_check(workdir: Path) -> tuple[list[str], dict[str, str]]:
-    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
     from gpu_wheels import repack
 
     wheels = workdir / "wheels"
@@ -55,7 +56,7 @@ def _gpu_check(workdir: Path) -> tuple[list[str], dict[str, str]]:
     out, python = str(workdir / "out"), sys.executable
     env = dict(os.environ, WHEELS=str(wheels), OUT=out, PYTHON=python, TMPDIR=str(workdir))
     env.pop("NUMBA_ENABLE_CUDASIM", None)  # the script sets it for --sim
-    return ["timeout", "-k", "10", "1800", "bash", "scripts/gpu_check.sh", "--sim"], env
+    return ["timeout", "-k", "10", "1800", "bash", "scripts/gpu/gpu_check.sh", "--sim"], env
 
 
 COMMANDS = {

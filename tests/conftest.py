@@ -31,7 +31,7 @@ def gemma3_path() -> Path:
 def _ui_keeps_its_priority(monkeypatch: pytest.MonkeyPatch) -> None:
     """A chat app run in the test process would lower the whole test process's priority for good
     (tui.local_backend.yield_cpu_to_engine) and slow the pilot's own key presses; tests that check the
-    priority itself run it in a child process (tests/test_tui_priority.py, the tmux test)."""
+    priority itself run it in a child process (tests/tui/test_tui_priority.py, the tmux test)."""
     import tui.local_backend
 
     monkeypatch.setattr(tui.local_backend, "yield_cpu_to_engine", lambda: None)

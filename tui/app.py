@@ -86,7 +86,7 @@ class ChatApp(ConversationActions, App[None]):
         # (a frame of a long reply costs ~10-30 ms) under draw_cpu_share of one core. The engine's
         # kernels run on the same cores, and each of their parallel regions that finds a core busy with
         # the UI waits for it: at 15 frames a second the chat streamed at 0.7-0.8x `edgellm bench`'s
-        # decode speed on 2 cores (scripts/chat_speed.py); see DRAW_CPU_SHARE.
+        # decode speed on 2 cores (scripts/bench/chat_speed.py); see DRAW_CPU_SHARE.
         self.draw_interval = FRAME_INTERVAL_S
         self.draw_cpu_share = DRAW_CPU_SHARE
         self.backend: ChatBackend | None = None

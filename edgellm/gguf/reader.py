@@ -4,7 +4,7 @@ gguf-py's `GGUFReader` builds a numpy view per array element of the metadata, wh
 SmolLM2 and 17.5 s on Gemma 3 (a 262,144-entry vocabulary) before the first token. This reader parses
 the same format in one pass over a memory map (~0.3 s for Gemma) and still uses gguf-py for everything
 it owns: value-type and quant-type enums and the block sizes (`GGML_QUANT_SIZES`). Tensor data stays in
-the memory map; nothing is copied into Python objects. `tests/test_gguf_reader.py` checks that both
+the memory map; nothing is copied into Python objects. `tests/gguf/test_gguf_reader.py` checks that both
 readers agree on the real model files.
 """
 

@@ -9,7 +9,7 @@ Each maps exactly onto q int8 [N, K] times a per-group f32 scale (no min):
 
 The tables (16-entry value tables, sign patterns, grids) are gguf-py's own (`gguf.quants`), not retyped: the
 same constants its reference dequantizers use. Scales are formed with gguf's float expressions, so scale * q
-is bit-identical to gguf.quants.dequantize (tests/test_backend_ops.py checks every type); for IQ1_*,
+is bit-identical to gguf.quants.dequantize (tests/kernels/test_backend_ops.py checks every type); for IQ1_*,
 dl * (grid + delta) and (dl / 8) * (8 * grid +- 1) are both the one rounding of the same exact product.
 """
 

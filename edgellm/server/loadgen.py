@@ -5,9 +5,9 @@ goodput (share of requests with TTFT < 1 s and their own ITL p95 < 100 ms).
 Bounded and local by design: the URL must be a loopback address, the request count is fixed, and every
 request has a timeout.
 
-    python scripts/load_test.py --url http://127.0.0.1:8080 --clients 1 8 16 64 --requests 64
+    python scripts/bench/load_test.py --url http://127.0.0.1:8080 --clients 1 8 16 64 --requests 64
     python -m edgellm.server.loadgen ...            # the same
-    python scripts/load_test.py ... --json          # machine-readable
+    python scripts/bench/load_test.py ... --json          # machine-readable
 
 `main(argv)` is what `edgellm bench --url ...` calls; `run_level(...)` / `format_table(rows)` for callers
 that build their own report.

@@ -1,6 +1,6 @@
 """Malformed bodies for the Ollama (/api/*), Anthropic (/v1/messages), Responses (/v1/responses) and infill
 (/infill, `suffix`) routes: each must be a 400 in that API's error shape naming the field, never a 500,
-and the server keeps serving. Shared by tests/test_api_untrusted.py and tests/test_infill.py.
+and the server keeps serving. Shared by tests/server/test_api_untrusted.py and tests/server/test_infill.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ gguf-py's writer refuses what a fuzzer needs to write: a key of the wrong value 
 match, a tensor whose dimensions disagree with its data, a string whose length field lies. `EditableGGUF`
 holds the typed metadata and the tensor table of a valid file (read with gguf-py, which keeps each value's
 GGUF type) and `serialize` writes whatever it holds, including such inconsistencies, so that the fuzz tests
-(`tests/test_gguf_fuzz.py`) can mutate every field of a small synthetic model.
+(`tests/gguf/test_gguf_fuzz.py`) can mutate every field of a small synthetic model.
 
 Typed values: `(vtype, value)` for scalars and strings, `(ARRAY, (element_type, [values]))` for arrays,
 where the elements of an array of arrays are `(element_type, [values])` pairs themselves.

@@ -1,4 +1,5 @@
-"""Structured GGUF mutations and a crash-proof loader harness for the fuzz tests (tests/test_gguf_fuzz.py).
+"""Structured GGUF mutations and a crash-proof loader harness for the fuzz tests
+(tests/gguf/test_gguf_fuzz.py).
 
 `mutations(model)` is a hypothesis strategy of 1-3 edits of an `EditableGGUF`: any metadata value (with
 boundary values: 0, -1, 2^31, 2^63, NaN, inf...), any value type, deleted and added keys, array element

@@ -1,7 +1,7 @@
 """HTTP-level attacks on the server (paths, Host headers, Authorization values, folded headers) and two
 ways to send them: straight into the ASGI app (`AsgiClient`, no socket, no model) and as raw bytes over a
-socket (`raw_request`, through uvicorn's parser). Shared by tests/test_server_untrusted.py,
-tests/test_fuzz_protocol.py and scripts/soak_bad_requests.py.
+socket (`raw_request`, through uvicorn's parser). Shared by tests/server/test_server_untrusted.py,
+tests/server/test_fuzz_protocol.py and scripts/soak/soak_bad_requests.py.
 """
 
 from __future__ import annotations

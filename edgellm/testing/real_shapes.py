@@ -1,5 +1,5 @@
 """Synthetic models with the real models' shapes and tensor types (random weights), for machines the real
-files cannot be carried to (scripts/gpu_check.sh writes them on the GPU machine): the same matrices,
+files cannot be carried to (scripts/gpu/gpu_check.sh writes them on the GPU machine): the same matrices,
 vocabulary and LM head, so the kernels launch as often and read as many bytes per token.
 
 SHAPES holds the real shapes; SIM_SHAPES the same architectures and types at sizes the CUDA simulator

@@ -4,7 +4,7 @@ At batch 1 a layer is ~20 small kernel calls; from Python each costs a method ca
 the dispatcher's unboxing (1-2 us), 0.7-0.9 ms of a SmolLM2 decode step in all. Here the layer's
 kernels are called from compiled code in the order of arch/common.py's attention_block and
 feed_forward_block, with the same inputs, so the results are bit for bit the unfused ones
-(tests/test_fused_layer.py). A kernel whose rounding is left to fast-math contraction can come out
+(tests/kernels/test_fused_layer.py). A kernel whose rounding is left to fast-math contraction can come out
 differently when compiled into this module (rope did, so its FMAs are explicit): the tests compare
 every architecture, prefill and decode, and the real models' llama.cpp fixtures run through this path.
 

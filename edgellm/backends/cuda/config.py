@@ -85,7 +85,7 @@ class KernelStats:
     """What crossed the bus and what was launched: the measure of launch overhead and of device sampling.
 
     Launch counts are always kept (a dict increment next to a launch that costs microseconds). Profiling
-    modes (scripts/cuda_profile.py), off by default: timing = "sync" brackets each launch with device
+    modes (scripts/profile/cuda_profile.py), off by default: timing = "sync" brackets each launch with device
     synchronizes and adds its wall time (launch cost + GPU time) per kernel to `seconds`; timing = "events"
     records CUDA events around each launch, and collect_events() adds the GPU time per kernel to
     `gpu_seconds`."""

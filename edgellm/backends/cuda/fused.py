@@ -1,7 +1,7 @@
 """Fused kernels: fewer launches per layer at decode, where a launch from Python costs more than the work.
 
 Each one does what a run of the plain kernels does, with the same device functions in the same thread
-mapping, so its results are bitwise those of the unfused sequence (tests/test_cuda_engine.py):
+mapping, so its results are bitwise those of the unfused sequence (tests/cuda/test_cuda_engine.py):
 
 - add_rmsnorm_quant_cuda: [y = rmsnorm(y) * wy (Gemma's post-norm)], [x += y (residual)],
   out = rmsnorm(x) * w, [out quantized for the next matmul]: one block per row.

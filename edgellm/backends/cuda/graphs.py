@@ -4,7 +4,7 @@ cuGraphLaunch, so the Python cost of ~270 launches per SmolLM2 token is paid onc
 Off by default: only CudaBackend.argmax_graph uses it, and nothing in the engine calls that yet (the
 ModelRunner would have to hand the backend a whole decode step, forward + argmax, as one callable: an
 interface change left to the engine's owners). The Numba CUDA simulator has no graphs, so this runs only on
-a GPU: scripts/gpu_check.py's `graphs` step compares its tokens and timings with plain launches.
+a GPU: scripts/gpu/gpu_check.py's `graphs` step compares its tokens and timings with plain launches.
 
 What makes a step replayable:
 - the key (tokens, block-table shape, logit rows, the step-input device buffer): the same sizes give the

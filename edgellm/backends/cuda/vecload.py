@@ -16,7 +16,7 @@ if SIMULATOR:
     def load4(a, r, j):  # noqa: ANN001, ANN201
         return a[r, j], a[r, j + 1], a[r, j + 2], a[r, j + 3]
 
-else:  # pragma: no cover - compiled for a GPU (scripts/cuda_compile_check.py checks the PTX here)
+else:  # pragma: no cover - compiled for a GPU (scripts/gpu/cuda_compile_check.py checks the PTX here)
     from llvmlite import ir
     from numba import types
 

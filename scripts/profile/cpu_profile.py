@@ -1,0 +1,100 @@
+"""Where a CPU decode step's time goes: the engine core in this process, every backend call timed.
+
+Runs a prompt, then decodes N tokens at batch 1, and prints per backend method (decoder_layer: a whole
+layer in one call where the backend fuses it; matmul, attention, rmsnorm, ...) the calls per step, the
+median-step time and its share, the step time not spent in backend calls (Python: scheduling, sampling,
+the model's own code), and the step's CPU time (all threads, OpenMP's spin-waits included: compare it
+at --threads 1, where it does not depend on what else the machine runs). Used to decide whether per-call
+overheads (parallel-region launches, argument unboxing) matter next to the streaming of the weights.
+
+    python scripts/profile/cpu_profile.py MODEL [--threads 2] [--tokens 64] [--prompt 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import defaultdict
+
+from edgellm.backends.cpu.backend import CpuBackend
+from edgellm.bench import synthetic_prompt
+from edgellm.catalog import resolve_model
+from edgellm.engine.config import EngineConfig
+from edgellm.engine.core_process import EngineCoreProc
+from edgellm.sampling import SamplingParams
+
+METHODS = [
+    "decoder_layer",
+    "matmul",
+    "attention",
+    "rmsnorm",
+    "rmsnorm_heads",
+    "rope",
+    "gated_act",
+    "add",
+    "embed",
+    "write_kv",
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--prompt", type=int, default=32)
+    args = ap.parse_args()
+    step_times: dict[str, list[float]] = defaultdict(list)
+    counts: dict[str, int] = defaultdict(int)
+    for name in METHODS:
+        original = getattr(CpuBackend, name, None)
+        if original is None:  # a backend without that method (an older tree)
+            continue
+
+        def timed(self, *a, _f=original, _n=name, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+            t0 = time.perf_counter()
+            r = _f(self, *a, **k)
+            if step_times[_n]:  # only while decode steps are recorded
+                step_times[_n][-1] += time.perf_counter() - t0
+                counts[_n] += 1
+            return r
+
+        setattr(CpuBackend, name, timed)
+    core = EngineCoreProc(EngineConfig(str(resolve_model(args.model)), n_ctx=2048, threads=args.threads))
+    engine = core.engine_core
+    params = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
+    engine.add_request(synthetic_prompt(args.prompt), params)
+    engine.step()  # the prompt
+    walls, cpus = [], []
+    for name in METHODS:
+        step_times[name].clear()
+    counts.clear()
+    while engine.has_unfinished():
+        for name in METHODS:
+            step_times[name].append(0.0)
+        t0, c0 = time.perf_counter(), time.process_time()
+        engine.step()
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    n = len(walls)
+    wall = statistics.median(walls)
+    cpu = statistics.median(cpus)
+    print(
+        f"{args.model}: {n} decode steps, median {wall * 1e3:.2f} ms/step ({1 / wall:.1f} tok/s), "
+        f"CPU {cpu * 1e3:.2f} ms/step"
+    )
+    in_backend = 0.0
+    for name in METHODS:
+        t = statistics.median(step_times[name]) if step_times[name] else 0.0
+        in_backend += t
+        if counts[name]:
+            calls = counts[name] / n
+            share = f"{t * 1e3:7.3f} ms  {t / wall:6.1%}"
+            print(f"  {name:14s} {calls:6.1f} calls  {share}  {t / calls * 1e6:8.1f} us/call")
+    rest = wall - in_backend
+    print(f"  {'outside':14s} {'':12s} {rest * 1e3:7.3f} ms  {rest / wall:6.1%}")
+
+
+if __name__ == "__main__":
+    main()
