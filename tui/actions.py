@@ -1,6 +1,5 @@
-"""The conversation-level actions of the chat app (regenerate, edit, copy, new/open/rename/delete,
-settings, dropping the oldest turns when the context is full), kept apart from the streaming machinery in
-tui/app.py."""
+"""The conversation-level actions of the chat app (regenerate, edit, copy, new/open/rename/delete, settings,
+dropping the oldest turns when the context is full), kept apart from the streaming machinery in tui/app.py."""
 
 from __future__ import annotations
 

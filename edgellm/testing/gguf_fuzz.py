@@ -2,10 +2,10 @@
 the mutated files is edgellm/testing/gguf_fuzz_worker.py.
 
 `mutations(model)` is a hypothesis strategy of 1-3 edits of an `EditableGGUF`: any metadata value (with
-boundary values: 0, -1, 2^31, 2^63, NaN, inf...), any value type, deleted and added keys, array element
-types, lengths and nesting, key and string-value length fields, tensor dimensions, dimension counts, types,
-offsets, names, dropped and duplicated tensors, header counts, the version, and truncation; `apply` makes the
-mutated copy.
+boundary values: 0, -1, 2^31, 2^63, NaN, inf...), any value type, deleted and added keys, array element types,
+lengths and nesting, key and string-value length fields, tensor dimensions, dimension counts, types, offsets,
+names, dropped and duplicated tensors, header counts, the version, and truncation; `apply` makes
+the mutated copy.
 """
 
 from __future__ import annotations

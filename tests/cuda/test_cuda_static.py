@@ -1,6 +1,6 @@
 """Source checks of the CUDA backend that need no GPU: every kernel is compiled with cache=True, so the
-processes of scripts/gpu/gpu_check.sh (and every engine start) load compiled kernels instead of
-recompiling."""
+processes of scripts/gpu/gpu_check.sh (and every engine start) load compiled kernels instead
+of recompiling."""
 
 from __future__ import annotations
 
