@@ -59,10 +59,9 @@ class SamplingParams:
     compiled_grammar: str | None = field(default=None, init=False, repr=False, compare=False)
     grammar_vocab_key: int | None = field(default=None, init=False, repr=False, compare=False)
     # The reasoning split (edgellm.reasoning): how the front-end splits the text (None, "open", "tag",
-    # "harmony"),
-    # and the budget of reasoning tokens the engine core closes the think block at (None: unlimited),
-    # with the ids it forces then (REASONING_END) and the ids of an open and a close the model writes
-    # itself. `set_reasoning` fills them in from the tokenizer.
+    # "harmony"), and the budget of reasoning tokens the engine core closes the think block at (None:
+    # unlimited), with the ids it forces then (REASONING_END) and the ids of an open and a close the model
+    # writes itself. `set_reasoning` fills them in from the tokenizer.
     reasoning_split: str | None = None
     reasoning_budget: int | None = None
     reasoning_open_ids: list[int] = field(default_factory=list)  # "tag": THINK_OPEN's ids

@@ -1,12 +1,12 @@
 """Simulator runs of the default suite started as soon as collection ends, and waited for by their tests.
 
-The Numba CUDA simulator runs every GPU thread as a Python thread of one process: the two simulator runs
-(the CUDA test files, tests/cuda/test_cuda_backend.py; scripts/gpu/gpu_check.sh --sim,
-tests/cuda/test_gpu_check.py) are
-minutes of one-core work each, while the rest of the suite leaves a core of a small machine idle much of
-the time (servers waited on, child processes started, one-threaded Python). So tests/conftest.py starts
-every run whose test was collected when collection ends, at a lower priority so the tests beside it keep
-their timing, and moves those tests to the end of the session, where each waits for its run.
+The Numba CUDA simulator runs every GPU thread as a Python thread of one process: the two simulator runs (the
+CUDA test files, tests/cuda/test_cuda_backend.py; scripts/gpu/gpu_check.sh --sim,
+tests/cuda/test_gpu_check.py) are minutes of one-core work each, while the rest of the suite leaves a core of
+a small machine idle much of the time (servers waited on, child processes started, one-threaded Python). So
+tests/conftest.py starts every run whose test was collected when collection ends, at a lower priority so the
+tests beside it keep their timing, and moves those tests to the end of the session, where each
+waits for its run.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class Run:
 
 def _cuda_tests(workdir: Path) -> tuple[list[str], dict[str, str]]:
     # found wherever they sit below tests/ (a file moved into a subfolder is still run)
-    names = ("backend", "engine", "attention", "real_shapes")
+    names = ("backend", "row_ops", "kv_cache", "engine", "fused", "arch_logits", "attention", "real_shapes")
     files = [str(next((ROOT / "tests").rglob(f"test_cuda_{name}.py")).relative_to(ROOT)) for name in names]
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files]
     return cmd, dict(os.environ, NUMBA_ENABLE_CUDASIM="1")

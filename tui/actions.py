@@ -1,17 +1,18 @@
-"""The conversation-level actions of the chat app (regenerate, edit, copy, new/open/rename/delete,
-settings), kept apart from the streaming machinery in tui/app.py."""
+"""The conversation-level actions of the chat app (regenerate, edit, copy, new/open/rename/delete, settings,
+dropping the oldest turns when the context is full), kept apart from the streaming machinery in tui/app.py."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tui.context import check_context, drop_oldest
 from tui.screens import ConfirmScreen, RenameScreen, SettingsResult, SettingsScreen
 from tui.storage import Conversation
 from tui.widgets import ConversationList
 
 if TYPE_CHECKING:
     from tui.backend import ChatBackend
-    from tui.messages import GenerationSettings
+    from tui.messages import BackendInfo, GenerationSettings
     from tui.storage import ConversationStore, SettingsStore
     from tui.widgets import ConversationView, PromptInput
 
@@ -24,6 +25,8 @@ class ChatAppParts(Protocol):
     backend: ChatBackend | None
     conversation: Conversation
     replying: bool
+    reply_waiting: bool
+    info: BackendInfo | None
     settings: GenerationSettings
     store: ConversationStore
     settings_store: SettingsStore
@@ -41,6 +44,7 @@ class ChatAppParts(Protocol):
     def copy_to_clipboard(self, text: str) -> None: ...
     def notify(self, message: str, **kw: Any) -> None: ...
     def push_screen(self, screen: Any, callback: Any = None) -> Any: ...
+    async def push_screen_wait(self, screen: Any) -> Any: ...
 
 
 if TYPE_CHECKING:
@@ -142,3 +146,39 @@ class ConversationActions(_Base):
             self.update_status()
 
         self.push_screen(SettingsScreen(self.settings, self.model, self.model_options), done)
+
+    async def _ask_to_drop(self, conv: Conversation) -> bool:
+        """True when the conversation fits (possibly after the user agreed to drop old turns)."""
+        if self.backend is None or self.info is None or self.info.n_ctx is None:
+            return True
+        check = check_context(conv.messages, self.settings, self.info.n_ctx, self.backend.count_tokens)
+        if check is None or check.fits:
+            return True
+        if check.impossible:
+            await self.chat.add_notice(
+                f"The last message is too long: with {check.reserve} tokens kept for the reply it does not "
+                f"fit the context window of {check.n_ctx} tokens. Shorten it (Ctrl+L edits it) or lower "
+                "max tokens in Settings."
+            )
+            return False
+        question = (
+            f"This conversation takes {check.used} tokens; with {check.reserve} tokens kept for the reply it "
+            f"no longer fits the context window of {check.n_ctx} tokens.\n\nDrop the {check.drop} oldest "
+            "messages from what the model sees? They stay saved and visible, dimmed."
+        )
+        self.reply_waiting = True
+        try:
+            agreed = await self.push_screen_wait(ConfirmScreen(question, yes="Drop oldest", no="Cancel"))
+        finally:
+            self.reply_waiting = False
+        if not agreed:
+            await self.chat.add_notice(
+                "Not sent: the conversation is longer than the context window. Start a new chat (Ctrl+N), "
+                "or press Ctrl+R to be asked again."
+            )
+            return False
+        drop_oldest(conv.messages, check.drop)
+        for view in self.chat.message_views():
+            view.refresh_header()
+        self.save_conversation(conv)
+        return True

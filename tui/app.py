@@ -19,9 +19,7 @@ from textual.worker import Worker
 from edgellm.cpu_topology import physical_cores
 from tui.actions import ConversationActions
 from tui.backend import FRAME_INTERVAL_S, ChatBackend, env_number, with_system_prompt
-from tui.context import check_context, drop_oldest
 from tui.messages import BackendError, BackendInfo, ChatMessage, GenerationSettings, StreamDelta, StreamDone
-from tui.screens import ConfirmScreen
 from tui.storage import Conversation, ConversationStore, SettingsStore, StoredMessage
 from tui.widgets import ConversationList, ConversationView, LoadingPanel, PromptInput, StatusBar
 
@@ -228,42 +226,6 @@ class ChatApp(ConversationActions, App[None]):
         self.save_conversation(conv)
         await self.refresh_sidebar()
         self.start_reply()
-
-    async def _ask_to_drop(self, conv: Conversation) -> bool:
-        """True when the conversation fits (possibly after the user agreed to drop old turns)."""
-        if self.backend is None or self.info is None or self.info.n_ctx is None:
-            return True
-        check = check_context(conv.messages, self.settings, self.info.n_ctx, self.backend.count_tokens)
-        if check is None or check.fits:
-            return True
-        if check.impossible:
-            await self.chat.add_notice(
-                f"The last message is too long: with {check.reserve} tokens kept for the reply it does not "
-                f"fit the context window of {check.n_ctx} tokens. Shorten it (Ctrl+L edits it) or lower "
-                "max tokens in Settings."
-            )
-            return False
-        question = (
-            f"This conversation takes {check.used} tokens; with {check.reserve} tokens kept for the reply it "
-            f"no longer fits the context window of {check.n_ctx} tokens.\n\nDrop the {check.drop} oldest "
-            "messages from what the model sees? They stay saved and visible, dimmed."
-        )
-        self.reply_waiting = True
-        try:
-            agreed = await self.push_screen_wait(ConfirmScreen(question, yes="Drop oldest", no="Cancel"))
-        finally:
-            self.reply_waiting = False
-        if not agreed:
-            await self.chat.add_notice(
-                "Not sent: the conversation is longer than the context window. Start a new chat (Ctrl+N), "
-                "or press Ctrl+R to be asked again."
-            )
-            return False
-        drop_oldest(conv.messages, check.drop)
-        for view in self.chat.message_views():
-            view.refresh_header()
-        self.save_conversation(conv)
-        return True
 
     def start_reply(self) -> None:
         """Reply to the open conversation; from now on Esc stops the reply, whatever stage it is at."""

@@ -69,10 +69,9 @@ UI_NICENESS = int(env_number("EDGELLM_UI_NICENESS", 19, -20, 19, whole=True))  #
 
 
 def yield_cpu_to_engine() -> None:
-    """Lower the UI process's CPU priority below the engine core's. The core's kernels use every core and
-    the UI spends ~2 ms of CPU per streamed token (drawing, the core's messages), so on a busy 2-core machine
-    the two fought: the chat streamed at 0.63-0.66x `edgellm bench`'s decode (scripts/bench/chat_speed.py);
-    with
+    """Lower the UI process's CPU priority below the engine core's. The core's kernels use every core and the
+    UI spends ~2 ms of CPU per streamed token (drawing, the core's messages), so on a busy 2-core machine the
+    two fought: the chat streamed at 0.63-0.66x `edgellm bench`'s decode (scripts/bench/chat_speed.py); with
     the UI's threads at niceness 19 it ran at ~0.9x. The load launcher keeps its priority, so an engine core
     started later does not inherit the UI's. Only where the OS has per-thread priorities (Linux); never an
     error (a UI at normal priority still works)."""

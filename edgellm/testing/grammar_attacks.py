@@ -1,6 +1,5 @@
 """Hostile schemas, grammars and tool lists (issue 23) for the tests, the fuzzer and scripts/soak/soak.py:
-each
-crashed, stalled or silently emptied an older server. `chat_body_attacks()` pairs each chat body with the
+each crashed, stalled or silently emptied an older server. `chat_body_attacks()` pairs each chat body with the
 limit or problem its 400 must name."""
 
 from __future__ import annotations

@@ -1,22 +1,20 @@
 """Oracle cases: tiny random-weight GGUFs whose logits llama.cpp computed (tests/fixtures/oracle/<case>.npz).
 
 Each `OracleCase` says how to write one file with `write_tiny_model` (architecture, tensor types, shape,
-metadata overrides, extra tensors) and which tokens to score: a sequence long enough that positions past
-1,000 are covered, since rope scaling (frequency factors, linear, YaRN) shows only at long range.
+metadata overrides, extra tensors) and which tokens to score: a sequence long enough that positions past 1,000
+are covered, since rope scaling (frequency factors, linear, YaRN) shows only at long range.
 scripts/fixtures/make_oracle_fixtures.py runs llama.cpp on each and saves its logits at `fixture_positions`;
 tests/gguf/test_oracle_cases.py rewrites the file (checking its sha256 against the fixture's, so a change of
-the
-writer is caught rather than compared against stale logits) and compares edgellm's logits with them.
+the writer is caught rather than compared against stale logits) and compares edgellm's logits with them.
 
 Tolerances (the issue's bar): NMSE = sum((x - ref)^2) / sum(ref^2) (ggml's test-backend-ops measure) below
 NMSE_FLOAT for F32/F16/BF16 weights and NMSE_QUANT when any matrix is block-quantized, and the same top-1
 token wherever llama.cpp's own top-1/top-2 gap exceeds TOP1_MIN_GAP.
 
-The case type, its scoring and tolerances: oracle_case.py; each feature family's cases and the metadata
-they add: oracle_cases_families.py. Adding a case: one entry in CASES or its family's builder (a feature's
-cases next to each other, named `<arch>_<feature>`), then
-`python scripts/fixtures/make_oracle_fixtures.py <case>` where llama-cpp-python is installed, and commit the
-.npz.
+The case type, its scoring and tolerances: oracle_case.py; each feature family's cases and the metadata they
+add: oracle_cases_families.py. Adding a case: one entry in CASES or its family's builder (a feature's cases
+next to each other, named `<arch>_<feature>`), then `python scripts/fixtures/make_oracle_fixtures.py <case>`
+where llama-cpp-python is installed, and commit the .npz.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """llama.cpp's rope in ggml's float32 arithmetic, element by element: the reference of the rope tests of
-the rope op and of the CPU elementwise kernels."""
+the rope op and of the CPU elementwise kernels; and the exact-angle rotation in float64, the reference of
+the CUDA kernel (tests/cuda/)."""
 
 from __future__ import annotations
 
@@ -58,4 +59,27 @@ def ggml_rope_ref(x, pos, rope: RopeParams) -> np.ndarray:  # noqa: ANN001
                 out[t, h, a] = _fma32(x0, c, -f32(x1 * s))
                 out[t, h, b] = _fma32(x0, s, f32(x1 * c))
             theta = f32(theta * theta_scale)
+    return out
+
+
+def scaled_rope(d: int) -> RopeParams:
+    """YaRN with llama3 frequency factors and an attention factor (every term of the rotation)."""
+    factors = tuple(float(f) for f in np.geomspace(1.0, 16.0, d // 2))
+    return RopeParams(
+        n_rot=d, neox=False, base=5e5, freq_scale=0.25, ext_factor=1.0, attn_factor=0.9, n_ctx_orig=256,
+        freq_factors=factors,
+    )  # fmt: skip
+
+
+def rope_exact(k: np.ndarray, pos: np.ndarray, rope: RopeParams) -> np.ndarray:
+    """The CUDA kernel's rotation in float64 (ops.rope_pair): theta = pos * RopeParams.inv_freq, cos and
+    sin times mscale; neox pairs (i, i + n_rot/2), otherwise (2i, 2i+1)."""
+    half = rope.n_rot // 2
+    theta = pos.astype(np.float64)[:, None, None] * rope.inv_freq()[None, None, :]  # [T, 1, half]
+    c, s = np.cos(theta) * rope.mscale, np.sin(theta) * rope.mscale
+    out = k.astype(np.float64)
+    a = np.arange(half) if rope.neox else 2 * np.arange(half)
+    b = a + half if rope.neox else a + 1
+    x0, x1 = out[..., a].copy(), out[..., b].copy()
+    out[..., a], out[..., b] = x0 * c - x1 * s, x0 * s + x1 * c
     return out

@@ -2,8 +2,8 @@
 then the medians and new/old ratios of decode and prefill tok/s. Alternating spreads the machine's other
 load over both trees alike; a quiet machine still gives the figures that count.
 
-    python scripts/bench/ab_bench.py OLD_TREE NEW_TREE MODEL [--rounds 3] [--threads 2] [--prompt 128] [--gen
-        128]
+    python scripts/bench/ab_bench.py OLD_TREE NEW_TREE MODEL [--rounds 3] [--threads 2] [--prompt 128]
+        [--gen 128]
 
 Each run is `python -m edgellm bench ...` with the tree as working directory, so it imports that tree's
 edgellm (not the installed one).

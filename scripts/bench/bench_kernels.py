@@ -5,8 +5,8 @@ from RAM as in decode. GEMM (M=8/64/128) is timed hot (one matrix), as in prefil
 reused by every token. Prints GB/s of weight bytes (GGUF and repacked) and us/call, for 1 and 2 threads,
 as the median over repetitions (the box is shared: medians are steadier than best times).
 
-    EDGELLM_CPU_TIER=avx2 python scripts/bench/bench_kernels.py [--quick] [--set smollm2|gemma|all] \
-        [--threads 2]
+    EDGELLM_CPU_TIER=avx2 python scripts/bench/bench_kernels.py [--quick] \
+        [--set smollm2|gemma|all] [--threads 2]
 
 EDGELLM_CPU_TIER (edgellm/backends/cpu/tiers.py) picks the kernel tier timed; set it on the command line,
 as it must be in the environment before Numba is imported.

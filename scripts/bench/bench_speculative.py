@@ -6,8 +6,7 @@ of tok/s, their ratio, and the median of the per-prompt ratios.
 
     python scripts/bench/bench_speculative.py smollm2-135m --rounds 3 [--draft /tmp/drafts/smol-l8.gguf]
 
-What a step costs (the verify-cost curve, and the acceptance a draft model needs):
-scripts/profile/spec_costs.py.
+What a step costs (the verify-cost curve, the acceptance a draft model needs): scripts/profile/spec_costs.py.
 """
 
 from __future__ import annotations

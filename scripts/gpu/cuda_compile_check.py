@@ -23,8 +23,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_TESTS = (
-    "tests/cuda/test_cuda_backend.py tests/cuda/test_cuda_engine.py tests/cuda/test_cuda_attention.py"
+DEFAULT_TESTS = " ".join(
+    f"tests/cuda/test_cuda_{name}.py"
+    for name in ("backend", "row_ops", "kv_cache", "engine", "fused", "arch_logits", "attention")
 )
 
 

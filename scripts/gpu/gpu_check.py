@@ -90,8 +90,8 @@ def step_models(args: argparse.Namespace) -> dict:
 
 
 def step_profile(args: argparse.Namespace) -> dict:
-    """Per-kernel launches and times at batch-1 decode, fused (scripts/profile/cuda_profile.py's
-    measurement)."""
+    """Per-kernel launches and times at batch-1 decode, fused
+    (scripts/profile/cuda_profile.py's measurement)."""
     sys.path.insert(0, str(ROOT / "scripts" / "profile"))
     from cuda_profile import Decoder, profile
 
@@ -106,9 +106,9 @@ def step_profile(args: argparse.Namespace) -> dict:
 def step_tests(args: argparse.Namespace) -> dict:
     """The CUDA test files on the device (EDGELLM_CUDA_TESTS=gpu); in the simulator one quick case, to run
     the step itself (the full simulator run is part of the default test suite)."""
-    files = ["tests/cuda/test_cuda_backend.py", "tests/cuda/test_cuda_engine.py",
-             "tests/cuda/test_cuda_attention.py",
-             "tests/cuda/test_cuda_real_shapes.py", "tests/cuda/test_cuda_sampling.py"]  # fmt: skip
+    files = [f"tests/cuda/test_cuda_{name}.py"
+             for name in ("backend", "row_ops", "kv_cache", "engine", "fused", "arch_logits", "attention",
+                          "real_shapes", "sampling")]  # fmt: skip
     if args.sim:
         files = ["tests/cuda/test_cuda_engine.py", "-k", "test_top_k_and_argmax_match_numpy and 1"]
     env = dict(os.environ, EDGELLM_CUDA_TESTS="gpu")

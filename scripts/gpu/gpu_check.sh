@@ -5,11 +5,12 @@
 #   bash scripts/gpu/gpu_check.sh          # on the GPU: at most ~8 minutes (per-step timeouts below)
 #   bash scripts/gpu/gpu_check.sh --sim    # here: the same flow in the Numba CUDA simulator, tiny shapes
 #
-# 1. installs the carried wheels ($WHEELS, default .gpu_wheels/, filled by scripts/gpu_wheels.sh; git-ignored)
-#    into a fresh --target folder, offline (--no-index --no-deps), ahead of the machine's own packages;
+# 1. installs the carried wheels ($WHEELS, default .gpu_wheels/, filled by scripts/gpu/gpu_wheels.py;
+#    git-ignored) into a fresh --target folder, offline (--no-index --no-deps), ahead of the machine's
+#    own packages;
 # 2. prints numba / numba-cuda / CUDA driver and runtime versions;
-# 3. writes real-shape synthetic GGUFs on the machine (SmolLM2- and Gemma-3-shaped: edgellm/testing/real_shapes.py),
-#    so nothing large travels;
+# 3. writes real-shape synthetic GGUFs on the machine (SmolLM2- and Gemma-3-shaped:
+#    edgellm/testing/real_shapes.py), so nothing large travels;
 # 4. compares CUDA against the CPU backend on them (logits NMSE, greedy tokens up to the first near-tie);
 # 5. benchmarks batch-1 prefill and decode, and decode at 16 and 64 sequences in flight;
 #    then batch-1 decode at a 4096-token context with split-K attention on and off (same tokens? speedup),
@@ -17,8 +18,9 @@
 # 6. profiles launches and per-kernel GPU time at batch-1 decode;
 # 7. runs the CUDA test files for real (EDGELLM_CUDA_TESTS=gpu).
 # Every step is its own process under `timeout`; kernels compile once (cache=True, one NUMBA_CACHE_DIR per
-# run). STEPS="models compare" runs a subset. All figures go to one JSON: $OUT/gpu_check.json (OUT defaults to ./gpu_check_out). Exit status 0
-# only when every step ended well, the greedy tokens agreed and the tests passed.
+# run). STEPS="models compare" runs a subset. All figures go to one JSON: $OUT/gpu_check.json (OUT defaults to
+# ./gpu_check_out). Exit status 0 only when every step ended well, the greedy tokens agreed and the
+# tests passed.
 set -uo pipefail
 SIM=0
 [ "${1:-}" = "--sim" ] && SIM=1

@@ -1,6 +1,5 @@
 """The measuring steps of scripts/gpu/gpu_check.py (compare, bench, splitk, graphs: the CUDA backend against
-the
-CPU's logits, and its speed) and the sizes every step runs at, real or in the simulator (--sim)."""
+the CPU's logits, and its speed) and the sizes every step runs at, real or in the simulator (--sim)."""
 
 from __future__ import annotations
 

@@ -3,9 +3,8 @@
 The lent GPU machine (Python 3.12; numpy, numba, numba-cuda, cuda-core, pyyaml, requests, tqdm, sentencepiece,
 pytest already there: /work/.library/device/KINDS.md) lacks only gguf among what the check imports.
 
-    python scripts/gpu/gpu_wheels.py              # pip download --no-deps of NEEDED for CPython 3.12 x86-64
-    python scripts/gpu/gpu_wheels.py --repack     # offline: wheels rebuilt from this machine's installed
-        copies
+    python scripts/gpu/gpu_wheels.py            # pip download --no-deps of NEEDED for CPython 3.12 x86-64
+    python scripts/gpu/gpu_wheels.py --repack   # offline: wheels rebuilt from this machine's installed copies
 
 Then carry the folder: run(command="bash scripts/gpu/gpu_check.sh", carry=[".gpu_wheels"], ...).
 """

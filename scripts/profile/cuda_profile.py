@@ -3,10 +3,9 @@ layer, outside the layers, by kernel), host transfers per token, decode wall tim
 times. Greedy decoding with the argmax on the device, as the engine runs it.
 
     python scripts/profile/cuda_profile.py MODEL.gguf [--steps 16] [--prompt 32] [--json out.json]
-    python scripts/profile/cuda_profile.py --synthetic smollm2   # SmolLM2's shapes and vocabulary, random
-        weights
-    NUMBA_ENABLE_CUDASIM=1 python scripts/profile/cuda_profile.py --synthetic tiny-smollm2 --steps 1 \
-        --prompt 4
+    python scripts/profile/cuda_profile.py --synthetic smollm2  # SmolLM2's shapes and vocab, random weights
+    NUMBA_ENABLE_CUDASIM=1 python scripts/profile/cuda_profile.py --synthetic tiny-smollm2 \
+        --steps 1 --prompt 4
 
 Per-kernel times (real GPU only; the simulator has no clock for them): "sync us" is the wall time with a
 device synchronize before and after each launch (the launch's host cost + GPU time + sync latency), "gpu us"

@@ -12,8 +12,8 @@
 CPU seconds (time.process_time, all threads of the process) are printed beside wall seconds: on a shared
 machine they depend far less on what else runs (--threads 1 least: no thread waits on another).
 
-    python scripts/profile/spec_costs.py smollm2-135m [--threads 1] [--ks 4,8] [--draft D.gguf] [--skip
-        flight16]
+    python scripts/profile/spec_costs.py smollm2-135m [--threads 1] [--ks 4,8] [--draft D.gguf]
+        [--skip flight16]
 """
 
 from __future__ import annotations

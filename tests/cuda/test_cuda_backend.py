@@ -1,11 +1,14 @@
-"""CUDA backend: every kernel against a numpy reference, and end-to-end greedy tokens equal to the CPU's.
+"""CUDA backend: the matmul, row-gather and activation-quantization kernels against a numpy reference, and
+end-to-end greedy tokens equal to the CPU's.
 
 The Numba CUDA simulator must be switched on (NUMBA_ENABLE_CUDASIM=1) before numba is first imported, and
 the rest of the suite imports numba first. So, in a plain `pytest` run, this module defines one test that
-runs this same file, test_cuda_engine.py, test_cuda_attention.py and test_cuda_real_shapes.py in a fresh
-`python -m pytest` subprocess with the simulator on, and fails with the subprocess's report if any case
-there fails. In that subprocess (NUMBA_ENABLE_CUDASIM=1), or on a machine with a GPU when
-EDGELLM_CUDA_TESTS=gpu (scripts/gpu/gpu_check.sh), the cases themselves are defined and run.
+runs this same file and the other CUDA kernel and engine files (test_cuda_row_ops.py, test_cuda_kv_cache.py,
+test_cuda_engine.py, test_cuda_fused.py, test_cuda_arch_logits.py, test_cuda_attention.py and
+test_cuda_real_shapes.py; tests/background_runs.py) in a fresh `python -m pytest` subprocess with the
+simulator on, and fails with the subprocess's report if any case there fails. In that subprocess
+(NUMBA_ENABLE_CUDASIM=1), or on a machine with a GPU when EDGELLM_CUDA_TESTS=gpu (scripts/gpu/gpu_check.sh),
+the cases themselves are defined and run.
 
 Kernel cases: parametrized over (op, quant type, shape); outputs are written into the interior of a
 NaN-filled device buffer whose guard rows/columns must stay NaN (out-of-bounds writes). Error is NMSE
@@ -56,23 +59,13 @@ else:
     from gguf import GGMLQuantizationType as T
     from gguf import quants as gguf_quants
 
-    from edgellm.backends.cpu import ops as cpu_ops
     from edgellm.backends.cpu.matmul import matmul_cpu
     from edgellm.backends.cuda.matmul import quantize_act, upload_weight
-    from edgellm.gguf.rope import RopeParams
     from edgellm.quants import QUANT_TRAITS
     from edgellm.quants.activations import quantize_act_ref
     from edgellm.quants.packing import pack_weight
     from edgellm.testing.cuda_guards import BE, guarded, guards_intact
-    from edgellm.testing.kernel_refs import (
-        GELU_SPECIAL,
-        NMSE_LIMIT,
-        gelu_ref,
-        layernorm_ref,
-        nmse,
-        random_raw,
-        reference_weight,
-    )
+    from edgellm.testing.kernel_refs import NMSE_LIMIT, nmse, random_raw, reference_weight
 
     SHAPES = [(6, 256), (5, 512)]  # (N, K): odd N leaves a partial block; K a multiple of 256 (k-quants)
     # The device sees a type only as its int8 grouped form (group, activation mode, min): of the i-quants,
@@ -147,111 +140,6 @@ else:
         np.testing.assert_array_equal(xs, rs)
         np.testing.assert_array_equal(xsum, rsum)
 
-    OPS = ["rmsnorm", "rmsnorm_heads", "rope_norm", "rope_neox", "rope_scaled", "swiglu", "geglu", "add"]
-    OPS.append("add_bias")
-    OPS.append("argmax")
-    OPS += ["layernorm", "gelu"]  # StarCoder 2, GPT-2
-
-    def scaled_rope(d: int) -> RopeParams:
-        """YaRN with llama3 frequency factors and an attention factor (every term of the rotation)."""
-        factors = tuple(float(f) for f in np.geomspace(1.0, 16.0, d // 2))
-        return RopeParams(
-            n_rot=d, neox=False, base=5e5, freq_scale=0.25, ext_factor=1.0, attn_factor=0.9, n_ctx_orig=256,
-            freq_factors=factors,
-        )  # fmt: skip
-
-    def rope_exact(k: np.ndarray, pos: np.ndarray, rope: RopeParams) -> np.ndarray:
-        """The CUDA kernel's rotation in float64 (ops.rope_pair): theta = pos * RopeParams.inv_freq, cos and
-        sin times mscale; neox pairs (i, i + n_rot/2), otherwise (2i, 2i+1)."""
-        half = rope.n_rot // 2
-        theta = pos.astype(np.float64)[:, None, None] * rope.inv_freq()[None, None, :]  # [T, 1, half]
-        c, s = np.cos(theta) * rope.mscale, np.sin(theta) * rope.mscale
-        out = k.astype(np.float64)
-        a = np.arange(half) if rope.neox else 2 * np.arange(half)
-        b = a + half if rope.neox else a + 1
-        x0, x1 = out[..., a].copy(), out[..., b].copy()
-        out[..., a], out[..., b] = x0 * c - x1 * s, x0 * s + x1 * c
-        return out
-
-    @pytest.mark.parametrize("op", OPS)
-    @pytest.mark.parametrize("shape", [(3, 2, 8), (1, 4, 16)], ids=lambda s: "x".join(map(str, s)))
-    def test_cuda_row_ops_match_reference(op: str, shape: tuple[int, int, int]) -> None:
-        T_, H, d = shape
-        rng = np.random.default_rng(zlib.crc32(f"{op}-{shape}".encode()))
-        x = rng.standard_normal((T_, 3 * H * d)).astype(np.float32)  # a fused-QKV-like buffer
-        w = (rng.standard_normal(H * d) * 0.5 + 1).astype(np.float32)
-        whole, xv = guarded(x)
-        ref = x.astype(np.float64).copy()
-        n = H * d
-        if op == "rmsnorm":  # into a column slice of another guarded buffer
-            o_whole, out = guarded(np.full((T_, n), np.nan, np.float32))
-            BE.rmsnorm(xv[:, :n], BE.from_host(w), 1e-5, out)
-            r = ref[:, :n] / np.sqrt((ref[:, :n] ** 2).mean(1, keepdims=True) + 1e-5) * w
-            assert guards_intact(o_whole, (T_, n))
-            assert nmse(BE.to_host(out), r) < 1e-12
-            return
-        if op == "layernorm":  # into a column slice of another guarded buffer, and in place
-            b = rng.standard_normal(n).astype(np.float32)
-            o_whole, out = guarded(np.full((T_, n), np.nan, np.float32))
-            BE.layernorm(xv[:, :n], BE.from_host(w), BE.from_host(b), 1e-5, out)
-            BE.layernorm(xv[:, n : 2 * n], BE.from_host(w), BE.from_host(b), 1e-5, xv[:, n : 2 * n])
-            assert guards_intact(o_whole, (T_, n)) and guards_intact(whole, x.shape)
-            assert nmse(BE.to_host(out), layernorm_ref(x[:, :n], w, b, 1e-5)) < 1e-12
-            assert nmse(BE.to_host(xv[:, n : 2 * n]), layernorm_ref(x[:, n : 2 * n], w, b, 1e-5)) < 1e-12
-            return
-        if op == "gelu":  # in place over the middle third: ggml's f16-table values, exactly
-            mid = x[:, n : 2 * n] * 4
-            mid.reshape(-1)[: len(GELU_SPECIAL)] = GELU_SPECIAL[: T_ * n]
-            x[:, n : 2 * n] = mid
-            whole, xv = guarded(x)
-            BE.gelu(xv[:, n : 2 * n])
-            ref[:, n : 2 * n] = gelu_ref(x[:, n : 2 * n])
-            ref[:, :n], ref[:, 2 * n :] = x[:, :n], x[:, 2 * n :]
-            assert guards_intact(whole, x.shape)
-            np.testing.assert_array_equal(BE.to_host(xv), ref.astype(np.float32))
-            return
-        if op == "argmax":
-            x[0, 7] = x[0, 3] = x[0].max() + 1  # a tie: the first index wins, as numpy
-            np.testing.assert_array_equal(BE.argmax(BE.from_host(x)), x.argmax(axis=1))
-            return
-        k_view = xv[:, n : 2 * n].reshape(T_, H, d)  # the middle third, as the model slices K
-        if op == "rmsnorm_heads":
-            BE.rmsnorm_heads(k_view, BE.from_host(w[:d]), 1e-6)
-            k = ref[:, n : 2 * n].reshape(T_, H, d)
-            ref[:, n : 2 * n] = (k / np.sqrt((k**2).mean(-1, keepdims=True) + 1e-6) * w[:d]).reshape(T_, n)
-        elif op.startswith("rope"):
-            pos = np.array([0, 5, 17][:T_] if T_ == 3 else [1000], np.int32)
-            rope = scaled_rope(d) if op == "rope_scaled" else RopeParams(n_rot=d, neox=op == "rope_neox")
-            BE.rope(k_view, BE.from_host(pos), rope)
-            k = x[:, n : 2 * n].reshape(T_, H, d)
-            ref[:, n : 2 * n] = rope_exact(k, pos, rope).reshape(T_, n)
-            # The CPU rope follows ggml-cpu's float32 cache (theta a running float32 product, which drifts
-            # ~1e-4 rad from the exact angle by position 1,000); the CUDA kernel takes the exact angle, as
-            # ggml-cuda nearly does (a powf per pair). Measured apart at position 1,000: NMSE 2.6e-12.
-            cpu_k = k.copy()
-            cpu_ops.rope_cpu(cpu_k, pos, rope)
-            assert nmse(BE.to_host(k_view).reshape(T_, H, d), cpu_k) < 1e-10, op
-        elif op in ("swiglu", "geglu"):
-            ff = n
-            o_whole, out = guarded(np.full((T_, ff), np.nan, np.float32))
-            BE.gated_act(xv[:, : 2 * ff], out, "gelu" if op == "geglu" else "silu")
-            g, u = ref[:, :ff], ref[:, ff : 2 * ff]
-            c = np.sqrt(2 / np.pi)
-            gelu = 0.5 * g * (1 + np.tanh(c * (g + 0.044715 * g**3)))
-            act = gelu if op == "geglu" else g / (1 + np.exp(-g))
-            assert guards_intact(o_whole, (T_, ff))
-            assert nmse(BE.to_host(out), act * u) < 1e-12
-            return
-        elif op == "add":
-            y = rng.standard_normal((T_, n)).astype(np.float32)
-            BE.add(xv[:, n : 2 * n], BE.from_host(y))
-            ref[:, n : 2 * n] += y
-        elif op == "add_bias":
-            BE.add_bias(xv[:, n : 2 * n], BE.from_host(w))
-            ref[:, n : 2 * n] += w
-        assert guards_intact(whole, x.shape), f"{op} wrote outside its view"
-        assert nmse(BE.to_host(xv), ref) < 1e-12, op
-
     def greedy_tokens(
         path: Path, backend: str, prompt: list[int], n_new: int, kv_dtype: str = "f16"
     ) -> tuple[list[int], np.ndarray]:
@@ -286,7 +174,7 @@ else:
     SLOW = pytest.mark.skipif(not FULL, reason="slow in the simulator")
     ARCH_CASES = [
         ("llama", "f16"),
-        pytest.param("llama", "q8_0", marks=SLOW),  # its kernels: the two tests below
+        pytest.param("llama", "q8_0", marks=SLOW),  # its kernels: test_cuda_kv_cache.py
         pytest.param("gemma3", "f16", marks=SLOW),
     ]
 
@@ -327,96 +215,3 @@ else:
             write_tiny_model(tmp_path / "p.gguf", "llama", **shape), "cpu", prompt, 1
         )
         assert nmse(plain_logits, cpu_logits.astype(np.float64)) > 1e-3
-
-    @pytest.mark.parametrize("dtype", ["f16", "q8_0"])
-    def test_cuda_kv_write_and_attention_match_reference(dtype: str) -> None:
-        """K/V written from strided views of a guarded QKV buffer hold the table's reference bits (f16, or
-        q8_0 values and scales: ggml's rounding, ties included), blocks not written stay zero, and paged
-        attention over them (a 3-token prefill chunk over a cached prefix next to another sequence's decode,
-        blocks out of order) matches a float64 reference on the values the cache holds; the output's guards
-        stay NaN."""
-        from edgellm.quants.kv_cache import get_kv_cache_type
-
-        kvt = get_kv_cache_type(dtype)
-        rng = np.random.default_rng(zlib.crc32(dtype.encode()))
-        n_kv, group, d, bs, n_blocks = 1, 2, 32, 4, 6
-        H = n_kv * group
-        lengths, tables = [6, 3], [[4, 1], [2]]  # tokens cached per sequence after this step; its blocks
-        pos = [p for n in lengths for p in range(n)]
-        seq = [s for s, n in enumerate(lengths) for _ in range(n)]
-        slots = np.array([tables[s][p // bs] * bs + p % bs for s, p in zip(seq, pos, strict=True)], np.int64)
-        qkv = rng.standard_normal((len(pos), (H + 2 * n_kv) * d)).astype(np.float32)
-        qkv[0, H * d : H * d + 32] = np.arange(32) - np.float32(15.5)  # K head 0 of token 0: .5 ties
-        qkv[0, H * d] = 127.0  # amax 127: x * 127/amax = x
-        whole, view = guarded(qkv)
-        k_view = view[:, H * d : (H + n_kv) * d].reshape(len(pos), n_kv, d)
-        v_view = view[:, (H + n_kv) * d :].reshape(len(pos), n_kv, d)
-        kv = BE.alloc_kv(1, n_blocks, bs, n_kv, d, d, dtype)
-        BE.write_kv(kv, 0, k_view, v_view, BE.from_host(slots))
-        k = qkv[:, H * d : (H + n_kv) * d].reshape(-1, n_kv, d)
-        v = qkv[:, (H + n_kv) * d :].reshape(-1, n_kv, d)
-        lay = kv.layers[0]
-        for values, scales, x in ((lay.k, lay.k_scale, k), (lay.v, lay.v_scale, v)):
-            got = BE.to_host(values)
-            want_q, want_d = kvt.quantize_ref(x)
-            flat = got.reshape(n_blocks * bs, n_kv, d)
-            np.testing.assert_array_equal(flat[slots].view(want_q.dtype), want_q)
-            if kvt.block > 1:
-                got_d = BE.to_host(scales).reshape(n_blocks * bs, n_kv, d // 32)
-                np.testing.assert_array_equal(got_d[slots].astype(np.float32), want_d)
-            untouched = np.setdiff1d(np.arange(n_blocks * bs), slots)
-            assert not flat[untouched].any(), "the writer touched other slots"
-        k_held, v_held = kvt.dequantize_ref(*kvt.quantize_ref(k)), kvt.dequantize_ref(*kvt.quantize_ref(v))
-        tok_seq = np.array([0, 0, 0, 1], np.int32)  # the last 3 tokens of sequence 0, the last of 1
-        tok_pos = np.array([3, 4, 5, 2], np.int32)
-        block_tables = np.array([[4, 1], [2, 0]], np.int32)
-        q = rng.standard_normal((4, H, d)).astype(np.float32)
-        o_whole, out = guarded(np.full((4, H * d), np.nan, np.float32))
-        scale = 1 / np.sqrt(d)
-        BE.attention(
-            BE.from_host(q), kv, 0, BE.from_host(block_tables), BE.from_host(tok_seq), BE.from_host(tok_pos),
-            0, scale, out.reshape(4, H, d),
-        )  # fmt: skip
-        got = BE.to_host(out).reshape(4, H, d)
-        assert guards_intact(o_whole, (4, H * d))
-        ref = np.zeros((4, H, d))
-        starts = [0, 6]  # row of each sequence's first token in k_held / v_held
-        for t in range(4):
-            rows = slice(starts[tok_seq[t]], starts[tok_seq[t]] + tok_pos[t] + 1)
-            for h in range(H):
-                kk, vv = k_held[rows, h // group].astype(np.float64), v_held[rows, h // group]
-                x = kk @ q[t, h].astype(np.float16).astype(np.float64) * scale
-                w = np.exp(x - x.max())
-                ref[t, h] = (w / w.sum()) @ vv
-        assert nmse(got, ref) < 1e-6
-
-    @pytest.mark.parametrize("scaled", [False, True], ids=["plain", "scaled"])
-    @pytest.mark.parametrize("dtype", ["f16", "q8_0"])
-    def test_cuda_fused_rope_kv_write_gives_the_plain_bits(dtype: str, scaled: bool) -> None:
-        """RoPE of Q and K then the KV write, fused into one kernel (K quantized once its head is rotated) and
-        plain: the same cache bits and the same rotated Q."""
-        rng = np.random.default_rng(3)
-        n_kv, H, d, T = 2, 2, 32, 3
-        qkv = rng.standard_normal((T, (H + 2 * n_kv) * d)).astype(np.float32)
-        pos, slots = BE.from_host(np.array([0, 5, 9], np.int32)), BE.from_host(np.array([1, 6, 11], np.int64))
-        results = []
-        for fuse in (False, True):
-            BE.fuse = fuse
-            BE.stats.reset()
-            x = BE.from_host(qkv)
-            q = x[:, : H * d].reshape(T, H, d)
-            k = x[:, H * d : (H + n_kv) * d].reshape(T, n_kv, d)
-            v = x[:, (H + n_kv) * d :].reshape(T, n_kv, d)
-            kv = BE.alloc_kv(1, 3, 4, n_kv, d, d, dtype)
-            rope = scaled_rope(d) if scaled else RopeParams(n_rot=d, neox=True)
-            BE.rope(q, pos, rope)
-            BE.rope(k, pos, rope)
-            BE.write_kv(kv, 0, k, v, slots)
-            caches = [BE.to_host(a) for a in kv.layers[0].blocks]
-            results.append((caches, BE.to_host(x), dict(BE.stats.launches)))
-        BE.fuse = True
-        (plain_kv, plain_x, plain_n), (fused_kv, fused_x, fused_n) = results
-        assert fused_n == {"heads_rope_kv_cuda": 1} and "heads_rope_kv_cuda" not in plain_n
-        np.testing.assert_array_equal(fused_x, plain_x)
-        for a, b in zip(fused_kv, plain_kv, strict=True):
-            np.testing.assert_array_equal(a, b)

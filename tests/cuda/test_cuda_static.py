@@ -1,10 +1,11 @@
 """Source checks of the CUDA backend that need no GPU: every kernel is compiled with cache=True, so the
-processes of scripts/gpu/gpu_check.sh (and every engine start) load compiled kernels instead of
-recompiling."""
+processes of scripts/gpu/gpu_check.sh (and every engine start) load compiled kernels instead of recompiling;
+and every CUDA test file that leaves its cases to the simulator run is in that run."""
 
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 
 from edgellm.testing.paths import ROOT
 
@@ -38,3 +39,16 @@ def test_every_cuda_kernel_is_cached() -> None:
                                                    for k in dec.keywords))
     ]  # fmt: skip
     assert not uncached, f"@cuda.jit kernels without cache=True: {uncached}"
+
+
+def test_every_file_that_defers_to_the_simulator_run_is_in_it(tmp_path: Path) -> None:
+    """A CUDA test file skips its cases outside the simulator subprocess (tests/background_runs.py); one
+    missing from that run's list would never run by default."""
+    from tests import background_runs
+
+    marker = "simulator subprocess" + '", allow_module_level=True'
+    deferring = {p for p in (ROOT / "tests").rglob("test_*.py") if marker in p.read_text()}
+    cmd, _ = background_runs._cuda_tests(tmp_path)
+    run = {ROOT / arg for arg in cmd if arg.endswith(".py")}
+    assert len(deferring) >= 7  # the walk found them
+    assert not deferring - run, sorted(str(p.relative_to(ROOT)) for p in deferring - run)

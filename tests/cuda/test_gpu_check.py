@@ -1,6 +1,5 @@
 """scripts/gpu/gpu_check.sh end to end in the CUDA simulator (--sim: tiny shapes), offline: the wheel folder
-it
-installs from holds a gguf wheel rebuilt from this machine's copy, which the steps must then import."""
+it installs from holds a gguf wheel rebuilt from this machine's copy, which the steps must then import."""
 
 from __future__ import annotations
 

@@ -119,9 +119,9 @@ def test_greedy_ngram_is_token_identical_on_real_models(model: str) -> None:
 
 
 def test_layer_draft_keeps_the_chosen_layers_renumbered(tmp_path: Path) -> None:
-    """scripts/fixtures/make_layer_draft.py: "0,2" of a 3-layer model is a 2-layer model whose second layer
-    is the
-    target's third; all 3 layers, written to another file, draft for the target with every draft accepted."""
+    """scripts/fixtures/make_layer_draft.py: "0,2" of a 3-layer model is a 2-layer model whose second layer is
+    the target's third; all 3 layers, written to another file, draft for the target with every
+    draft accepted."""
     import gguf
 
     sys.path.insert(0, str(SCRIPTS / "fixtures"))

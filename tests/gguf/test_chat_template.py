@@ -1,6 +1,6 @@
 """Chat templates against llama.cpp's C++ template engine (fixtures from
-scripts/fixtures/make_chat_template_fixtures.py) and the sandbox/helper behaviour Hugging Face templates rely
-on."""
+scripts/fixtures/make_chat_template_fixtures.py) and the sandbox/helper behaviour Hugging Face
+templates rely on."""
 
 from __future__ import annotations
 

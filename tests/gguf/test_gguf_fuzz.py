@@ -36,7 +36,8 @@ from edgellm.gguf.load import load_gguf
 from edgellm.gguf.reader import GGUFError
 from edgellm.gguf.validation import tokenizer_from_gguf, validate_model
 from edgellm.testing.gguf_edit import read_editable, serialize
-from edgellm.testing.gguf_fuzz import LoadWorker, apply, exercise_tokenizer, mutations
+from edgellm.testing.gguf_fuzz import apply, mutations
+from edgellm.testing.gguf_fuzz_worker import LoadWorker, exercise_tokenizer
 from edgellm.testing.paths import ROOT
 from edgellm.testing.synthetic import spm_vocab, write_tiny_model
 

@@ -104,8 +104,7 @@ def test_arch_key_accepted_only_where_it_changes_nothing(
 
 
 # Rope (gguf/rope.py reads the keys; tests/kernels/test_rope.py has their refusals): the scaling keys load,
-# the
-# tensors of rope variants edgellm lacks, or on an architecture llama.cpp does not read them for, do not.
+# the tensors of rope variants edgellm lacks, or on an architecture llama.cpp does not read them for, do not.
 def test_rope_scaling_keys_load(tmp_path: Path) -> None:
     yarn = {
         "qwen3.rope.scaling.type": "yarn",

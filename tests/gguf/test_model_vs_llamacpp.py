@@ -1,6 +1,5 @@
 """Both real models against llama.cpp's own outputs (fixtures from scripts/fixtures/make_model_fixtures.py;
-llama.cpp
-itself is never run here).
+llama.cpp itself is never run here).
 
 Greedy decoding: llama.cpp's logits carry ~0.1-0.2 of rounding noise (int8 activations, f16 KV); so do
 ours, from arithmetic done in a different order. Where llama.cpp's own top-2 gap is smaller than that

@@ -190,9 +190,8 @@ def test_expert_metadata_errors_name_the_key(tmp_path: Path) -> None:
 
 
 def test_make_bench_model_writes_a_qwen3moe_file_edgellm_runs(tmp_path: Path, smollm2_path: Path) -> None:
-    """scripts/fixtures/make_bench_model.py --moe's writer at a tiny width: a qwen3moe file with the
-    tokenizer of the
-    catalog model, F32 router, F16 experts of the shape's count and width, that loads and scores."""
+    """scripts/fixtures/make_bench_model.py --moe's writer at a tiny width: a qwen3moe file with the tokenizer
+    of the catalog model, F32 router, F16 experts of the shape's count and width, that loads and scores."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(

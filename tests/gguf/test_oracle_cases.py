@@ -3,10 +3,10 @@ architecture, each quant type and each metadata feature, on tiny random-weight G
 
 The fixtures (tests/fixtures/oracle/<case>.npz) are llama.cpp's logits, written by
 scripts/fixtures/make_oracle_fixtures.py. The test rewrites each case's file, checks its sha256 against the
-fixture's
-(a changed writer must regenerate the fixture, not be compared against another file's logits), scores the
-tokens with edgellm and requires NMSE below the case's limit and the same top-1 token wherever llama.cpp's
-top-2 gap exceeds TOP1_MIN_GAP. Figures: `pytest -s tests/gguf/test_oracle_cases.py` prints one line per case.
+fixture's (a changed writer must regenerate the fixture, not be compared against another file's logits),
+scores the tokens with edgellm and requires NMSE below the case's limit and the same top-1 token wherever
+llama.cpp's top-2 gap exceeds TOP1_MIN_GAP. Figures: `pytest -s tests/gguf/test_oracle_cases.py` prints
+one line per case.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Tokenizer ids and text vs llama.cpp fixtures (scripts/fixtures/make_tokenizer_fixtures.py) on the real
-models."""
+"""Tokenizer ids and text vs llama.cpp fixtures (scripts/fixtures/make_tokenizer_fixtures.py) on
+the real models."""
 
 from __future__ import annotations
 

@@ -50,8 +50,8 @@ def assert_guards_untouched(buf: np.ndarray, rows: int, cols: int) -> None:
 
 
 # Weight layouts of the CPU backend: int8 rows (portable kernels, every host) and vnni's tile16 (the tile
-# tiers, run here with the active one; tests/kernels/test_vnni_kernels.py runs every tier). Float types: one
-# layout.
+# tiers, run here with the active one; tests/kernels/test_vnni_kernels.py runs every tier). Float
+# types: one layout.
 CASES = [
     pytest.param(op, qtype, shape, layout, id=f"{op}-{qtype.name}-{shape[0]}x{shape[1]}-{layout}")
     for op in ("matmul_m1", "matmul_m2", "matmul_m7", "matmul_m33", "get_rows")

@@ -1,9 +1,8 @@
 """The reasoning split on the other APIs, with tests/engine/test_reasoning.py's tiny synthetic Qwen3 model
-(its
-template opens `<think>`, the reasoning budget closes it): `message.thinking` on /api/chat, `thinking`
-blocks on /v1/messages, a reasoning item on /v1/responses, whole and streamed through the real clients,
-each the same reasoning and answer as the OpenAI chat route's `reasoning_content` and `content`; thinking
-off (`think: false`, `reasoning.effort: "none"`) goes to the template's switch."""
+(its template opens `<think>`, the reasoning budget closes it): `message.thinking` on /api/chat, `thinking`
+blocks on /v1/messages, a reasoning item on /v1/responses, whole and streamed through the real clients, each
+the same reasoning and answer as the OpenAI chat route's `reasoning_content` and `content`; thinking off
+(`think: false`, `reasoning.effort: "none"`) goes to the template's switch."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Structured output and tool calling through the real `openai` client (and LangChain when installed)
-against a server on 127.0.0.1: every json_schema reply parses and validates, required and named tool
-choices always yield a valid call, and a call -> tool result -> answer round trip works."""
+against a SmolLM2 server on 127.0.0.1: every json_schema reply parses and validates, required and named tool
+choices always yield a valid call, and a call -> tool result -> answer round trip works. Gemma 3's sampled
+calls: test_server_tools_gemma3.py; a call list cut by max_tokens, without a server: test_tool_output.py."""
 
 from __future__ import annotations
 
@@ -12,12 +13,10 @@ from pathlib import Path
 import jsonschema
 import openai
 import pytest
-from pydantic import BaseModel, Field
 
-from edgellm.server.errors import ApiError
-from edgellm.server.tools import DEFAULT_MAX_PARALLEL_CALLS, ToolOutput, parse_tools
 from edgellm.testing.grammar_attacks import PYDANTIC_WEATHER, tool
 from edgellm.testing.servers import serve as _start
+from edgellm.testing.tool_cases import ADD, TOOLS, WEATHER, Person, streamed_calls
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 # Nested objects, arrays, enums and required fields; short strings so that a small budget closes the JSON.
@@ -50,42 +49,7 @@ ORDER = {
     "additionalProperties": False,
 }
 ASK_ORDER = [{"role": "user", "content": "Write a small shop order as JSON."}]
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 20},
-                "unit": {"enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["city", "unit"],
-        },
-    },
-}
-ADD = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two integers",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            "required": ["a", "b"],
-        },
-    },
-}
-TOOLS = [WEATHER, ADD]
 ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris right now?"}]
-
-
-class Person(
-    BaseModel
-):  # bounded fields: a small model given an unbounded int writes digits until max_tokens
-    name: str = Field(max_length=12)
-    age: int = Field(ge=0, le=120)
 
 
 @pytest.fixture(scope="module")
@@ -160,26 +124,6 @@ def _check_calls(calls: list, names: set[str]) -> None:
         jsonschema.validate(json.loads(c.function.arguments), schema)
 
 
-def _streamed_calls(chunks: list) -> tuple[list, str | None]:
-    """OpenAI's streamed tool calls put back together (the id and name come first, arguments in pieces)."""
-    calls: dict[int, dict] = {}
-    reason = None
-    for chunk in chunks:
-        for tc in chunk.choices[0].delta.tool_calls or []:
-            c = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
-            c["id"] += tc.id or ""
-            c["name"] += (tc.function.name or "") if tc.function else ""
-            c["arguments"] += (tc.function.arguments or "") if tc.function else ""
-        reason = chunk.choices[0].finish_reason or reason
-    out = [
-        openai.types.chat.ChatCompletionMessageFunctionToolCall(
-            id=c["id"], type="function", function={"name": c["name"], "arguments": c["arguments"]}
-        )
-        for _, c in sorted(calls.items())
-    ]
-    return out, reason
-
-
 @pytest.mark.parametrize("stream", [False, True])
 def test_required_and_named_tool_choices_always_yield_a_valid_call(
     client: openai.OpenAI, stream: bool
@@ -195,7 +139,7 @@ def test_required_and_named_tool_choices_always_yield_a_valid_call(
         kw = dict(model=MODEL, messages=ASK_WEATHER, tools=TOOLS, tool_choice=choice, max_tokens=80)
         kw |= dict(temperature=0.8, seed=seed, parallel_tool_calls=False)
         if stream:
-            calls, reason = _streamed_calls(list(client.chat.completions.create(**kw, stream=True)))
+            calls, reason = streamed_calls(list(client.chat.completions.create(**kw, stream=True)))
         else:
             r = client.chat.completions.create(**kw)
             calls, reason = r.choices[0].message.tool_calls, r.choices[0].finish_reason
@@ -303,101 +247,3 @@ def test_bad_structured_requests_are_400s_naming_the_problem(
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=MODEL, messages=ASK_WEATHER, max_tokens=4, extra_body=extra)
     assert e.value.body["param"] == param and message in e.value.body["message"]
-
-
-@pytest.fixture(scope="module")
-def gemma3_server(gemma3_path: Path) -> Iterator[str]:
-    yield from _start(gemma3_path, "--max-num-seqs", "20", "--ctx", "1024")  # room for the tool list
-
-
-def test_parse_on_gemma3(gemma3_server: str) -> None:
-    client = openai.OpenAI(base_url=f"{gemma3_server}/v1", api_key="unused", max_retries=0, timeout=120)
-    r = client.chat.completions.parse(
-        model=client.models.list().data[0].id,
-        messages=[{"role": "user", "content": "Give me a person as JSON."}],
-        response_format=Person,
-        max_tokens=40,
-        temperature=0,
-    )
-    assert isinstance(r.choices[0].message.parsed, Person) and r.choices[0].finish_reason == "stop"
-
-
-CITY = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
-
-
-def test_20_sampled_required_calls_on_gemma3_all_come_back_as_tool_calls(gemma3_server: str) -> None:
-    """Gemma 3 at T=1 with parallel calls allowed often keeps adding calls until max_tokens: the complete
-    ones come back as `tool_calls` (the cut one dropped, finish_reason "length"), never as content, and
-    the list stops at DEFAULT_MAX_PARALLEL_CALLS."""
-    aclient = openai.AsyncOpenAI(base_url=f"{gemma3_server}/v1", api_key="unused", max_retries=0, timeout=600)
-    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
-
-    async def one(i: int) -> tuple[list, str | None, str]:
-        kw = dict(model="gemma", messages=ask, tools=[CITY], tool_choice="required", max_tokens=100)
-        kw |= dict(temperature=1.0, seed=i)
-        if i % 2 == 0:
-            r = await aclient.chat.completions.create(**kw)
-            m = r.choices[0].message
-            return m.tool_calls or [], r.choices[0].finish_reason, m.content or ""
-        chunks = [c async for c in await aclient.chat.completions.create(**kw, stream=True)]
-        content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        return (*_streamed_calls([c for c in chunks if c.choices]), content)
-
-    async def all_of_them() -> list[tuple[list, str | None, str]]:
-        try:
-            return await asyncio.gather(*[one(i) for i in range(20)])
-        finally:
-            await aclient.close()
-
-    for calls, reason, content in asyncio.run(all_of_them()):
-        assert content == "" and reason in ("tool_calls", "length"), (reason, content)
-        assert 1 <= len(calls) <= DEFAULT_MAX_PARALLEL_CALLS
-        for c in calls:
-            assert c.function.name == "get_weather" and c.id.startswith("call_")
-            jsonschema.validate(json.loads(c.function.arguments), CITY["function"]["parameters"])
-
-
-CUT = '[{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "add", "arguments": {"a": 3, "b": 4}}, '
-
-
-@pytest.mark.parametrize("tail", ['{"name": "add", "argum', '{"name": "add", "arguments": {"a": 5, "b": 6}}'])
-def test_a_required_list_cut_by_max_tokens_keeps_its_complete_calls(tail: str) -> None:
-    """A reply max_tokens cut inside its third call (or after it, before the list closed): the complete
-    calls, as a message and as stream deltas, finish_reason "length", and no content."""
-    req = parse_tools({"tools": TOOLS, "tool_choice": "required"})
-    assert req is not None and req.calls_schema()["maxItems"] == DEFAULT_MAX_PARALLEL_CALLS
-    complete = 3 if tail.endswith("}}") else 2
-    out = ToolOutput(req)
-    out.text = CUT + tail
-    message, reason = out.message("length")
-    assert reason == "length" and message["content"] is None
-    args = [json.loads(c["function"]["arguments"]) for c in message["tool_calls"]]
-    assert args == [{"a": 1, "b": 2}, {"a": 3, "b": 4}, {"a": 5, "b": 6}][:complete]
-    streamed = ToolOutput(req)
-    deltas = streamed.feed(CUT) + streamed.feed(tail)
-    more, reason = streamed.finish("length")
-    deltas += more
-    assert reason == "length" and all("content" not in d for d in deltas)
-    assert [d["tool_calls"][0]["index"] for d in deltas] == list(range(complete))
-    empty = ToolOutput(req)
-    empty.feed('[{"name": "get_')
-    assert empty.finish("length") == ([], "length")
-    assert empty.message("length") == ({"content": None}, "length")
-
-
-def test_max_parallel_calls_caps_the_required_list() -> None:
-    req = parse_tools({"tools": TOOLS, "tool_choice": "required", "max_parallel_calls": 2})
-    assert req is not None and req.calls_schema()["maxItems"] == 2
-    one = parse_tools({"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False})
-    assert one is not None and one.calls_schema()["maxItems"] == 1
-    for bad in (0, True, "3", 10**6):
-        with pytest.raises(ApiError) as e:
-            parse_tools({"tools": TOOLS, "tool_choice": "required", "max_parallel_calls": bad})
-        assert e.value.param == "max_parallel_calls"

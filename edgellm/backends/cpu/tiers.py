@@ -81,8 +81,7 @@ _TIERS = [
     CpuTier("portable", (), None, ""),
 ]
 # The neon tier's tile primitives, compile-checked for an aarch64 target only
-# (tests/kernels/test_cpu_tiers.py):
-# the tier takes them once its kernel tests have run on an ARM machine.
+# (tests/kernels/test_cpu_tiers.py): the tier takes them once its kernel tests have run on an ARM machine.
 NEON_TILES = TileOps(
     tier_ir.signed_dot_neon, 127, tier_ir.shuffle_neon, tier_ir.scale2n_generic, tier_ir.signed_dot_neon
 )

@@ -1,12 +1,11 @@
 """Per-sequence draft length from what a draft token costs and how likely it is to be accepted.
 
-Cost: verifying k drafts makes the forward pass score k more query tokens. At batch 1 the weights stream
-once whatever the count, so a draft costs a fraction VERIFY_COST of a one-token step
-(scripts/profile/spec_costs.py
-prints this curve: ~0.15 on the CPU backend), plus what proposing it costs (nothing for n-gram lookup; a
-draft model's forward pass, shared by the batch's sequences). With B sequences decoding, a step already
-scores B tokens, costing about 1 + VERIFY_COST * (B - 1) one-token steps, that over B per token it yields;
-a draft pays off when its chance of acceptance exceeds its cost over that: the break-even chance.
+Cost: verifying k drafts makes the forward pass score k more query tokens. At batch 1 the weights stream once
+whatever the count, so a draft costs a fraction VERIFY_COST of a one-token step (scripts/profile/spec_costs.py
+prints this curve: ~0.15 on the CPU backend), plus what proposing it costs (nothing for n-gram lookup; a draft
+model's forward pass, shared by the batch's sequences). With B sequences decoding, a step already scores B
+tokens, costing about 1 + VERIFY_COST * (B - 1) one-token steps, that over B per token it yields; a draft pays
+off when its chance of acceptance exceeds its cost over that: the break-even chance.
 
 Chance: drafts are accepted as a chain (the j-th counts only if all before it were), so each sequence keeps
 a running estimate of the chance that its next draft is accepted given the ones before it were (accepted
