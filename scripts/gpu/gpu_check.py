@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gpu_check_measure import (  # scripts/ is the script's folder: first on sys.path
+from gpu_check_measure import (  # a sibling: a script's own folder is first on sys.path
     MODELS,
     ROOT,
     SIZES,
