@@ -48,3 +48,24 @@ def test_bad_order_and_rounds_are_refused() -> None:
         round_order("ab", 0, "random")
     with pytest.raises(ValueError, match="rounds must be at least 1"):
         alternate({"a": lambda: 1}, 0)
+
+
+def test_warmup_rounds_run_first_and_are_dropped_and_keys_may_be_tuples() -> None:
+    ran: list[tuple[str, int]] = []
+    seen: list[int] = []
+    calls = {("old", 1): 0, ("new", 1): 0}
+
+    def run(key: tuple[str, int]) -> int:
+        calls[key] += 1
+        ran.append(key)
+        return calls[key]
+
+    variants = {key: (lambda key=key: run(key)) for key in calls}
+    results = alternate(variants, 2, order="reverse", warmup=2, report=lambda r, k, res: seen.append(res))
+    # two warm-ups in round 0's order, then round 0 as given and round 1 reversed
+    assert [name for name, _ in ran] == ["old", "new", "old", "new", "old", "new", "new", "old"]
+    assert results == {("old", 1): [3, 4], ("new", 1): [3, 4]}  # the warm-ups' 1 and 2 dropped
+    assert seen == [3, 3, 4, 4]  # report sees the counted rounds only
+    assert medians(results) == {("old", 1): 3.5, ("new", 1): 3.5}
+    with pytest.raises(ValueError, match="warmup must not be negative"):
+        alternate(variants, 1, warmup=-1)

@@ -7,38 +7,43 @@ or rotated by one each round (a variant's place in the round, right after anothe
 
     results = alternate({"old": run_old, "new": run_new}, rounds=3, report=print_one)
     med = medians(results, key=lambda r: r["decode_tok_s"])
+
+A variant is any callable returning its round's figures (a subprocess's JSON, a timing, a dict); its key
+any hashable (a name, a (setting, load) pair). `warmup` rounds run first and are dropped: the first call
+of a kernel compiles it, of a server loads it.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, TypeVar
 
 R = TypeVar("R")
+K = TypeVar("K", bound=Hashable)
 
 
-def _fixed(names: list[str], r: int) -> list[str]:
+def _fixed(names: list, r: int) -> list:
     return names
 
 
-def _reverse(names: list[str], r: int) -> list[str]:
+def _reverse(names: list, r: int) -> list:
     return names if r % 2 == 0 else names[::-1]
 
 
-def _rotate(names: list[str], r: int) -> list[str]:
+def _rotate(names: list, r: int) -> list:
     k = r % len(names)
     return names[k:] + names[:k]
 
 
-ORDERS: dict[str, Callable[[list[str], int], list[str]]] = {
+ORDERS: dict[str, Callable[[list, int], list]] = {
     "fixed": _fixed,
     "reverse": _reverse,
     "rotate": _rotate,
 }
 
 
-def round_order(names: Iterable[str], r: int, order: str = "fixed") -> list[str]:
+def round_order(names: Iterable[K], r: int, order: str = "fixed") -> list[K]:
     """The variants' order in round `r` (0-based)."""
     if order not in ORDERS:
         raise ValueError(f"unknown order {order!r}: one of {', '.join(ORDERS)}")
@@ -46,20 +51,27 @@ def round_order(names: Iterable[str], r: int, order: str = "fixed") -> list[str]
 
 
 def alternate(
-    variants: Mapping[str, Callable[[], R]],
+    variants: Mapping[K, Callable[[], R]],
     rounds: int,
     order: str = "fixed",
-    report: Callable[[int, str, R], None] | None = None,
-    end_round: Callable[[int, dict[str, R]], None] | None = None,
-) -> dict[str, list[R]]:
+    report: Callable[[int, K, R], None] | None = None,
+    end_round: Callable[[int, dict[K, R]], None] | None = None,
+    warmup: int = 0,
+) -> dict[K, list[R]]:
     """Run each variant once per round, `rounds` rounds, in the round's order. `report(round, name,
     result)` after each run, `end_round(round, {name: result})` after each round (rounds count from 0).
-    Returns each variant's results in round order, keyed as `variants` is."""
+    First `warmup` rounds in round 0's order, unreported and dropped. Returns each variant's results in
+    round order, keyed as `variants` is."""
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
-    results: dict[str, list[R]] = {name: [] for name in variants}
+    if warmup < 0:
+        raise ValueError(f"warmup must not be negative, got {warmup}")
+    for _ in range(warmup):
+        for name in round_order(variants, 0, order):
+            variants[name]()
+    results: dict[K, list[R]] = {name: [] for name in variants}
     for r in range(rounds):
-        row: dict[str, R] = {}
+        row: dict[K, R] = {}
         for name in round_order(variants, r, order):
             row[name] = variants[name]()
             results[name].append(row[name])
@@ -71,8 +83,8 @@ def alternate(
 
 
 def medians(
-    results: Mapping[str, Iterable[Any]], key: Callable[[Any], float] | None = None
-) -> dict[str, float]:
+    results: Mapping[K, Iterable[Any]], key: Callable[[Any], float] | None = None
+) -> dict[K, float]:
     """The median of each variant's results (of `key(result)` when given)."""
     return {
         name: statistics.median(key(x) for x in rs) if key else statistics.median(rs)

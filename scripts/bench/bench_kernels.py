@@ -3,7 +3,9 @@
 GEMV (M=1) is timed cold: the script cycles over enough copies of the matrix to exceed L3, so weights come
 from RAM as in decode. GEMM (M=8/64/128) is timed hot (one matrix), as in prefill where each weight is
 reused by every token. Prints GB/s of weight bytes (GGUF and repacked) and us/call, for 1 and 2 threads,
-as the median over repetitions (the box is shared: medians are steadier than best times).
+as the median over repetitions (the box is shared: medians are steadier than best times). The thread
+counts alternate call by call after one warm-up (edgellm/testing/ab.py); GEMV and GEMM do not (a cold
+GEMV sweep would push the GEMM's matrix out of cache).
 
     EDGELLM_CPU_TIER=avx2 python scripts/bench/bench_kernels.py [--quick] \
         [--set smollm2|gemma|all] [--threads 2]
@@ -16,8 +18,9 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
 import time
+from collections.abc import Callable
+from functools import partial
 
 import edgellm  # noqa: F401 - first: its environment settings (threading layer, a forced tier's target)
 
@@ -31,6 +34,7 @@ from edgellm.backends.cpu.matmul import matmul_cpu  # noqa: E402
 from edgellm.backends.cpu.packed import PackedWeight, pack_weight, pack_weight_tiled  # noqa: E402
 from edgellm.backends.cpu.tiers import active_tier  # noqa: E402
 from edgellm.quants import BLOCK_DTYPES, get_traits  # noqa: E402
+from edgellm.testing.ab import alternate, medians  # noqa: E402
 
 L3_BYTES = 32 * 2**20
 CASE_SETS = {  # (qtype, N, K): shapes of the model tensors
@@ -72,14 +76,18 @@ def random_raw(qtype: T, rows: int, cols: int, rng: np.random.Generator) -> np.n
     return raw
 
 
-def median_time(fn, reps: int) -> float:
-    fn()  # warm-up (compile / load from cache)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def timed(threads: int, fn: Callable[[], None]) -> float:
+    """Seconds of one fn() on `threads` threads."""
+    numba.set_num_threads(threads)
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def median_times(fn: Callable[[], None], threads_list: list[int], reps: int) -> dict[int, float]:
+    """Median seconds of fn() per thread count, the counts alternating, after a warm-up of each (compile /
+    load from cache)."""
+    return medians(alternate({t: partial(timed, t, fn) for t in threads_list}, reps, warmup=1))
 
 
 def bench_case(
@@ -99,25 +107,28 @@ def bench_case(
     n_copies = max(1, -(-2 * L3_BYTES // first.nbytes))  # 2x L3 worth of weights for the cold GEMV
     weights: list[PackedWeight] = [first] + [copy.deepcopy(first) for _ in range(n_copies - 1)]
     label = f"{qtype.name} {rows}x{cols}"
+    x1 = rng.standard_normal((1, cols)).astype(np.float32)
+    out1 = np.empty((1, rows), np.float32)
+
+    def gemv_all() -> None:
+        for w in weights:
+            matmul_cpu(x1, w, out1)
+
+    gemv = median_times(gemv_all, threads_list, reps)
+    gemm = {}
+    for m_rows in ms:
+        x = rng.standard_normal((m_rows, cols)).astype(np.float32)
+        out = np.empty((m_rows, rows), np.float32)
+        gemm[m_rows] = median_times(partial(matmul_cpu, x, first, out), threads_list, max(3, reps // 2))
     for threads in threads_list:
-        numba.set_num_threads(threads)
-        x1 = rng.standard_normal((1, cols)).astype(np.float32)
-        out1 = np.empty((1, rows), np.float32)
-
-        def gemv_all(x1: np.ndarray = x1, out1: np.ndarray = out1) -> None:
-            for w in weights:
-                matmul_cpu(x1, w, out1)
-
-        t = median_time(gemv_all, reps) / len(weights)
+        t = gemv[threads] / len(weights)
         print(
             f"{label:22s} thr={threads} GEMV cold  {t * 1e6:9.1f} us/call  "
             f"{gguf_bytes / t / 1e9:6.1f} GB/s gguf  {first.nbytes / t / 1e9:6.1f} GB/s repacked",
             flush=True,
         )
         for m_rows in ms:
-            x = rng.standard_normal((m_rows, cols)).astype(np.float32)
-            out = np.empty((m_rows, rows), np.float32)
-            t = median_time(lambda x=x, out=out: matmul_cpu(x, first, out), max(3, reps // 2))
+            t = gemm[m_rows][threads]
             print(
                 f"{label:22s} thr={threads} GEMM M={m_rows:<4d} {t * 1e6:9.1f} us/call  "
                 f"{t * 1e6 / m_rows:8.1f} us/token  {m_rows * rows * cols / t / 1e9:6.1f} GMAC/s",

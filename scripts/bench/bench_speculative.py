@@ -14,52 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from functools import partial
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from edgellm import LLM, SamplingParams  # noqa: E402
-from edgellm.testing.ab import alternate, round_order  # noqa: E402
-from tui.messages import ChatMessage  # noqa: E402
-from tui.prompt import render_prompt_ids  # noqa: E402
-
-CODE = """def compute_total(items, tax_rate, discount=None):
-    subtotal = 0
-    for item in items:
-        if item.quantity <= 0:
-            raise ValueError(f"bad quantity for {item.name}")
-        subtotal += item.price * item.quantity
-    if discount is not None:
-        subtotal -= subtotal * discount
-    tax = subtotal * tax_rate
-    return round(subtotal + tax, 2)
-"""
-PARAGRAPH = (
-    "The comittee met on Tuesday to discuss the budget for the coming year. After a long debate, the members "
-    "agreed to increase funding for the public library and to postpone the renovation of the town hall until "
-    "the spring. The chair thanked everyone for their patience and closed the meeting at nine o'clock."
-)
-JSON_DOC = (
-    '{"id": 4127, "name": "Ada Lovelace", "email": "ada@example.org", "role": "engineer", '
-    '"team": "analytics", "active": true, "projects": ["engine", "notes", "tables"], "manager": 88}'
-)
-COPY = [
-    f"Repeat this function with the variable `subtotal` renamed to `amount`. Print only the code.\n\n{CODE}",
-    f"Fix the typo in this paragraph and print the whole paragraph again:\n\n{PARAGRAPH}",
-    f'Print this JSON again with the role changed to "manager":\n\n{JSON_DOC}',
-]
-FREE = [
-    "Write a short poem about the sea at night.",
-    "What are three good habits for staying healthy? Explain each briefly.",
-    "Tell me a short story about a robot who learns to paint.",
-]
-
-
-def chat_ids(llm: LLM, text: str) -> list[int]:
-    return render_prompt_ids(llm, [ChatMessage("user", text)])
+from edgellm import LLM, SamplingParams
+from edgellm.testing.ab import alternate, medians, round_order
+from edgellm.testing.spec_prompts import COPY, FREE, chat_ids
 
 
 def decode_rate(out) -> float:
@@ -123,7 +83,7 @@ def in_flight(base: LLM, spec: LLM, rounds: int, max_tokens: int, n: int = 16) -
         return sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t)
 
     rates = alternate({"base": partial(rate, base), "spec": partial(rate, spec)}, rounds, order="reverse")
-    b, s = statistics.median(rates["base"]), statistics.median(rates["spec"])
+    b, s = medians(rates).values()
     return {"base_tok_s": b, "spec_tok_s": s, "ratio": s / b}
 
 

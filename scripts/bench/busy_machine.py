@@ -1,6 +1,7 @@
 """Batch-1 speed beside other busy processes: llama.cpp, edgellm with GNU OpenMP's default spinning, and
 edgellm as shipped (`import edgellm` sets GOMP_SPINCOUNT=1000), on an idle machine and with N processes
-each spinning a core, alternating. Prints one JSON line per run and the medians per (setting, busy).
+each spinning a core: every (setting, busy) pair once a round, --rounds rounds (edgellm/testing/ab.py).
+Prints one JSON line per run and the medians per (setting, busy).
 
     python scripts/bench/busy_machine.py smollm2-135m --rounds 3 --busy 0 1
 """
@@ -10,11 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-from collections import defaultdict
+from functools import partial
 from pathlib import Path
+
+from edgellm.catalog import resolve_model
+from edgellm.testing.ab import alternate, medians
 
 LLAMACPP_BENCH = Path(__file__).resolve().parents[3] / "shared" / "bench" / "llamacpp_bench.py"
 SETTINGS = {  # name: extra environment (None: llama.cpp)
@@ -51,6 +54,23 @@ def run_one(name: str, model: str, path: str, prompt: int, gen: int, threads: in
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def run_busy(name: str, busy: int, *args: str | int) -> dict:
+    """run_one beside `busy` processes each spinning a core."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
+    try:
+        return run_one(name, *args)
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+
+
+def report(r: int, key: tuple[str, int], res: dict) -> None:
+    name, busy = key
+    figures = {k: round(res[k], 1) for k in ("prefill_tok_s", "decode_tok_s")}
+    print(json.dumps({"round": r, "setting": name, "busy": busy, **figures}), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model")
@@ -60,38 +80,16 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=43)
     ap.add_argument("--gen-tokens", type=int, default=64)
     args = ap.parse_args()
-    from edgellm.catalog import resolve_model
-
     path = str(resolve_model(args.model))
-    decode: dict[tuple[str, int], list[float]] = defaultdict(list)
-    for r in range(args.rounds):
-        for busy in args.busy:
-            for name in SETTINGS:
-                spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
-                try:
-                    res = run_one(name, args.model, path, args.prompt_tokens, args.gen_tokens, args.threads)
-                finally:
-                    for p in spinners:
-                        p.kill()
-                        p.wait()
-                decode[(name, busy)].append(res["decode_tok_s"])
-                print(
-                    json.dumps(
-                        {
-                            "round": r,
-                            "setting": name,
-                            "busy": busy,
-                            "prefill_tok_s": round(res["prefill_tok_s"], 1),
-                            "decode_tok_s": round(res["decode_tok_s"], 1),
-                        }
-                    ),
-                    flush=True,
-                )
-    for (name, busy), vals in decode.items():
-        print(
-            f"busy={busy}  {name:32s} decode median {statistics.median(vals):7.1f} tok/s  "
-            f"rounds {', '.join(f'{v:.1f}' for v in vals)}"
-        )
+    run_args = (args.model, path, args.prompt_tokens, args.gen_tokens, args.threads)
+    variants = {
+        (name, busy): partial(run_busy, name, busy, *run_args) for busy in args.busy for name in SETTINGS
+    }
+    results = alternate(variants, args.rounds, report=report)
+    med = medians(results, key=lambda res: res["decode_tok_s"])
+    for (name, busy), runs in results.items():
+        per_round = ", ".join(f"{res['decode_tok_s']:.1f}" for res in runs)
+        print(f"busy={busy}  {name:32s} decode median {med[name, busy]:7.1f} tok/s  rounds {per_round}")
 
 
 if __name__ == "__main__":

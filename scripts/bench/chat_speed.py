@@ -4,11 +4,12 @@ Each round: `python -m edgellm chat MODEL` runs in tmux (WIDTHxHEIGHT), a prompt
 status bar leaves "generating" its tok/s and context use are read off the screen; right after each reply,
 one batch-1 greedy decode of the same prompt and reply lengths runs as `edgellm bench` runs it (its own
 `LLM` in this process, so its own engine core: `edgellm.bench.batch1_run`), then the reply is regenerated
-(Ctrl+R, the same lengths) until there are --replies pairs. A pair's two runs are seconds apart, so the
-machine's speed drifting over minutes (it does, by 10-20% on a shared VM) cancels in each pair's ratio;
-the figure to quote is the median of the pairs' ratios. Prints one JSON line per round (its pairs, the
-CPU seconds the UI and its engine core used per reply) and a summary. The chat runs on a throwaway data
-directory: default settings, and nothing added to your saved conversations.
+(Ctrl+R, the same lengths) until there are --replies pairs; --rounds chats (edgellm/testing/ab.py). A
+pair's two runs are seconds apart, so the machine's speed drifting over minutes (it does, by 10-20% on a
+shared VM) cancels in each pair's ratio; the figure to quote is the median of the pairs' ratios. Prints
+one JSON line per round (its pairs, the CPU seconds the UI and its engine core used per reply) and a
+summary. The chat runs on a throwaway data directory: default settings, and nothing added to your saved
+conversations.
 `--echo` also types a few keys while the first reply streams and times each until the terminal shows it
 (what a user typing the next message meanwhile waits for); that typing costs the UI some CPU of its own.
 
@@ -28,6 +29,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
+
+from edgellm.testing.ab import alternate, medians
 
 PROMPT = "Write a long detailed story about a dragon who learns to cook."
 STATUS = re.compile(r"ctx (\d+)/\d+ │ TTFT [^│]+│ ([\d.]+) tok/s │ (\w+)")
@@ -155,28 +159,30 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=160)
     ap.add_argument("--height", type=int, default=45)
     ap.add_argument("--echo", action="store_true", help="time key echo while the first reply streams")
-    args = ap.parse_args()
+    a = ap.parse_args()
     from edgellm import LLM
     from edgellm.bench import batch1_run
 
-    with LLM(args.model) as llm:
+    with LLM(a.model) as llm:
         n_prompt = prompt_tokens(llm)
         batch1_run(llm, n_prompt, 16)  # warm-up, as `edgellm bench` runs one
-        chats, benches, ratios = [], [], []
-        for r in range(args.rounds):
-            c = chat_round(args.model, llm, n_prompt, args.width, args.height, args.echo, args.replies)
-            chats += c["chat_tok_s"]
-            benches += c["bench_tok_s"]
-            ratios += c["ratios"]
+        chat = partial(chat_round, a.model, llm, n_prompt, a.width, a.height, a.echo, a.replies)
+
+        def report(r: int, _: str, c: dict) -> None:
             print(json.dumps({"round": r, "prompt_tokens": n_prompt, **c}), flush=True)
+
+        [rounds] = alternate({"chat": chat}, a.rounds, report=report).values()
+    # the pairs of every round together: their ratios' median is the figure
+    pairs = {k: [x for c in rounds for x in c[k]] for k in ("ratios", "chat_tok_s", "bench_tok_s")}
+    med = medians(pairs)
     print(
         json.dumps(
             {
-                "pairs": len(ratios),
-                "ratio_median": round(statistics.median(ratios), 3),
-                "ratio_quartiles": [round(q, 3) for q in statistics.quantiles(ratios, n=4)],
-                "chat_tok_s_median": statistics.median(chats),
-                "bench_tok_s_median": statistics.median(benches),
+                "pairs": len(pairs["ratios"]),
+                "ratio_median": round(med["ratios"], 3),
+                "ratio_quartiles": [round(q, 3) for q in statistics.quantiles(pairs["ratios"], n=4)],
+                "chat_tok_s_median": med["chat_tok_s"],
+                "bench_tok_s_median": med["bench_tok_s"],
             }
         )
     )

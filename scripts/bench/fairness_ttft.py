@@ -14,16 +14,13 @@ import statistics
 import sys
 import threading
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 try:  # the openai client's HTTP library: httpx, or its successor httpx2 in recent openai releases
     import httpx
 except ImportError:
     import httpx2 as httpx  # type: ignore[no-redef]
 
-from edgellm.testing.servers import start_server, stop_server  # noqa: E402
+from edgellm.testing.servers import start_server, stop_server
 
 CHAT = {
     "messages": [{"role": "user", "content": "Say hi."}],

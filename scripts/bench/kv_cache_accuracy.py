@@ -21,12 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from edgellm import LLM  # noqa: E402
-from edgellm.engine.config import kv_memory  # noqa: E402
-from edgellm.quants.kv_cache import KV_CACHE_TYPES  # noqa: E402
+from edgellm import LLM
+from edgellm.engine.config import kv_memory
+from edgellm.quants.kv_cache import KV_CACHE_TYPES
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:

@@ -7,11 +7,8 @@ edgellm/server/loadgen.py for the options and the figures it reports.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from edgellm.server.loadgen import main  # noqa: E402
+from edgellm.server.loadgen import main
 
 if __name__ == "__main__":
     sys.exit(main())

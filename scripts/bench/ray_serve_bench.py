@@ -19,12 +19,10 @@ import asyncio
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from edgellm.server.loadgen import run_level  # noqa: E402
-from edgellm.testing.servers import LONG_SYSTEM_PROMPTS, httpx, start_server, stop_server, stream_chat  # noqa: E402
+from edgellm.server.loadgen import run_level
+from edgellm.testing.ab import round_order
+from edgellm.testing.servers import LONG_SYSTEM_PROMPTS, httpx, start_server, stop_server, stream_chat
 
 
 def question(i: int) -> list[dict]:
@@ -84,16 +82,12 @@ def main() -> int:
     overhead: dict[str, list[float]] = {"ray 2x1": [], "single x1": []}
     tput: dict[str, list[float]] = {"ray 2x1": [], "single x2": [], "single x1": []}
     try:
-        for rnd in range(a.rounds):
-
-            def order(names: list[str], rnd: int = rnd) -> list[str]:  # alternate who goes first
-                return names if rnd % 2 == 0 else names[::-1]
-
-            for name in order(list(prefix)):
+        for rnd in range(a.rounds):  # each group's servers alternate who goes first
+            for name in round_order(prefix, rnd, "reverse"):
                 prefix[name].append(asyncio.run(prefix_round(urls[name], f"r{rnd}")))
-            for name in order(list(overhead)):
+            for name in round_order(overhead, rnd, "reverse"):
                 overhead[name] += asyncio.run(overhead_round(urls[name]))
-            for name in order(list(tput)):
+            for name in round_order(tput, rnd, "reverse"):
                 row = asyncio.run(run_level(urls[name], 16, a.requests, a.max_tokens, 300.0))
                 assert row["errors"] == 0, row
                 tput[name].append(row["output_tok_per_s"])

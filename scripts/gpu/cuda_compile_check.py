@@ -136,7 +136,6 @@ def main() -> None:
     ap.add_argument("--phase", choices=["record", "compile"], help=argparse.SUPPRESS)
     ap.add_argument("--sigs", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    sys.path.insert(0, str(ROOT))
     if args.phase == "record":
         sys.exit(record(args.sigs, shlex.split(args.tests)))
     if args.phase == "compile":

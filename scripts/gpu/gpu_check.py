@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gpu_check_measure import (  # scripts/ is the script's folder: first on sys.path
+from gpu_check_measure import (  # a sibling: a script's own folder is first on sys.path
     MODELS,
     ROOT,
     SIZES,
@@ -90,10 +90,9 @@ def step_models(args: argparse.Namespace) -> dict:
 
 
 def step_profile(args: argparse.Namespace) -> dict:
-    """Per-kernel launches and times at batch-1 decode, fused
-    (scripts/profile/cuda_profile.py's measurement)."""
-    sys.path.insert(0, str(ROOT / "scripts" / "profile"))
-    from cuda_profile import Decoder, profile
+    """Per-kernel launches and times at batch-1 decode, fused (scripts/profile/cuda_profile.py's
+    measurement)."""
+    from edgellm.testing.cuda_profile import Decoder, profile
 
     sz = SIZES[args.sim]
     out = {}

@@ -4,16 +4,14 @@ the CPU's logits, and its speed) and the sizes every step runs at, real or in th
 from __future__ import annotations
 
 import argparse
-import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
 BLOCK = 16
 HBM_BYTES_PER_S = 4.3e12  # H200 device-to-device copy rate measured here (KINDS.md): the bandwidth bound
 MODELS = ("smollm2", "gemma3")
@@ -182,6 +180,7 @@ def _splitk_one(path: Path, sz: dict) -> dict:
     both gave the same tokens."""
     from edgellm.backends.cuda.config import STATS
     from edgellm.engine.model_runner import RunItem
+    from edgellm.testing.ab import alternate, medians
 
     ctx, steps = sz["long_ctx"], sz["long_steps"]
     m = Loaded(path, "cuda", -(-(ctx + steps + 1) // BLOCK))
@@ -200,14 +199,11 @@ def _splitk_one(path: Path, sz: dict) -> dict:
             toks.append(int(ids[-1]))
         return toks, time.perf_counter() - t0
 
-    if sz["warm"]:
-        decode(default), decode(0)  # compiles both grids' shapes
-    res: dict[str, Any] = {"context": ctx, "split_keys": default, "tok_s": {"split": [], "unsplit": []}}
-    tokens = {}
-    for _ in range(sz["long_rounds"]):
-        for mode, keys in (("split", default), ("unsplit", 0)):
-            tokens[mode], dt = decode(keys)
-            res["tok_s"][mode].append(steps / dt)
+    modes = {"split": partial(decode, default), "unsplit": partial(decode, 0)}
+    runs = alternate(modes, sz["long_rounds"], warmup=int(sz["warm"]))  # the warm-up compiles both grids
+    tok_s = {mode: [steps / dt for _, dt in rs] for mode, rs in runs.items()}
+    res: dict[str, Any] = {"context": ctx, "split_keys": default, "tok_s": tok_s}
+    tokens = {mode: rs[-1][0] for mode, rs in runs.items()}
     for mode, keys in (("split", default), ("unsplit", 0)):
         res[f"attention_gpu_us_per_token_{mode}"] = 0.0
         if sz["warm"]:  # the simulator has no GPU clock
@@ -227,7 +223,7 @@ def _splitk_one(path: Path, sz: dict) -> dict:
     res["logits_nmse"] = float(np.sum(diff**2) / max(np.sum(logits["unsplit"] ** 2), 1e-30))
     res["same_tokens"] = tokens["split"] == tokens["unsplit"]  # a figure: a near-tie may flip a token
     res["tokens"] = tokens
-    med = {k: float(np.median(v)) for k, v in res["tok_s"].items()}
+    med = medians(tok_s)
     res["speedup"] = med["split"] / med["unsplit"]
     return res
 

@@ -20,24 +20,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import sys
 import time
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from edgellm.bench import synthetic_prompt  # noqa: E402
-from edgellm.catalog import resolve_model  # noqa: E402
-from edgellm.engine.config import EngineConfig  # noqa: E402
-from edgellm.engine.core_process import EngineCoreProc  # noqa: E402
-from edgellm.engine.model_runner import RunItem  # noqa: E402
-from edgellm.engine.spec.build import build_speculator  # noqa: E402
-from edgellm.engine.spec.config import SpeculativeConfig  # noqa: E402
-from edgellm.engine.spec.speculator import Speculator  # noqa: E402
-from edgellm.sampling import SamplingParams  # noqa: E402
+from edgellm.bench import synthetic_prompt
+from edgellm.catalog import resolve_model
+from edgellm.engine.config import EngineConfig
+from edgellm.engine.core_process import EngineCoreProc
+from edgellm.engine.model_runner import RunItem
+from edgellm.engine.spec.build import build_speculator
+from edgellm.engine.spec.config import SpeculativeConfig
+from edgellm.engine.spec.speculator import Speculator
+from edgellm.sampling import SamplingParams
+from edgellm.testing.ab import alternate, medians
+from edgellm.testing.spec_prompts import COPY, FREE, chat_ids
 
 KS = (0, 1, 2, 4, 8, 12, 16)
 
@@ -62,23 +61,17 @@ def verify_curve(
         if label in ("0", "draft"):
             runner.run([RunItem(table, prompt[:context], 0)])
         items[label] = (runner, RunItem(table, prompt[context : context + 1 + k], context, num_logits=1 + k))
-    walls: dict[str, list[float]] = defaultdict(list)
-    cpus: dict[str, list[float]] = defaultdict(list)
-    for rep in range(reps + 1):  # round-robin, so a busy spell of the machine hits every shape alike
-        for label, (runner, item) in items.items():
-            w, c = clocks()
-            runner.run([item])
-            w2, c2 = clocks()
-            if rep:  # the first round compiles and warms each shape
-                walls[label].append(w2 - w)
-                cpus[label].append(c2 - c)
-    return {
-        label: {
-            "wall_ms": statistics.median(walls[label]) * 1e3,
-            "cpu_ms": statistics.median(cpus[label]) * 1e3,
-        }
-        for label in items
-    }
+
+    def forward(runner: Any, item: RunItem) -> tuple[float, float]:  # noqa: ANN401
+        w, c = clocks()
+        runner.run([item])
+        w2, c2 = clocks()
+        return w2 - w, c2 - c
+
+    # round-robin, so a busy spell of the machine hits every shape alike; the warm-up compiles each shape
+    runs = alternate({label: partial(forward, *it) for label, it in items.items()}, reps, warmup=1)
+    wall, cpu = medians(runs, key=lambda t: t[0]), medians(runs, key=lambda t: t[1])
+    return {label: {"wall_ms": wall[label] * 1e3, "cpu_ms": cpu[label] * 1e3} for label in items}
 
 
 def chain_tokens(chance: float, k: int) -> float:
@@ -199,41 +192,42 @@ def decode_costs(
     engines = {name: build_speculator(cfg, core) for name, cfg in configs.items()}
     for speculator in engines.values():
         clock.wrap_proposer(speculator)
-    runs: dict[str, list[dict]] = defaultdict(list)
-    names = list(engines)
-    for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            core.engine_core.speculator = engines[name]
-            runs[name].append(decode_cost(core, clock, work, together))
+
+    def run(name: str) -> dict:
+        core.engine_core.speculator = engines[name]
+        return decode_cost(core, clock, work, together)
+
+    runs = alternate({name: partial(run, name) for name in engines}, rounds, order="rotate")
     core.engine_core.speculator = None
-    res = {}
+    figures = {  # name: the figure of one round's totals t
+        "cpu_ms_per_token": lambda t: t["cpu"] * 1e3 / t["tokens"],
+        "wall_ms_per_token": lambda t: t["wall"] * 1e3 / t["tokens"],
+        "tokens_per_step": lambda t: t["tokens"] / t["steps"],
+    } | {f"{p}_ms_per_step": (lambda t, p=p: t[p] * 1e3 / t["steps"]) for p in PHASES}
+    spec_figures = {
+        "acceptance": lambda t: t["accepted_tokens"] / max(1, t["draft_tokens"]),
+        "tokens_per_verify": lambda t: (t["accepted_tokens"] + t["verify_steps"]) / max(1, t["verify_steps"]),
+        "pauses": lambda t: t["pauses"],
+    }
+    res: dict[str, dict] = {name: {} for name in runs}
+    for fig, f in figures.items():
+        for name, v in medians(runs, key=f).items():
+            res[name][fig] = v
     for name, rs in runs.items():
-
-        def med(f, rs=rs):  # noqa: ANN001, ANN202
-            return statistics.median(f(t) for t in rs)
-
-        res[name] = {
-            "cpu_ms_per_token": med(lambda t: t["cpu"] * 1e3 / t["tokens"]),
-            "wall_ms_per_token": med(lambda t: t["wall"] * 1e3 / t["tokens"]),
-            "tokens_per_step": med(lambda t: t["tokens"] / t["steps"]),
-        } | {f"{p}_ms_per_step": med(lambda t, p=p: t[p] * 1e3 / t["steps"]) for p in PHASES}
-        res[name]["cpu_ms_per_token_rounds"] = [round(t["cpu"] * 1e3 / t["tokens"], 3) for t in rs]
-        if name != "plain":
-            res[name]["acceptance"] = med(lambda t: t["accepted_tokens"] / max(1, t["draft_tokens"]))
-            res[name]["tokens_per_verify"] = med(
-                lambda t: (t["accepted_tokens"] + t["verify_steps"]) / max(1, t["verify_steps"])
-            )
-            res[name]["pauses"] = med(lambda t: t["pauses"])
+        res[name]["cpu_ms_per_token_rounds"] = [round(figures["cpu_ms_per_token"](t), 3) for t in rs]
+    speculating = {name: rs for name, rs in runs.items() if name != "plain"}
+    for fig, f in spec_figures.items():
+        for name, v in medians(speculating, key=f).items():
+            res[name][fig] = v
     for v in res.values():
         v["cpu_ratio"] = res["plain"]["cpu_ms_per_token"] / v["cpu_ms_per_token"]
     return res
 
 
 def workloads(path: str, max_tokens: int, parts: set[str]) -> dict[str, tuple[Workload, bool]]:
-    """bench_speculative.py's prompts: copy-heavy greedy at batch 1, free-form sampled at temperature 1
-    (seeded) at batch 1, and 16 of the mixed set greedy in flight together."""
-    from bench_speculative import COPY, FREE, chat_ids
-
+    """bench_speculative.py's prompts (edgellm/testing/spec_prompts.py): copy-heavy greedy at batch 1,
+    free-form sampled at temperature 1 (seeded) at batch 1, and 16 of the mixed set greedy in flight
+    together."""
     from edgellm import LLM
 
     llm = LLM(path, n_ctx=2048, kv_cache_memory=16 << 20)

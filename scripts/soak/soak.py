@@ -36,12 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import openai  # noqa: E402
-from soak_bad_requests import (  # noqa: E402
+import openai
+from soak_bad_requests import (
     OVERLONG_NAMES,
     RAW,
     http_attacks,
@@ -50,9 +46,9 @@ from soak_bad_requests import (  # noqa: E402
     send_bad,
     send_raw,
 )
-from soak_report import SoakReport, evaluate, format_summary, parse_metrics  # noqa: E402
-from soak_server import check_loopback, eog_ids, read_rss_kb, start_server, stop_server  # noqa: E402
-from soak_traffic import (  # noqa: E402
+from soak_report import SoakReport, evaluate, format_summary, parse_metrics
+from soak_server import check_loopback, eog_ids, read_rss_kb, start_server, stop_server
+from soak_traffic import (
     CHAT_PROMPTS,
     COMPLETION_PROMPTS,
     DROP_KINDS,
