@@ -164,6 +164,30 @@ def _parts(w: Any) -> list | None:
     return parts
 
 
+def pack_matrix(w: Any, rows: int, cols: int, what: str) -> tuple[np.ndarray, np.ndarray, list] | None:
+    """A loaded matrix as _matmul_parts' arguments: (planes int64 [PARTS, 6, 2], meta int64 [PARTS, META],
+    the parts' Tiles to keep alive), or None when a part is untiled. Checks every shape the kernel assumes:
+    `rows` rows in all, `cols` columns, whole tiles; `what` names the matrix in the error."""
+    parts = _parts(w)
+    if parts is None:
+        return None
+    planes, meta = np.zeros((PARTS, 6, 2), np.int64), np.zeros((PARTS, META), np.int64)
+    c0 = 0
+    for j, p in enumerate(parts):
+        if p.cols != cols:
+            raise ValueError(f"{what} has {p.cols} columns, expected {cols}")
+        unit = TILE_LAYOUTS[p.qtype].unit
+        n_tiles = p.tiles.lo.shape[0]
+        if n_tiles != -(-p.rows // TILE) or any(a.shape[0] != n_tiles for a in p.tiles.planes):
+            raise ValueError(f"{what} has {n_tiles} tiles for {p.rows} rows")
+        meta[j] = (p.tiles.layout_id, p.group, p.act_mode, cols // unit, p.rows, c0, n_tiles)
+        planes[j] = [(a.ctypes.data, a.strides[0]) for a in p.tiles.planes]
+        c0 += p.rows
+    if c0 != rows:
+        raise ValueError(f"{what} has {c0} rows, expected {rows}")
+    return planes, meta, [p.tiles for p in parts]
+
+
 def pack_layer(cfg: Any, attn: Any, ffn: Any, il: int) -> FusedLayer | None:
     """A layer's FusedLayer, or None when one of its pieces has no fused form. Checks every shape the
     kernel assumes of the weights (each matrix's rows and columns)."""
@@ -183,23 +207,11 @@ def pack_layer(cfg: Any, attn: Any, ffn: Any, il: int) -> FusedLayer | None:
     planes, meta = np.zeros((4 * PARTS, 6, 2), np.int64), np.zeros((4 * PARTS, META), np.int64)
     weights = []
     for m, (w, rows, cols) in enumerate(mats):
-        parts = _parts(w)
-        if parts is None:
+        packed = pack_matrix(w, rows, cols, f"layer {il}: matrix {m}")
+        if packed is None:
             return None
-        c0 = 0
-        for j, p in enumerate(parts):
-            if p.cols != cols:
-                raise ValueError(f"layer {il}: matrix {m} has {p.cols} columns, expected {cols}")
-            unit = TILE_LAYOUTS[p.qtype].unit
-            n_tiles = p.tiles.lo.shape[0]
-            if n_tiles != -(-p.rows // TILE) or any(a.shape[0] != n_tiles for a in p.tiles.planes):
-                raise ValueError(f"layer {il}: matrix {m} has {n_tiles} tiles for {p.rows} rows")
-            meta[m * PARTS + j] = (p.tiles.layout_id, p.group, p.act_mode, cols // unit, p.rows, c0, n_tiles)
-            planes[m * PARTS + j] = [(a.ctypes.data, a.strides[0]) for a in p.tiles.planes]
-            weights.append(p.tiles)
-            c0 += p.rows
-        if c0 != rows:
-            raise ValueError(f"layer {il}: matrix {m} has {c0} rows, expected {rows}")
+        planes[m * PARTS : (m + 1) * PARTS], meta[m * PARTS : (m + 1) * PARTS] = packed[0], packed[1]
+        weights += packed[2]
     empty = np.empty(0, np.float32)
     norms = (attn.norm, attn.q_norm, attn.k_norm, attn.post_norm, ffn.norm, ffn.post_norm)
     biases = (attn.bqkv, attn.bo, ffn.b_gate_up, ffn.b_down)
