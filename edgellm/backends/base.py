@@ -165,7 +165,8 @@ class Backend(ABC):
     def prepare_layer(self, cfg: Any, attn: Any, ffn: Any, layer: int) -> Any:
         """The backend's own form of decoder layer `layer` (arch/common.py's AttentionWeights and
         FeedForwardWeights), run by decoder_layer instead of the kernel calls above; None (the default)
-        when it has none."""
+        when it has none. ffn None: the attention block alone (a mixture-of-experts layer, whose FFN
+        the model runs after decoder_layer)."""
         return None
 
     def decoder_layer(self, fused: Any, x: Array, kv: Any, layer: int, inp: StepInputs) -> bool:
