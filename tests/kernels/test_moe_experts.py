@@ -85,3 +85,17 @@ def test_moe_arguments_are_checked_before_the_kernel() -> None:
         check_moe_args(h, *ok, np.zeros((4, 9), np.float32), 8)
     with pytest.raises(ValueError, match="MoE input"):
         check_moe_args(h[:, :4], *ok, outs, 8)
+
+
+def test_moe_combine_gives_the_generic_sums_bit_for_bit() -> None:
+    """The CPU's compiled weighted sum against Backend.moe_combine's numpy (products rounded, then added
+    in slot order), over weights and outputs whose FMA contraction or reordering would change bits."""
+    rng = np.random.default_rng(2)
+    outs = rng.standard_normal((7 * 4, 96)).astype(np.float32) * 1e3
+    where = rng.permutation(7 * 4).reshape(7, 4).astype(np.int64)
+    weights = rng.random((7, 4)).astype(np.float32)
+    be = CpuBackend()
+    got = be.moe_combine(outs, where, weights)
+    np.testing.assert_array_equal(got, Backend.moe_combine(be, outs, where, weights))
+    with pytest.raises(ValueError, match="MoE combine"):
+        be.moe_combine(outs, where + 1, weights)

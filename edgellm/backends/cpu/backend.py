@@ -14,7 +14,7 @@ from edgellm.backends.cpu.attention import attention_paged_cpu
 from edgellm.backends.cpu.kv_cache import CpuKvCache
 from edgellm.backends.cpu.layer import FusedLayer, decoder_layer_cpu, pack_layer
 from edgellm.backends.cpu.matmul import matmul_cpu
-from edgellm.backends.cpu.moe_experts import ExpertTiles, check_moe_args, moe_experts_cpu
+from edgellm.backends.cpu.moe_experts import ExpertTiles, check_moe_args, moe_combine_cpu, moe_experts_cpu
 from edgellm.backends.cpu.packed import PackedWeight, dequantize_rows_cpu, pack_tiles, pack_weight
 from edgellm.backends.cpu.tile_layouts import TILE, TILE_LAYOUTS
 from edgellm.gguf.reader import TensorInfo
@@ -179,6 +179,20 @@ class CpuBackend(Backend):
             self.n_threads, self.tier.index, outs,
         )  # fmt: skip
         return True
+
+    def moe_combine(self, outs: np.ndarray, where: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        n_tokens = where.shape[0]
+        if (
+            where.ndim != 2 or weights.shape != where.shape or outs.ndim != 2
+            or (where.size and (where.min() < 0 or where.max() >= outs.shape[0]))
+        ):  # fmt: skip
+            raise ValueError(f"MoE combine of {outs.shape} outputs by {where.shape} / {weights.shape} slots")
+        out = np.empty((n_tokens, outs.shape[1]), np.float32)
+        moe_combine_cpu(
+            np.ascontiguousarray(outs, np.float32), np.ascontiguousarray(where, np.int64),
+            np.ascontiguousarray(weights, np.float32), out,
+        )  # fmt: skip
+        return out
 
     def layernorm(self, x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float, out: np.ndarray) -> None:
         layernorm_gelu.layernorm_cpu(x, w, b, eps, out)

@@ -67,6 +67,21 @@ def moe_experts_cpu(h, tokens, bounds, gu_at, gu_meta, dn_at, dn_meta, n_threads
     _runs_matmul(act, dn_at, dn_meta, bounds, outs, n_threads, tier)
 
 
+@njit(cache=True, nogil=True, fastmath=ORDERED_MATH)
+def moe_combine_cpu(outs, where, weights, out) -> None:
+    """out[t] = sum over slots s, in slot order, of weights[t, s] * outs[where[t, s]], each product rounded
+    to float32 before it is added (Backend.moe_combine's order: no contraction into an FMA)."""
+    n_tokens, k = where.shape
+    for t in range(n_tokens):
+        w0, r0 = weights[t, 0], outs[where[t, 0]]
+        for j in range(out.shape[1]):
+            out[t, j] = w0 * r0[j]
+        for s in range(1, k):
+            ws, rs = weights[t, s], outs[where[t, s]]
+            for j in range(out.shape[1]):
+                out[t, j] += ws * rs[j]
+
+
 follow_sources(_runs_matmul, moe_experts_cpu)  # their code holds the tile kernels' IR
 
 
