@@ -91,16 +91,32 @@ def matmul_tiles_runs_at_cpu(  # noqa: ANN201
     """Several weights of one layout and shape, each over its own run of activation rows, in one parallel
     region (the experts of a mixture-of-experts layer): out[a:b] = xq[a:b] @ W_r.T for run r, rows
     a, b = run_bounds[r], run_bounds[r + 1]; run_at: int64 [R, 6, 2], run r's plane addresses. The
-    (run, tile) pairs are split into contiguous spans, one per thread; each pair as matmul_tiles_at_cpu
-    computes a tile, so every output has the bits of that kernel. The caller checks that every run's
-    weights have this layout, n_tiles tiles, n_units units and n_rows rows, and that the bounds ascend
-    within xq's rows."""
+    (run, tile) pairs are split into contiguous spans of about equal work (a pair's rows, plus a little for
+    the pass over its weights), one per thread; each pair as matmul_tiles_at_cpu computes a tile, so
+    every output has the bits of that kernel. The caller checks that every run's weights have this
+    layout, n_tiles tiles, n_units units and n_rows rows, and that the bounds ascend within xq's rows."""
     n_runs = run_at.shape[0]
     n_items = n_runs * n_tiles
     n_blocks = min(n_items, n_threads)
+    first = np.zeros(n_blocks + 1, np.int64)  # thread blk's pairs: first[blk] .. first[blk + 1] - 1
+    first[n_blocks] = n_items
+    total = 0
+    for r in range(n_runs):
+        total += (run_bounds[r + 1] - run_bounds[r] + 2) * n_tiles
+    done, blk = 0, 1
+    for r in range(n_runs):
+        cost = run_bounds[r + 1] - run_bounds[r] + 2
+        for t in range(n_tiles):
+            while blk < n_blocks and done * n_blocks >= blk * total:
+                first[blk] = r * n_tiles + t
+                blk += 1
+            done += cost
+    while blk < n_blocks:
+        first[blk] = n_items
+        blk += 1
     for blk in prange(n_blocks):
         scratch = np.empty((RM, TILE), np.float32)
-        for item in range(blk * n_items // n_blocks, (blk + 1) * n_items // n_blocks):
+        for item in range(first[blk], first[blk + 1]):
             r, t = item // n_tiles, item % n_tiles
             _tile_rows(
                 xq, xs, xsum, xisum, run_at[r], t, run_bounds[r], run_bounds[r + 1], layout_id, n_units,
