@@ -49,9 +49,10 @@ class LlamaModel:
             if progress:
                 progress(il + 1, cfg.n_layers)
         # the backend's one-call form of each layer, where it has one (None: the blocks' kernel calls)
+        # (a mixture-of-experts layer: its attention block, then the experts through ffn_block)
         self.fused = [
-            be.prepare_layer(cfg, a, f, il)
-            if isinstance(a, AttentionWeights) and isinstance(f, FeedForwardWeights)
+            be.prepare_layer(cfg, a, f if isinstance(f, FeedForwardWeights) else None, il)
+            if isinstance(a, AttentionWeights)
             else None
             for il, (a, f) in enumerate(self.layers)
         ]
@@ -98,6 +99,8 @@ class LlamaModel:
         for il, (attn_w, ffn_w) in enumerate(self.layers):
             fused = self.fused[il]
             if fused is not None and be.decoder_layer(fused, x, kv, il, inp):
+                if not isinstance(ffn_w, FeedForwardWeights):
+                    self.ffn_block(be, cfg, ffn_w, x, batch.n_tokens)
                 continue
             attention_block(
                 be, cfg, attn_w, x, batch, kv, il, inp.positions, inp.seq_index, inp.block_tables, inp.slots

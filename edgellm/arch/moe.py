@@ -64,6 +64,7 @@ class ExpertMatrices:
         self.bias_gate_up: np.ndarray | None = None
         self.bias_down: np.ndarray | None = None
         self._biases: list[tuple[Any, Any] | None] = [None] * self.n_expert
+        self.backend_state: Any = None  # the backend's own form of the prepared experts (moe_experts)
 
     def biases(self, e: int) -> tuple[Any, Any]:
         """(b_gate_up [2 * n_ff_exp], b_down [n_embd]) of expert e, backend vectors; (None, None) without."""
@@ -252,9 +253,10 @@ def moe_feed_forward_block(be: Backend, cfg: ModelConfig, w: MoeFeedForwardWeigh
     experts, weights = ROUTERS[cfg.moe_gating](routed, k, cfg.moe_norm_weights)
     tokens, runs, where = group_by_expert(experts)  # where: [T, k]
     outs = be.empty((T * (k + shared), cfg.n_embd))  # each pair's expert output, in expert order
-    for e, start, end in runs:
-        xe = be.take_rows(h, tokens[start:end])  # [n, n_embd]: the expert's tokens
-        _expert_ffn(be, cfg, xe, w.experts.get(e), cfg.n_ff_exp, outs[start:end], w.experts.biases(e))
+    if not be.moe_experts(h, tokens, runs, w.experts, cfg.activation, outs[: T * k]):
+        for e, start, end in runs:
+            xe = be.take_rows(h, tokens[start:end])  # [n, n_embd]: the expert's tokens
+            _expert_ffn(be, cfg, xe, w.experts.get(e), cfg.n_ff_exp, outs[start:end], w.experts.biases(e))
     if shared:  # every token, as a last slot weighted by sigmoid(gate) (llama.cpp: silu(g) / g)
         _expert_ffn(be, cfg, h, (w.shared_gate_up, w.shared_down), cfg.n_ff_shexp, outs[T * k :])
         g = host_logits[:, E]  # [T]

@@ -165,7 +165,8 @@ class Backend(ABC):
     def prepare_layer(self, cfg: Any, attn: Any, ffn: Any, layer: int) -> Any:
         """The backend's own form of decoder layer `layer` (arch/common.py's AttentionWeights and
         FeedForwardWeights), run by decoder_layer instead of the kernel calls above; None (the default)
-        when it has none."""
+        when it has none. ffn None: the attention block alone (a mixture-of-experts layer, whose FFN
+        the model runs after decoder_layer)."""
         return None
 
     def decoder_layer(self, fused: Any, x: Array, kv: Any, layer: int, inp: StepInputs) -> bool:
@@ -183,6 +184,16 @@ class Backend(ABC):
     def take_rows(self, x: Array, index: np.ndarray) -> Array:
         """Rows `index` of x [T, n] as a new contiguous [L, n] activation (the rows that need logits)."""
         return self.from_host(np.ascontiguousarray(self.to_host(x)[index], dtype=np.float32))
+
+    def moe_experts(
+        self, h: Array, tokens: np.ndarray, runs: list[tuple[int, int, int]], experts: Any, activation: str,
+        outs: Array,
+    ) -> bool:  # fmt: skip
+        """The routed experts of a mixture-of-experts layer in one go (arch/moe.py): outs[i] = expert e's
+        FFN of h[tokens[i]] for each run (e, start, end) and start <= i < end, with the bits of running
+        them expert by expert; `experts` is the layer's arch.moe.ExpertMatrices. False (nothing done)
+        where the backend has no such form: the caller runs them one by one."""
+        return False
 
     def moe_combine(self, outs: Array, where: np.ndarray, weights: np.ndarray) -> Array:
         """The mixture-of-experts sum (arch/moe.py): out[t] = sum over slots s, in slot order, of

@@ -26,6 +26,7 @@ from edgellm.sampling import SamplingParams
 
 METHODS = [
     "decoder_layer",
+    "moe_experts",
     "matmul",
     "attention",
     "rmsnorm",

@@ -14,6 +14,7 @@ from edgellm.backends.cpu.attention import attention_paged_cpu
 from edgellm.backends.cpu.kv_cache import CpuKvCache
 from edgellm.backends.cpu.layer import FusedLayer, decoder_layer_cpu, pack_layer
 from edgellm.backends.cpu.matmul import matmul_cpu
+from edgellm.backends.cpu.moe_experts import ExpertTiles, check_moe_args, moe_combine_cpu, moe_experts_cpu
 from edgellm.backends.cpu.packed import PackedWeight, dequantize_rows_cpu, pack_tiles, pack_weight
 from edgellm.backends.cpu.tile_layouts import TILE, TILE_LAYOUTS
 from edgellm.gguf.reader import TensorInfo
@@ -153,6 +154,45 @@ class CpuBackend(Backend):
             # row's bits would depend on the batch's size (speculative decoding's verify must score a token
             # exactly as its decode would). The region costs ~2 us per call at one row.
             GATED_ACTS[kind](gate_up, out)
+
+    def moe_experts(
+        self, h: np.ndarray, tokens: np.ndarray, runs: list[tuple[int, int, int]], experts: Any,
+        activation: str, outs: np.ndarray,
+    ) -> bool:  # fmt: skip
+        if activation != "silu" or self.tier.tiles is None or experts.bias_gate_up is not None:
+            return False  # swiglu_oai and gpt-oss's biases: expert by expert
+        state = experts.backend_state
+        if state is None:
+            state = experts.backend_state = ExpertTiles(experts.n_expert)
+        if state.untiled:
+            return False
+        width, n_embd = experts.gate.shape[1], experts.gate.shape[2]
+        ids = np.fromiter((r[0] for r in runs), np.int64, len(runs))
+        for e in ids[~state.ready[ids]]:
+            if not state.add(int(e), experts.get(int(e)), width, n_embd):
+                return False
+        bounds = np.array([r[1] for r in runs] + [runs[-1][2] if runs else 0], np.int64)  # [R + 1]
+        h = np.ascontiguousarray(h, np.float32)
+        check_moe_args(h, tokens, bounds, outs, n_embd)
+        moe_experts_cpu(
+            h, tokens, bounds, state.gu_at[ids], state.gu_meta, state.dn_at[ids], state.dn_meta,
+            self.n_threads, self.tier.index, outs,
+        )  # fmt: skip
+        return True
+
+    def moe_combine(self, outs: np.ndarray, where: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        n_tokens = where.shape[0]
+        if (
+            where.ndim != 2 or weights.shape != where.shape or outs.ndim != 2
+            or (where.size and (where.min() < 0 or where.max() >= outs.shape[0]))
+        ):  # fmt: skip
+            raise ValueError(f"MoE combine of {outs.shape} outputs by {where.shape} / {weights.shape} slots")
+        out = np.empty((n_tokens, outs.shape[1]), np.float32)
+        moe_combine_cpu(
+            np.ascontiguousarray(outs, np.float32), np.ascontiguousarray(where, np.int64),
+            np.ascontiguousarray(weights, np.float32), out,
+        )  # fmt: skip
+        return out
 
     def layernorm(self, x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float, out: np.ndarray) -> None:
         layernorm_gelu.layernorm_cpu(x, w, b, eps, out)

@@ -95,10 +95,25 @@ def decoder_layer_cpu(
     k_cache, v_cache, block_tables, seq_index, positions, slots, n_threads, tier,
 ) -> None:  # fmt: skip
     """x [T, n_embd] += Attention(...) then += FFN(...), writing the tokens' K/V: attention_block then
-    feed_forward_block of arch/common.py, kernel for kernel. The caller has checked every shape and that
-    tier (a CpuTier.index) is compiled."""
+    feed_forward_block of arch/common.py, kernel for kernel; without an FFN (dims[FF_] == 0: a
+    mixture-of-experts layer, whose experts arch/moe.py runs) the attention only. The caller has checked
+    every shape and that tier (a CpuTier.index) is compiled."""
+    _attention_part(
+        x, norms, biases, planes, meta, dims, eps, scale, softcap, residual, cos_t, sin_t,
+        k_cache, v_cache, block_tables, seq_index, positions, slots, n_threads, tier,
+    )  # fmt: skip
+    if dims[FF_]:
+        _ffn_part(x, norms, biases, planes, meta, dims, eps, residual, n_threads, tier)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _attention_part(
+    x, norms, biases, planes, meta, dims, eps, scale, softcap, residual, cos_t, sin_t,
+    k_cache, v_cache, block_tables, seq_index, positions, slots, n_threads, tier,
+) -> None:  # fmt: skip
+    """x += attention_block(x)."""
     T, E = x.shape
-    H, hkv, d, dv, ff = dims[H_], dims[HKV_], dims[D_], dims[DV_], dims[FF_]
+    H, hkv, d, dv = dims[H_], dims[HKV_], dims[D_], dims[DV_]
     h = np.empty((T, E), np.float32)
     ops.rmsnorm_cpu(x, norms[ATTN_NORM], eps, h)
     qkv = np.empty((T, (H + hkv) * d + hkv * dv), np.float32)
@@ -131,6 +146,13 @@ def decoder_layer_cpu(
         o *= np.float32(residual)
     ops.add_cpu(x, o)
 
+
+@njit(cache=True, nogil=True, inline="always")
+def _ffn_part(x, norms, biases, planes, meta, dims, eps, residual, n_threads, tier) -> None:
+    """x += feed_forward_block(x)."""
+    T, E = x.shape
+    ff = dims[FF_]
+    h = np.empty((T, E), np.float32)
     ops.rmsnorm_cpu(x, norms[FFN_NORM], eps, h)
     gate_up = np.empty((T, 2 * ff), np.float32)
     _matmul_parts(h, planes[6:9], meta[6:9], gate_up, n_threads, tier)
@@ -143,6 +165,7 @@ def decoder_layer_cpu(
         swiglu_vec_par_cpu(gate_up, act, tier)
     else:
         swiglu_vec_cpu(gate_up, act, tier)
+    o = np.empty((T, E), np.float32)
     _matmul_parts(act, planes[9:12], meta[9:12], o, n_threads, tier)
     if biases[DOWN_B].shape[0]:
         o += biases[DOWN_B]
@@ -153,7 +176,7 @@ def decoder_layer_cpu(
     ops.add_cpu(x, o)
 
 
-follow_sources(decoder_layer_cpu, _matmul_parts)
+follow_sources(decoder_layer_cpu, _attention_part, _ffn_part, _matmul_parts)
 
 
 def _parts(w: Any) -> list | None:
@@ -164,45 +187,60 @@ def _parts(w: Any) -> list | None:
     return parts
 
 
+def pack_matrix(w: Any, rows: int, cols: int, what: str) -> tuple[np.ndarray, np.ndarray, list] | None:
+    """A loaded matrix as _matmul_parts' arguments: (planes int64 [PARTS, 6, 2], meta int64 [PARTS, META],
+    the parts' Tiles to keep alive), or None when a part is untiled. Checks every shape the kernel assumes:
+    `rows` rows in all, `cols` columns, whole tiles; `what` names the matrix in the error."""
+    parts = _parts(w)
+    if parts is None:
+        return None
+    planes, meta = np.zeros((PARTS, 6, 2), np.int64), np.zeros((PARTS, META), np.int64)
+    c0 = 0
+    for j, p in enumerate(parts):
+        if p.cols != cols:
+            raise ValueError(f"{what} has {p.cols} columns, expected {cols}")
+        unit = TILE_LAYOUTS[p.qtype].unit
+        n_tiles = p.tiles.lo.shape[0]
+        if n_tiles != -(-p.rows // TILE) or any(a.shape[0] != n_tiles for a in p.tiles.planes):
+            raise ValueError(f"{what} has {n_tiles} tiles for {p.rows} rows")
+        meta[j] = (p.tiles.layout_id, p.group, p.act_mode, cols // unit, p.rows, c0, n_tiles)
+        planes[j] = [(a.ctypes.data, a.strides[0]) for a in p.tiles.planes]
+        c0 += p.rows
+    if c0 != rows:
+        raise ValueError(f"{what} has {c0} rows, expected {rows}")
+    return planes, meta, [p.tiles for p in parts]
+
+
 def pack_layer(cfg: Any, attn: Any, ffn: Any, il: int) -> FusedLayer | None:
-    """A layer's FusedLayer, or None when one of its pieces has no fused form. Checks every shape the
-    kernel assumes of the weights (each matrix's rows and columns)."""
-    H, hkv, d, dv, ff, e = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v, cfg.n_ff, cfg.n_embd
-    if cfg.activation not in ("silu", "gelu") or not cfg.pre_norms or cfg.qk_norm_full:
-        return None  # OLMo 2's norm placement: the blocks' kernel calls
-    if cfg.layer_norm or not cfg.gated_ffn:
-        return None  # LayerNorm and the ungated MLP (StarCoder 2, GPT-2): the blocks' kernel calls
+    """A layer's FusedLayer, or None when one of its pieces has no fused form; ffn None: the attention
+    block alone (a mixture-of-experts layer). Checks every shape the kernel assumes of the weights (each
+    matrix's rows and columns)."""
+    H, hkv, d, dv, e = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v, cfg.n_embd
+    ff = cfg.n_ff if ffn is not None else 0
+    if not cfg.pre_norms or cfg.qk_norm_full or cfg.layer_norm:
+        return None  # OLMo 2's norm placement, LayerNorm: the blocks' kernel calls
+    if attn.sinks is not None:
+        return None  # gpt-oss's attention sinks: the blocks' kernel calls
+    if ffn is not None and (cfg.activation not in ("silu", "gelu") or not cfg.gated_ffn):
+        return None  # the ungated MLP (StarCoder 2, GPT-2): the blocks' kernel calls
     if cfg.rope_of_layer(il) is None:
         return None  # a layer without rope (SmolLM3's NoPE layers, one in four): the blocks' kernel calls
-    mats = [
-        (attn.wqkv, (H + hkv) * d + hkv * dv, e),
-        (attn.wo, e, H * dv),
-        (ffn.w_gate_up, 2 * ff, e),
-        (ffn.w_down, e, ff),
-    ]
+    mats = [(attn.wqkv, (H + hkv) * d + hkv * dv, e), (attn.wo, e, H * dv)]
+    if ffn is not None:
+        mats += [(ffn.w_gate_up, 2 * ff, e), (ffn.w_down, e, ff)]
     planes, meta = np.zeros((4 * PARTS, 6, 2), np.int64), np.zeros((4 * PARTS, META), np.int64)
     weights = []
     for m, (w, rows, cols) in enumerate(mats):
-        parts = _parts(w)
-        if parts is None:
+        packed = pack_matrix(w, rows, cols, f"layer {il}: matrix {m}")
+        if packed is None:
             return None
-        c0 = 0
-        for j, p in enumerate(parts):
-            if p.cols != cols:
-                raise ValueError(f"layer {il}: matrix {m} has {p.cols} columns, expected {cols}")
-            unit = TILE_LAYOUTS[p.qtype].unit
-            n_tiles = p.tiles.lo.shape[0]
-            if n_tiles != -(-p.rows // TILE) or any(a.shape[0] != n_tiles for a in p.tiles.planes):
-                raise ValueError(f"layer {il}: matrix {m} has {n_tiles} tiles for {p.rows} rows")
-            meta[m * PARTS + j] = (p.tiles.layout_id, p.group, p.act_mode, cols // unit, p.rows, c0, n_tiles)
-            planes[m * PARTS + j] = [(a.ctypes.data, a.strides[0]) for a in p.tiles.planes]
-            weights.append(p.tiles)
-            c0 += p.rows
-        if c0 != rows:
-            raise ValueError(f"layer {il}: matrix {m} has {c0} rows, expected {rows}")
+        planes[m * PARTS : (m + 1) * PARTS], meta[m * PARTS : (m + 1) * PARTS] = packed[0], packed[1]
+        weights += packed[2]
     empty = np.empty(0, np.float32)
-    norms = (attn.norm, attn.q_norm, attn.k_norm, attn.post_norm, ffn.norm, ffn.post_norm)
-    biases = (attn.bqkv, attn.bo, ffn.b_gate_up, ffn.b_down)
+    ffn_norms = (ffn.norm, ffn.post_norm) if ffn is not None else (None, None)
+    ffn_biases = (ffn.b_gate_up, ffn.b_down) if ffn is not None else (None, None)
+    norms = (attn.norm, attn.q_norm, attn.k_norm, attn.post_norm, *ffn_norms)
+    biases = (attn.bqkv, attn.bo, *ffn_biases)
     swa = bool(cfg.swa_layers[il])
     dims = np.array(
         [

@@ -75,37 +75,86 @@ def matmul_tiles_at_cpu(xq, xs, xsum, xisum, at, n_tiles, layout_id, n_units, n_
     computed into a scratch block and copied. xq/xs/xsum/xisum must be C-contiguous; out's rows must be
     contiguous (any row stride). tier: a compiled CpuTier's index (the caller checks; another writes
     nothing)."""
-    m_rows = xq.shape[0]
     n_blocks = min(n_tiles, n_threads)  # an argument: get_num_threads() inside njit defeats cache=True
-    out_stride = out.strides[0] // 4
     for blk in prange(n_blocks):
         scratch = np.empty((RM, TILE), np.float32)
         for t in range(blk * n_tiles // n_blocks, (blk + 1) * n_tiles // n_blocks):
-            n0 = t * TILE
-            full = n0 + TILE <= n_rows
-            m = 0
-            while m < m_rows:
-                rm = RM if m + RM <= m_rows else 1
-                dst = out.ctypes.data + (m * out.strides[0] + n0 * 4) if full else scratch.ctypes.data
-                _tile(
-                    tier * TIER_VARIANTS + 2 * layout_id + (rm == RM),  # variant_key
-                    at[0, 0] + t * at[0, 1], at[1, 0] + t * at[1, 1], at[2, 0] + t * at[2, 1],
-                    at[3, 0] + t * at[3, 1], at[4, 0] + t * at[4, 1], at[5, 0] + t * at[5, 1],
-                    n_units,
-                    xq.ctypes.data + m * xq.strides[0], xq.strides[0],
-                    xs.ctypes.data + m * xs.strides[0],
-                    xsum.ctypes.data + m * xsum.strides[0],
-                    xisum.ctypes.data + m * xisum.strides[0],
-                    xs.shape[1], dst, out_stride if full else TILE,
-                )  # fmt: skip
-                if not full:
-                    for i in range(rm):
-                        for lane in range(n_rows - n0):
-                            out[m + i, n0 + lane] = scratch[i, lane]
-                m += rm
+            _tile_rows(
+                xq, xs, xsum, xisum, at, t, 0, xq.shape[0], layout_id, n_units, n_rows, tier, out, scratch
+            )
 
 
-follow_sources(matmul_tiles_cpu, matmul_tiles_at_cpu)  # their machine code includes other files' IR
+@njit(cache=True, nogil=True, parallel=True)
+def matmul_tiles_runs_at_cpu(  # noqa: ANN201
+    xq, xs, xsum, xisum, run_at, run_bounds, n_tiles, layout_id, n_units, n_rows, n_threads, tier, out
+):
+    """Several weights of one layout and shape, each over its own run of activation rows, in one parallel
+    region (the experts of a mixture-of-experts layer): out[a:b] = xq[a:b] @ W_r.T for run r, rows
+    a, b = run_bounds[r], run_bounds[r + 1]; run_at: int64 [R, 6, 2], run r's plane addresses. The
+    (run, tile) pairs are split into contiguous spans of about equal work (a pair's rows, plus a little for
+    the pass over its weights), one per thread; each pair as matmul_tiles_at_cpu computes a tile, so
+    every output has the bits of that kernel. The caller checks that every run's weights have this
+    layout, n_tiles tiles, n_units units and n_rows rows, and that the bounds ascend within xq's rows."""
+    n_runs = run_at.shape[0]
+    n_items = n_runs * n_tiles
+    n_blocks = min(n_items, n_threads)
+    first = np.zeros(n_blocks + 1, np.int64)  # thread blk's pairs: first[blk] .. first[blk + 1] - 1
+    first[n_blocks] = n_items
+    total = 0
+    for r in range(n_runs):
+        total += (run_bounds[r + 1] - run_bounds[r] + 2) * n_tiles
+    done, blk = 0, 1
+    for r in range(n_runs):
+        cost = run_bounds[r + 1] - run_bounds[r] + 2
+        for t in range(n_tiles):
+            while blk < n_blocks and done * n_blocks >= blk * total:
+                first[blk] = r * n_tiles + t
+                blk += 1
+            done += cost
+    while blk < n_blocks:
+        first[blk] = n_items
+        blk += 1
+    for blk in prange(n_blocks):
+        scratch = np.empty((RM, TILE), np.float32)
+        for item in range(first[blk], first[blk + 1]):
+            r, t = item // n_tiles, item % n_tiles
+            _tile_rows(
+                xq, xs, xsum, xisum, run_at[r], t, run_bounds[r], run_bounds[r + 1], layout_id, n_units,
+                n_rows, tier, out, scratch,
+            )  # fmt: skip
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _tile_rows(xq, xs, xsum, xisum, at, t, m0, m1, layout_id, n_units, n_rows, tier, out, scratch) -> None:
+    """Tile t's 16 output columns of activation rows m0..m1 - 1: blocks of RM rows (the tile's weights stay
+    in L1), then one at a time; a partial last tile through `scratch` ([RM, TILE] f32)."""
+    out_stride = out.strides[0] // 4
+    n0 = t * TILE
+    full = n0 + TILE <= n_rows
+    m = m0
+    while m < m1:
+        rm = RM if m + RM <= m1 else 1
+        dst = out.ctypes.data + (m * out.strides[0] + n0 * 4) if full else scratch.ctypes.data
+        _tile(
+            tier * TIER_VARIANTS + 2 * layout_id + (rm == RM),  # variant_key
+            at[0, 0] + t * at[0, 1], at[1, 0] + t * at[1, 1], at[2, 0] + t * at[2, 1],
+            at[3, 0] + t * at[3, 1], at[4, 0] + t * at[4, 1], at[5, 0] + t * at[5, 1],
+            n_units,
+            xq.ctypes.data + m * xq.strides[0], xq.strides[0],
+            xs.ctypes.data + m * xs.strides[0],
+            xsum.ctypes.data + m * xsum.strides[0],
+            xisum.ctypes.data + m * xisum.strides[0],
+            xs.shape[1], dst, out_stride if full else TILE,
+        )  # fmt: skip
+        if not full:
+            for i in range(rm):
+                for lane in range(n_rows - n0):
+                    out[m + i, n0 + lane] = scratch[i, lane]
+        m += rm
+
+
+# their machine code includes other files' IR
+follow_sources(matmul_tiles_cpu, matmul_tiles_at_cpu, matmul_tiles_runs_at_cpu)
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -1,0 +1,132 @@
+"""A mixture-of-experts layer's routed experts in one Numba call (CpuBackend.moe_experts).
+
+arch/moe.py groups the step's (token, slot) pairs by expert. Run expert by expert from Python, a decode
+step of a 24-layer, top-8 model makes ~400 small kernel calls, each with its own parallel region (two
+threads woken and joined) and its Python dispatch; with weights of ~1-2 MB per expert matrix the
+launches cost as much as the streaming. Here the layer's selected experts run as two parallel regions:
+every expert's gate|up over its tokens, then every expert's down, the (expert, tile) pairs of each split
+between the threads (vnni.matmul_tiles_runs_at_cpu). Each output is computed by the tile kernel exactly
+as CpuBackend.matmul computes it (the activations quantized row by row, the same tile calls), so the
+results are bit for bit those of the per-expert path (tests/kernels/test_moe_experts.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from edgellm.backends.cpu.layer import PARTS, pack_matrix
+from edgellm.backends.cpu.matmul import ORDERED_MATH, quantize_act_cpu, quantize_act_serial_cpu
+from edgellm.backends.cpu.numba_cache import follow_sources
+from edgellm.backends.cpu.silu_ir import swiglu_vec_cpu, swiglu_vec_par_cpu
+from edgellm.backends.cpu.vnni import matmul_tiles_runs_at_cpu
+
+
+@njit(cache=True, nogil=True, fastmath=ORDERED_MATH)
+def _runs_matmul(x, at, meta, bounds, out, n_threads, tier) -> None:
+    """out[a:b, part columns] = x[a:b] @ part_r.T for each part of run r's matrix (a, b = bounds[r],
+    bounds[r + 1]). at: int64 [R, PARTS, 6, 2] each run's plane addresses; meta: int64 [PARTS, META],
+    the same for every run."""
+    for p in range(PARTS):
+        rows = meta[p, 4]
+        if rows == 0:
+            continue
+        c0 = meta[p, 5]
+        if x.shape[0] <= 16:  # as matmul_tiles_fused_at_cpu: a serial quantize for a few rows
+            xq, xs, xsum, xisum = quantize_act_serial_cpu(x, meta[p, 1], meta[p, 2])
+        else:
+            xq, xs, xsum, xisum = quantize_act_cpu(x, meta[p, 1], meta[p, 2])
+        matmul_tiles_runs_at_cpu(
+            xq, xs, xsum, xisum, at[:, p], bounds, meta[p, 6], meta[p, 0], meta[p, 3], rows, n_threads, tier,
+            out[:, c0 : c0 + rows],
+        )  # fmt: skip
+
+
+@njit(cache=True, nogil=True, fastmath=ORDERED_MATH)
+def moe_experts_cpu(h, tokens, bounds, gu_at, gu_meta, dn_at, dn_meta, n_threads, tier, outs) -> None:
+    """outs[i] = W_down_r @ (silu(W_gate_r x) * (W_up_r x)), x = h[tokens[i]], for the pairs i of run r
+    (bounds[r] <= i < bounds[r + 1]). h [T, n_embd]; tokens [P] int64; bounds [R + 1] int64; gu_at /
+    dn_at int64 [R, PARTS, 6, 2], gu_meta / dn_meta int64 [PARTS, META]; outs [P, n_embd]. The caller
+    has checked every shape and index."""
+    n_pairs = tokens.shape[0]
+    xe = np.empty((n_pairs, h.shape[1]), np.float32)  # [P, n_embd]: each pair's token, in run order
+    for i in range(n_pairs):
+        xe[i, :] = h[tokens[i]]
+    width2 = 0
+    for p in range(PARTS):
+        width2 += gu_meta[p, 4]
+    gate_up = np.empty((n_pairs, width2), np.float32)  # [P, 2 * n_ff_exp]
+    _runs_matmul(xe, gu_at, gu_meta, bounds, gate_up, n_threads, tier)
+    act = np.empty((n_pairs, width2 // 2), np.float32)  # [P, n_ff_exp]
+    if n_pairs >= 8:  # one row's bits whichever runs it (the same row function)
+        swiglu_vec_par_cpu(gate_up, act, tier)
+    else:
+        swiglu_vec_cpu(gate_up, act, tier)
+    _runs_matmul(act, dn_at, dn_meta, bounds, outs, n_threads, tier)
+
+
+@njit(cache=True, nogil=True, fastmath=ORDERED_MATH)
+def moe_combine_cpu(outs, where, weights, out) -> None:
+    """out[t] = sum over slots s, in slot order, of weights[t, s] * outs[where[t, s]], each product rounded
+    to float32 before it is added (Backend.moe_combine's order: no contraction into an FMA)."""
+    n_tokens, k = where.shape
+    for t in range(n_tokens):
+        w0, r0 = weights[t, 0], outs[where[t, 0]]
+        for j in range(out.shape[1]):
+            out[t, j] = w0 * r0[j]
+        for s in range(1, k):
+            ws, rs = weights[t, s], outs[where[t, s]]
+            for j in range(out.shape[1]):
+                out[t, j] += ws * rs[j]
+
+
+follow_sources(_runs_matmul, moe_experts_cpu)  # their code holds the tile kernels' IR
+
+
+class ExpertTiles:
+    """One layer's experts as moe_experts_cpu's arguments, filled in as experts are prepared: each
+    expert's plane addresses, and the meta every expert shares (its first expert's; the others are
+    checked against it)."""
+
+    def __init__(self, n_expert: int) -> None:
+        self.gu_at = np.zeros((n_expert, PARTS, 6, 2), np.int64)
+        self.dn_at = np.zeros((n_expert, PARTS, 6, 2), np.int64)
+        self.gu_meta: np.ndarray | None = None  # [PARTS, META]
+        self.dn_meta: np.ndarray | None = None
+        self.ready = np.zeros(n_expert, bool)
+        self.keep: list = [None] * n_expert  # the Tiles behind the addresses
+        self.untiled = False  # an expert without the tile form: this layer runs expert by expert
+
+    def add(self, e: int, w: tuple[Any, Any], width: int, n_embd: int) -> bool:
+        """Take expert e's prepared (gate|up, down); False when it has no tile form."""
+        gu = pack_matrix(w[0], 2 * width, n_embd, f"expert {e} gate|up")
+        dn = pack_matrix(w[1], n_embd, width, f"expert {e} down")
+        if gu is None or dn is None:
+            self.untiled = True
+            return False
+        if self.gu_meta is None:
+            self.gu_meta, self.dn_meta = gu[1], dn[1]
+        elif not (np.array_equal(gu[1], self.gu_meta) and np.array_equal(dn[1], self.dn_meta)):
+            self.untiled = True  # experts of different layouts (not in any file seen): the slow path
+            return False
+        self.gu_at[e], self.dn_at[e] = gu[0], dn[0]
+        self.keep[e] = (gu[2], dn[2])
+        self.ready[e] = True
+        return True
+
+
+def check_moe_args(
+    h: np.ndarray, tokens: np.ndarray, bounds: np.ndarray, outs: np.ndarray, n_embd: int
+) -> None:
+    """Every shape and index moe_experts_cpu reads unchecked (Numba does no bounds checks)."""
+    n_pairs = tokens.shape[0]
+    if h.ndim != 2 or h.shape[1] != n_embd or h.dtype != np.float32 or not h.flags.c_contiguous:
+        raise ValueError(f"MoE input of shape {h.shape} ({h.dtype}), expected C-contiguous [T, {n_embd}]")
+    if outs.shape != (n_pairs, n_embd) or outs.dtype != np.float32 or not outs.flags.c_contiguous:
+        raise ValueError(f"MoE outputs of shape {outs.shape}, expected C-contiguous [{n_pairs}, {n_embd}]")
+    if n_pairs and (tokens.min() < 0 or tokens.max() >= h.shape[0]):
+        raise ValueError(f"MoE token index outside 0..{h.shape[0] - 1}")
+    if bounds[0] != 0 or bounds[-1] != n_pairs or np.any(np.diff(bounds) < 0):
+        raise ValueError(f"MoE run bounds {bounds.tolist()} do not cover {n_pairs} pairs in order")
