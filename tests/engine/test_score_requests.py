@@ -137,3 +137,15 @@ def test_llm_score_goes_through_the_core_process_bit_for_bit(model: Path) -> Non
         with pytest.raises(ValueError, match=f"token ids must be in 0..{core.config.n_vocab - 1}"):
             llm.score([core.config.n_vocab])
         assert llm.healthy and llm.stats().num_running == 0
+
+
+def test_smollm2_scoring_matches_the_runner_bit_for_bit() -> None:
+    """The real model (Q4_1 weights, 49,152-token vocabulary): 300 tokens in chunks of 128."""
+    from edgellm.catalog import resolve_model
+
+    core = EngineCoreProc(
+        EngineConfig(str(resolve_model("smollm2-135m")), n_ctx=1024, max_num_batched_tokens=128)
+    )
+    ids = token_ids(core.config.n_vocab, 300, seed=0)
+    got = core.score(ids)
+    assert got.shape == (300, 49152) and np.array_equal(got, direct(core, ids, chunk=128))
