@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import itertools
 import sys
 import weakref
@@ -22,20 +21,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from edgellm.catalog import resolve_model
-from edgellm.engine.checks import PromptTooLongError, check_embedding_input, check_prompt
+from edgellm.engine.checks import (
+    PromptTooLongError,
+    check_prompt,
+    check_request,
+)
 from edgellm.engine.config import EngineConfig, kv_budget_bytes
 from edgellm.engine.core_client import CoreClient, EngineDeadError
 from edgellm.engine.frontend import RequestStream
 from edgellm.engine.outputs import CompletionOutput, OutputCollector, RequestMetrics, RequestOutput
-from edgellm.engine.protocol import EngineStats
+from edgellm.engine.protocol import EngineCoreRequest, EngineStats
 from edgellm.engine.spec.config import SpeculativeConfig, check_draft_model
 from edgellm.gguf.config import ModelConfig, config_from_gguf
 from edgellm.gguf.load import load_gguf
 from edgellm.gguf.validation import tokenizer_from_gguf, validate_model
 from edgellm.grammar import check_for_vocabulary
+from edgellm.llm_inputs import InputRequestsMixin, as_list
 from edgellm.quants.kv_cache import get_kv_cache_type
 from edgellm.sampling import SamplingParams
 
@@ -73,7 +75,7 @@ def _result(rid: str, prompt_ids: list[int], c: OutputCollector) -> GenerationOu
     return GenerationOutput(rid, prompt_ids, c.outputs, c.metrics)
 
 
-class LLM:
+class LLM(InputRequestsMixin):
     def __init__(
         self,
         model: str | Path | None = None,
@@ -171,11 +173,40 @@ class LLM:
 
     def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         """A prompt as checked token ids: text gets BOS when the model's metadata says so."""
-        ids = self.tokenizer.encode(prompt, add_special=True) if isinstance(prompt, str) else list(prompt)
+        ids = self._encode(prompt)
         check_prompt(ids, self.n_ctx, self.tokenizer.vocab_size)
         return ids
 
+    def _encode(self, prompt: str | Sequence[int]) -> list[int]:
+        return self.tokenizer.encode(prompt, add_special=True) if isinstance(prompt, str) else list(prompt)
+
     # ---- requests ------------------------------------------------------------------------------
+    def make_request(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        priority: int = 0,
+        group: str | None = None,
+    ) -> EngineCoreRequest:
+        """The front-end's one validation of a generation request, whoever sends it (submit and stream, so
+        the server and the TUI too): the prompt is not empty, its ids are in the vocabulary and leave room
+        for a generated token, logit_bias names ids of the vocabulary, and a grammar was compiled for this
+        tokenizer. Raises ValueError naming the problem (PromptTooLongError, TokenIdError); the engine
+        core guards its kernels with the same checks. `group`: as submit's."""
+        ids = self._encode(prompt)
+        check_request(ids, params, self.n_ctx, self.tokenizer.vocab_size)
+        check_for_vocabulary(params, (self.tokenizer, self.config.n_vocab))  # compiled in a worker, not here
+        rid = request_id if request_id is not None else f"req-{next(self._rids)}"
+        return EngineCoreRequest(rid, ids, params, priority, group)
+
+    def add_request(self, req: EngineCoreRequest, deliver: Callable[[Any], None]) -> None:
+        """Send a request make_request built to the engine core; `deliver` as submit's."""
+        core, params = self.core, req.sampling_params
+        assert params is not None  # a generation
+        stream = RequestStream(core, self.tokenizer, req.request_id, req.prompt_token_ids, params, deliver)
+        core.add(req, stream)
+
     def submit(
         self,
         prompt: str | Sequence[int],
@@ -188,13 +219,9 @@ class LLM:
         """Start one request; `deliver` gets its RequestOutput per step (or one exception), on the core
         client's thread. `group`: the caller's request this is part of (the engine shares each step's
         tokens out per group), None: its own. Returns (request id, prompt ids)."""
-        ids = self.prompt_ids(prompt)
-        check_for_vocabulary(params, (self.tokenizer, self.config.n_vocab))  # in a worker, not here
-        rid = request_id if request_id is not None else f"req-{next(self._rids)}"
-        core = self.core
-        stream = RequestStream(core, self.tokenizer, rid, ids, params, deliver)
-        core.add(rid, ids, params, stream, priority, group)
-        return rid, ids
+        req = self.make_request(prompt, params, request_id, priority, group)
+        self.add_request(req, deliver)
+        return req.request_id, req.prompt_token_ids
 
     def abort(self, request_id: str) -> None:
         self.core.abort(request_id)
@@ -215,7 +242,7 @@ class LLM:
         import queue
 
         params = params or SamplingParams()
-        prompts = _as_list(prompts)
+        prompts = as_list(prompts)
         q: queue.Queue = queue.Queue()
         collectors: dict[str, tuple[list[int], OutputCollector]] = {}
         group = self._new_group()
@@ -242,7 +269,7 @@ class LLM:
     ) -> list[GenerationOutput]:
         """`generate` for an asyncio app: the event loop keeps running while the core works."""
         params = params or SamplingParams()
-        prompts = _as_list(prompts)
+        prompts = as_list(prompts)
 
         async def one(p: str | list[int]) -> GenerationOutput:
             c, rid = OutputCollector(params.n), ""
@@ -253,31 +280,36 @@ class LLM:
 
         results = await asyncio.gather(*[one(p) for p in prompts])
         for p, r in zip(prompts, results, strict=True):
-            r.prompt_token_ids = self.prompt_ids(p)
+            r.prompt_token_ids = self._encode(p)  # checked when it was sent
         return list(results)
 
     async def stream(
         self,
-        prompt: str | Sequence[int],
+        prompt: str | Sequence[int] | EngineCoreRequest,
         params: SamplingParams | None = None,
         request_id: str | None = None,
         priority: int = 0,
         group: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yields one prompt's RequestOutput per engine step until it finishes. Leaving early (a client
-        that went away, a cancelled task) aborts the request and frees its KV blocks at once."""
+        that went away, a cancelled task) aborts the request and frees its KV blocks at once. `prompt`
+        may be a request make_request built (the server checks its requests before admitting them): it
+        carries its own params, id, priority and group."""
+        if isinstance(prompt, EngineCoreRequest):
+            req = prompt
+        else:
+            req = self.make_request(prompt, params or SamplingParams(), request_id, priority, group)
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
-        rid = None
+        rid = req.request_id
 
         def deliver(item: Any) -> None:
             try:
                 loop.call_soon_threadsafe(q.put_nowait, item)
             except RuntimeError:  # the caller's event loop is closed: nobody is listening any more
-                if rid is not None:
-                    self.core.abort(rid)
+                self.core.abort(rid)
 
-        rid, _ = self.submit(prompt, params or SamplingParams(), deliver, request_id, priority, group)
+        self.add_request(req, deliver)
         finished = False
         try:
             while True:
@@ -292,90 +324,3 @@ class LLM:
         finally:
             if not finished:
                 self.core.abort(rid)
-
-    def score(self, ids: Sequence[int]) -> np.ndarray:
-        """Teacher-forced logits: float32 [len(ids), n_vocab], row t predicting token t+1."""
-        ids = list(ids)
-        if not ids:
-            raise ValueError("score() needs at least one token")
-        if len(ids) > self.n_ctx:
-            raise PromptTooLongError(
-                len(ids), self.n_ctx, f"{len(ids)} tokens exceed the context window of {self.n_ctx}"
-            )
-        return self.core.call("score", ids)
-
-    # ---- embeddings ----------------------------------------------------------------------------
-    def embedding_ids(self, text: str | Sequence[int]) -> list[int]:
-        """An input to embed as checked token ids (text gets BOS when the model's metadata says so); unlike
-        a prompt it may fill the whole context window. Longer inputs raise PromptTooLongError."""
-        ids = self.tokenizer.encode(text, add_special=True) if isinstance(text, str) else list(text)
-        check_embedding_input(ids, self.n_ctx, self.tokenizer.vocab_size)
-        return ids
-
-    def submit_embedding(
-        self, ids: list[int], deliver: Callable[[Any], None], priority: int = 0, group: str | None = None
-    ) -> str:
-        """Start one embedding request through the engine (batched with whatever else runs); `deliver`
-        gets its [n_embd] float32 vector, or an exception, on the core client's thread. `group`: as
-        submit's (embed and aembed give all the inputs of one call one group)."""
-        rid = f"emb-{next(self._rids)}"
-        self.core.add_embedding(rid, ids, lambda item: deliver(_embedding(item)), priority, group)
-        return rid
-
-    def _new_group(self) -> str:
-        return f"call-{next(self._rids)}"
-
-    def embed(self, inputs: str | Sequence[int] | Sequence[str | Sequence[int]]) -> np.ndarray:
-        """Embeddings: float32 [len(inputs), n_embd], each row the input's final hidden states (after the
-        output norm) pooled as the model's GGUF says (mean unless its pooling_type says cls or last) and
-        L2-normalized. An input is text or token ids; a single one gives one row."""
-        import queue
-
-        ids = [self.embedding_ids(x) for x in _as_list(inputs)]
-        out = np.empty((len(ids), self.config.n_embd), np.float32)
-        q: queue.Queue = queue.Queue()
-        rids, group = [], self._new_group()
-        try:
-            for i, x in enumerate(ids):
-                rids.append(self.submit_embedding(x, lambda v, i=i: q.put((i, v)), group=group))
-            for _ in ids:
-                i, v = q.get()
-                if isinstance(v, BaseException):
-                    raise v
-                out[i] = v
-        except BaseException:
-            self.core.abort_all(rids)  # a no-op for those that finished
-            raise
-        return out
-
-    async def aembed(self, ids: list[list[int]]) -> np.ndarray:
-        """`embed` of checked token ids (embedding_ids) for an asyncio app; cancelling it aborts them."""
-        loop = asyncio.get_running_loop()
-        futs = [loop.create_future() for _ in ids]
-
-        def settle(fut: asyncio.Future, v: Any) -> None:
-            if not fut.done():  # (cancelled: nobody waits any more)
-                fut.set_exception(v) if isinstance(v, BaseException) else fut.set_result(v)
-
-        rids, done, group = [], False, self._new_group()
-        try:
-            for x, f in zip(ids, futs, strict=True):
-                deliver = functools.partial(loop.call_soon_threadsafe, settle, f)
-                rids.append(self.submit_embedding(x, deliver, group=group))
-            vecs = await asyncio.gather(*futs)
-            done = True
-        finally:
-            if not done:
-                self.core.abort_all(rids)
-        return np.stack(vecs) if vecs else np.empty((0, self.config.n_embd), np.float32)
-
-
-def _embedding(item: Any) -> Any:
-    """A core client sink item for an embedding request -> its vector, or the exception as it came."""
-    return item if isinstance(item, BaseException) else item[-1][0].embedding
-
-
-def _as_list(prompts: Any) -> list:
-    if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-        return [prompts]
-    return list(prompts)

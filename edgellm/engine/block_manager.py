@@ -73,8 +73,8 @@ class BlockManager:
     # ---- prefix caching ------------------------------------------------------------------------
     def lookup_prefix(self, seq: Sequence) -> PrefixMatch:
         """Longest cached full-block prefix of seq, capped to leave the last token to compute."""
-        if self.cache is None or seq.block_table or seq.num_computed_tokens or seq.pooled:
-            return _NO_MATCH  # (an embedding needs the hidden state of every token: it computes them all)
+        if self.cache is None or seq.block_table or seq.num_computed_tokens or not seq.samples:
+            return _NO_MATCH  # (an embedding or a scoring needs every token's row: it computes them all)
         blocks = self.cache.lookup(seq.token_ids)
         num_tokens = min(len(blocks) * self.block_size, seq.num_tokens - 1)
         if num_tokens <= 0:

@@ -1,9 +1,16 @@
-"""Request checks shared by every front-end (LLM, the server, the TUI) and the engine core: one set of
-rules and messages, so a prompt is judged the same wherever it comes from."""
+"""Request checks: the front-end's one validation of a request (`check_request`, called by LLM.make_request,
+the way in of LLM, the server and the TUI; `check_embedding_input`, `check_score_input`) and the engine
+core's guard before its kernels (the same functions): one set of rules and messages, so a request is judged
+the same wherever it comes from."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from numbers import Integral
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from edgellm.sampling import SamplingParams
 
 
 class PromptTooLongError(ValueError):
@@ -17,6 +24,27 @@ class PromptTooLongError(ValueError):
 
     def __reduce__(self):  # noqa: ANN204 - crosses the core's pipe
         return (PromptTooLongError, (self.num_tokens, self.n_ctx, str(self)))
+
+
+class TokenIdError(ValueError):
+    """A token id outside the vocabulary; `field` says where the request had it ("prompt", "input",
+    "logit_bias"), so that an API can name its own field."""
+
+    def __init__(self, field: str, token_id: object, vocab_size: int) -> None:
+        self.field, self.token_id, self.vocab_size = field, token_id, vocab_size
+        super().__init__(f"{field} token id {token_id!r} is outside the vocabulary (0..{vocab_size - 1})")
+
+    def __reduce__(self):  # noqa: ANN204 - crosses the core's pipe
+        return (TokenIdError, (self.field, self.token_id, self.vocab_size))
+
+
+def check_request(ids: Sequence[int], params: SamplingParams, n_ctx: int, vocab_size: int) -> None:
+    """A generation request the engine can run: its prompt (check_prompt) and the token ids its sampling
+    parameters name (logit_bias)."""
+    check_prompt(ids, n_ctx, vocab_size)
+    for tid in params.logit_bias or ():
+        if isinstance(tid, bool) or not isinstance(tid, Integral) or not 0 <= tid < vocab_size:
+            raise TokenIdError("logit_bias", tid, vocab_size)
 
 
 def check_prompt(ids: Sequence[int], n_ctx: int, vocab_size: int) -> None:
@@ -36,9 +64,20 @@ def check_embedding_input(ids: Sequence[int], n_ctx: int, vocab_size: int) -> No
         )
 
 
+def check_score_input(ids: Sequence[int], n_ctx: int, vocab_size: int) -> None:
+    """A sequence to score (teacher-forced logits): at least one token, no more than the context window
+    (nothing is generated), every id in the model's vocabulary."""
+    if not ids:
+        raise ValueError("score() needs at least one token")
+    if len(ids) > n_ctx:
+        raise PromptTooLongError(len(ids), n_ctx, f"{len(ids)} tokens exceed the context window of {n_ctx}")
+    if any(isinstance(t, bool) or not 0 <= t < vocab_size for t in ids):
+        raise ValueError(f"token ids must be in 0..{vocab_size - 1}")
+
+
 def _check_ids(ids: Sequence[int], vocab_size: int, what: str) -> None:
     if not ids:
         raise ValueError(f"empty {what}: at least one token is needed")
     for t in ids:
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
-            raise ValueError(f"{what} token id {t!r} is outside the vocabulary (0..{vocab_size - 1})")
+            raise TokenIdError(what, t, vocab_size)

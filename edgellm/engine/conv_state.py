@@ -12,8 +12,8 @@ per sequence id, tagged with how many tokens it has consumed:
 - `fork` copies a parent's state to a child that shares its blocks (parallel sampling);
 - `retain` frees the states of sequences that are no longer live (finished, aborted).
 
-Run items without a sequence id (scoring, warm-up, scripts) share one anonymous state: they run one
-sequence at a time, in order.
+Run items without a sequence id (warm-up, scripts, tests of the runner) share one anonymous state: they
+run one sequence at a time, in order.
 """
 
 from __future__ import annotations

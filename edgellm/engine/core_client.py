@@ -31,7 +31,6 @@ from edgellm.engine.protocol import (
     UtilityCall,
     UtilityResult,
 )
-from edgellm.sampling import SamplingParams
 from edgellm.spawn import describe_exit, start_without_main
 
 # A sink receives, on the receiver thread, its request's outputs from one core message as a list of
@@ -112,26 +111,12 @@ class CoreClient:
                 raise msg.error
 
     # ---- any thread ----------------------------------------------------------------------------
-    def add(
-        self,
-        rid: str,
-        ids: list[int],
-        params: SamplingParams,
-        sink: Sink,
-        priority: int = 0,
-        group: str | None = None,
-    ) -> None:
-        """A generation request; `group`: the client request it is part of (they share its part of each
-        step), None: its own."""
-        self._register(rid, sink)
-        self._outbox.put(EngineCoreRequest(rid, ids, params, priority, group))
-
-    def add_embedding(
-        self, rid: str, ids: list[int], sink: Sink, priority: int = 0, group: str | None = None
-    ) -> None:
-        """An input to embed; its sink gets one EngineCoreOutput whose `embedding` is the vector."""
-        self._register(rid, sink)
-        self._outbox.put(EngineCoreRequest(rid, ids, None, priority, group))
+    def add(self, req: EngineCoreRequest, sink: Sink) -> None:
+        """A request for the core (a generation, an embedding or a scoring, checked by the front-end); its
+        sink gets the outputs (an embedding's or a scoring's one EngineCoreOutput carries its `embedding`
+        or `logits`)."""
+        self._register(req.request_id, sink)
+        self._outbox.put(req)
 
     def _register(self, rid: str, sink: Sink) -> None:
         with self._lock:
@@ -160,7 +145,7 @@ class CoreClient:
             self._outbox.put(AbortRequests(list(rids)))
 
     def call(self, name: str, *args: Any) -> Any:
-        """A request/reply message to the core ("score", "stats"); blocks the caller only."""
+        """A request/reply message to the core ("stats"); blocks the caller only."""
         fut: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
             if self.error is not None:

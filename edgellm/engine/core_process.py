@@ -21,11 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from edgellm.engine.checks import PromptTooLongError
 from edgellm.engine.config import DEFAULT_CTX, EngineConfig, kv_budget_bytes
 from edgellm.engine.engine_core import EngineCore
 from edgellm.engine.guidance import GuidedDecoding
-from edgellm.engine.model_runner import ModelRunner, RunItem
+from edgellm.engine.model_runner import ModelRunner
 from edgellm.engine.protocol import (
     AbortRequests,
     CoreFailed,
@@ -35,13 +34,13 @@ from edgellm.engine.protocol import (
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
+    RequestKind,
     RequestRejected,
     Shutdown,
     UtilityCall,
     UtilityResult,
 )
 from edgellm.engine.scheduler import SchedulerConfig
-from edgellm.engine.sequence import Sequence as EngineSequence
 from edgellm.engine.spec.build import build_speculator
 
 IDLE_POLL_S = 0.5  # how often an idle core looks whether its front-end is still there
@@ -128,32 +127,20 @@ class EngineCoreProc:
             "stats": self.stats(),
         }
 
-    # ---- requests that are not generation ------------------------------------------------------
+    # ---- in-process use ------------------------------------------------------------------------
     def score(self, ids: list[int]) -> np.ndarray:
-        """Teacher-forced logits: float32 [len(ids), n_vocab], row t predicting token t+1."""
-        ids = list(ids)
-        if not ids:
-            raise ValueError("score() needs at least one token")
-        if any(isinstance(t, bool) or not 0 <= t < self.config.n_vocab for t in ids):
-            raise ValueError(f"token ids must be in 0..{self.config.n_vocab - 1}")
-        if len(ids) > self.n_ctx:
-            raise PromptTooLongError(
-                len(ids), self.n_ctx, f"{len(ids)} tokens exceed the context window of {self.n_ctx}"
-            )
-        bm = self.engine_core.scheduler.block_manager
-        seq = EngineSequence(-1, ids)
-        if not bm.can_allocate(seq, len(ids)):
-            raise RuntimeError("not enough free KV blocks to score this sequence while other requests run")
-        bm.allocate(seq, len(ids))
-        try:
-            chunk = self.engine_core.scheduler.config.max_num_batched_tokens
-            rows = []
-            for start in range(0, len(ids), chunk):
-                item = RunItem(seq.block_table, ids[start : start + chunk], start, all_logits=True)
-                rows.append(self.runner.run([item])[0])
-            return np.concatenate(rows, axis=0)
-        finally:
-            bm.free(seq)
+        """Teacher-forced logits: float32 [len(ids), n_vocab], row t predicting token t+1, through the
+        engine core as a scoring request (LLM.score sends one). In process, with nothing else in flight:
+        the steps it runs would take other requests' outputs with them."""
+        eng = self.engine_core
+        if eng.has_unfinished():
+            raise RuntimeError("EngineCoreProc.score runs the engine alone: other requests are in flight")
+        rid = eng.add_score_request(list(ids))
+        while eng.has_unfinished():
+            for out in eng.step():
+                if out.request_id == rid:
+                    return out.logits
+        raise RuntimeError(f"{rid} ended without its logits")
 
     def stats(self) -> dict:
         return asdict(self.engine_core.stats())
@@ -169,12 +156,13 @@ class EngineCoreProc:
     def _add(self, req: EngineCoreRequest, send: Callable[[Any], None]) -> None:
         core = self.engine_core
         try:
-            if req.sampling_params is None:
-                core.add_embedding_request(req.prompt_token_ids, req.request_id, req.priority, req.group)
-            else:
+            if req.kind == RequestKind.GENERATE:
                 core.add_request(
                     req.prompt_token_ids, req.sampling_params, req.request_id, req.priority, req.group
                 )
+            else:
+                add = core.add_embedding_request if req.kind == RequestKind.EMBED else core.add_score_request
+                add(req.prompt_token_ids, req.request_id, req.priority, req.group)
         except Exception as e:  # a bad request: its sender gets the error, the core goes on
             send(RequestRejected(req.request_id, portable(e)))
 
@@ -184,7 +172,7 @@ class EngineCoreProc:
 
     def _call(self, msg: UtilityCall, send: Callable[[Any], None]) -> None:
         try:
-            value = {"score": self.score, "stats": self.stats}[msg.name](*msg.args)
+            value = {"stats": self.stats}[msg.name](*msg.args)
             send(UtilityResult(msg.call_id, True, value))
         except Exception as e:
             send(UtilityResult(msg.call_id, False, portable(e)))

@@ -6,13 +6,15 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
-from edgellm.engine.checks import PromptTooLongError, check_embedding_input, check_prompt
+from edgellm.engine.checks import PromptTooLongError, check_embedding_input, check_prompt, check_score_input
 from edgellm.engine.guidance import GuidedDecoding
+from edgellm.engine.inputs import InputRequests
 from edgellm.engine.model_runner import ModelRunner, RunItem
-from edgellm.engine.pooling import PooledRequests
+from edgellm.engine.pooling import Pooler, check_pooling
 from edgellm.engine.protocol import EngineCoreOutput, EngineStats, FinishReason, TokenLogprob
 from edgellm.engine.request import FINISH_STATUS, Completion, Request, cut_at_stop
 from edgellm.engine.scheduler import Scheduler, SchedulerConfig, SchedulerPlan
+from edgellm.engine.scoring import Scorer
 from edgellm.engine.sequence import Sequence
 from edgellm.engine.spec.speculator import Speculator
 from edgellm.engine.spec.verify import Row, sample_row, verify_drafts
@@ -52,7 +54,7 @@ class EngineCore:
         self.guidance = guidance
         self.scheduler = Scheduler(sched)
         self.requests: dict[str, Request] = {}
-        self.pooled = PooledRequests(self.scheduler, runner.cfg.pooling)  # embedding requests
+        self.inputs = InputRequests(self.scheduler)  # embeddings and scorings
         self._seq_ids = itertools.count()
         self._req_ids = itertools.count()
         self._totals = {"prompt": 0, "cached": 0, "generated": 0, "finished": 0}
@@ -92,16 +94,28 @@ class EngineCore:
     ) -> str:
         """An input to embed: computed like a prompt, its hidden states pooled (pooling.py); its
         EngineCoreOutput carries the vector. `group`: as add_request's (the inputs of one client request)."""
+        check_pooling(self.runner.cfg.pooling)
+        return self._add_input(ids, check_embedding_input, request_id, priority, group, pooled=True)
+
+    def add_score_request(
+        self, ids: list[int], request_id: str | None = None, priority: int = 0, group: str | None = None
+    ) -> str:
+        """A sequence to score: computed like a prompt, the logits of every position kept (scoring.py);
+        its EngineCoreOutput carries them ([len(ids), n_vocab], row t predicting token t+1)."""
+        return self._add_input(ids, check_score_input, request_id, priority, group, scored=True)
+
+    def _add_input(self, ids, check, request_id, priority, group, **kind) -> str:  # noqa: ANN001
         ids = list(ids)
-        check_embedding_input(ids, self.n_ctx, self.runner.cfg.n_vocab)
+        check(ids, self.n_ctx, self.runner.cfg.n_vocab)  # the front-end checked; this guards the kernels
         rid = self._new_id(request_id)
-        self.pooled.add(rid, ids, next(self._seq_ids), priority, group)
+        seq = Sequence(next(self._seq_ids), ids, priority=priority, max_tokens=0, group=group, **kind)
+        self.inputs.add(Pooler(rid, seq, self.runner.cfg.pooling) if seq.pooled else Scorer(rid, seq))
         self._totals["prompt"] += len(ids)
         return rid
 
     def _new_id(self, request_id: str | None) -> str:
         rid = request_id if request_id is not None else f"req-{next(self._req_ids)}"
-        if rid in self.requests or rid in self.pooled:
+        if rid in self.requests or rid in self.inputs:
             raise ValueError(f"request id {rid!r} is already in flight")
         return rid
 
@@ -110,7 +124,7 @@ class EngineCore:
         blocks are freed at once. Returns the ABORT outputs of the completions it ended."""
         req = self.requests.get(request_id)
         if req is None:
-            self.pooled.abort(request_id)
+            self.inputs.abort(request_id)
             return []
         outs = []
         for c in req.completions:
@@ -124,7 +138,7 @@ class EngineCore:
         return outs
 
     def has_unfinished(self) -> bool:
-        return bool(self.requests) or bool(self.pooled)
+        return bool(self.requests) or bool(self.inputs)
 
     # ---- one step ------------------------------------------------------------------------------
     def step(self) -> list[EngineCoreOutput]:
@@ -141,26 +155,25 @@ class EngineCore:
                 }
             )
         rows = self._run(plan)
-        if not plan.is_empty:
-            self.pooled.collect(plan, self.runner.last_hidden)
         outs = self._postprocess(plan, rows)
-        finished = self.pooled.finish(plan)
+        finished = self.inputs.finish(plan)
         self._totals["finished"] += len(finished)
         return outs + finished
 
     def _speculable(self) -> list[Sequence]:
-        """Running sequences drafts may be proposed for: not embeddings (nothing is sampled), not
+        """Running sequences drafts may be proposed for: not embeddings or scorings (nothing is sampled), not
         constrained ones (a draft token would have to pass the grammar at each position) and not those
         with a reasoning budget (the core may have to force the tokens that close the think block)."""
         return [
             s
             for s in self.scheduler.running
-            if not s.pooled and s.owner.matcher is None and s.owner.request.params.reasoning_budget is None
+            if s.samples and s.owner.matcher is None and s.owner.request.params.reasoning_budget is None
         ]
 
     def _run(self, plan: SchedulerPlan) -> dict[int, list[Row]]:
         """Each sampled sequence's logits rows (one, or 1 + its drafts when verifying), or only their best
-        entries when the backend samples where the logits live (see _device_k)."""
+        entries when the backend samples where the logits live (see _device_k). Embeddings and scorings
+        get their hidden rows and logits rows (self.inputs)."""
         self.runner.retain_states(self.scheduler.seqs)  # frees finished and aborted sequences' state
         if plan.is_empty:
             return {}
@@ -174,9 +187,10 @@ class EngineCore:
                     seq.block_table,
                     seq.tokens_to_compute(n),
                     c,
+                    all_logits=seq.scored,
                     need_logits=seq.seq_id in sample,
                     num_logits=1 + len(seq.spec_token_ids),
-                    hidden_rows=self.pooled.rows_for(seq, c, n),
+                    hidden_rows=self.inputs.hidden_rows(seq, c, n),
                     seq_id=seq.seq_id,
                 )
             )
@@ -184,15 +198,19 @@ class EngineCore:
         k = self._device_k(plan)
         if k is None:
             out = self.runner.run(items)
-            return {sid: list(r) for sid, r in zip(ids, out, strict=True) if len(r)}
+            self.inputs.collect(plan, self.runner.last_hidden, out)
+            return {sid: list(r) for sid, r in zip(ids, out, strict=True) if sid in sample}
+        no_logits = [None] * len(items)  # no scoring in the step (_device_k)
         if k == 0:
             tops = self.runner.run_argmax(items)
+            self.inputs.collect(plan, self.runner.last_hidden, no_logits)
             return {
                 sid: [TopCandidates(t[j : j + 1]) for j in range(len(t))]
                 for sid, t in zip(ids, tops, strict=True)
                 if len(t)
             }
         pairs = self.runner.run_top_k(items, k)
+        self.inputs.collect(plan, self.runner.last_hidden, no_logits)
         return {
             sid: [TopCandidates(i[j], v[j]) for j in range(len(i))]
             for sid, (v, i) in zip(ids, pairs, strict=True)
@@ -204,8 +222,11 @@ class EngineCore:
         logits (top-k): the backend then returns only ids (and those k values) instead of [n_vocab] logits
         per row. None (whole rows to the host) on a backend that would copy them anyway, for mixed greedy and
         sampled steps (np.argmax and np.argsort order NaN differently), or when a sequence needs the whole row
-        (penalties, biases, logprobs, or the first token of n > 1 completions, which forks from the row)."""
+        (penalties, biases, logprobs, or the first token of n > 1 completions, which forks from the row), and
+        for a step that computes a scoring (it returns every row whole)."""
         if not self.runner.be.samples_on_device or not plan.sample_seq_ids:
+            return None
+        if any(seq.scored for seq, _ in plan.scheduled):
             return None
         ks = set()
         for sid in plan.sample_seq_ids:
@@ -375,7 +396,6 @@ class EngineCore:
             "spec_verify_steps_total": c.verify_steps,
             "spec_pauses_total": c.pauses,
         }
-
 
 
 def _next_token(p: SamplingParams, sampler: Sampler, row: Row, prompt: list[int], output: list[int]) -> int:

@@ -27,7 +27,7 @@ class RunItem:
     hidden_rows: np.ndarray | None = None  # [H] offsets into token_ids whose final hidden states to return
     num_logits: int = 1  # with need_logits: rows for this many last tokens (1 + drafts when verifying)
     # the scheduler's sequence id: a recurrent model's conv state is kept per id (engine/conv_state.py);
-    # None: the one anonymous state (one sequence at a time: scoring, warm-up)
+    # None: the one anonymous state (one sequence at a time: warm-up, scripts)
     seq_id: int | None = None
 
 

@@ -1,7 +1,7 @@
 """Embedding requests inside the engine: the input runs forward exactly like a prompt (chunked, batched
 with generation in the same steps, preemptible) but nothing is sampled; the final hidden states (after
 the output norm) of its tokens are pooled into one L2-normalized vector, and its KV blocks are freed the
-step its last chunk runs.
+step its last chunk runs (inputs.py keeps them beside the scorings).
 
 An embedding sequence skips the prefix-cache lookup: mean pooling needs every token's hidden state, which
 a cache hit would never compute. Its finished blocks are still offered to the cache (the K/V are the same
@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgellm.engine.protocol import EngineCoreOutput, FinishReason
-from edgellm.engine.scheduler import Scheduler, SchedulerPlan
-from edgellm.engine.sequence import Sequence, SequenceStatus
+from edgellm.engine.sequence import Sequence
 
 POOLABLE = ("mean", "cls", "last")
 
@@ -57,8 +56,8 @@ class Pooler:
         self.rows_wanted = hidden_rows(self.pooling, start, n, self.seq.num_tokens)
         return self.rows_wanted
 
-    def add(self, rows: np.ndarray) -> None:
-        """This chunk's hidden states [len(rows_wanted), n_embd]."""
+    def add(self, rows: np.ndarray, logits: np.ndarray) -> None:
+        """This chunk's hidden states [len(rows_wanted), n_embd] (it asked for no logits)."""
         if len(rows) != len(self.rows_wanted):
             raise RuntimeError(
                 f"{self.request_id}: expected {len(self.rows_wanted)} hidden rows, got {len(rows)}"
@@ -86,63 +85,3 @@ class Pooler:
             request_finished=True,
             embedding=self.result(),
         )
-
-
-class PooledRequests:
-    """The engine's embedding requests: admitted to its scheduler like prompts; the engine asks for their
-    hidden rows when it builds a step's batch (rows_for), hands the forward pass's rows back (collect) and
-    takes the finished vectors (finish)."""
-
-    def __init__(self, scheduler: Scheduler, pooling: str) -> None:
-        self.scheduler, self.pooling = scheduler, pooling
-        self.by_request: dict[str, Pooler] = {}
-        self.by_seq: dict[int, Pooler] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self.by_request)
-
-    def __contains__(self, request_id: str) -> bool:
-        return request_id in self.by_request
-
-    def add(
-        self, request_id: str, ids: list[int], seq_id: int, priority: int, group: str | None = None
-    ) -> None:
-        check_pooling(self.pooling)
-        seq = Sequence(seq_id, ids, priority=priority, max_tokens=0, pooled=True, group=group)
-        self.scheduler.add(seq)  # raises before anything is registered if it can never fit
-        p = Pooler(request_id, seq, self.pooling)
-        self.by_request[request_id] = p
-        self.by_seq[seq_id] = p
-
-    def rows_for(self, seq: Sequence, start: int, n: int) -> np.ndarray | None:
-        return self.by_seq[seq.seq_id].plan(start, n) if seq.pooled else None
-
-    def collect(self, plan: SchedulerPlan, hidden: list[np.ndarray]) -> None:
-        """A step's hidden rows, one entry per scheduled item (empty for generation items)."""
-        for (seq, _), rows in zip(plan.scheduled, hidden, strict=True):
-            if seq.pooled:
-                self.by_seq[seq.seq_id].add(rows)
-
-    def finish(self, plan: SchedulerPlan) -> list[EngineCoreOutput]:
-        """After the scheduler's postprocess: the requests whose whole input is computed (blocks freed)."""
-        outs = []
-        for seq, _ in plan.scheduled:
-            if (
-                seq.pooled
-                and seq.status == SequenceStatus.RUNNING
-                and seq.num_computed_tokens == seq.num_tokens
-            ):
-                self.scheduler.finish(seq.seq_id, SequenceStatus.FINISHED_STOPPED)
-                p = self.by_seq.pop(seq.seq_id)
-                del self.by_request[p.request_id]
-                outs.append(p.output())
-        return outs
-
-    def abort(self, request_id: str) -> bool:
-        p = self.by_request.pop(request_id, None)
-        if p is None:
-            return False
-        del self.by_seq[p.seq.seq_id]
-        if self.scheduler.get(p.seq.seq_id) is not None:
-            self.scheduler.abort(p.seq.seq_id)
-        return True

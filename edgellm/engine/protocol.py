@@ -2,11 +2,11 @@
 pickle-able dataclasses (vLLM v1's engine/__init__.py). This module imports nothing of the core (no model,
 runner, scheduler or backend): both sides share it without the front-end loading the core.
 
-In, front-end -> core: EngineCoreRequest (a generation or an embedding), AbortRequests, UtilityCall,
-Shutdown. Out, core -> front-end: CoreProgress lines, then CoreReady or CoreLoadFailed while it loads;
-then EngineCoreOutputs per step (or per EngineConfig.stream_interval), RequestRejected, UtilityResult, and
-CoreFailed when a step raised. Only ids, numbers, strings, SamplingParams, numpy vectors and exceptions
-cross: no tokenizer state.
+In, front-end -> core: EngineCoreRequest (a generation, an embedding or a scoring), AbortRequests,
+UtilityCall, Shutdown. Out, core -> front-end: CoreProgress lines, then CoreReady or CoreLoadFailed while
+it loads; then EngineCoreOutputs per step (or per EngineConfig.stream_interval), RequestRejected,
+UtilityResult, and CoreFailed when a step raised. Only ids, numbers, strings, SamplingParams, numpy arrays
+and exceptions cross: no tokenizer state.
 """
 
 from __future__ import annotations
@@ -33,6 +33,15 @@ class FinishReason(enum.IntEnum):
         return self.name.lower()
 
 
+class RequestKind(enum.IntEnum):
+    """What the core does with a request's tokens. The scheduler plans all three alike (chunked over the
+    paged KV cache, batched with the rest, preemptible); only a generation samples."""
+
+    GENERATE = 0  # sample completions after the prompt (EngineCoreRequest.sampling_params)
+    EMBED = 1  # pool the input's final hidden states into one vector (EngineCoreOutput.embedding)
+    SCORE = 2  # teacher-forced: the logits at every position of the input (EngineCoreOutput.logits)
+
+
 @dataclass
 class TokenLogprob:
     token_id: int
@@ -45,11 +54,12 @@ class TokenLogprob:
 class EngineCoreRequest:
     request_id: str
     prompt_token_ids: list[int]
-    sampling_params: SamplingParams | None  # None: an embedding request (pooled, nothing sampled)
+    sampling_params: SamplingParams | None  # None for an embedding or a scoring (nothing is sampled)
     priority: int = 0  # lower is served first
     # The client request this one is part of (an HTTP request's prompts or embedding inputs): they share
     # its part of each step. None: a group of its own.
     group: str | None = None
+    kind: RequestKind = RequestKind.GENERATE
 
 
 @dataclass
@@ -63,7 +73,7 @@ class AbortRequests:
 
 @dataclass
 class UtilityCall:
-    """A request/reply message ("score", "stats"): answered by one UtilityResult with the same call_id."""
+    """A request/reply message ("stats"): answered by one UtilityResult with the same call_id."""
 
     call_id: int
     name: str
@@ -123,6 +133,7 @@ class EngineCoreOutput:
     first: bool = False  # the step brought the request's first tokens (its time to first token)
     request_finished: bool = False  # every completion has finished: nothing more comes for the request
     embedding: np.ndarray | None = None  # [n_embd] float32: an embedding request's pooled vector
+    logits: np.ndarray | None = None  # [n, n_vocab] float32: a scoring's, row t predicting token t+1
 
     def __reduce__(self) -> tuple:
         # Positional fields: a step of 16 outputs pickles in half the time, unpickles in a quarter.

@@ -194,7 +194,8 @@ class Scheduler:
         So one request with a long prompt or thousands of inputs leaves every other its part of each
         step. Waiting groups count as far as the running set has free slots, in the order _admit takes
         them. Embedding inputs yield to prompts (someone waits for a prompt's first token; an embedding
-        is wanted only whole) and take at most max_pooled_tokens_per_step together."""
+        is wanted only whole) and take at most max_pooled_tokens_per_step together. A scoring's input
+        is shared out as a prompt is (its caller waits on it alone, in chunks of the step's budget)."""
         demand: Counter = Counter()
         priority: dict[Any, int] = {}
         pooled: set[Any] = set()
@@ -291,7 +292,7 @@ class Scheduler:
         plan.block_copies.extend(self.block_manager.allocate(seq, num_new))
         plan.scheduled.append((seq, num_new))
         plan.num_batched_tokens += num_new
-        if seq.num_computed_tokens + num_new == seq.num_tokens_with_spec and not seq.pooled:
+        if seq.num_computed_tokens + num_new == seq.num_tokens_with_spec and seq.samples:
             plan.sample_seq_ids.append(seq.seq_id)
 
     def _preempt(self, seq: Sequence, plan: SchedulerPlan) -> None:

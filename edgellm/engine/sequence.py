@@ -53,12 +53,13 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)  # KV block ids, logical block i -> physical id
     num_preemptions: int = 0
     pooled: bool = False  # an embedding: computed like a prompt, pooled instead of sampled (pooling.py)
+    scored: bool = False  # a scoring: computed like a prompt, every position's logits kept (scoring.py)
     spec_token_ids: list[int] = field(default_factory=list)  # draft tokens to verify in the next step
     # The client request it came with (an HTTP request's embedding inputs, a request's n completions):
     # the scheduler shares a step's tokens out per group, not per sequence. None: a group of its own.
     group: Any = None
     # What the sequence is to the engine (engine/request.py's Completion: its request, sampler, grammar);
-    # opaque to the scheduler. None for an embedding input (pooling.py keeps those by seq id).
+    # opaque to the scheduler. None for an embedding or scoring input (inputs.py keeps those by seq id).
     owner: Any = None
 
     def __post_init__(self) -> None:
@@ -67,6 +68,14 @@ class Sequence:
             self.num_prompt_tokens = len(self.token_ids)
         if not 0 < self.num_prompt_tokens <= len(self.token_ids):
             raise ValueError(f"sequence {self.seq_id}: needs at least one prompt token")
+        if self.pooled and self.scored:
+            raise ValueError(f"sequence {self.seq_id}: an embedding or a scoring, not both")
+
+    @property
+    def samples(self) -> bool:
+        """A completion: its last token's logits are sampled. An embedding or a scoring computes its
+        input only, every token of it (a prefix-cache hit would skip the rows it needs)."""
+        return not (self.pooled or self.scored)
 
     @property
     def group_key(self) -> Any:

@@ -300,9 +300,7 @@ def anthropic_routes(front: Frontend) -> list[Route]:
         body = await front.read_json(request)
         with renamed(OPENAI_NAMES):
             chat_body = openai_body(body, allowed, count_only, can_switch_thinking(state))
-            req = parse_chat(
-                chat_body, state.llm.tokenizer.vocab_size, state.llm.n_ctx, state.config.sampling_defaults
-            )
+            req = parse_chat(chat_body, state.llm.n_ctx, state.config.sampling_defaults)
             return req, await front.prompt_ids(req)
 
     @endpoint

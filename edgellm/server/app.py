@@ -64,13 +64,13 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
     async def chat_completions(request: Request) -> Response:
         body = await read_json(request, limit)
         defaults = state.config.sampling_defaults
-        req = parse_chat(body, state.llm.tokenizer.vocab_size, state.llm.n_ctx, defaults)
+        req = parse_chat(body, state.llm.n_ctx, defaults)
         return await generate(state, request, req, [await prompt_ids(req)], chat=True)
 
     @endpoint(state)
     async def completions(request: Request) -> Response:
         body = await read_json(request, limit)
-        req = parse_completion(body, state.llm.tokenizer.vocab_size, state.config.sampling_defaults)
+        req = parse_completion(body, state.config.sampling_defaults)
         check_model(req.model)
         assert req.prompts is not None
         await constrain(req, (state.llm.tokenizer, state.llm.config.n_vocab))
@@ -129,7 +129,7 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
         body = await read_json(request, limit)
         tok = state.llm.tokenizer
         if "messages" in body:
-            req = parse_chat({"messages": body["messages"]}, tok.vocab_size, state.llm.n_ctx)
+            req = parse_chat({"messages": body["messages"]}, state.llm.n_ctx)
             assert req.messages is not None
             add_generation_prompt = body.get("add_generation_prompt", True)
             if not isinstance(add_generation_prompt, bool):

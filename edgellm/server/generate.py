@@ -13,10 +13,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from edgellm.engine.checks import PromptTooLongError
+from edgellm.engine.checks import PromptTooLongError, TokenIdError
 from edgellm.engine.core_client import EngineDeadError
 from edgellm.engine.outputs import OutputCollector, RequestOutput
-from edgellm.server.errors import ApiError
+from edgellm.server.errors import ApiError, bad_value
 from edgellm.server.openai_format import (
     Choice,
     ResponseHead,
@@ -119,39 +119,50 @@ class Generation:
     close: Callable[[], None]
 
 
+def request_error(e: ValueError, n_ctx: int, chat: bool) -> ApiError:
+    """The front-end's verdict on a request (LLM.make_request) as the API's 400: the context-length body
+    OpenAI sends, a token id outside the vocabulary naming the field that had it."""
+    what = "messages" if chat else "prompt"
+    if isinstance(e, PromptTooLongError):
+        return ApiError(
+            400,
+            f"This model's maximum context length is {n_ctx} tokens. However, your {what} resulted in "
+            f"{e.num_tokens} tokens (at most {n_ctx - 1} prompt tokens leave room for one generated token).",
+            param=what,
+            code="context_length_exceeded",
+        )
+    if isinstance(e, TokenIdError):
+        last = e.vocab_size - 1
+        if e.field == "logit_bias":
+            return bad_value("logit_bias", f"token id {e.token_id} is outside the vocabulary (0..{last})")
+        if not chat:  # a completion's prompt given as token ids
+            return bad_value("prompt", f"token ids must be in 0..{last}")
+    return ApiError(400, str(e), param=what)
+
+
 def start_generation(
     state: ServerState, req: GenerationRequest, prompts: list[list[int]], chat: bool
 ) -> Generation:
-    """The front-end's one way into the engine, for every API: the prompt checks, admission (429 past the
-    queue limit) and one engine stream per prompt."""
-    n_ctx = state.llm.n_ctx
-    for ids in prompts:
-        try:
-            state.llm.prompt_ids(ids)  # the front-end's one prompt check, before a slot is taken
-        except PromptTooLongError:
-            what = "messages" if chat else "prompt"
-            raise ApiError(
-                400,
-                f"This model's maximum context length is {n_ctx} tokens. However, your {what} resulted in "
-                f"{len(ids)} tokens (at most {n_ctx - 1} prompt tokens leave room for one generated token).",
-                param="messages" if chat else "prompt",
-                code="context_length_exceeded",
-            ) from None
-        except ValueError as e:
-            raise ApiError(400, str(e), param="messages" if chat else "prompt") from None
-    release = state.admit(len(prompts))
+    """The front-end's one way into the engine, for every API: each prompt's request checked once
+    (LLM.make_request, before a slot is taken), admission (429 past the queue limit) and one engine stream
+    per prompt."""
     head = ResponseHead(new_id("chatcmpl" if chat else "cmpl"), state.model_name, chat)
-    rids = [f"{head.id}-{i}" for i in range(len(prompts))]
+    try:
+        requests = [
+            state.llm.make_request(ids, req.params, f"{head.id}-{i}", group=head.id)
+            for i, ids in enumerate(prompts)
+        ]
+    except ValueError as e:
+        raise request_error(e, state.llm.n_ctx, chat) from None
+    release = state.admit(len(prompts))
+    rids = [r.request_id for r in requests]
 
     def close() -> None:
         state.llm.abort_all(rids)  # a no-op for requests that already finished
         release()
 
     try:
-        gens = [
-            state.llm.stream(ids, req.params, request_id=rid, group=head.id)
-            for ids, rid in zip(prompts, rids, strict=True)
-        ]
+        gens = [state.llm.stream(r) for r in requests]
     except BaseException:
         close()
         raise

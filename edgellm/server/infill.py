@@ -100,7 +100,7 @@ def parse_infill(state: ServerState, body: dict) -> GenerationRequest:
     completion_body["prompt"] = ids
     if body.get("max_tokens") is None:  # llama.cpp's default: until an end token or the context's end
         completion_body["max_tokens"] = state.llm.n_ctx if n_predict in (None, -1) else n_predict
-    return parse_completion(completion_body, state.llm.tokenizer.vocab_size, state.config.sampling_defaults)
+    return parse_completion(completion_body, state.config.sampling_defaults)
 
 
 def _final(model: str, content: str, end: End | None) -> dict[str, Any]:

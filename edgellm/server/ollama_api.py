@@ -167,12 +167,12 @@ def ollama_routes(front: Frontend) -> list[Route]:
         (`as_chat`) or /api/generate."""
         stream = opt_bool(body, "stream")
         openai_body["stream"] = True if stream is None else stream
-        tok, n_ctx = state.llm.tokenizer, state.llm.n_ctx
+        n_ctx = state.llm.n_ctx
         with renamed(OPENAI_NAMES):
             if chat:
-                req = parse_chat(openai_body, tok.vocab_size, n_ctx, state.config.sampling_defaults)
+                req = parse_chat(openai_body, n_ctx, state.config.sampling_defaults)
             else:
-                req = parse_completion(openai_body, tok.vocab_size, state.config.sampling_defaults)
+                req = parse_completion(openai_body, state.config.sampling_defaults)
             ids = await front.prompt_ids(req)
         shape = ReplyShape(state.model_name, as_chat)
         return await respond(

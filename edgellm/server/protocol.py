@@ -134,7 +134,6 @@ class GenerationRequest:
 
 def _common(
     body: dict,
-    vocab_size: int,
     max_tokens_default: int,
     top_logprobs: int | None,
     defaults: Mapping[str, Any],
@@ -163,10 +162,7 @@ def _common(
                 tid = int(k)
             except ValueError:
                 raise bad_value("logit_bias", f"key {reprlib.repr(k)} is not a token id") from None
-            if not 0 <= tid < vocab_size:
-                raise bad_value(
-                    "logit_bias", f"token id {tid} is outside the vocabulary (0..{vocab_size - 1})"
-                )
+            # (whether it is in the vocabulary is the front-end's check: LLM.make_request)
             if not _is_number(v) or not -100 <= v <= 100:
                 raise bad_value("logit_bias", f"bias for token {tid} must be a number in [-100, 100]")
             logit_bias[tid] = float(v)
@@ -313,7 +309,7 @@ def parse_thinking(body: dict) -> tuple[bool | None, str | None]:
 
 
 def parse_chat(
-    body: dict, vocab_size: int, n_ctx: int, defaults: Mapping[str, Any] = MappingProxyType({})
+    body: dict, n_ctx: int, defaults: Mapping[str, Any] = MappingProxyType({})
 ) -> GenerationRequest:
     """`defaults`: the server's sampling defaults (ServerConfig.sampling_defaults) for omitted fields."""
     body = _object(body)
@@ -326,7 +322,7 @@ def parse_chat(
     if tools is not None and schema is not None:
         raise bad_value("response_format", "cannot be combined with tools (unless tool_choice is 'none')")
     top_or_none = (top or 0) if logprobs else None
-    model, params, stream, include_usage, user = _common(body, vocab_size, n_ctx, top_or_none, defaults)
+    model, params, stream, include_usage, user = _common(body, n_ctx, top_or_none, defaults)
     enable_thinking, thinking_param = parse_thinking(body)
     return GenerationRequest(
         model,
@@ -343,9 +339,7 @@ def parse_chat(
     )
 
 
-def parse_completion(
-    body: dict, vocab_size: int, defaults: Mapping[str, Any] = MappingProxyType({})
-) -> GenerationRequest:
+def parse_completion(body: dict, defaults: Mapping[str, Any] = MappingProxyType({})) -> GenerationRequest:
     body = _object(body)
     k = _int(body, "logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
     if _bool(body, "echo"):
@@ -354,7 +348,7 @@ def parse_completion(
     if body.get("tools") is not None or body.get("tool_choice") is not None:
         raise bad_value("tools", "tools are only supported on /v1/chat/completions")
     schema = parse_response_format(body)
-    model, params, stream, include_usage, user = _common(body, vocab_size, 16, k, defaults)  # OpenAI: 16
+    model, params, stream, include_usage, user = _common(body, 16, k, defaults)  # OpenAI: 16
     prompt = body.get("prompt")
     prompts: list[str | list[int]]
     if isinstance(prompt, str):
@@ -373,9 +367,7 @@ def parse_completion(
         raise bad_value("prompt", "expected a string, a list of strings, token ids or lists of token ids")
     if len(prompts) * params.n > MAX_N:
         raise bad_value("prompt", f"at most {MAX_N} completions per request (prompts x n)")
-    for p in prompts:
-        if isinstance(p, list) and any(not 0 <= t < vocab_size for t in p):
-            raise bad_value("prompt", f"token ids must be in 0..{vocab_size - 1}")
+    for p in prompts:  # (token ids outside the vocabulary: the front-end's check, LLM.make_request)
         if isinstance(p, list) and suffix is not None:
             raise bad_value("suffix", "needs a text prompt (the text before the gap), not token ids")
     return GenerationRequest(

@@ -204,9 +204,7 @@ def responses_routes(front: Frontend) -> list[Route]:
         body = await front.read_json(request)
         with renamed(OPENAI_NAMES):
             chat_body, conversation = openai_body(body, store)
-            req = parse_chat(
-                chat_body, state.llm.tokenizer.vocab_size, state.llm.n_ctx, state.config.sampling_defaults
-            )
+            req = parse_chat(chat_body, state.llm.n_ctx, state.config.sampling_defaults)
             ids = await front.prompt_ids(req)
         resp = _Response(state, body, req, len(ids), store, conversation)
         return await respond(

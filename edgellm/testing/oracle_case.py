@@ -98,12 +98,15 @@ def score_edgellm(
 ) -> np.ndarray:
     """edgellm's logits [len(positions), n_vocab] float32 for the teacher-forced `tokens`, on the CPU
     backend, in process: the file goes through the same checks as LLM() (config, then validate_model), the
-    context window is llama.cpp's n_ctx (LongRoPE chooses its factors by it), and the prompt goes through
-    prefill chunks as the engine schedules them. edit(model): changes the loaded model before it runs (the
-    tests that take a feature out, to show that the match depends on it)."""
+    context window is llama.cpp's n_ctx (LongRoPE chooses its factors by it), and the tokens go through the
+    engine core as LLM.score sends them: a scoring request that the scheduler computes in prefill chunks of
+    `chunk` tokens. edit(model): changes the loaded model before it runs (the tests that take a feature out,
+    to show that the match depends on it)."""
     from edgellm.arch import ARCHITECTURES
     from edgellm.backends.cpu.backend import CpuBackend
-    from edgellm.engine.model_runner import ModelRunner, RunItem
+    from edgellm.engine.engine_core import EngineCore
+    from edgellm.engine.model_runner import ModelRunner
+    from edgellm.engine.scheduler import SchedulerConfig
     from edgellm.gguf.config import config_from_gguf
     from edgellm.gguf.load import load_gguf
     from edgellm.gguf.validation import validate_model
@@ -119,10 +122,13 @@ def score_edgellm(
     if edit is not None:
         edit(model)
     runner = ModelRunner(model, cfg, be, n_blocks, block_size)
-    table, ids, rows = list(range(n_blocks)), [int(t) for t in tokens], []
-    for start in range(0, len(ids), chunk):
-        rows += runner.run([RunItem(table, ids[start : start + chunk], start, all_logits=True)])
-    return np.concatenate(rows)[positions].astype(np.float32)
+    sched = SchedulerConfig(1, chunk, block_size, n_blocks, enable_prefix_caching=False)
+    engine = EngineCore(runner, frozenset(), max(n_ctx, len(tokens)), sched)
+    rid, logits = engine.add_score_request([int(t) for t in tokens]), None
+    while engine.has_unfinished():
+        logits = next((out.logits for out in engine.step() if out.request_id == rid), logits)
+    assert logits is not None
+    return logits[positions].astype(np.float32)
 
 
 def nmse(x: np.ndarray, ref: np.ndarray) -> float:

@@ -143,7 +143,7 @@ def test_sampling_params_and_the_server_share_one_set_of_bounds(name: str) -> No
         with pytest.raises(ValueError, match=name):
             SamplingParams(**{name: v})
         with pytest.raises(ApiError, match=name):
-            parse_completion({"prompt": "x", name: v}, 1000)
+            parse_completion({"prompt": "x", name: v})
     for v in inside:
         assert getattr(SamplingParams(**{name: v}), name) == v
-        assert getattr(parse_completion({"prompt": "x", name: v}, 1000).params, name) == v
+        assert getattr(parse_completion({"prompt": "x", name: v}).params, name) == v

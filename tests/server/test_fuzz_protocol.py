@@ -57,7 +57,7 @@ bodies = st.fixed_dictionaries(
 
 
 def _parse(body: object) -> None:
-    for parse in (lambda b: parse_chat(b, 100, 64), lambda b: parse_completion(b, 100)):
+    for parse in (lambda b: parse_chat(b, 64), lambda b: parse_completion(b)):
         try:
             check_unicode(body)
             req = parse(body)
@@ -182,7 +182,7 @@ def _check_attack(body: dict, pool) -> None:
     from edgellm.server.tools import checked_tool_schema
 
     try:
-        req = parse_chat(body, 100, 64)
+        req = parse_chat(body, 64)
     except ApiError as e:
         assert e.status == 400 and e.message
         return

@@ -263,3 +263,39 @@ def test_an_infill_past_the_context_is_a_400_and_the_server_keeps_serving(fim_se
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
     ok = httpx.post(f"{fim_server}/infill", json={"input_prefix": "a", "n_predict": 2}, timeout=60)
     assert ok.status_code == 200 and ok.json()["tokens_predicted"] >= 1
+
+
+PROMPT_IDS = "'prompt': token ids must be in 0..{last}"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param", "message"),
+    [
+        ("/v1/completions", {"prompt": [1, 10**6]}, "prompt", "'prompt': token ids must be in 0..{last}"),
+        (
+            "/v1/completions",
+            {"prompt": [[1, 2], [3, -1]]},
+            "prompt",
+            "'prompt': token ids must be in 0..{last}",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"999999": 1}},
+            "logit_bias",
+            "'logit_bias': token id 999999 is outside the vocabulary (0..{last})",
+        ),
+    ],
+)
+def test_token_ids_outside_the_vocabulary_are_the_front_ends_400(
+    fim_server: str, fim_model: Path, path: str, body: dict, param: str, message: str
+) -> None:
+    """The front-end's one check (LLM.make_request, in start_generation before a slot is taken) answers
+    with the body the parser gave before it: streamed or not, and nothing is left running."""
+    message = message.format(last=_tokenizer(fim_model)[0].vocab_size - 1)
+    for stream in (False, True):
+        r = httpx.post(f"{fim_server}{path}", json={**body, "max_tokens": 2, "stream": stream}, timeout=60)
+        assert r.status_code == 400, (stream, r.text)
+        err = r.json()["error"]
+        assert (err["param"], err["code"], err["message"]) == (param, "invalid_value", message), r.text
+    ok = httpx.post(f"{fim_server}/v1/completions", json={"prompt": [1, 2], "max_tokens": 2}, timeout=60)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1

@@ -296,31 +296,43 @@ def test_api_key_and_queue_full(guarded_server: str) -> None:
 
 
 def test_loopback_detection_and_request_validation() -> None:
+    from edgellm.engine.checks import TokenIdError, check_request
     from edgellm.server import _is_loopback
     from edgellm.server.errors import ApiError
+    from edgellm.server.generate import request_error
     from edgellm.server.protocol import parse_chat, parse_completion
 
     assert _is_loopback("127.0.0.1") and _is_loopback("::1") and _is_loopback("localhost")
     assert not _is_loopback("0.0.0.0") and not _is_loopback("192.168.1.10")
     msgs = {"messages": MSGS}
-    req = parse_chat(
-        {**msgs, "logprobs": True, "top_logprobs": 2, "top_k": -1, "stop": "x", "extra": 1}, 100, 64
-    )
+    req = parse_chat({**msgs, "logprobs": True, "top_logprobs": 2, "top_k": -1, "stop": "x", "extra": 1}, 64)
     assert req.params.logprobs == 2 and req.params.top_k == 0 and req.params.stop == ["x"]
     assert req.params.max_tokens == 64  # no max_tokens: up to the context (the engine caps it further)
-    assert parse_completion({"prompt": "a"}, 100).params.max_tokens == 16  # OpenAI's completions default
+    assert parse_completion({"prompt": "a"}).params.max_tokens == 16  # OpenAI's completions default
     bad = [
         ({**msgs, "n": True}, "'n'"),
         ({**msgs, "top_logprobs": 2}, "'top_logprobs'"),
-        ({**msgs, "logit_bias": {"100": 1}}, "'logit_bias'"),
+        ({**msgs, "logit_bias": {"x": 1}}, "'logit_bias'"),
         ({**msgs, "stream_options": {"include_usage": True}}, "'stream_options'"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "role"),
         ({**msgs, "top_p": 0}, "'top_p'"),
     ]
     for body, param in bad:
         with pytest.raises(ApiError) as exc:
-            parse_chat(body, 100, 64)
+            parse_chat(body, 64)
         assert exc.value.status == 400 and param in exc.value.message
+    # Token ids outside the vocabulary are the front-end's one check (LLM.make_request), for every API:
+    # start_generation answers them with the 400 the parser gave.
+    biased = parse_chat({**msgs, "logit_bias": {"100": 1}}, 64)
+    with pytest.raises(TokenIdError) as bias:
+        check_request([1], biased.params, 64, 100)
+    err = request_error(bias.value, 64, chat=True)
+    assert err.status == 400 and "'logit_bias'" in err.message
+    assert err.message == "'logit_bias': token id 100 is outside the vocabulary (0..99)"
+    with pytest.raises(TokenIdError) as prompt:
+        check_request([5, 100], parse_completion({"prompt": [5, 100]}).params, 64, 100)
+    err = request_error(prompt.value, 64, chat=False)
+    assert (err.status, err.param, err.message) == (400, "prompt", "'prompt': token ids must be in 0..99")
 
 
 def test_server_sampling_defaults_fill_only_what_a_request_omits() -> None:
@@ -337,12 +349,12 @@ def test_server_sampling_defaults_fill_only_what_a_request_omits() -> None:
     random_seed = build_parser().parse_args(["serve", "m", "--seed", "-1"])
     assert ServerConfig.from_cli_args(random_seed).sampling_defaults == {}  # -1: a fresh seed per request
     msgs = {"messages": MSGS}
-    p = parse_chat(msgs, 100, 64, defaults).params
+    p = parse_chat(msgs, 64, defaults).params
     assert (p.temperature, p.top_k, p.min_p, p.seed, p.top_p) == (0.3, 0, 0.05, 7, 1.0)
-    p = parse_chat({**msgs, "temperature": 1.5, "seed": 1, "top_k": 5}, 100, 64, defaults).params
+    p = parse_chat({**msgs, "temperature": 1.5, "seed": 1, "top_k": 5}, 64, defaults).params
     assert (p.temperature, p.seed, p.top_k, p.min_p) == (1.5, 1, 5, 0.05)  # the request's own win
-    assert parse_completion({"prompt": "a"}, 100, defaults).params.temperature == 0.3
-    assert parse_chat(msgs, 100, 64).params.temperature == 1.0  # no defaults: SamplingParams'
+    assert parse_completion({"prompt": "a"}, defaults).params.temperature == 0.3
+    assert parse_chat(msgs, 64).params.temperature == 1.0  # no defaults: SamplingParams'
     for bad, flag in (({"temperature": 3.0}, "--temperature 3.0"), ({"seed": -5}, "--seed -5")):
         with pytest.raises(ValueError, match=flag):
             ServerConfig(EngineConfig("m"), sampling_defaults=bad)

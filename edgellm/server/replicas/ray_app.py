@@ -214,11 +214,11 @@ class IngressApp:
             if self.template is None:
                 return []
             assert self.geometry is not None
-            req = parse_chat(data, tok.vocab_size, self.geometry["n_ctx"])
+            req = parse_chat(data, self.geometry["n_ctx"])
             assert req.messages is not None
             allow, tools = self.config.allow_special_in_content, req.tools and req.tools.tools
             return self.template.render_prompt(req.messages, tok, True, allow, tools).token_ids
-        prompt = parse_completion(data, tok.vocab_size).prompts[0]  # a batch: its first prompt stands for it
+        prompt = parse_completion(data).prompts[0]  # a batch: its first prompt stands for it
         return tok.encode(prompt, add_special=True) if isinstance(prompt, str) else list(prompt)
 
     async def _authorized(self, scope: Scope) -> bool:
