@@ -11,14 +11,17 @@
 #
 # ARM64_ROOT (default ~/.cache/edgellm/arm64): the arm64 root. QEMU_CPU (default neoverse-n1: ARMv8.2 with
 # dotprod and fp16, no i8mm or SVE): the emulated CPU, also Numba's target (NUMBA_CPU_NAME), since under
-# user-mode QEMU LLVM reads the host's /proc/cpuinfo and names the CPU "generic". Emulation is slow
-# (docs/benchmarks.md has the figures); it runs one process at nice 10.
+# user-mode QEMU LLVM reads the host's /proc/cpuinfo and names the CPU "generic"; QEMU_CPU=max (every
+# extension QEMU has) compiles for "generic", with the features the auxiliary vector reports, as on an
+# ARM CPU LLVM does not know. Emulation is slow (docs/benchmarks.md has the figures); one process, nice 10.
 # Needs root for apt-get/debootstrap the first time (or qemu-user-static and debootstrap installed).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 ROOT=${ARM64_ROOT:-$HOME/.cache/edgellm/arm64}
 CPU=${QEMU_CPU:-neoverse-n1}
+NUMBA_CPU=$CPU
+[ "$CPU" = max ] && NUMBA_CPU=generic  # not an LLVM CPU name
 SUITE=bookworm  # Python 3.11, as pyproject's requires-python
 TESTS=${TESTS:-tests/kernels/test_cpu_tiers.py tests/kernels/test_vnni_kernels.py
 tests/kernels/test_cpu_elementwise.py tests/kernels/test_backend_ops.py tests/kernels/test_fused_layer.py}
@@ -66,6 +69,6 @@ echo "qemu: $(qemu-aarch64-static --version | head -1); cpu $CPU; $versions"
 # --noconftest: tests/conftest.py imports the whole app (tui, catalog) for the model fixtures these
 # tests do not use; it only sets EDGELLM_CPU_ALL_TIERS, set here.
 # shellcheck disable=SC2086  # $TESTS is a list of paths
-time env -u NUMBA_CPU_FEATURES PYTHONPATH="$REPO:$SITE" QEMU_CPU="$CPU" NUMBA_CPU_NAME="$CPU" \
+time env -u NUMBA_CPU_FEATURES PYTHONPATH="$REPO:$SITE" QEMU_CPU="$CPU" NUMBA_CPU_NAME="$NUMBA_CPU" \
     NUMBA_CACHE_DIR="$ROOT/numba-cache" EDGELLM_CPU_TIER=neon EDGELLM_CPU_ALL_TIERS=1 \
     nice -n 10 "$WRAP" -m pytest -p no:cacheprovider --noconftest -q $TESTS "$@"

@@ -49,6 +49,21 @@ def test_aarch64_features_come_from_the_kernels_hwcaps() -> None:
     assert neon.tiles is tiers.NEON_TILES and neon.fused_layer  # half conversions are base AArch64 (fcvt)
 
 
+def test_numbas_target_on_aarch64_linux_has_the_hwcap_features() -> None:
+    """LLVM aborts compiling sdot for a CPU it names "generic" without +dotprod: on AArch64 Linux Numba's
+    features get the auxiliary vector's, unless NUMBA_CPU_FEATURES is set."""
+    env: dict[str, str] = {}
+    tiers.apply_numba_target(env, {"neon": True, "dotprod": True, "fullfp16": True, "i8mm": False})
+    features = env["NUMBA_CPU_FEATURES"].split(",")
+    assert {"+neon", "+dotprod", "+fullfp16", "-i8mm"} <= set(features)
+    env = {"NUMBA_CPU_FEATURES": "+neon"}
+    tiers.apply_numba_target(env, {"neon": True, "dotprod": True})
+    assert env == {"NUMBA_CPU_FEATURES": "+neon"}
+    env = {}
+    tiers.apply_numba_target(env, {})  # not AArch64 Linux: the host's, as LLVM names them
+    assert env == {}
+
+
 def test_a_forced_tier_must_exist_and_run_on_the_host() -> None:
     assert tiers.pick_tier({"EDGELLM_CPU_TIER": "avx2"}, AVX512).name == "avx2"
     assert tiers.pick_tier({"EDGELLM_CPU_TIER": "portable"}, AVX512).name == "portable"

@@ -208,10 +208,17 @@ def numba_target_env(tier: CpuTier, features: dict[str, bool] | None = None) -> 
     return {"NUMBA_CPU_NAME": tier.numba_cpu, "NUMBA_CPU_FEATURES": features}
 
 
-def apply_numba_target(env: dict[str, str]) -> None:
+def apply_numba_target(env: dict[str, str], aarch64: dict[str, bool] | None = None) -> None:
     """Set (in env, normally os.environ) the Numba target of the tier EDGELLM_CPU_TIER forces, unless
     Numba's target is already set, all tiers are compiled, or the tier is unknown or beyond the host
-    (the backend reports that). Called by edgellm/__init__.py before anything imports Numba."""
+    (the backend reports that). Called by edgellm/__init__.py before anything imports Numba.
+    On AArch64 Linux (aarch64: the auxiliary vector's features) Numba's host features are LLVM's, without
+    dotprod: for a CPU LLVM names "generic" the neon tier's sdot could not be compiled (LLVM aborts),
+    so NUMBA_CPU_FEATURES gets the host's features with them, unless it is set."""
+    aarch64 = _aarch64_linux_features() if aarch64 is None else aarch64
+    if aarch64 and "NUMBA_CPU_FEATURES" not in env:
+        have = {**host_features(), **aarch64}
+        env["NUMBA_CPU_FEATURES"] = ",".join(f"{'+' if v else '-'}{f}" for f, v in sorted(have.items()))
     if not env.get("EDGELLM_CPU_TIER") or "NUMBA_CPU_NAME" in env or _all_tiers_asked(env):
         return
     try:
