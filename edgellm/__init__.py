@@ -1,6 +1,7 @@
 """edgellm: a local/edge LLM inference runtime (GGUF models, Numba kernels, continuous batching)."""
 
 import os as _os
+import platform as _platform
 
 # Numba's workqueue threading layer costs ~80 us per parallel call versus ~2 us for OpenMP (see
 # shared notes): prefer OpenMP, fall back where it is missing. Must be set before numba is imported.
@@ -14,8 +15,9 @@ _os.environ.setdefault("NUMBA_THREADING_LAYER_PRIORITY", "omp tbb workqueue")
 if "OMP_WAIT_POLICY" not in _os.environ:
     _os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 # A forced CPU tier (EDGELLM_CPU_TIER) also sets Numba's target to that tier's instruction set, so the
-# generic code around its kernels is what a CPU of that tier runs (edgellm/backends/cpu/tiers.py).
-if _os.environ.get("EDGELLM_CPU_TIER"):
+# generic code around its kernels is what a CPU of that tier runs; on ARM64 Numba's target gets the
+# features LLVM does not see there (edgellm/backends/cpu/tiers.py).
+if _os.environ.get("EDGELLM_CPU_TIER") or _platform.machine().lower() in ("aarch64", "arm64"):
     from edgellm.backends.cpu.tiers import apply_numba_target
 
     apply_numba_target(_os.environ)

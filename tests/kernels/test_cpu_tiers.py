@@ -32,6 +32,38 @@ def test_the_best_tier_the_host_runs_is_picked(features: dict, best: str) -> Non
     assert tiers.runnable_tiers(features)[-1].name == "portable"
 
 
+def test_aarch64_features_come_from_the_kernels_hwcaps() -> None:
+    """On AArch64 Linux LLVM's host features never name dotprod: the auxiliary vector's bits pick the tier
+    (values as QEMU reports its CPU models; scripts/arm/neon_qemu.sh runs the neon tier's kernels)."""
+    names = ("neon", "dotprod", "fullfp16", "i8mm")
+    auxv = {
+        "neoverse-n1": ({16: 0x119FFB, 26: 0}, (True, True, True, False)),
+        "cortex-a72": ({16: 0x8FB, 26: 0}, (True, False, False, False)),
+        "max": ({16: 0xECFFFFFB, 26: 0x7F877FFF}, (True, True, True, True)),
+    }
+    for cpu, (vector, have) in auxv.items():
+        assert tiers.hwcap_features(vector.__getitem__) == dict(zip(names, have, strict=True)), cpu
+    assert tiers.pick_tier({}, tiers.hwcap_features(auxv["neoverse-n1"][0].__getitem__)).name == "neon"
+    assert tiers.pick_tier({}, tiers.hwcap_features(auxv["cortex-a72"][0].__getitem__)).name == "portable"
+    neon = tiers.BY_NAME["neon"]
+    assert neon.tiles is tiers.NEON_TILES and neon.fused_layer  # half conversions are base AArch64 (fcvt)
+
+
+def test_numbas_target_on_aarch64_linux_has_the_hwcap_features() -> None:
+    """LLVM aborts compiling sdot for a CPU it names "generic" without +dotprod: on AArch64 Linux Numba's
+    features get the auxiliary vector's, unless NUMBA_CPU_FEATURES is set."""
+    env: dict[str, str] = {}
+    tiers.apply_numba_target(env, {"neon": True, "dotprod": True, "fullfp16": True, "i8mm": False})
+    features = env["NUMBA_CPU_FEATURES"].split(",")
+    assert {"+neon", "+dotprod", "+fullfp16", "-i8mm"} <= set(features)
+    env = {"NUMBA_CPU_FEATURES": "+neon"}
+    tiers.apply_numba_target(env, {"neon": True, "dotprod": True})
+    assert env == {"NUMBA_CPU_FEATURES": "+neon"}
+    env = {}
+    tiers.apply_numba_target(env, {})  # not AArch64 Linux: the host's, as LLVM names them
+    assert env == {}
+
+
 def test_a_forced_tier_must_exist_and_run_on_the_host() -> None:
     assert tiers.pick_tier({"EDGELLM_CPU_TIER": "avx2"}, AVX512).name == "avx2"
     assert tiers.pick_tier({"EDGELLM_CPU_TIER": "portable"}, AVX512).name == "portable"
@@ -98,8 +130,8 @@ ASM = {
 
 
 def _asm(module: ir.Module, cpu: str) -> str:
-    llb.initialize_native_target()
-    llb.initialize_native_asmprinter()
+    llb.initialize_all_targets()  # x86 on any host (an ARM one too)
+    llb.initialize_all_asmprinters()
     target = llb.Target.from_triple(module.triple)
     parsed = llb.parse_assembly(str(module))
     parsed.verify()

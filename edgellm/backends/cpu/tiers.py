@@ -18,7 +18,10 @@ so set EDGELLM_CPU_TIER when the process starts. This module imports no Numba.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -54,11 +57,15 @@ class CpuTier:
 
     @property
     def fused_layer(self) -> bool:
-        """The whole decoder layer in one call (layer.py): tile primitives and F16C's half conversions."""
-        return self.tiles is not None and "f16c" in self.needs
+        """The whole decoder layer in one call (layer.py): tile primitives and half <-> float conversions
+        as instructions (F16C on x86, in needs; base AArch64 fcvt on ARM)."""
+        return self.tiles is not None and ("f16c" in self.needs or "neon" in self.needs)
 
 
 _X86 = ("avx2", "fma", "f16c")
+NEON_TILES = TileOps(
+    tier_ir.signed_dot_neon, 127, tier_ir.shuffle_neon, tier_ir.scale2n_generic, tier_ir.signed_dot_neon
+)
 _AVX2_OPS = TileOps(
     tier_ir.dot_avx2, 127, tier_ir.shuffle_avx2, tier_ir.scale2n_generic, tier_ir.signed_dot_avx2
 )
@@ -77,14 +84,10 @@ _TIERS = [
         ("avx512", "amx", "avx10"),
     ),
     CpuTier("avx2", _X86, _AVX2_OPS, "haswell", ("avx512", "amx", "avx10", "avxvnni", "avxifma", "avxne")),
-    CpuTier("neon", ("neon", "dotprod"), None, ""),  # the portable kernels until NEON_TILES has run (below)
+    # run under emulation by scripts/arm/neon_qemu.sh; compile-checked for aarch64 in the default run
+    CpuTier("neon", ("neon", "dotprod"), NEON_TILES, ""),
     CpuTier("portable", (), None, ""),
 ]
-# The neon tier's tile primitives, compile-checked for an aarch64 target only
-# (tests/kernels/test_cpu_tiers.py): the tier takes them once its kernel tests have run on an ARM machine.
-NEON_TILES = TileOps(
-    tier_ir.signed_dot_neon, 127, tier_ir.shuffle_neon, tier_ir.scale2n_generic, tier_ir.signed_dot_neon
-)
 TIERS: tuple[CpuTier, ...] = tuple(
     CpuTier(t.name, t.needs, t.tiles, t.numba_cpu, t.beyond, i) for i, t in enumerate(_TIERS)
 )  # best first
@@ -98,8 +101,33 @@ def by_name(name: str) -> CpuTier:
     return tier
 
 
+# AArch64 Linux: LLVM's host features (from /proc/cpuinfo) name only a few extensions there (neon, crc,
+# lse, sha, sve: never dotprod, fullfp16 or i8mm); the kernel reports them in the auxiliary vector
+# (asm/hwcap.h bits), as user-mode QEMU does for the CPU it emulates.
+_AT_HWCAP, _AT_HWCAP2 = 16, 26
+AARCH64_HWCAPS = {
+    "neon": (_AT_HWCAP, 1 << 1),  # HWCAP_ASIMD
+    "dotprod": (_AT_HWCAP, 1 << 20),  # HWCAP_ASIMDDP
+    "fullfp16": (_AT_HWCAP, 1 << 9),  # HWCAP_FPHP
+    "i8mm": (_AT_HWCAP2, 1 << 13),  # HWCAP2_I8MM
+}
+
+
+def hwcap_features(getauxval: Callable[[int], int]) -> dict[str, bool]:
+    return {name: bool(getauxval(at) & bit) for name, (at, bit) in AARCH64_HWCAPS.items()}
+
+
+@cache
+def _aarch64_linux_features() -> dict[str, bool]:
+    if not sys.platform.startswith("linux") or platform.machine().lower() not in ("aarch64", "arm64"):
+        return {}
+    getauxval = ctypes.CDLL(None).getauxval
+    getauxval.restype, getauxval.argtypes = ctypes.c_ulong, [ctypes.c_ulong]
+    return hwcap_features(getauxval)
+
+
 def host_features() -> dict[str, bool]:
-    return {k: bool(v) for k, v in llb.get_host_cpu_features().items()}
+    return {**{k: bool(v) for k, v in llb.get_host_cpu_features().items()}, **_aarch64_linux_features()}
 
 
 def missing_features(tier: CpuTier, features: dict[str, bool] | None = None) -> list[str]:
@@ -180,10 +208,17 @@ def numba_target_env(tier: CpuTier, features: dict[str, bool] | None = None) -> 
     return {"NUMBA_CPU_NAME": tier.numba_cpu, "NUMBA_CPU_FEATURES": features}
 
 
-def apply_numba_target(env: dict[str, str]) -> None:
+def apply_numba_target(env: dict[str, str], aarch64: dict[str, bool] | None = None) -> None:
     """Set (in env, normally os.environ) the Numba target of the tier EDGELLM_CPU_TIER forces, unless
     Numba's target is already set, all tiers are compiled, or the tier is unknown or beyond the host
-    (the backend reports that). Called by edgellm/__init__.py before anything imports Numba."""
+    (the backend reports that). Called by edgellm/__init__.py before anything imports Numba.
+    On AArch64 Linux (aarch64: the auxiliary vector's features) Numba's host features are LLVM's, without
+    dotprod: for a CPU LLVM names "generic" the neon tier's sdot could not be compiled (LLVM aborts),
+    so NUMBA_CPU_FEATURES gets the host's features with them, unless it is set."""
+    aarch64 = _aarch64_linux_features() if aarch64 is None else aarch64
+    if aarch64 and "NUMBA_CPU_FEATURES" not in env:
+        have = {**host_features(), **aarch64}
+        env["NUMBA_CPU_FEATURES"] = ",".join(f"{'+' if v else '-'}{f}" for f, v in sorted(have.items()))
     if not env.get("EDGELLM_CPU_TIER") or "NUMBA_CPU_NAME" in env or _all_tiers_asked(env):
         return
     try:
