@@ -46,7 +46,9 @@ from typing import Any, NamedTuple
 import jinja2
 import jinja2.ext
 
+from edgellm.chat_harmony import with_past_reasoning
 from edgellm.chat_tools import fallback_messages, has_tool_content, native_messages
+from edgellm.reasoning_harmony import CHANNEL
 from edgellm.template_sandbox import (
     DEFAULT_MAX_CHARS,
     DEFAULT_TIME_LIMIT_S,
@@ -177,7 +179,7 @@ class ChatPrompt(NamedTuple):
 
 # Placeholders for control-token text typed inside message content: Supplementary Private Use Area
 # characters, which templates' string operations (trim, split on ASCII, case changes) leave alone.
-_PLACEHOLDER_OPEN, _PLACEHOLDER_CLOSE, _PLACEHOLDER_DIGIT0 = "\U000F0000", "\U000F0001", 0xF0010
+_PLACEHOLDER_OPEN, _PLACEHOLDER_CLOSE, _PLACEHOLDER_DIGIT0 = "\U000f0000", "\U000f0001", 0xF0010
 # Roles whose content is data from the conversation's participants, not the operator's instructions.
 DATA_ROLES = frozenset({"user", "tool"})
 
@@ -256,7 +258,9 @@ class ChatTemplate:
     def _with_tools(
         self, msgs: list[dict[str, Any]], tools: Sequence[Any] | None
     ) -> tuple[list[dict[str, Any]], list[Any] | None]:
-        """Messages and `tools` as this template takes them (see edgellm.chat_tools)."""
+        """Messages and `tools` as this template takes them (see edgellm.chat_tools), earlier turns'
+        reasoning under the keys templates read (edgellm.chat_harmony)."""
+        msgs = with_past_reasoning(msgs, CHANNEL in self.source)
         if not has_tool_content(msgs, tools):
             return msgs, None
         if self.supports_tools:

@@ -12,7 +12,8 @@ turn, so templates that insist on alternating user/assistant roles, like Gemma's
 
 `parse_tool_calls(text, names)` finds calls in the formats models write: Hermes `<tool_call>` JSON, Llama 3
 JSON (`{"name": ..., "parameters": ...}`, optionally after `<|python_tag|>`), and Gemma's Python-call
-style (`[get_weather(city="Paris")]`, also inside a ```tool_code block). Only functions in `names` count.
+style (`[get_weather(city="Paris")]`, also inside a ```tool_code block), and gpt-oss's harmony messages to
+a function (edgellm.chat_harmony). Only functions in `names` count.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
+
+from edgellm.chat_harmony import parse_harmony_calls
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 _HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
@@ -115,6 +118,9 @@ def parse_tool_calls(text: str, names: Sequence[str]) -> tuple[str, list[ToolCal
     short inside its last call (an unclosed `<tool_call>`, a JSON list that never closes) keeps the calls
     before it and drops the cut one: its half-written JSON is neither a call nor content."""
     known = set(names)
+    harmony = parse_harmony_calls(text, names)
+    if harmony is not None:
+        return harmony[0], [ToolCall(*c) for c in harmony[1]]
     if HERMES_OPEN in text:
         calls = []
         bodies = _HERMES_CALL.findall(text)

@@ -111,6 +111,7 @@ def _user(content: list, where: str, names: dict[str, str]) -> list[dict[str, An
 def _assistant(content: list, where: str, names: dict[str, str]) -> dict[str, Any]:
     texts: list[str] = []
     calls = []
+    thoughts = []
     for at, kind, b in _blocks(content, where, texts):
         if kind == "tool_use":
             if not isinstance(b.get("id"), str) or not isinstance(b.get("name"), str):
@@ -122,11 +123,18 @@ def _assistant(content: list, where: str, names: dict[str, str]) -> dict[str, An
             calls.append(
                 {"id": b["id"], "type": "function", "function": {"name": b["name"], "arguments": args}}
             )
+        elif kind == "thinking" and isinstance(b.get("thinking"), str):
+            thoughts.append(b["thinking"])  # earlier reasoning: the template decides where it goes
         elif kind in ("thinking", "redacted_thinking"):
-            pass  # earlier reasoning: templates leave it out of the prompt
+            pass  # encrypted (or empty): nothing a template can read
         else:
             raise bad_value(at, f"unsupported content block {kind!r} in an assistant turn (text, tool_use)")
-    return {"role": "assistant", "content": "".join(texts), **({"tool_calls": calls} if calls else {})}
+    msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+    if calls:
+        msg["tool_calls"] = calls
+    if any(thoughts):
+        msg["reasoning_content"] = "".join(thoughts)
+    return msg
 
 
 def _messages(body: dict) -> list[dict[str, Any]]:

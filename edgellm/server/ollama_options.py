@@ -151,7 +151,7 @@ def _call_history(calls: Any, where: str) -> list[dict[str, Any]]:
 
 def chat_messages(msgs: Any) -> list[dict[str, Any]]:
     """Ollama's messages as OpenAI's (parse_chat checks roles and contents): images refused, an earlier
-    reply's `thinking` dropped (templates leave past reasoning out), tool calls and `tool_name` renamed."""
+    reply's `thinking` as its `reasoning_content`, tool calls and `tool_name` renamed."""
     if not isinstance(msgs, list):
         raise bad("messages", "expected a non-empty list of messages")
     out = []
@@ -164,6 +164,8 @@ def chat_messages(msgs: Any) -> list[dict[str, Any]]:
         msg = {k: m[k] for k in ("role", "content") if k in m}
         if m.get("role") == "assistant" and m.get("tool_calls") is not None:
             msg["tool_calls"] = _call_history(m["tool_calls"], f"{where}.tool_calls")
+        if m.get("role") == "assistant" and m.get("thinking") is not None:
+            msg["reasoning_content"] = m["thinking"]  # parse_chat checks it is a string
         if m.get("role") == "tool" and m.get("tool_name") is not None:
             if not isinstance(m["tool_name"], str):
                 raise bad(f"{where}.tool_name", "expected a string")

@@ -239,6 +239,11 @@ def _messages(body: dict) -> list[dict[str, Any]]:
         msg = {"role": "system" if role == "developer" else role, "content": content}
         if role == "assistant" and m.get("tool_calls") is not None:
             msg["tool_calls"] = _history_tool_calls(m["tool_calls"], f"{where}.tool_calls")
+        for key in ("reasoning_content", "reasoning") if role == "assistant" else ():
+            if m.get(key) is not None:  # an earlier turn's reasoning, under either name we send it
+                if not isinstance(m[key], str):
+                    raise bad_value(f"{where}.{key}", "expected a string")
+                msg.setdefault("reasoning_content", m[key])
         if role == "tool":
             for key in ("tool_call_id", "name"):
                 if m.get(key) is not None:

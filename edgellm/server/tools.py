@@ -23,6 +23,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from edgellm.chat_harmony import harmony_hold
 from edgellm.chat_tools import HERMES_OPEN, ToolCall, complete_list_calls, could_start_call, parse_tool_calls
 from edgellm.grammar_limits import check_schema
 from edgellm.reasoning import partial_tail
@@ -256,11 +257,10 @@ class ToolOutput:
         if self.sent == 0 and could_start_call(self.text, self.req.names):
             return []  # a bare call would start here: wait
         at = self.text.find(HERMES_OPEN, self.sent)
-        if at >= 0:
-            self.held = True
-            end = at
-        else:
-            end = len(self.text) - partial_tail(self.text, HERMES_OPEN)
+        end = at if at >= 0 else len(self.text) - partial_tail(self.text, HERMES_OPEN)
+        harmony_end, harmony_call = harmony_hold(self.text, self.sent)  # gpt-oss's call headers
+        self.held = at >= 0 or harmony_call
+        end = min(end, harmony_end)
         if end <= self.sent:
             return []
         out = [{"content": self.text[self.sent : end]}]
