@@ -119,6 +119,15 @@ def quantize_act_serial_cpu(x: np.ndarray, group: int, mode: int) -> tuple[np.nd
     return xq, xs, xsum, xisum
 
 
+@njit(cache=True, nogil=True, fastmath=ORDERED_MATH, inline="always")
+def quantize_act_rows_cpu(x: np.ndarray, group: int, mode: int) -> tuple[np.ndarray, ...]:
+    """quantize_act_cpu's result, serially for a few rows (a parallel region costs more than ~1 us of
+    work), in parallel past 16: the same bits either way (one row function)."""
+    if x.shape[0] <= 16:
+        return quantize_act_serial_cpu(x, group, mode)
+    return quantize_act_cpu(x, group, mode)
+
+
 @njit(cache=True, nogil=True, fastmath=ORDERED_MATH)
 def matmul_tiles_fused_cpu(x, planes, layout_id, group, mode, n_units, n_rows, n_threads, tier, out) -> None:
     """Quantize + tiles in one call from Python (no boxing of the quantized activations)."""
@@ -128,12 +137,8 @@ def matmul_tiles_fused_cpu(x, planes, layout_id, group, mode, n_units, n_rows, n
 
 @njit(cache=True, nogil=True, fastmath=ORDERED_MATH)
 def matmul_tiles_fused_at_cpu(x, at, n_tiles, layout_id, group, mode, n_units, n_rows, n_threads, tier, out):  # noqa: ANN201
-    """matmul_tiles_fused_cpu over planes given by vnni.plane_addresses: a serial quantize for a few rows
-    (a parallel region costs more than ~1 us of work), a parallel one past 16."""
-    if x.shape[0] <= 16:
-        xq, xs, xsum, xisum = quantize_act_serial_cpu(x, group, mode)
-    else:
-        xq, xs, xsum, xisum = quantize_act_cpu(x, group, mode)
+    """matmul_tiles_fused_cpu over planes given by vnni.plane_addresses."""
+    xq, xs, xsum, xisum = quantize_act_rows_cpu(x, group, mode)
     vnni.matmul_tiles_at_cpu(
         xq, xs, xsum, xisum, at, n_tiles, layout_id, n_units, n_rows, n_threads, tier, out
     )

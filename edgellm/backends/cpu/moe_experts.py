@@ -18,7 +18,7 @@ import numpy as np
 from numba import njit
 
 from edgellm.backends.cpu.layer import PARTS, pack_matrix
-from edgellm.backends.cpu.matmul import ORDERED_MATH, quantize_act_cpu, quantize_act_serial_cpu
+from edgellm.backends.cpu.matmul import ORDERED_MATH, quantize_act_rows_cpu
 from edgellm.backends.cpu.numba_cache import follow_sources
 from edgellm.backends.cpu.silu_ir import swiglu_vec_cpu, swiglu_vec_par_cpu
 from edgellm.backends.cpu.vnni import matmul_tiles_runs_at_cpu
@@ -34,10 +34,7 @@ def _runs_matmul(x, at, meta, bounds, out, n_threads, tier) -> None:
         if rows == 0:
             continue
         c0 = meta[p, 5]
-        if x.shape[0] <= 16:  # as matmul_tiles_fused_at_cpu: a serial quantize for a few rows
-            xq, xs, xsum, xisum = quantize_act_serial_cpu(x, meta[p, 1], meta[p, 2])
-        else:
-            xq, xs, xsum, xisum = quantize_act_cpu(x, meta[p, 1], meta[p, 2])
+        xq, xs, xsum, xisum = quantize_act_rows_cpu(x, meta[p, 1], meta[p, 2])
         matmul_tiles_runs_at_cpu(
             xq, xs, xsum, xisum, at[:, p], bounds, meta[p, 6], meta[p, 0], meta[p, 3], rows, n_threads, tier,
             out[:, c0 : c0 + rows],
