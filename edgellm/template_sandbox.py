@@ -11,7 +11,9 @@ its limits stops on its own thread instead of spinning there forever:
   before they allocate, captured blocks and macro bodies before they are joined, everything built is
   added up against a budget (a loop could keep what it builds in a captured block), and the output is
   counted as it is produced;
-- depth: RecursionError becomes a TemplateLimitError.
+- depth: macro calls nest at most MAX_MACRO_DEPTH deep (a fixed count, so a runaway recursion stops at
+  once on any machine rather than racing the clock to Python's own limit); RecursionError from anything
+  else becomes a TemplateLimitError too.
 
 A limit is raised as TemplateLimitError (a ValueError) naming what was exceeded.
 """
@@ -36,6 +38,9 @@ MAX_INT_BITS = 4096  # integers a template computes (** and * on ints)
 # Everything a render builds, added up (a loop can keep what it builds in a captured block): a multiple
 # of the per-string limit, far above what joining even a body-limit-sized conversation needs.
 BUILD_BUDGET_FACTOR = 8
+# Real templates nest macros a few levels (a tool schema's properties a few more); a recursion that never
+# ends would otherwise run until Python's recursion limit, which a slow machine reaches after the deadline.
+MAX_MACRO_DEPTH = 100
 
 _BOUNDED_ITER = "__edgellm_bounded_iter"
 _BOUNDED_CONCAT = "__edgellm_bounded_concat"
@@ -53,6 +58,7 @@ class _Limits(threading.local):
     time_limit: float = DEFAULT_TIME_LIMIT_S
     max_chars: int = DEFAULT_MAX_CHARS
     built: int = 0  # characters (or list items) built so far by this render
+    macro_depth: int = 0  # macro calls now running, nested
 
 
 _limits = _Limits()
@@ -209,8 +215,17 @@ class LimitedSandboxEnvironment(ImmutableSandboxedEnvironment):
             _check_int_args([*args, *kwargs.values()], f"str.{__obj.__name__}")
         elif isinstance(owner, str) and getattr(__obj, "__name__", "") == "replace" and len(args) >= 2:
             _check_len(len(owner) + (len(owner) + 1) * len(str(args[1])), "a replaced string")
-        result = super().call(__context, __obj, *args, **kwargs)
-        return result if isinstance(__obj, Macro) else _count(result)  # a macro's body counted itself
+        if not isinstance(__obj, Macro):
+            return _count(super().call(__context, __obj, *args, **kwargs))
+        if _limits.macro_depth >= MAX_MACRO_DEPTH:
+            raise TemplateLimitError(
+                f"the chat template recursed too deeply (macro calls nested over {MAX_MACRO_DEPTH} deep)"
+            )
+        _limits.macro_depth += 1
+        try:
+            return super().call(__context, __obj, *args, **kwargs)  # a macro's body counted itself
+        finally:
+            _limits.macro_depth -= 1
 
     def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
         wrapped = super().wrap_str_format(value)
@@ -226,9 +241,9 @@ def render_limited(
     max_chars: int = DEFAULT_MAX_CHARS,
 ) -> str:
     """Render a template compiled by LimitedSandboxEnvironment within the limits, on this thread."""
-    saved = (_limits.deadline, _limits.time_limit, _limits.max_chars, _limits.built)
+    saved = (_limits.deadline, _limits.time_limit, _limits.max_chars, _limits.built, _limits.macro_depth)
     _limits.deadline = time.monotonic() + time_limit
-    _limits.time_limit, _limits.max_chars, _limits.built = time_limit, max_chars, 0
+    _limits.time_limit, _limits.max_chars, _limits.built, _limits.macro_depth = time_limit, max_chars, 0, 0
     try:
         chunks, size = [], 0
         for chunk in template.generate(**variables):
@@ -245,4 +260,4 @@ def render_limited(
     except MemoryError:
         raise TemplateLimitError("the chat template ran out of memory") from None
     finally:
-        _limits.deadline, _limits.time_limit, _limits.max_chars, _limits.built = saved
+        _limits.deadline, _limits.time_limit, _limits.max_chars, _limits.built, _limits.macro_depth = saved

@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from edgellm.chat_template import CHATML_TEMPLATE, GEMMA_TEMPLATE, ChatTemplate, ChatTemplateError
+from edgellm.template_sandbox import MAX_MACRO_DEPTH
 
 MSGS = [{"role": "user", "content": "hi"}]
 NESTED_LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
@@ -42,9 +43,26 @@ HOSTILE = [
 
 @pytest.mark.parametrize("src,message", HOSTILE)
 def test_hostile_templates_stop_at_a_named_limit(src: str, message: str) -> None:
+    # Only the cases about time get the short deadline: a size or depth limit must be what stops the
+    # others, however slow the machine, so they must not race a clock.
+    time_limit = 0.2 if "longer" in message else 600
     with pytest.raises(ChatTemplateError, match="chat template") as exc:
-        ChatTemplate(src, time_limit=0.2).render(MSGS)
+        ChatTemplate(src, time_limit=time_limit).render(MSGS)
     assert message in str(exc.value)
+
+
+def test_recursion_stops_at_a_fixed_depth_not_at_the_clock() -> None:
+    # A generous deadline: the depth limit, not the time limit, stops a recursion that never ends (a slow
+    # machine used to reach the deadline before Python's own recursion limit), and the depth is exact.
+    forever = "{% macro m(x) %}{{ m(x) }}{% endmacro %}{{ m(1) }}"
+    with pytest.raises(ChatTemplateError, match=f"nested over {MAX_MACRO_DEPTH} deep"):
+        ChatTemplate(forever, time_limit=600).render(MSGS)
+    countdown = "{% macro m(n) %}{% if n %}{{ m(n - 1) }}{% else %}bottom{% endif %}{% endmacro %}{{ m(N) }}"
+    deepest = ChatTemplate(countdown.replace("N", str(MAX_MACRO_DEPTH - 1)), time_limit=600)
+    assert deepest.render(MSGS) == "bottom"
+    with pytest.raises(ChatTemplateError, match="recursed too deeply"):
+        ChatTemplate(countdown.replace("N", str(MAX_MACRO_DEPTH)), time_limit=600).render(MSGS)
+    assert deepest.render(MSGS) == "bottom"  # the depth count went back to zero after the failed render
 
 
 def test_a_timed_out_render_stops_its_thread() -> None:
