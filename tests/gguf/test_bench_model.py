@@ -75,3 +75,32 @@ def test_use_more_bits_matches_the_mix_llama_cpp_gave_the_16_layer_file() -> Non
     assert got == [0, 1, 4, 7, 10, 13, 14, 15]
     assert mbm.q4_k_m_type("token_embd.weight", 16, True).name == "Q6_K"
     assert mbm.q4_k_m_type("token_embd.weight", 32, False).name == "Q4_K"
+
+
+def test_random_q4_k_m_blocks_make_a_qwen3moe_file_edgellm_runs(tmp_path: Path, smollm2_path: Path) -> None:
+    """--shape moe --random-blocks at width 256: the experts as 3-D tensors of random blocks (ffn_down_exps
+    Q6_K on the layer use_more_bits picks), the router F32 of std 0.02, norms 1; it loads and scores."""
+    mbm = _script()
+    tiny = {"n_embd": 256, "n_heads": 2, "n_kv_heads": 1, "head_dim": 128, "n_ff": 512, "n_expert": 8}
+    path = tmp_path / "bench-moe.gguf"
+    mbm.write_random_q4_k_m(path, 1, 0, {**mbm.MOE_SHAPE, **tiny, "n_ff_exp": 256})
+    g = load_gguf(str(path))
+    cfg = config_from_gguf(g)
+    assert (cfg.arch, cfg.n_expert, cfg.n_ff_exp) == ("qwen3moe", 8, 256)
+    types = {name: t.qtype.name for name, t in g.tensors.items() if "exps" in name or "gate_inp" in name}
+    assert types == {
+        "blk.0.ffn_gate_inp.weight": "F32",
+        "blk.0.ffn_gate_exps.weight": "Q4_K",
+        "blk.0.ffn_up_exps.weight": "Q4_K",
+        "blk.0.ffn_down_exps.weight": "Q6_K",
+    }
+    assert g.tensors["blk.0.ffn_down_exps.weight"].shape == (8, 256, 256)
+    for t in gguf.GGUFReader(path).tensors:
+        if "exps" in t.name or "gate_inp" in t.name:
+            w = dequantize(t.data, t.tensor_type)
+            assert np.isfinite(w).all() and 0.015 < w.std() < 0.06, (t.name, w.std())
+    validate_model(g, cfg)
+    be = CpuBackend()
+    runner = ModelRunner(ARCHITECTURES[cfg.arch](cfg, g, be), cfg, be, num_blocks=16, block_size=16)
+    logits = runner.run([RunItem([0], [1, 2, 3], 0, all_logits=True)])[0]
+    assert logits.shape == (3, cfg.n_vocab) and np.isfinite(logits).all()
