@@ -8,6 +8,11 @@ at --threads 1, where it does not depend on what else the machine runs). Used to
 overheads (parallel-region launches, argument unboxing) matter next to the streaming of the weights.
 
     python scripts/profile/cpu_profile.py MODEL [--threads 2] [--tokens 64] [--prompt 32]
+    python scripts/profile/cpu_profile.py MODEL --prefill 128 [--rounds 3]
+
+--prefill N times prompts of N tokens instead (each distinct, so no prefix-cache hit; one warm-up
+prompt first, so every expert a prompt selects is prepared): the same table per prompt, all of its
+prefill steps together.
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prompt", type=int, default=32)
+    ap.add_argument("--prefill", type=int, default=0, help="time prompts of this many tokens instead")
+    ap.add_argument("--rounds", type=int, default=3, help="prompts timed with --prefill")
     args = ap.parse_args()
     step_times: dict[str, list[float]] = defaultdict(list)
     counts: dict[str, int] = defaultdict(int)
@@ -65,25 +72,43 @@ def main() -> None:
     core = EngineCoreProc(EngineConfig(str(resolve_model(args.model)), n_ctx=2048, threads=args.threads))
     engine = core.engine_core
     params = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
-    engine.add_request(synthetic_prompt(args.prompt), params)
-    engine.step()  # the prompt
     walls, cpus = [], []
-    for name in METHODS:
-        step_times[name].clear()
-    counts.clear()
-    while engine.has_unfinished():
+
+    if args.prefill:
+        one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+        for salt in range(args.rounds + 1):  # the first prompt warms up
+            engine.add_request(synthetic_prompt(args.prefill, salt=salt + 1), one)
+            if salt == 0:
+                while engine.has_unfinished():
+                    engine.step()
+                continue
+            for name in METHODS:
+                step_times[name].append(0.0)
+            t0, c0 = time.perf_counter(), time.process_time()
+            while engine.has_unfinished():  # every chunk of the prompt
+                engine.step()
+            walls.append(time.perf_counter() - t0)
+            cpus.append(time.process_time() - c0)
+    else:
+        engine.add_request(synthetic_prompt(args.prompt), params)
+        engine.step()  # the prompt
         for name in METHODS:
-            step_times[name].append(0.0)
-        t0, c0 = time.perf_counter(), time.process_time()
-        engine.step()
-        walls.append(time.perf_counter() - t0)
-        cpus.append(time.process_time() - c0)
+            step_times[name].clear()
+        counts.clear()
+        while engine.has_unfinished():
+            for name in METHODS:
+                step_times[name].append(0.0)
+            t0, c0 = time.perf_counter(), time.process_time()
+            engine.step()
+            walls.append(time.perf_counter() - t0)
+            cpus.append(time.process_time() - c0)
     n = len(walls)
     wall = statistics.median(walls)
     cpu = statistics.median(cpus)
+    per, tokens, what = ("prompt", args.prefill, "prompts") if args.prefill else ("step", 1, "decode steps")
     print(
-        f"{args.model}: {n} decode steps, median {wall * 1e3:.2f} ms/step ({1 / wall:.1f} tok/s), "
-        f"CPU {cpu * 1e3:.2f} ms/step"
+        f"{args.model}: {n} {what}, median {wall * 1e3:.2f} ms/{per} "
+        f"({tokens / wall:.1f} tok/s), CPU {cpu * 1e3:.2f} ms/{per}"
     )
     in_backend = 0.0
     for name in METHODS:
