@@ -18,7 +18,9 @@ depends on its own row only (the kernels are batch-invariant), not on the other 
 
 The expert tensors ([n_expert, rows, cols], the file's own types) stay in the file's mapping; an expert's
 slices are prepared with the backend's 2-D `load_matrix` (the same repacking as a dense matrix) the first
-time a token selects it, so experts nothing routes to are never read.
+time a token selects it, so experts nothing routes to are never read; or all at load (prepare_experts,
+what the engine does unless EngineConfig.lazy_experts): preparing an expert costs several times what a
+token's pass over it does, and a few prompts select nearly every expert of every layer anyway.
 """
 
 from __future__ import annotations
@@ -86,6 +88,18 @@ class ExpertMatrices:
                 release_mapped_pages(t.data)
         return w
 
+    def prepare_all(self) -> None:
+        """Every expert's matrices, now: the same matrices get prepares on first use, in one pass
+        (Backend.load_matrices)."""
+        todo = [e for e in range(self.n_expert) if self._prepared[e] is None]
+        slices = {e: [expert_slice(t, e) for t in (self.gate, self.up, self.down)] for e in todo}
+        gate_up = self.be.load_matrices([slices[e][:2] for e in todo])
+        down = self.be.load_matrices([slices[e][2:] for e in todo])
+        for e, gu, dn in zip(todo, gate_up, down, strict=True):
+            self._prepared[e] = (gu, dn)
+            for t in slices[e]:  # prepared: its file pages out of RSS
+                release_mapped_pages(t.data)
+
     @property
     def expert_bytes(self) -> int:
         """File bytes of one expert's three matrices (what a token routed to it reads)."""
@@ -152,6 +166,17 @@ def load_moe_feed_forward(
         w.shared_down = be.load_matrix([src.get(p + "ffn_down_shexp.weight", (e, fs))])
     w.router = be.load_matrix(router)
     return w
+
+
+def prepare_experts(model: Any) -> int:
+    """Prepare every expert of every mixture-of-experts layer of `model` (an ARCHITECTURES model); returns
+    how many experts that was (0 for a dense model)."""
+    n = 0
+    for _, ffn in model.layers:
+        if isinstance(ffn, MoeFeedForwardWeights):
+            ffn.experts.prepare_all()
+            n += ffn.experts.n_expert
+    return n
 
 
 def _softmax_rows(x: np.ndarray) -> np.ndarray:

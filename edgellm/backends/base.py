@@ -51,6 +51,11 @@ class Backend(ABC):
     def load_matrix(self, tensors: list[TensorInfo]) -> Any:
         """Repack one weight matrix, or several stacked along the output rows (fused QKV, gate|up)."""
 
+    def load_matrices(self, groups: list[list[TensorInfo]]) -> list[Any]:
+        """load_matrix of each group (a mixture-of-experts layer's experts), which a backend may repack in
+        one pass over them all."""
+        return [self.load_matrix(g) for g in groups]
+
     @abstractmethod
     def load_vector(self, tensor: TensorInfo) -> Array:
         """A float32 vector (norm weights, biases)."""

@@ -153,6 +153,13 @@ class EngineConfig(CliConfig):
         choices=list(KV_CACHE_TYPES),
     )
     enable_prefix_caching: bool = True
+    lazy_experts: bool = option(
+        False,
+        "--lazy-experts",
+        "mixture-of-experts models: prepare each expert's weights when a token first selects it (a faster "
+        "start, slower first prompts) instead of all of them at load",
+        action="store_true",
+    )
     # speculative decoding: "ngram", "draft:PATH", a dict of SpeculativeConfig's fields, or one (None: off)
     speculative: str | dict | SpeculativeConfig | None = option(
         None,

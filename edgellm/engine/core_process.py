@@ -53,6 +53,7 @@ class EngineCoreProc:
     def __init__(self, spec: EngineConfig, log: Callable[[str], None] | None = None) -> None:
         from edgellm.arch import ARCHITECTURES
         from edgellm.arch.common import weight_bytes_per_token
+        from edgellm.arch.moe import prepare_experts
         from edgellm.backends import get_backend
         from edgellm.gguf.config import config_from_gguf
         from edgellm.gguf.load import load_gguf
@@ -81,6 +82,11 @@ class EngineCoreProc:
         self.n_ctx = min(spec.n_ctx or DEFAULT_CTX, cfg.n_ctx_train)
         cfg.set_context(self.n_ctx)  # before the model: its rope may depend on the context (LongRoPE)
         self.model = ARCHITECTURES[cfg.arch](cfg, gguf, self.backend, layer_progress)
+        if not spec.lazy_experts:
+            t1 = time.perf_counter()
+            n_experts = prepare_experts(self.model)
+            if log and n_experts:
+                log(f"prepared the weights of {n_experts} experts in {time.perf_counter() - t1:.1f} s")
         bs = spec.block_size
         per_block = ModelRunner.kv_bytes_per_block(cfg, bs, spec.kv_cache_dtype)
         num_blocks = max(kv_budget_bytes(spec.kv_cache_memory) // per_block, -(-self.n_ctx // bs) + 1)

@@ -41,8 +41,12 @@ def _runner(path: Path) -> ModelRunner:
 
 @pytest.mark.parametrize(
     ("arch", "qtypes", "writer"),
-    [("qwen3moe", MOE_QTYPES, QWEN3MOE), ("llama", "F32", MOE), ("qwen2moe", "Q8_0", QWEN2MOE),
-     ("gpt-oss", GPT_OSS_QTYPES, {**MOE, "n_ff_exp": 64})],  # gpt-oss: its sinks, window 4 on even layers
+    [
+        ("qwen3moe", MOE_QTYPES, QWEN3MOE),
+        ("llama", "F32", MOE),
+        ("qwen2moe", "Q8_0", QWEN2MOE),
+        ("gpt-oss", GPT_OSS_QTYPES, {**MOE, "n_ff_exp": 64}),
+    ],  # gpt-oss: its sinks, window 4 on even layers
     ids=["qwen3moe_mix", "llama_moe_f32", "qwen2moe_q8_0", "gpt_oss_mxfp4"],
 )
 def test_logits_do_not_depend_on_the_rest_of_the_batch(tmp_path: Path, arch: str, qtypes, writer) -> None:
@@ -233,3 +237,37 @@ def test_old_per_expert_mixtral_layout_is_refused_naming_the_tensor(tmp_path: Pa
     g = load_gguf(str(path))
     with pytest.raises(GGUFError, match=r"tensor 'blk.0.ffn_gate.0.weight' \(ffn_gate.0.weight\) is not one"):
         validate_model(g, config_from_gguf(g))
+
+
+@pytest.mark.parametrize("qtypes", ["Q8_0", MOE_QTYPES], ids=["one_type", "gate_up_of_two_types"])
+def test_experts_prepared_at_load_score_what_lazily_prepared_ones_do(tmp_path: Path, qtypes) -> None:
+    """The engine prepares every expert at load unless EngineConfig.lazy_experts; both score the same
+    bits. Q8_0: one pack over all experts (Backend.load_matrices); the mix: gate and up of two types, one
+    matrix at a time."""
+    from edgellm.engine.config import EngineConfig
+    from edgellm.engine.core_process import EngineCoreProc
+
+    path = write_tiny_model(tmp_path / "m.gguf", "qwen3moe", qtypes, **QWEN3MOE)
+    spec = {"n_ctx": 64, "kv_cache_memory": 1 << 20, "threads": 2}
+    eager = EngineCoreProc(EngineConfig(str(path), **spec))
+    lazy = EngineCoreProc(EngineConfig(str(path), lazy_experts=True, **spec))
+    n = QWEN3MOE["n_expert"]
+    assert [ffn.experts.n_prepared for _, ffn in eager.model.layers] == [n, n]
+    assert all(ffn.experts.n_prepared < n for _, ffn in lazy.model.layers)
+    ids = np.random.default_rng(3).integers(0, 200, 12).tolist()
+    np.testing.assert_array_equal(eager.score(ids), lazy.score(ids))
+
+
+def test_load_matrices_gives_each_group_the_tiles_its_own_load_matrix_gives(tmp_path: Path) -> None:
+    from edgellm.arch.moe import expert_slice
+
+    path = write_tiny_model(tmp_path / "m.gguf", "qwen3moe", "Q8_0", **QWEN3MOE)
+    g, be = load_gguf(str(path)), CpuBackend()
+    gate, up = (g.tensors[f"blk.1.ffn_{p}_exps.weight"] for p in ("gate", "up"))
+    groups = [[expert_slice(gate, e), expert_slice(up, e)] for e in range(QWEN3MOE["n_expert"])]
+    for got, group in zip(be.load_matrices(groups), groups, strict=True):
+        want = be.load_matrix(group)
+        assert got.rows == want.rows == 2 * QWEN3MOE["n_ff_exp"]
+        if want.tiles is not None:  # a tier with tile kernels
+            for p, q in zip(got.tiles.planes, want.tiles.planes, strict=True):
+                np.testing.assert_array_equal(p, q)
