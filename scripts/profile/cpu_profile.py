@@ -11,8 +11,8 @@ overheads (parallel-region launches, argument unboxing) matter next to the strea
     python scripts/profile/cpu_profile.py MODEL --prefill 128 [--rounds 3]
 
 --prefill N times prompts of N tokens instead (each distinct, so no prefix-cache hit; one warm-up
-prompt first, so every expert a prompt selects is prepared): the same table per prompt, all of its
-prefill steps together.
+prompt first): the same table per prompt, all of its prefill steps together. With EngineConfig's
+lazy_experts the first prompts also pay the preparation of the experts they reach first.
 """
 
 from __future__ import annotations
