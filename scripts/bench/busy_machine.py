@@ -79,7 +79,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt-tokens", type=int, default=43)
     ap.add_argument("--gen-tokens", type=int, default=64)
+    ap.add_argument("--spins", type=int, nargs="*", default=[], help="also edgellm at these GOMP_SPINCOUNTs")
     args = ap.parse_args()
+    SETTINGS.update({f"edgellm, GOMP_SPINCOUNT={n}": {"GOMP_SPINCOUNT": str(n)} for n in args.spins})
     path = str(resolve_model(args.model))
     run_args = (args.model, path, args.prompt_tokens, args.gen_tokens, args.threads)
     variants = {
