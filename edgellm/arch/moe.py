@@ -89,8 +89,8 @@ class ExpertMatrices:
         return w
 
     def prepare_all(self) -> None:
-        """Every expert's matrices, now: the same matrices get prepares on first use, in one pass
-        (Backend.load_matrices)."""
+        """Every expert's matrices now, in one pass over each kind (Backend.load_matrices): the same
+        matrices `get` prepares on first use."""
         todo = [e for e in range(self.n_expert) if self._prepared[e] is None]
         slices = {e: [expert_slice(t, e) for t in (self.gate, self.up, self.down)] for e in todo}
         gate_up = self.be.load_matrices([slices[e][:2] for e in todo])
