@@ -80,24 +80,22 @@ class ExpertMatrices:
 
     def get(self, e: int) -> tuple[Any, Any]:
         """(w_gate_up [2 * n_ff_exp, n_embd], w_down [n_embd, n_ff_exp]) of expert e."""
-        w = self._prepared[e]
-        if w is None:
-            gate, up, down = (expert_slice(t, e) for t in (self.gate, self.up, self.down))
-            w = self._prepared[e] = (self.be.load_matrix([gate, up]), self.be.load_matrix([down]))
-            for t in (gate, up, down):  # prepared: its file pages out of RSS (a read would refault them)
-                release_mapped_pages(t.data)
-        return w
+        if self._prepared[e] is None:
+            self._prepare([e])
+        return self._prepared[e]
 
     def prepare_all(self) -> None:
-        """Every expert's matrices now, in one pass over each kind (Backend.load_matrices): the same
-        matrices `get` prepares on first use."""
-        todo = [e for e in range(self.n_expert) if self._prepared[e] is None]
-        slices = {e: [expert_slice(t, e) for t in (self.gate, self.up, self.down)] for e in todo}
-        gate_up = self.be.load_matrices([slices[e][:2] for e in todo])
-        down = self.be.load_matrices([slices[e][2:] for e in todo])
-        for e, gu, dn in zip(todo, gate_up, down, strict=True):
+        """Every expert's matrices now, rather than on first use (get)."""
+        self._prepare([e for e in range(self.n_expert) if self._prepared[e] is None])
+
+    def _prepare(self, experts: list[int]) -> None:
+        """The experts' gate|up and down matrices, each kind in one pass over them (Backend.load_matrices)."""
+        slices = [[expert_slice(t, e) for t in (self.gate, self.up, self.down)] for e in experts]
+        gate_up = self.be.load_matrices([s[:2] for s in slices])
+        down = self.be.load_matrices([s[2:] for s in slices])
+        for e, s, gu, dn in zip(experts, slices, gate_up, down, strict=True):
             self._prepared[e] = (gu, dn)
-            for t in slices[e]:  # prepared: its file pages out of RSS
+            for t in s:  # prepared: its file pages out of RSS (a read would refault them)
                 release_mapped_pages(t.data)
 
     @property

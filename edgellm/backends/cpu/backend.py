@@ -99,8 +99,6 @@ class CpuBackend(Backend):
             or any(t.qtype != first.qtype or t.shape[1] != first.shape[1] or t.shape[0] % TILE for t in flat)
         ):  # fmt: skip
             return super().load_matrices(groups)
-        for t in flat:
-            get_traits(t.qtype, t.name)
         whole = pack_tiles(first.qtype, [t.data for t in flat], first.shape[1], first.name)
         views, t0 = [], 0
         for g in groups:
