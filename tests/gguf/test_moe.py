@@ -41,12 +41,8 @@ def _runner(path: Path) -> ModelRunner:
 
 @pytest.mark.parametrize(
     ("arch", "qtypes", "writer"),
-    [
-        ("qwen3moe", MOE_QTYPES, QWEN3MOE),
-        ("llama", "F32", MOE),
-        ("qwen2moe", "Q8_0", QWEN2MOE),
-        ("gpt-oss", GPT_OSS_QTYPES, {**MOE, "n_ff_exp": 64}),
-    ],  # gpt-oss: its sinks, window 4 on even layers
+    [("qwen3moe", MOE_QTYPES, QWEN3MOE), ("llama", "F32", MOE), ("qwen2moe", "Q8_0", QWEN2MOE),
+     ("gpt-oss", GPT_OSS_QTYPES, {**MOE, "n_ff_exp": 64})],  # gpt-oss: its sinks, window 4 on even layers
     ids=["qwen3moe_mix", "llama_moe_f32", "qwen2moe_q8_0", "gpt_oss_mxfp4"],
 )
 def test_logits_do_not_depend_on_the_rest_of_the_batch(tmp_path: Path, arch: str, qtypes, writer) -> None:
