@@ -175,6 +175,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         "kv_cache_tokens": llm.num_kv_blocks * llm.block_size,
     }
     result["load_s"] = llm.load_time  # reading and repacking the weights, KV cache allocation
+    result["huge_pages"] = llm.huge_pages
     # peak RSS, MB: the engine core's process (the model, KV cache and kernels live there) and this one
     rss = lambda: (
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + _core_rss_kb(llm.core.pid)

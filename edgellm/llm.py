@@ -131,6 +131,7 @@ class LLM(InputRequestsMixin):
         self.kv_cache_dtype: str = info["kv_cache_dtype"]
         self.kv_bytes_per_token: int = info["kv_bytes_per_token"]
         self.load_time: float = info["load_time"]
+        self.huge_pages: bool = info["huge_pages"]  # the prepared weights' pages (EngineConfig.huge_pages)
         self.compile_time: float = info["compile_time"]
         self.weight_bytes_per_token: int = info["weight_bytes_per_token"]
         # every weight the model holds (more than per token for a mixture of experts)

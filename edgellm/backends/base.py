@@ -45,6 +45,9 @@ class StepInputs:
 
 class Backend(ABC):
     name: str
+    # Host memory of the prepared weights on huge pages (the CPU backend's; weight_memory.py): the
+    # engine sets it from EngineConfig.huge_pages before the model loads.
+    huge_pages: bool = True
 
     # --- weights -------------------------------------------------------------------------------------
     @abstractmethod

@@ -160,6 +160,13 @@ class EngineConfig(CliConfig):
         "start, slower first prompts) instead of all of them at load",
         action="store_true",
     )
+    huge_pages: str = option(
+        "auto",
+        "--huge-pages",
+        "prepared weights on transparent huge pages: on (faster decode), off (faster load on a VM that "
+        "reports free memory to its host), auto (default: off only there, for weights of 2 GiB or more)",
+        choices=["auto", "on", "off"],
+    )
     # speculative decoding: "ngram", "draft:PATH", a dict of SpeculativeConfig's fields, or one (None: off)
     speculative: str | dict | SpeculativeConfig | None = option(
         None,

@@ -55,6 +55,7 @@ class EngineCoreProc:
         from edgellm.arch.common import weight_bytes_per_token
         from edgellm.arch.moe import prepare_experts
         from edgellm.backends import get_backend
+        from edgellm.backends.cpu.weight_memory import use_huge_pages
         from edgellm.gguf.config import config_from_gguf
         from edgellm.gguf.load import load_gguf
         from edgellm.runtime import keep_freed_memory, set_threads, warm_up
@@ -70,10 +71,12 @@ class EngineCoreProc:
         tokenizer = Tokenizer.from_metadata(gguf.metadata)
         eog_ids = frozenset(tokenizer.eog_ids)
         self.backend = get_backend(spec.backend)
+        self.backend.huge_pages = use_huge_pages(spec.huge_pages, os.path.getsize(self.path))
         layer_progress = None
         if log:
             name = os.path.basename(self.path)
-            log(f"loading {name}: {cfg.arch}, {cfg.n_layers} layers, vocab {cfg.n_vocab}")
+            pages = "huge pages" if self.backend.huge_pages else "4 KiB pages"
+            log(f"loading {name}: {cfg.arch}, {cfg.n_layers} layers, vocab {cfg.n_vocab}; weights on {pages}")
 
             def layer_progress(done: int, total: int) -> None:
                 if done == total or done % max(1, total // 4) == 0:
@@ -126,6 +129,7 @@ class EngineCoreProc:
             "kv_cache_dtype": spec.kv_cache_dtype,
             "kv_bytes_per_token": per_block // bs,
             "load_time": load_time,
+            "huge_pages": self.backend.huge_pages,
             "compile_time": compile_time,
             "weight_bytes_per_token": weight_bytes_per_token(self.model),
             "weight_bytes_total": weight_bytes_per_token(self.model, all_experts=True),

@@ -78,7 +78,8 @@ class CpuBackend(Backend):
             # matrices of one type (Q|K, gate|up) share one weight, so one kernel call serves them.
             runs = _tile_runs(tensors)
             parts = [
-                pack_tiles(run[0].qtype, [t.data for t in run], run[0].shape[1], run[0].name) for run in runs
+                pack_tiles(run[0].qtype, [t.data for t in run], run[0].shape[1], run[0].name, self.huge_pages)
+                for run in runs
             ]
             return parts[0] if len(parts) == 1 else StackedWeights(parts)
         parts = [pack_weight(t.qtype, t.data, *t.shape) for t in tensors]
@@ -99,7 +100,7 @@ class CpuBackend(Backend):
             or any(t.qtype != first.qtype or t.shape[1] != first.shape[1] or t.shape[0] % TILE for t in flat)
         ):  # fmt: skip
             return super().load_matrices(groups)
-        whole = pack_tiles(first.qtype, [t.data for t in flat], first.shape[1], first.name)
+        whole = pack_tiles(first.qtype, [t.data for t in flat], first.shape[1], first.name, self.huge_pages)
         views, t0 = [], 0
         for g in groups:
             rows = sum(t.shape[0] for t in g)

@@ -19,6 +19,7 @@ from numba import njit, prange
 from edgellm.backends.cpu import vnni
 from edgellm.backends.cpu.matmul import ORDERED_MATH, U
 from edgellm.backends.cpu.tile_layouts import E8M0, F16, F32, LAYOUT_KEYS, TILE, TILE_LAYOUTS, TileLayout
+from edgellm.backends.cpu.weight_memory import weight_array
 from edgellm.gguf.reader import release_mapped_pages
 from edgellm.quants.packing import ACT_MODES, PackedWeight, Tiles, pack_weight
 from edgellm.quants.traits import get_traits
@@ -58,13 +59,18 @@ def _put(dst: np.ndarray, t0: int, a: np.ndarray, element: np.dtype) -> None:
 
 
 def pack_tiles(
-    qtype: GGMLQuantizationType, raws: list[np.ndarray], cols: int, name: str | None = None
+    qtype: GGMLQuantizationType,
+    raws: list[np.ndarray],
+    cols: int,
+    name: str | None = None,
+    huge_pages: bool = True,
 ) -> PackedWeight:
     """Raw GGUF rows of one or more matrices of the same type and width (uint8 [rows_i, row_bytes] each,
     e.g. memory-mapped Q, K and V), stacked along the rows into one tile16 weight. Every part but the
     last must have a multiple of 16 rows (a tile never mixes two matrices). Works TILED_CHUNK_ROWS rows
     at a time straight into the final arrays (no full-size intermediate), chunks in parallel, and drops
-    each chunk's pages of the file mapping from RSS once repacked (load_gguf's views only)."""
+    each chunk's pages of the file mapping from RSS once repacked (load_gguf's views only). huge_pages:
+    the planes' page size (weight_memory.py)."""
     traits = get_traits(qtype, name)
     lay = TILE_LAYOUTS[qtype]
     row_bytes = traits.row_bytes(cols)
@@ -77,7 +83,7 @@ def pack_tiles(
             )
     rows = sum(raw.shape[0] for raw in raws)
     n_tiles = -(-rows // TILE)
-    planes = [np.empty((n_tiles, w), np.uint8) for w in _plane_widths(lay, cols)]
+    planes = [weight_array(n_tiles, w, huge_pages) for w in _plane_widths(lay, cols)]
     jobs, t0 = [], 0  # (rows of one chunk, its first tile)
     for raw in raws:
         for r0 in range(0, raw.shape[0], TILED_CHUNK_ROWS):
