@@ -158,6 +158,18 @@ def test_tile_kernels_compile_to_the_tiers_instructions(tier: str) -> None:
     assert ("vscalefps" in asm) == (tier == "avx512vnni")
 
 
+@pytest.mark.parametrize(("qtype", "words"), [(T.Q4_K, 8), (T.Q5_K, 4), (T.Q6_K, 2), (T.Q8_0, 1)])
+def test_avx2_widens_the_int16_pair_sums_once_per_chunk_of_words(qtype: T, words: int) -> None:
+    """AVX2's dot is vpmaddubsw then vpmaddwd: the kernels add the int16 pair sums of as many words as
+    cannot overflow (8 of 4-bit weights, 4 of 5-bit, 2 of 6-bit; Q8_0's signed bytes: 1) and widen once."""
+    module = ir.Module()
+    module.triple = "x86_64-unknown-linux-gnu"
+    build_tile_kernel(module, "k", TILE_LAYOUTS[qtype].key, 4, tiers.BY_NAME["avx2"].tiles).linkage = ""
+    asm = _asm(module, "haswell")
+    pairs, widen = (len(re.findall(rf"\t{op}\s", asm)) for op in ("vpmaddubsw", "vpmaddwd"))
+    assert pairs > 0 and pairs == words * widen
+
+
 def test_numba_target_of_a_lower_tier_turns_off_what_is_above_it() -> None:
     host = {**AVX512, "avx512dq": True, "amx-tile": True, "bmi2": True, "avxifma": True}
     env = tiers.numba_target_env(tiers.BY_NAME["avx2"], host)

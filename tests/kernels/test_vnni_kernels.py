@@ -84,7 +84,9 @@ def test_vnni_extreme_int8_values_are_exact(tier: str) -> None:
 @pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
 def test_vnni_extreme_quants_are_exact(qtype: T, tier: str) -> None:
     """Every quant bit set or clear (largest and smallest values of each type, high bits included) against
-    activations of +-127: where a wrong nibble/bit-plane split, shift or offset would show."""
+    activations of +-127: where a wrong nibble/bit-plane split, shift or offset would show, or an int16
+    sum overflow (AVX2 adds the pair sums of several words before it widens them). Five activation rows:
+    a block of four and one alone, both kernel variants."""
     rows, cols = 32, 256
     raw = random_raw(qtype, rows, cols, np.random.default_rng(2))
     blocks = raw.view(BLOCK_DTYPES[qtype])
@@ -92,8 +94,8 @@ def test_vnni_extreme_quants_are_exact(qtype: T, tier: str) -> None:
         if field in blocks.dtype.names:
             blocks[field][::2] = np.array(-1).astype(blocks.dtype[field].base)  # all ones
             blocks[field][1::2] = 0
-    x = np.full((3, cols), -1.0, np.float32)
-    x[1] = 1.0
+    x = np.full((5, cols), -1.0, np.float32)
+    x[1] = x[3] = 1.0
     x[2, ::2] = 1.0
     portable, fast = both_layouts(x, qtype, raw, tier)
     np.testing.assert_array_equal(fast, portable)

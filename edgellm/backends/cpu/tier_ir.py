@@ -7,6 +7,11 @@ builder (vnni_ir.py, silu_ir.py) serve them all:
   is exact for (AVX2's pmaddubsw saturates its int16 pair sums past 127 * 127 * 2).
 - signed_dot (where set): the same for signed weight bytes. Layouts storing 8-bit weights with offset
   128 give it their bytes ^ 0x80 (the signed quants) instead of dot with the offset correction.
+- pair_dot / pair_widen (where set): dot in two steps, for a tier whose dot is two instructions: pair_dot
+  (b, w, x) gives <32 x i16>, per lane the sum of 2 products, and pair_widen(b, acc, pairs) adds each
+  lane's 2 pair sums to acc (<16 x i32>). A kernel adds the pair sums of several words with plain int16
+  adds first, as long as they cannot overflow (PAIR_SUM_MAX), and widens once: one vpmaddwd per chunk of
+  words instead of one per word.
 - shuffle(b, table, idx): <64 x i8> byte lookup within each 128-bit lane (pshufb).
 - scale2n(b, j, n, n_int): j * 2^n (<16 x float>, n integral; n_int its <16 x i32> value for |n| <= 192)
   with one rounding, as AVX-512's vscalefps computes it.
@@ -72,6 +77,26 @@ def _madd_pairs(b: ir.IRBuilder, u: ir.Value, s: ir.Value) -> ir.Value:
     pairs = b.call(declare(b.module, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8] * 2), [u, s])
     ones = ir.Constant(_V16I16, [1] * 16)
     return b.call(declare(b.module, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16] * 2), [pairs, ones])
+
+
+PAIR_SUM_MAX = 32767  # int16: what pair_dot's lanes, and their sums, must stay within
+ACTIVATION_MAX = 128  # |int8 activation| at most (they stop at 127; 128 is the type's bound)
+
+
+def pair_dot_avx2(b: ir.IRBuilder, w: ir.Value, x: ir.Value) -> ir.Value:
+    """<32 x i16>: vpmaddubsw of unsigned w and signed x (<16 x i32> each) per 32-byte half."""
+    fn = declare(b.module, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8] * 2)
+    halves = zip(_halves(b, w, _V32I8), _halves(b, x, _V32I8), strict=True)
+    lo, hi = (b.call(fn, [wh, xh]) for wh, xh in halves)
+    return _join(b, lo, hi, ir.VectorType(_I16, 32))
+
+
+def pair_widen_avx2(b: ir.IRBuilder, acc: ir.Value, pairs: ir.Value) -> ir.Value:
+    """acc + per i32 lane the sum of its 2 int16 pair sums (vpmaddwd with ones per half)."""
+    fn = declare(b.module, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16] * 2)
+    ones = ir.Constant(_V16I16, [1] * 16)
+    lo, hi = (b.call(fn, [h, ones]) for h in _halves(b, pairs, _V16I16))
+    return b.add(acc, _join(b, lo, hi, V16I32))
 
 
 def dot_avx2(b: ir.IRBuilder, acc: ir.Value, w: ir.Value, x: ir.Value) -> ir.Value:

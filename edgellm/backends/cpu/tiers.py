@@ -44,6 +44,8 @@ class TileOps:
     shuffle: Callable
     scale2n: Callable
     signed_dot: Callable | None = None  # offset-128 byte layouts as signed bytes (see tier_ir)
+    pair_dot: Callable | None = None  # dot in two steps, int16 pair sums first (see tier_ir)
+    pair_widen: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,13 @@ NEON_TILES = TileOps(
     tier_ir.signed_dot_neon, 127, tier_ir.shuffle_neon, tier_ir.scale2n_generic, tier_ir.signed_dot_neon
 )
 _AVX2_OPS = TileOps(
-    tier_ir.dot_avx2, 127, tier_ir.shuffle_avx2, tier_ir.scale2n_generic, tier_ir.signed_dot_avx2
+    tier_ir.dot_avx2,
+    127,
+    tier_ir.shuffle_avx2,
+    tier_ir.scale2n_generic,
+    tier_ir.signed_dot_avx2,
+    tier_ir.pair_dot_avx2,
+    tier_ir.pair_widen_avx2,
 )
 _TIERS = [
     CpuTier(

@@ -24,7 +24,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from edgellm.backends.cpu.ir_util import declare, splat
-from edgellm.backends.cpu.tier_ir import V64I8
+from edgellm.backends.cpu.tier_ir import ACTIVATION_MAX, PAIR_SUM_MAX, V64I8
 from edgellm.backends.cpu.tiers import TileOps
 from edgellm.backends.cpu.tile_layouts import E8M0, F16, I8, TILE
 
@@ -66,6 +66,9 @@ def build_tile_kernel(module: ir.Module, name: str, key: tuple, rm: int, ops: Ti
     if not signed and top > ops.dot_max:
         raise ValueError(f"layout {key[:11]}: weights up to {top} overflow the tier's dot ({ops.dot_max})")
     dot = ops.signed_dot if signed else ops.dot
+    # Words whose int16 pair sums add up without overflow (each lane: 2 products of at most top * 128 per
+    # word): summed in int16, widened once (tier_ir's pair_dot). 1: the plain dot per word.
+    pair_words = PAIR_SUM_MAX // (2 * top * ACTIVATION_MAX) if ops.pair_dot and not signed else 1
     table = [v ^ 0x80 for v in lut] if signed else list(lut)
     lut_vec = ir.Constant(V64I8, table * 4) if lut else None  # the table in each 128-bit lane
     pf = declare(module, _PREFETCH, ir.VoidType(), [_I8.as_pointer(), _I32, _I32, _I32])
@@ -179,12 +182,22 @@ def build_tile_kernel(module: ir.Module, name: str, key: tuple, rm: int, ops: Ti
             ]
         else:
             isums = [_vconst(0)] * rm
-        for col in range(gi * group, (gi + 1) * group, 4):
-            w = weights(col)
-            xw_index = b.add(b.mul(u, _c64(unit // 4)), _c64(col // 4))
-            for m in range(rm):
-                xw = b.load(b.gep(x_rows[m], [xw_index]), align=1)
-                isums[m] = dot(b, isums[m], w, splat(b, xw, _V16I32))
+        cols = list(range(gi * group, (gi + 1) * group, 4))
+        chunk = pair_words
+        for c0 in range(0, len(cols), chunk):
+            pairs: list[ir.Value | None] = [None] * rm
+            for col in cols[c0 : c0 + chunk]:
+                w = weights(col)
+                xw_index = b.add(b.mul(u, _c64(unit // 4)), _c64(col // 4))
+                for m in range(rm):
+                    xw = splat(b, b.load(b.gep(x_rows[m], [xw_index]), align=1), _V16I32)
+                    if chunk == 1:
+                        isums[m] = dot(b, isums[m], w, xw)
+                    else:
+                        p = ops.pair_dot(b, w, xw)
+                        pairs[m] = p if pairs[m] is None else b.add(pairs[m], p)
+            if chunk > 1:
+                isums = [ops.pair_widen(b, isums[m], pairs[m]) for m in range(rm)]
         scv = b.fmul(dv, widen_bytes(sub_a, g, sub_kind == I8), flags=_FLAGS) if sub_kind else dv
         mnv = mv
         if m_kind and m_neg_sub:  # the K-quants' min: -(dmin * mn)
