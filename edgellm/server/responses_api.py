@@ -101,6 +101,8 @@ class _Response:
             calls = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                      for c in reply.calls]  # fmt: skip
             turn = {"role": "assistant", "content": reply.content, **({"tool_calls": calls} if calls else {})}
+            if reply.reasoning:  # kept as a reasoning input item would be: the template decides
+                turn["reasoning_content"] = reply.reasoning
             self.store.put(self.id, [*self.conversation, turn])
         return "incomplete" if reply.end.reason == "length" else "completed"
 

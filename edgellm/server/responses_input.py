@@ -5,6 +5,10 @@ in-memory store `previous_response_id` reads earlier conversations from.
 Unknown fields, and known ones that would change the output and cannot be honoured (built-in tools,
 `reasoning.summary`, `truncation: "auto"`, `background`, `include`, images and files), are 400s naming
 them. `reasoning.effort` goes to the template's thinking switch as the chat route's `reasoning_effort`.
+A `reasoning` input item (an earlier reply's, sent back) becomes the `reasoning_content` of the
+assistant turn after it, as on the chat route, and the template decides where it goes (gpt-oss keeps a
+tool call's analysis, Qwen3 the reasoning after the last question); encrypted reasoning, which no
+template can read, is a 400.
 """
 
 from __future__ import annotations
@@ -88,6 +92,24 @@ def _text(content: Any, where: str) -> str:
     return "".join(parts)
 
 
+def _reasoning_text(item: dict, where: str) -> str:
+    """A reasoning item's text: its `reasoning_text` parts, else its summary's `summary_text` parts."""
+    for field, part_type, sep in (("content", "reasoning_text", ""), ("summary", "summary_text", "\n\n")):
+        parts = item.get(field) or []
+        if not isinstance(parts, list):
+            raise bad_value(f"{where}.{field}", "expected a list of parts")
+        texts = []
+        for i, p in enumerate(parts):
+            if not (isinstance(p, dict) and p.get("type") == part_type and isinstance(p.get("text"), str)):
+                raise bad_value(f"{where}.{field}[{i}]", f"expected a {part_type} part with a string 'text'")
+            texts.append(p["text"])
+        if texts:
+            return sep.join(texts)
+    if item.get("encrypted_content"):
+        raise bad_value(f"{where}.encrypted_content", "encrypted reasoning is not supported (unreadable)")
+    return ""
+
+
 def input_messages(value: Any) -> list[dict[str, Any]]:
     """`input` as OpenAI chat messages (without the instructions)."""
     if isinstance(value, str):
@@ -96,16 +118,40 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
         raise bad_value("input", "expected a string or a non-empty list of items")
     out: list[dict[str, Any]] = []
     names: dict[str, str] = {}  # call_id -> the function's name
+    reasoning: list[str] = []  # reasoning items waiting for the assistant turn they belong to
+
+    def assistant_turn(new: bool) -> dict[str, Any]:
+        """The assistant turn an item joins (a new one unless it continues the last), with the reasoning
+        before it."""
+        if new or not (out and out[-1]["role"] == "assistant"):
+            out.append({"role": "assistant", "content": ""})
+        msg = out[-1]
+        if reasoning:
+            msg["reasoning_content"] = msg.get("reasoning_content", "") + "".join(reasoning)
+            reasoning.clear()
+        return msg
+
     for i, item in enumerate(value):
         where = f"input[{i}]"
         if not isinstance(item, dict):
             raise bad_value(where, "expected an object")
         kind = item.get("type", "message")
+        if kind == "reasoning":
+            text = _reasoning_text(item, where)
+            if text:
+                reasoning.append(text)
+            continue
+        role = item.get("role") if kind == "message" else "assistant" if kind == "function_call" else None
+        if reasoning and role != "assistant":  # reasoning with no answer after it: a turn of its own
+            assistant_turn(new=True)
         if kind == "message":
-            role = item.get("role")
             if role not in ("user", "system", "developer", "assistant"):
                 raise bad_value(f"{where}.role", "expected 'user', 'system', 'developer' or 'assistant'")
-            out.append({"role": role, "content": _text(item.get("content"), f"{where}.content")})
+            content = _text(item.get("content"), f"{where}.content")
+            if role == "assistant":
+                assistant_turn(new=True)["content"] = content
+            else:
+                out.append({"role": role, "content": content})
         elif kind == "function_call":
             call_id, name, args = item.get("call_id"), item.get("name"), item.get("arguments")
             if not (isinstance(call_id, str) and isinstance(name, str) and isinstance(args, str)):
@@ -114,9 +160,7 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
                 )
             names[call_id] = name
             call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
-            if not (out and out[-1]["role"] == "assistant"):
-                out.append({"role": "assistant", "content": ""})
-            out[-1].setdefault("tool_calls", []).append(call)
+            assistant_turn(new=False).setdefault("tool_calls", []).append(call)
         elif kind == "function_call_output":
             call_id = item.get("call_id")
             if not isinstance(call_id, str):
@@ -127,10 +171,10 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
                 "content": _text(item.get("output"), f"{where}.output"),
             }
             out.append({**msg, "name": names[call_id]} if call_id in names else msg)
-        elif kind == "reasoning":
-            pass  # earlier reasoning: templates leave it out of the prompt
         else:
             raise bad_value(f"{where}.type", f"unsupported item type {kind!r} (message, function_call, ...)")
+    if reasoning:
+        assistant_turn(new=True)
     return out
 
 
