@@ -122,10 +122,11 @@ def test_a_tier_outside_the_compiled_ones_is_refused() -> None:
 
 # x86 tier -> (an LLVM CPU with exactly its instruction set, instructions its tile kernels must have,
 # instructions they must not have)
+# the weights' software prefetches go to L2 (prefetcht2) on every x86 tier (TileOps.prefetch_locality)
 ASM = {
-    "avx2": ("haswell", [r"vpmaddubsw\s.*%ymm", r"vpmaddwd\s.*%ymm"], [r"vpdpbusd", r"%zmm"]),
-    "avxvnni": ("alderlake", [r"\{vex\}\s+vpdpbusd\s.*%ymm"], [r"%zmm", r"vpmaddubsw"]),
-    "avx512vnni": ("icelake-server", [r"vpdpbusd\s.*%zmm"], [r"vpmaddubsw"]),
+    "avx2": ("haswell", [r"vpmaddubsw\s.*%ymm", r"vpmaddwd\s.*%ymm", r"prefetcht2"], [r"vpdpbusd", r"%zmm"]),
+    "avxvnni": ("alderlake", [r"\{vex\}\s+vpdpbusd\s.*%ymm", r"prefetcht2"], [r"%zmm", r"vpmaddubsw"]),
+    "avx512vnni": ("icelake-server", [r"vpdpbusd\s.*%zmm", r"prefetcht2"], [r"vpmaddubsw"]),
 }
 
 
@@ -152,7 +153,7 @@ def test_tile_kernels_compile_to_the_tiers_instructions(tier: str) -> None:
     asm = _asm(module, cpu)
     for pattern in must:
         assert re.search(pattern, asm), f"{tier}: no {pattern}"
-    for pattern in must_not:
+    for pattern in (*must_not, r"prefetcht0"):
         assert not re.search(pattern, asm), f"{tier}: {pattern} in the assembly"
     assert re.search(r"vpshufb\s.*%[yz]mm", asm)  # the table types' nibble lookup
     assert ("vscalefps" in asm) == (tier == "avx512vnni")

@@ -46,6 +46,10 @@ class TileOps:
     signed_dot: Callable | None = None  # offset-128 byte layouts as signed bytes (see tier_ir)
     pair_dot: Callable | None = None  # dot in two steps, int16 pair sums first (see tier_ir)
     pair_widen: Callable | None = None
+    # llvm.prefetch's locality for the streamed weights: 3 every level (x86 prefetcht0, ARM pldl1keep),
+    # 1 the outer ones (x86 prefetcht2: into L2, where a core keeps more misses in flight than its L1's
+    # fill buffers allow; docs/benchmarks.md "Prefetch into L2")
+    prefetch_locality: int = 3
 
 
 @dataclass(frozen=True)
@@ -76,18 +80,21 @@ _AVX2_OPS = TileOps(
     tier_ir.signed_dot_avx2,
     tier_ir.pair_dot_avx2,
     tier_ir.pair_widen_avx2,
+    prefetch_locality=1,
 )
 _TIERS = [
     CpuTier(
         "avx512vnni",
         (*_X86, "avx512f", "avx512bw", "avx512vnni"),
-        TileOps(tier_ir.dot_avx512vnni, 255, tier_ir.shuffle_avx512, tier_ir.scale2n_avx512),
+        TileOps(
+            tier_ir.dot_avx512vnni, 255, tier_ir.shuffle_avx512, tier_ir.scale2n_avx512, prefetch_locality=1
+        ),
         "",
     ),
     CpuTier(
         "avxvnni",
         (*_X86, "avxvnni"),
-        TileOps(tier_ir.dot_avxvnni, 255, tier_ir.shuffle_avx2, tier_ir.scale2n_generic),
+        TileOps(tier_ir.dot_avxvnni, 255, tier_ir.shuffle_avx2, tier_ir.scale2n_generic, prefetch_locality=1),
         "alderlake",
         ("avx512", "amx", "avx10"),
     ),

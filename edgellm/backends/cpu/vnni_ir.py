@@ -104,14 +104,15 @@ def build_tile_kernel(module: ir.Module, name: str, key: tuple, rm: int, ops: Ti
 
     def prefetch(base: ir.Value, first: ir.Value, j: int) -> None:
         # Weights stream from RAM once per call: ask for the line 4 KiB ahead (the hardware prefetcher
-        # alone left the batched decode step waiting on memory). Prefetches never fault past the end.
+        # alone left the batched decode step waiting on memory), to the cache level the tier names
+        # (TileOps.prefetch_locality). Prefetches never fault past the end.
         ahead = b.gep(base, [b.add(first, _c64(j + PREFETCH_VECTORS))])
         b.call(
             pf,
             [
                 b.bitcast(ahead, _I8.as_pointer()),
                 ir.Constant(_I32, 0),
-                ir.Constant(_I32, 3),
+                ir.Constant(_I32, ops.prefetch_locality),
                 ir.Constant(_I32, 1),
             ],
         )
