@@ -1,5 +1,6 @@
 """The CPU backend's one-call MoE experts (backends/cpu/moe_experts.py) against running the experts one by
-one through CpuBackend.matmul: the same bits, in prefill and batched decode, for every layout mix."""
+one through CpuBackend.matmul: the same bits, in prefill and batched decode, for every layout mix, and for
+gpt-oss's biased, clamped-SwiGLU experts (MXFP4 as the released files, and the block-32 mix)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,25 @@ import pytest
 from edgellm.arch import ARCHITECTURES
 from edgellm.backends.base import Backend
 from edgellm.backends.cpu.backend import CpuBackend
-from edgellm.backends.cpu.moe_experts import check_moe_args
+from edgellm.backends.cpu.moe_experts import NO_BIAS, check_moe_args, check_moe_biases
 from edgellm.engine.model_runner import ModelRunner, RunItem
 from edgellm.gguf.config import config_from_gguf
 from edgellm.gguf.load import load_gguf
 from edgellm.gguf.validation import validate_model
-from edgellm.testing.oracle_cases import MOE, MOE_QTYPES, QWEN2MOE, QWEN3MOE
+from edgellm.testing.oracle_cases import (
+    GPT_OSS_MODEL,
+    GPT_OSS_QTYPES,
+    GPT_OSS_WRITER,
+    GPT_OSS_YARN,
+    MOE,
+    MOE_QTYPES,
+    QWEN2MOE,
+    QWEN3MOE,
+)
 from edgellm.testing.synthetic import write_tiny_model
 
 BS = 16
+GPT_OSS = {**GPT_OSS_MODEL, **GPT_OSS_WRITER, "metadata_overrides": GPT_OSS_YARN}
 
 
 class PerExpertBackend(CpuBackend):
@@ -49,8 +60,10 @@ def _steps(runner: ModelRunner, seqs: list[list[int]], decode: list[list[int]]) 
 @pytest.mark.parametrize(
     ("arch", "qtypes", "writer"),
     [("qwen3moe", MOE_QTYPES, QWEN3MOE), ("qwen3moe", "Q8_0", {**QWEN3MOE, "n_expert": 16}),
-     ("qwen2moe", "Q8_0", QWEN2MOE), ("olmoe", MOE_QTYPES, MOE), ("llama", "Q4_0", MOE)],
-    ids=["qwen3moe_mix", "qwen3moe_q8_0", "qwen2moe_shared", "olmoe_mix", "llama_moe_q4_0"],
+     ("qwen2moe", "Q8_0", QWEN2MOE), ("olmoe", MOE_QTYPES, MOE), ("llama", "Q4_0", MOE),
+     ("gpt-oss", GPT_OSS_QTYPES, GPT_OSS), ("gpt-oss", MOE_QTYPES, GPT_OSS)],
+    ids=["qwen3moe_mix", "qwen3moe_q8_0", "qwen2moe_shared", "olmoe_mix", "llama_moe_q4_0", "gpt_oss_mxfp4",
+         "gpt_oss_mix"],
 )
 def test_one_call_experts_give_the_per_expert_bits(tmp_path: Path, arch: str, qtypes, writer) -> None:
     path = write_tiny_model(tmp_path / "m.gguf", arch, qtypes, **writer)
@@ -85,6 +98,20 @@ def test_moe_arguments_are_checked_before_the_kernel() -> None:
         check_moe_args(h, *ok, np.zeros((4, 9), np.float32), 8)
     with pytest.raises(ValueError, match="MoE input"):
         check_moe_args(h[:, :4], *ok, outs, 8)
+
+
+def test_moe_biases_are_checked_before_the_kernel() -> None:
+    """One bias row per run, of the gate|up and the down widths, float32, C-contiguous; or none at all."""
+    check_moe_biases(NO_BIAS, NO_BIAS, 3, 4, 8)
+    gu, dn = np.zeros((3, 8), np.float32), np.zeros((3, 8), np.float32)
+    check_moe_biases(gu, dn, 3, 4, 8)
+    for bad in [(gu[:2], dn), (gu, dn[:, :7]), (gu, NO_BIAS), (np.zeros((3, 4), np.float32), dn)]:
+        with pytest.raises(ValueError, match="MoE biases of shapes"):
+            check_moe_biases(*bad, 3, 4, 8)
+    with pytest.raises(ValueError, match="float32"):
+        check_moe_biases(gu.astype(np.float64), dn, 3, 4, 8)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        check_moe_biases(np.zeros((8, 3), np.float32).T, dn, 3, 4, 8)
 
 
 def test_moe_combine_gives_the_generic_sums_bit_for_bit() -> None:

@@ -15,7 +15,7 @@ from edgellm.backends.cpu.attention import attention_paged_cpu
 from edgellm.backends.cpu.kv_cache import CpuKvCache
 from edgellm.backends.cpu.layer import FusedLayer, decoder_layer_cpu, pack_layer
 from edgellm.backends.cpu.matmul import matmul_cpu
-from edgellm.backends.cpu.moe_experts import ExpertTiles, check_moe_args, moe_combine_cpu, moe_experts_cpu
+from edgellm.backends.cpu.moe_experts import moe_combine_cpu, run_moe_experts
 from edgellm.backends.cpu.packed import PackedWeight, dequantize_rows_cpu, pack_tiles, pack_weight
 from edgellm.backends.cpu.tile_layouts import TILE, TILE_LAYOUTS
 from edgellm.gguf.reader import TensorInfo
@@ -181,26 +181,9 @@ class CpuBackend(Backend):
         self, h: np.ndarray, tokens: np.ndarray, runs: list[tuple[int, int, int]], experts: Any,
         activation: str, outs: np.ndarray,
     ) -> bool:  # fmt: skip
-        if activation != "silu" or self.tier.tiles is None or experts.bias_gate_up is not None:
-            return False  # swiglu_oai and gpt-oss's biases: expert by expert
-        state = experts.backend_state
-        if state is None:
-            state = experts.backend_state = ExpertTiles(experts.n_expert)
-        if state.untiled:
-            return False
-        width, n_embd = experts.gate.shape[1], experts.gate.shape[2]
-        ids = np.fromiter((r[0] for r in runs), np.int64, len(runs))
-        for e in ids[~state.ready[ids]]:
-            if not state.add(int(e), experts.get(int(e)), width, n_embd):
-                return False
-        bounds = np.array([r[1] for r in runs] + [runs[-1][2] if runs else 0], np.int64)  # [R + 1]
-        h = np.ascontiguousarray(h, np.float32)
-        check_moe_args(h, tokens, bounds, outs, n_embd)
-        moe_experts_cpu(
-            h, tokens, bounds, state.gu_at[ids], state.gu_meta, state.dn_at[ids], state.dn_meta,
-            self.n_threads, self.tier.index, outs,
-        )  # fmt: skip
-        return True
+        if self.tier.tiles is None:
+            return False  # the portable tier: expert by expert
+        return run_moe_experts(h, tokens, runs, experts, activation, outs, self.n_threads, self.tier.index)
 
     def moe_combine(self, outs: np.ndarray, where: np.ndarray, weights: np.ndarray) -> np.ndarray:
         n_tokens = where.shape[0]
@@ -288,8 +271,8 @@ class CpuBackend(Backend):
         cos_t, sin_t = self._rope_table(fused.rope, self._positions_end)
         decoder_layer_cpu(
             x, fused.norms, fused.biases, fused.planes, fused.meta, fused.dims, fused.eps, fused.scale,
-            fused.softcap, fused.residual, cos_t, sin_t, k_cache, v_cache, inp.block_tables, inp.seq_index,
-            inp.positions, inp.slots, self.n_threads, self.tier.index,
+            fused.softcap, fused.residual, fused.sinks, cos_t, sin_t, k_cache, v_cache, inp.block_tables,
+            inp.seq_index, inp.positions, inp.slots, self.n_threads, self.tier.index,
         )  # fmt: skip
         return True
 

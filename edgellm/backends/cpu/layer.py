@@ -56,6 +56,7 @@ class FusedLayer:
     residual: float  # each block's output times this before the residual add (Granite)
     n_embd: int
     weights: list  # the parts' Tiles, kept alive for the addresses in `planes`
+    sinks: np.ndarray  # f32 [H] each head's extra softmax logit (gpt-oss), or empty
 
 
 @njit(cache=True, nogil=True, fastmath=ORDERED_MATH)
@@ -91,15 +92,16 @@ def _split_heads(qkv, q, k, v) -> None:
 
 @njit(cache=True, nogil=True)
 def decoder_layer_cpu(
-    x, norms, biases, planes, meta, dims, eps, scale, softcap, residual, cos_t, sin_t,
+    x, norms, biases, planes, meta, dims, eps, scale, softcap, residual, sinks, cos_t, sin_t,
     k_cache, v_cache, block_tables, seq_index, positions, slots, n_threads, tier,
 ) -> None:  # fmt: skip
     """x [T, n_embd] += Attention(...) then += FFN(...), writing the tokens' K/V: attention_block then
     feed_forward_block of arch/common.py, kernel for kernel; without an FFN (dims[FF_] == 0: a
-    mixture-of-experts layer, whose experts arch/moe.py runs) the attention only. The caller has checked
-    every shape and that tier (a CpuTier.index) is compiled."""
+    mixture-of-experts layer, whose experts arch/moe.py runs) the attention only. sinks: f32 [H] the
+    heads' attention sinks, or empty. The caller has checked every shape and that tier (a CpuTier.index)
+    is compiled."""
     _attention_part(
-        x, norms, biases, planes, meta, dims, eps, scale, softcap, residual, cos_t, sin_t,
+        x, norms, biases, planes, meta, dims, eps, scale, softcap, residual, sinks, cos_t, sin_t,
         k_cache, v_cache, block_tables, seq_index, positions, slots, n_threads, tier,
     )  # fmt: skip
     if dims[FF_]:
@@ -108,7 +110,7 @@ def decoder_layer_cpu(
 
 @njit(cache=True, nogil=True, inline="always")
 def _attention_part(
-    x, norms, biases, planes, meta, dims, eps, scale, softcap, residual, cos_t, sin_t,
+    x, norms, biases, planes, meta, dims, eps, scale, softcap, residual, sinks, cos_t, sin_t,
     k_cache, v_cache, block_tables, seq_index, positions, slots, n_threads, tier,
 ) -> None:  # fmt: skip
     """x += attention_block(x)."""
@@ -133,9 +135,9 @@ def _attention_part(
     ops.write_kv_slots_cpu(k, v, k_cache, v_cache, slots)
     attn = np.empty((T, H, dv), np.float32)
     attention_paged_cpu(
-        q, k_cache, v_cache, block_tables, seq_index, positions, dims[WINDOW_], scale, softcap,
-        np.empty(0, np.float32), n_threads, attn,
-    )
+        q, k_cache, v_cache, block_tables, seq_index, positions, dims[WINDOW_], scale, softcap, sinks,
+        n_threads, attn,
+    )  # fmt: skip
     o = np.empty((T, E), np.float32)
     _matmul_parts(attn.reshape(T, H * dv), planes[3:6], meta[3:6], o, n_threads, tier)
     if biases[O_B].shape[0]:
@@ -219,8 +221,11 @@ def pack_layer(cfg: Any, attn: Any, ffn: Any, il: int) -> FusedLayer | None:
     ff = cfg.n_ff if ffn is not None else 0
     if not cfg.pre_norms or cfg.qk_norm_full or cfg.layer_norm:
         return None  # OLMo 2's norm placement, LayerNorm: the blocks' kernel calls
-    if attn.sinks is not None:
-        return None  # gpt-oss's attention sinks: the blocks' kernel calls
+    sinks = np.empty(0, np.float32)
+    if attn.sinks is not None:  # gpt-oss: the kernel reads sinks[h] for every head unchecked
+        sinks = np.ascontiguousarray(attn.sinks, np.float32)
+        if sinks.shape != (H,):
+            raise ValueError(f"layer {il}: attention sinks of shape {sinks.shape} for {H} heads")
     if ffn is not None and (cfg.activation not in ("silu", "gelu") or not cfg.gated_ffn):
         return None  # the ungated MLP (StarCoder 2, GPT-2): the blocks' kernel calls
     if cfg.rope_of_layer(il) is None:
@@ -268,4 +273,5 @@ def pack_layer(cfg: Any, attn: Any, ffn: Any, il: int) -> FusedLayer | None:
         residual=float(cfg.residual_scale),
         n_embd=e,
         weights=weights,
+        sinks=sinks,
     )

@@ -20,6 +20,7 @@ from numba import njit
 from edgellm.backends.cpu.layer import PARTS, pack_matrix
 from edgellm.backends.cpu.matmul import ORDERED_MATH, quantize_act_rows_cpu
 from edgellm.backends.cpu.numba_cache import follow_sources
+from edgellm.backends.cpu.ops import swiglu_oai_par_cpu
 from edgellm.backends.cpu.silu_ir import swiglu_vec_cpu, swiglu_vec_par_cpu
 from edgellm.backends.cpu.vnni import matmul_tiles_runs_at_cpu
 
@@ -41,12 +42,29 @@ def _runs_matmul(x, at, meta, bounds, out, n_threads, tier) -> None:
         )  # fmt: skip
 
 
+# the gated activations moe_experts_cpu runs (the kinds CpuBackend.gated_act takes; others: expert by expert)
+MOE_ACTIVATIONS = {"silu": 0, "swiglu_oai": 1}
+NO_BIAS = np.zeros((0, 0), np.float32)  # moe_experts_cpu's bias arguments for experts without biases
+
+
 @njit(cache=True, nogil=True, fastmath=ORDERED_MATH)
-def moe_experts_cpu(h, tokens, bounds, gu_at, gu_meta, dn_at, dn_meta, n_threads, tier, outs) -> None:
-    """outs[i] = W_down_r @ (silu(W_gate_r x) * (W_up_r x)), x = h[tokens[i]], for the pairs i of run r
-    (bounds[r] <= i < bounds[r + 1]). h [T, n_embd]; tokens [P] int64; bounds [R + 1] int64; gu_at /
-    dn_at int64 [R, PARTS, 6, 2], gu_meta / dn_meta int64 [PARTS, META]; outs [P, n_embd]. The caller
-    has checked every shape and index."""
+def _add_run_bias(y, bounds, bias) -> None:
+    """y[i] += bias[r] for the pairs i of run r (CpuBackend.add_bias's float32 adds)."""
+    for r in range(bounds.shape[0] - 1):
+        for i in range(bounds[r], bounds[r + 1]):
+            for j in range(y.shape[1]):
+                y[i, j] += bias[r, j]
+
+
+@njit(cache=True, nogil=True, fastmath=ORDERED_MATH)
+def moe_experts_cpu(
+    h, tokens, bounds, gu_at, gu_meta, dn_at, dn_meta, gu_bias, dn_bias, activation, n_threads, tier, outs
+) -> None:
+    """outs[i] = W_down_r @ act(W_gate_r x + bg_r, W_up_r x + bu_r) + bd_r, x = h[tokens[i]], for the pairs
+    i of run r (bounds[r] <= i < bounds[r + 1]). h [T, n_embd]; tokens [P] int64; bounds [R + 1] int64;
+    gu_at / dn_at int64 [R, PARTS, 6, 2], gu_meta / dn_meta int64 [PARTS, META]; gu_bias [R, 2 * n_ff_exp]
+    and dn_bias [R, n_embd] float32, or [0, 0] for none; activation: MOE_ACTIVATIONS' code; outs [P,
+    n_embd]. The caller has checked every shape and index."""
     n_pairs = tokens.shape[0]
     xe = np.empty((n_pairs, h.shape[1]), np.float32)  # [P, n_embd]: each pair's token, in run order
     for i in range(n_pairs):
@@ -56,12 +74,18 @@ def moe_experts_cpu(h, tokens, bounds, gu_at, gu_meta, dn_at, dn_meta, n_threads
         width2 += gu_meta[p, 4]
     gate_up = np.empty((n_pairs, width2), np.float32)  # [P, 2 * n_ff_exp]
     _runs_matmul(xe, gu_at, gu_meta, bounds, gate_up, n_threads, tier)
+    if gu_bias.shape[0] > 0:
+        _add_run_bias(gate_up, bounds, gu_bias)
     act = np.empty((n_pairs, width2 // 2), np.float32)  # [P, n_ff_exp]
-    if n_pairs >= 8:  # one row's bits whichever runs it (the same row function)
+    if activation == 1:
+        swiglu_oai_par_cpu(gate_up, act)  # always the parallel kernel, as CpuBackend.gated_act
+    elif n_pairs >= 8:  # one row's bits whichever runs it (the same row function)
         swiglu_vec_par_cpu(gate_up, act, tier)
     else:
         swiglu_vec_cpu(gate_up, act, tier)
     _runs_matmul(act, dn_at, dn_meta, bounds, outs, n_threads, tier)
+    if dn_bias.shape[0] > 0:
+        _add_run_bias(outs, bounds, dn_bias)
 
 
 @njit(cache=True, nogil=True, fastmath=ORDERED_MATH)
@@ -127,3 +151,50 @@ def check_moe_args(
         raise ValueError(f"MoE token index outside 0..{h.shape[0] - 1}")
     if bounds[0] != 0 or bounds[-1] != n_pairs or np.any(np.diff(bounds) < 0):
         raise ValueError(f"MoE run bounds {bounds.tolist()} do not cover {n_pairs} pairs in order")
+
+
+def check_moe_biases(gu_bias: np.ndarray, dn_bias: np.ndarray, n_runs: int, width: int, n_embd: int) -> None:
+    """The per-run bias rows moe_experts_cpu adds unchecked: both [0, 0], or [R, 2 * width], [R, n_embd]."""
+    none = gu_bias.shape == (0, 0) and dn_bias.shape == (0, 0)
+    if not none and (gu_bias.shape != (n_runs, 2 * width) or dn_bias.shape != (n_runs, n_embd)):
+        raise ValueError(
+            f"MoE biases of shapes {gu_bias.shape} / {dn_bias.shape}, expected [{n_runs}, {2 * width}] / "
+            f"[{n_runs}, {n_embd}]"
+        )
+    for b in (gu_bias, dn_bias):
+        if b.dtype != np.float32 or not b.flags.c_contiguous:
+            raise ValueError(f"MoE bias of dtype {b.dtype}, expected C-contiguous float32")
+
+
+def run_moe_experts(
+    h: np.ndarray, tokens: np.ndarray, runs: list[tuple[int, int, int]], experts: Any, activation: str,
+    outs: np.ndarray, n_threads: int, tier: int,
+) -> bool:  # fmt: skip
+    """CpuBackend.moe_experts on a tile tier: the layer's selected experts in one moe_experts_cpu call;
+    False (nothing done) for an activation it has no code for or experts without the tile form."""
+    code = MOE_ACTIVATIONS.get(activation)
+    if code is None:
+        return False
+    state = experts.backend_state
+    if state is None:
+        state = experts.backend_state = ExpertTiles(experts.n_expert)
+    if state.untiled:
+        return False
+    width, n_embd = experts.gate.shape[1], experts.gate.shape[2]
+    ids = np.fromiter((r[0] for r in runs), np.int64, len(runs))
+    for e in ids[~state.ready[ids]]:
+        if not state.add(int(e), experts.get(int(e)), width, n_embd):
+            return False
+    bounds = np.array([r[1] for r in runs] + [runs[-1][2] if runs else 0], np.int64)  # [R + 1]
+    h = np.ascontiguousarray(h, np.float32)
+    check_moe_args(h, tokens, bounds, outs, n_embd)
+    gu_bias, dn_bias = NO_BIAS, NO_BIAS
+    if experts.bias_gate_up is not None:  # gpt-oss: [E, 2 * width], [E, n_embd] -> the runs' rows
+        gu_bias = np.ascontiguousarray(experts.bias_gate_up[ids], np.float32)  # [R, 2 * width]
+        dn_bias = np.ascontiguousarray(experts.bias_down[ids], np.float32)  # [R, n_embd]
+    check_moe_biases(gu_bias, dn_bias, len(ids), width, n_embd)
+    moe_experts_cpu(
+        h, tokens, bounds, state.gu_at[ids], state.gu_meta, state.dn_at[ids], state.dn_meta, gu_bias, dn_bias,
+        code, n_threads, tier, outs,
+    )  # fmt: skip
+    return True
