@@ -7,12 +7,14 @@ the model's own code), and the step's CPU time (all threads, OpenMP's spin-waits
 at --threads 1, where it does not depend on what else the machine runs). Used to decide whether per-call
 overheads (parallel-region launches, argument unboxing) matter next to the streaming of the weights.
 
-    python scripts/profile/cpu_profile.py MODEL [--threads 2] [--tokens 64] [--prompt 32]
+    python scripts/profile/cpu_profile.py MODEL [--threads 2] [--tokens 64] [--prompt 32] [--batch 1]
     python scripts/profile/cpu_profile.py MODEL --prefill 128 [--rounds 3]
 
---prefill N times prompts of N tokens instead (each distinct, so no prefix-cache hit; one warm-up
-prompt first): the same table per prompt, all of its prefill steps together. With EngineConfig's
-lazy_experts the first prompts also pay the preparation of the experts they reach first.
+--batch B decodes B requests at once (each its own prompt), so a step is B tokens: for mixture-of-experts
+models, what a step of tokens that route apart costs (one prompt's tokens route alike, so --prefill
+reaches fewer experts). --prefill N times prompts of N tokens instead (each distinct, so no prefix-cache
+hit; one warm-up prompt first): the same table per prompt, all of its prefill steps together. With
+EngineConfig's lazy_experts the first prompts also pay the preparation of the experts they reach first.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prompt", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=1, help="requests decoding at once")
     ap.add_argument("--prefill", type=int, default=0, help="time prompts of this many tokens instead")
     ap.add_argument("--rounds", type=int, default=3, help="prompts timed with --prefill")
     args = ap.parse_args()
@@ -90,8 +93,11 @@ def main() -> None:
             walls.append(time.perf_counter() - t0)
             cpus.append(time.process_time() - c0)
     else:
-        engine.add_request(synthetic_prompt(args.prompt), params)
-        engine.step()  # the prompt
+        for salt in range(args.batch):
+            engine.add_request(synthetic_prompt(args.prompt, salt=salt), params)
+        sched = engine.scheduler
+        while any(s.num_computed_tokens < s.num_prompt_tokens for s in sched.waiting + sched.running):
+            engine.step()  # the prompts (and their first tokens)
         for name in METHODS:
             step_times[name].clear()
         counts.clear()
@@ -105,7 +111,7 @@ def main() -> None:
     n = len(walls)
     wall = statistics.median(walls)
     cpu = statistics.median(cpus)
-    per, tokens, what = ("prompt", args.prefill, "prompts") if args.prefill else ("step", 1, "decode steps")
+    per, tokens, what = ("prompt", args.prefill, "prompts") if args.prefill else ("step", args.batch, "steps")
     print(
         f"{args.model}: {n} {what}, median {wall * 1e3:.2f} ms/{per} "
         f"({tokens / wall:.1f} tok/s), CPU {cpu * 1e3:.2f} ms/{per}"
