@@ -52,7 +52,9 @@ def test_vnni_matches_portable_bit_for_bit(qtype: T, tier: str) -> None:
     rng = np.random.default_rng(zlib.crc32(qtype.name.encode()))
     for rows, cols in shapes_for(qtype):
         raw = random_raw(qtype, rows, cols, rng)
-        for m_rows in (1, 2, 5, 9):  # 5 and 9: register blocks of 4 plus single leftover rows
+        # 5 and 9: blocks of 4 rows plus one alone; 6 and 7: the last 2 or 3 rows in a block of 4 that
+        # starts before them (its first rows computed twice, their second results dropped)
+        for m_rows in (1, 2, 5, 6, 7, 9):
             x = rng.standard_normal((m_rows, cols)).astype(np.float32)
             portable, fast = both_layouts(x, qtype, raw, tier)
             assert np.isfinite(portable).all()
@@ -214,3 +216,30 @@ def test_chunked_tiling_equals_whole_matrix_tiling(monkeypatch: pytest.MonkeyPat
     assert chunked.rows == whole.rows == 77
     for a, b in zip(chunked.tiles.planes, whole.tiles.planes, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+@each_tier
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q8_0, T.Q6_K, T.MXFP4], ids=lambda t: t.name)
+def test_runs_of_experts_give_each_weights_own_bits(qtype: T, tier: str) -> None:
+    """The mixture-of-experts kernel (each weight over its own run of activation rows, one parallel region)
+    gives every row the bits of that weight's own matmul, for runs of 1 to 6 rows: runs of 2 or 3 go as a
+    block of 4 that reads the next run's rows (their results dropped), the last run's as a block that
+    starts before it; 38 output rows leave a partial last tile."""
+    from edgellm.backends.cpu.layer import pack_matrix
+    from edgellm.backends.cpu.moe_experts import _runs_matmul
+
+    rng = np.random.default_rng(zlib.crc32(qtype.name.encode()) + 1)
+    rows, cols = 38, 256
+    bounds = np.array([0, 2, 5, 6, 12, 14, 17], np.int64)  # runs of 2, 3, 1, 6, 2, 3 rows
+    raws = [random_raw(qtype, rows, cols, rng) for _ in range(len(bounds) - 1)]
+    weights = [pack_weight_tiled(qtype, raw, rows, cols) for raw in raws]
+    packs = [pack_matrix(w, rows, cols, f"weight {i}") for i, w in enumerate(weights)]
+    at = np.stack([p[0] for p in packs])  # [R, PARTS, 6, 2]
+    x = rng.standard_normal((bounds[-1], cols)).astype(np.float32)
+    got = np.full((bounds[-1], rows), np.nan, np.float32)
+    _runs_matmul(x, at, packs[0][1], bounds, got, 2, tiers.by_name(tier).index)
+    for r, w in enumerate(weights):
+        a, b = bounds[r], bounds[r + 1]
+        want = np.full((b - a, rows), np.nan, np.float32)
+        matmul_cpu(x[a:b], w, want, None, tiers.by_name(tier).index)
+        np.testing.assert_array_equal(got[a:b], want, err_msg=f"run {r} (rows {a}..{b - 1})")

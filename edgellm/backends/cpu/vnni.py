@@ -127,30 +127,41 @@ def matmul_tiles_runs_at_cpu(  # noqa: ANN201
 @njit(cache=True, nogil=True, inline="always")
 def _tile_rows(xq, xs, xsum, xisum, at, t, m0, m1, layout_id, n_units, n_rows, tier, out, scratch) -> None:
     """Tile t's 16 output columns of activation rows m0..m1 - 1: blocks of RM rows (the tile's weights stay
-    in L1), then one at a time; a partial last tile through `scratch` ([RM, TILE] f32)."""
+    in L1), then the last 2 or 3 as one block of RM rows of xq that covers them (starting at them, or
+    earlier where xq ends first; the other rows' results are dropped): one pass over the tile's weights
+    instead of one a row, for the few rows each expert gets in a batched decode step. A last row goes
+    alone. Blocks not written in place (a covering block, a partial last tile) go through `scratch`
+    ([RM, TILE] f32). Every row's result has the same bits whichever block computes it."""
     out_stride = out.strides[0] // 4
     n0 = t * TILE
-    full = n0 + TILE <= n_rows
+    lanes = min(TILE, n_rows - n0)
+    n_x = xq.shape[0]
     m = m0
     while m < m1:
-        rm = RM if m + RM <= m1 else 1
-        dst = out.ctypes.data + (m * out.strides[0] + n0 * 4) if full else scratch.ctypes.data
+        left = m1 - m
+        rm, take, base = 1, 1, m
+        if left >= RM:
+            rm, take = RM, RM
+        elif left >= 2 and n_x >= RM:
+            rm, take, base = RM, left, min(m, n_x - RM)
+        direct = lanes == TILE and base == m and take == rm
+        dst = out.ctypes.data + (m * out.strides[0] + n0 * 4) if direct else scratch.ctypes.data
         _tile(
             tier * TIER_VARIANTS + 2 * layout_id + (rm == RM),  # variant_key
             at[0, 0] + t * at[0, 1], at[1, 0] + t * at[1, 1], at[2, 0] + t * at[2, 1],
             at[3, 0] + t * at[3, 1], at[4, 0] + t * at[4, 1], at[5, 0] + t * at[5, 1],
             n_units,
-            xq.ctypes.data + m * xq.strides[0], xq.strides[0],
-            xs.ctypes.data + m * xs.strides[0],
-            xsum.ctypes.data + m * xsum.strides[0],
-            xisum.ctypes.data + m * xisum.strides[0],
-            xs.shape[1], dst, out_stride if full else TILE,
+            xq.ctypes.data + base * xq.strides[0], xq.strides[0],
+            xs.ctypes.data + base * xs.strides[0],
+            xsum.ctypes.data + base * xsum.strides[0],
+            xisum.ctypes.data + base * xisum.strides[0],
+            xs.shape[1], dst, out_stride if direct else TILE,
         )  # fmt: skip
-        if not full:
-            for i in range(rm):
-                for lane in range(n_rows - n0):
-                    out[m + i, n0 + lane] = scratch[i, lane]
-        m += rm
+        if not direct:
+            for i in range(take):
+                for lane in range(lanes):
+                    out[m + i, n0 + lane] = scratch[m - base + i, lane]
+        m += take
 
 
 # their machine code includes other files' IR
