@@ -71,10 +71,10 @@ def matmul_tiles_at_cpu(xq, xs, xsum, xisum, at, n_tiles, layout_id, n_units, n_
     """matmul_tiles_cpu over planes given by plane_addresses (at: int64 [6, 2]) and their n_tiles tiles:
     a layer's weights reach the fused layer (layer.py) as one small array, not 72 to unbox per call; the
     caller keeps the planes alive. Each thread takes a contiguous run of tiles; per tile, the activation
-    rows pass in blocks of RM (the tile's weights stay in L1), then one at a time. A partial last tile is
-    computed into a scratch block and copied. xq/xs/xsum/xisum must be C-contiguous; out's rows must be
-    contiguous (any row stride). tier: a compiled CpuTier's index (the caller checks; another writes
-    nothing)."""
+    rows pass in blocks of RM (the tile's weights stay in L1), the rest as _tile_rows says. A partial
+    last tile is computed into a scratch block and copied. xq/xs/xsum/xisum must be C-contiguous; out's
+    rows must be contiguous (any row stride). tier: a compiled CpuTier's index (the caller checks;
+    another writes nothing)."""
     n_blocks = min(n_tiles, n_threads)  # an argument: get_num_threads() inside njit defeats cache=True
     for blk in prange(n_blocks):
         scratch = np.empty((RM, TILE), np.float32)
