@@ -20,7 +20,7 @@ MoE: expert_count experts of width expert_feed_forward_length, expert_used_count
 Tensors (numpy order) beyond llama's attention: attn_q/k/v.bias (optional), attn_output.bias [n_embd],
 attn_sinks.weight [H], ffn_gate_inp.bias [E], ffn_{gate,up}_exps.bias [E, n_ff_exp], ffn_down_exps.bias
 [E, n_embd]; the expert matrices [E, n_ff_exp, n_embd] x2 and [E, n_embd, n_ff_exp] (MXFP4 in the released
-files). The CPU backend runs it; a backend without attention sinks (CUDA) refuses it at load.
+files). The CPU and CUDA backends run it; a backend without attention sinks refuses it at load.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ class GptOssModel(LlamaModel):
     def __init__(self, cfg: ModelConfig, gguf: GGUFFile, be: Backend, progress=None) -> None:
         if not be.attention_sinks:
             raise UnsupportedArchitectureError(
-                f"{gguf.path}: architecture 'gpt-oss' is not implemented on the {be.name} backend (its "
-                "attention sinks and clamped SwiGLU experts run on the CPU backend only: use --backend cpu)"
+                f"{gguf.path}: architecture 'gpt-oss' is not implemented on the {be.name} backend (it has "
+                "no attention sinks: use --backend cpu)"
             )
         super().__init__(cfg, gguf, be, progress)
 

@@ -76,21 +76,29 @@ class Cache:
             t[r, : len(self.tables[s])] = self.tables[s]
         return t
 
-    def reference(self, q: np.ndarray, seq: int, pos: int, scale: float, window: int = 0) -> np.ndarray:
+    def reference(
+        self, q: np.ndarray, seq: int, pos: int, scale: float, window: int = 0,
+        sinks: np.ndarray | None = None,
+    ) -> np.ndarray:  # fmt: skip
+        """sinks: [H] each head's extra logit in the softmax's max and sum, with no value (gpt-oss)."""
         first = max(0, pos - window + 1) if window else 0  # a sliding window keeps the last `window` keys
         k, v = (np.concatenate([x[b] for b in self.tables[seq]])[first : pos + 1] for x in self.held)
         out = np.zeros((self.h, self.d))
         for h in range(self.h):
             s = k[:, h // self.group] @ q[h].astype(np.float16).astype(np.float64) * scale
-            w = np.exp(s - s.max())
-            out[h] = (w / w.sum()) @ v[:, h // self.group]
+            sink = -np.inf if sinks is None else float(sinks[h])
+            m = max(s.max(), sink)
+            w = np.exp(s - m)
+            out[h] = (w / (w.sum() + np.exp(sink - m))) @ v[:, h // self.group]
         return out
 
 
 def attend(
-    c: Cache, q: np.ndarray, seqs: list[int], pos: list[int], cols: int, split_keys: int, window: int = 0
-) -> np.ndarray:
-    """Attention of q [T, H, d] (token t of sequence seqs[t] at position pos[t]) into a guarded output."""
+    c: Cache, q: np.ndarray, seqs: list[int], pos: list[int], cols: int, split_keys: int, window: int = 0,
+    sinks: np.ndarray | None = None,
+) -> np.ndarray:  # fmt: skip
+    """Attention of q [T, H, d] (token t of sequence seqs[t] at position pos[t]) into a guarded output;
+    sinks: [H] or None."""
     T, H, d = len(seqs), c.h, c.d
     whole, out = guarded(np.full((T, H * d), np.nan, np.float32))
     BE.split_keys = split_keys
@@ -98,7 +106,7 @@ def attend(
         BE.attention(
             BE.from_host(q), c.kv, 0, BE.from_host(c.table(list(range(len(c.tables))), cols)),
             BE.from_host(np.array(seqs, np.int32)), BE.from_host(np.array(pos, np.int32)), window, d**-0.5,
-            out.reshape(T, H, d),
+            out.reshape(T, H, d), 0.0, None if sinks is None else BE.from_host(sinks),
         )  # fmt: skip
         got = BE.to_host(out).reshape(T, H, d)
     finally:
@@ -139,6 +147,29 @@ def test_split_attention_over_a_sliding_window() -> None:
     got = attend(c, q, [0], [LONG - 1], len(c.tables[0]), ATTN_SPLIT_KEYS, window)
     assert nmse(got[0], c.reference(q[0], 0, LONG - 1, D**-0.5, window)) < 1e-6
     assert nmse(got[0], c.reference(q[0], 0, LONG - 1, D**-0.5)) > 1e-4  # the window mattered
+
+
+def test_attention_sinks_split_and_unsplit() -> None:
+    """gpt-oss's sinks: each head's extra logit in the softmax's denominator (and its max), no value. A
+    split token counts its sink once in the merged denominator; sinks large enough to take most of the
+    weight, and one below every score, both match the float64 reference; a sinks array that is not [H]
+    is refused before the kernel reads it."""
+    rng = np.random.default_rng(13)
+    lengths = [LONG, SHORT]
+    c = Cache("f16", lengths, rng)
+    cols = max(len(t) for t in c.tables)
+    q = rng.standard_normal((2, H, D)).astype(np.float32)
+    pos = [n - 1 for n in lengths]
+    sinks = np.array([8.0, -30.0], np.float32)  # head 0: the sink takes most weight; head 1: nearly none
+    split = attend(c, q, [0, 1], pos, cols, ATTN_SPLIT_KEYS, sinks=sinks)
+    unsplit = attend(c, q, [0, 1], pos, cols, 0, sinks=sinks)
+    for t in range(2):
+        ref = c.reference(q[t], t, pos[t], D**-0.5, sinks=sinks)
+        assert nmse(split[t], ref) < 1e-6 and nmse(unsplit[t], ref) < 1e-6
+        assert nmse(split[t, 0], c.reference(q[t], t, pos[t], D**-0.5)[0]) > 0.5  # head 0's sink mattered
+    np.testing.assert_array_equal(split[1], unsplit[1])  # the short context is not split
+    with pytest.raises(ValueError, match=r"attention sinks of shape \(3,\) for 2 heads"):
+        attend(c, q, [0, 1], pos, cols, 0, sinks=np.zeros(3, np.float32))
 
 
 def test_split_attention_feeds_the_fused_quantization() -> None:

@@ -1,4 +1,5 @@
-"""CUDA row kernels (RMSNorm, per-head RMSNorm, RoPE plain / neox / scaled, SwiGLU, GeGLU, add, bias,
+"""CUDA row kernels (RMSNorm, per-head RMSNorm, RoPE plain / neox / scaled, SwiGLU, GeGLU, gpt-oss's
+clamped SwiGLU, add, bias,
 argmax, LayerNorm, GELU) against a float64 numpy reference, on views of a NaN-guarded fused-QKV-like buffer
 whose guards must stay NaN (out-of-bounds writes).
 
@@ -24,6 +25,7 @@ from edgellm.testing.kernel_refs import GELU_SPECIAL, gelu_ref, layernorm_ref, n
 from edgellm.testing.rope_ref import rope_exact, scaled_rope
 
 OPS = ["rmsnorm", "rmsnorm_heads", "rope_norm", "rope_neox", "rope_scaled", "swiglu", "geglu", "add"]
+OPS.append("swiglu_oai")
 OPS.append("add_bias")
 OPS.append("argmax")
 OPS += ["layernorm", "gelu"]  # StarCoder 2, GPT-2
@@ -87,16 +89,28 @@ def test_cuda_row_ops_match_reference(op: str, shape: tuple[int, int, int]) -> N
         cpu_k = k.copy()
         cpu_ops.rope_cpu(cpu_k, pos, rope)
         assert nmse(BE.to_host(k_view).reshape(T_, H, d), cpu_k) < 1e-10, op
-    elif op in ("swiglu", "geglu"):
+    elif op in ("swiglu", "geglu", "swiglu_oai"):
         ff = n
+        if op == "swiglu_oai":  # spread past gpt-oss's limits (7) so both clamps bind
+            x[:, : 2 * ff] *= 6
+            whole, xv = guarded(x)
+            ref = x.astype(np.float64)
+            assert (x[:, :ff] > 7).any() and (np.abs(x[:, ff : 2 * ff]) > 7).any()
         o_whole, out = guarded(np.full((T_, ff), np.nan, np.float32))
-        BE.gated_act(xv[:, : 2 * ff], out, "gelu" if op == "geglu" else "silu")
+        BE.gated_act(xv[:, : 2 * ff], out, {"geglu": "gelu", "swiglu": "silu"}.get(op, op))
         g, u = ref[:, :ff], ref[:, ff : 2 * ff]
         c = np.sqrt(2 / np.pi)
-        gelu = 0.5 * g * (1 + np.tanh(c * (g + 0.044715 * g**3)))
-        act = gelu if op == "geglu" else g / (1 + np.exp(-g))
+        if op == "swiglu_oai":
+            g, u = np.minimum(g, 7.0), np.clip(u, -7.0, 7.0) + 1
+            act = g / (1 + np.exp(-1.702 * g))
+        elif op == "geglu":
+            act = 0.5 * g * (1 + np.tanh(c * (g + 0.044715 * g**3)))
+        else:
+            act = g / (1 + np.exp(-g))
         assert guards_intact(o_whole, (T_, ff))
         assert nmse(BE.to_host(out), act * u) < 1e-12
+        with pytest.raises(ValueError, match="gated activation 'relu2' is not implemented on the CUDA"):
+            BE.gated_act(xv[:, : 2 * ff], out, "relu2")
         return
     elif op == "add":
         y = rng.standard_normal((T_, n)).astype(np.float32)

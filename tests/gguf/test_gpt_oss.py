@@ -129,19 +129,20 @@ def test_swiglu_oai_matches_ggml() -> None:
 
 
 def test_a_backend_without_attention_sinks_refuses_gpt_oss(tmp_path: Path) -> None:
-    """The CUDA backend has no sinks in its attention kernel: gpt-oss is refused at load, naming both."""
+    """A backend whose attention has no sinks refuses gpt-oss at load, naming the architecture and the
+    backend; the CPU and CUDA backends have them."""
 
     class NoSinks(CpuBackend):
-        name, attention_sinks = "cuda", False
+        name, attention_sinks = "nosinks", False
 
     path = write_tiny_model(tmp_path / "m.gguf", "gpt-oss", "F32")
     g = load_gguf(str(path))
-    refused = r"'gpt-oss' is not implemented on the cuda backend"
+    refused = r"'gpt-oss' is not implemented on the nosinks backend \(it has no attention sinks"
     with pytest.raises(UnsupportedArchitectureError, match=refused):
         GptOssModel(config_from_gguf(g), g, NoSinks())
     from edgellm.backends.cuda.backend import CudaBackend
 
-    assert CudaBackend.attention_sinks is False and CpuBackend.attention_sinks is True
+    assert CudaBackend.attention_sinks is True and CpuBackend.attention_sinks is True
 
 
 @pytest.mark.parametrize(

@@ -156,22 +156,25 @@ def max_splits(table_cols: int, block_size: int, window: int, split_keys: int) -
 @cuda.jit(cache=True)
 def attention_paged_cuda(  # noqa: ANN001
     q, q_off, q_st, q_hs, k_cache, v_cache, k_scale, v_scale, q8, block_tables, tok_seq, tok_pos, window,
-    scale, softcap, n_heads, split_keys, part_ml, part_acc, done, out, o_off, o_st, o_hs, quant, group, mode,
-    xq, xs, xsum,
+    scale, softcap, sinks, has_sinks, n_heads, split_keys, part_ml, part_acc, done, out, o_off, o_st, o_hs,
+    quant, group, mode, xq, xs, xsum,
 ):  # fmt: skip
     """Causal paged attention; see the module docstring. Block (token * n_heads + head, split). K/V: f16
     caches, or with `q8` q8_0 values and scales (k_scale / v_scale; placeholders otherwise). With `quant`,
     the block that writes a head's output also quantizes it for the output projection (fused: needs dv a
     multiple of the activation block and heads contiguous in the row). softcap > 0: llama.cpp's order for
     a soft-capped model (Gemma 2), as the CPU kernel: Q times `scale` before its f16 rounding, the Q.K
-    unscaled, then capped (_capped) before the softmax.
+    unscaled, then capped (_capped) before the softmax. has_sinks: head h's softmax has one more logit,
+    sinks[h] (float32 [H]; gpt-oss), in its max and its denominator and no value (ggml_soft_max_add_sinks,
+    as the CPU kernel); placeholder otherwise.
 
     Split-K: a token with more than split_keys keys (split_plan) has its keys cut into consecutive splits,
     one block each; a split's softmax is normalised over its own keys (local max m_s, sum l_s, output
     acc_s) and stored in part_ml [2 * slot] / part_acc [slot * dv]; the token's last block to finish (an
     atomic count in done[row], reset for the next launch) merges the splits in split order:
     out = sum_s acc_s * l_s * exp(m_s - M) / L, M = max m_s, L = sum_s l_s * exp(m_s - M). With one split
-    the block writes its output directly: the unsplit kernel's bits."""
+    the block writes its output directly: the unsplit kernel's bits. A sink joins every split's max and the
+    first split's sum, so the merged denominator counts it once."""
     row = cuda.blockIdx.x
     sp = cuda.blockIdx.y
     t = row // n_heads
@@ -204,12 +207,16 @@ def attention_paged_cuda(  # noqa: ANN001
         kp = k0 + j
         mx = max(mx, _key_score(qv, k_cache, k_scale, q8, block_tables, s, kp, kvh, d, kq_scale, softcap))
     mx = np.float32(_block_reduce(red, mx, True))
+    if has_sinks:
+        mx = max(mx, sinks[h])
     total = 0.0
     for j in range(tid, n, ROW_THREADS):
         kp = k0 + j
         sc = _key_score(qv, k_cache, k_scale, q8, block_tables, s, kp, kvh, d, kq_scale, softcap)
         total += np.float32(math.exp(sc - mx))
     total = _block_reduce(red, total, False)
+    if has_sinks and sp == 0:
+        total += np.float32(math.exp(sinks[h] - mx))
     inv = np.float32(1.0 / total)
     acc = cuda.local.array(ACC_PER_THREAD, np.float32)
     for a in range(ACC_PER_THREAD):

@@ -60,6 +60,7 @@ class DeviceStacked:
 class CudaBackend(DeviceSampling, Backend):
     name = "cuda"
     samples_on_device = True  # argmax / top_k run on the device: the engine asks for ids, not logits
+    attention_sinks = True
 
     def __init__(self) -> None:
         self.pool = BufferPool()
@@ -244,14 +245,17 @@ class CudaBackend(DeviceSampling, Backend):
             op.launch(self.scratch)
 
     def gated_act(self, gate_up: DeviceTensor, out: DeviceTensor, kind: str) -> None:
+        act = ops.GATED_ACTS.get(kind)
+        if act is None:
+            raise ValueError(f"gated activation {kind!r} is not implemented on the CUDA backend")
         self._flush()
         if self.fuse:
-            self._pending = ActOp(gate_up, out, kind == "gelu")
+            self._pending = ActOp(gate_up, out, act)
             return
         T, ff = out.shape
         grid, threads = elem_grid(T * ff)
         if T:
-            launch(ops.gated_act_cuda, grid, threads, *gate_up.rows2d(), *out.rows2d(), T, ff, kind == "gelu")
+            launch(ops.gated_act_cuda, grid, threads, *gate_up.rows2d(), *out.rows2d(), T, ff, act)
 
     def layernorm(
         self, x: DeviceTensor, w: DeviceTensor, b: DeviceTensor, eps: float, out: DeviceTensor
@@ -365,12 +369,12 @@ class CudaBackend(DeviceSampling, Backend):
         softcap: float = 0.0,
         sinks: Any = None,
     ) -> None:
-        if sinks is not None:  # attention_sinks is False: models with sinks refuse this backend at load
-            raise NotImplementedError("attention sinks are not implemented on the CUDA backend")
+        if sinks is not None and sinks.shape != (q.shape[1],):  # the kernel reads sinks[h] unchecked
+            raise ValueError(f"attention sinks of shape {sinks.shape} for {q.shape[1]} heads")
         self._flush()
         lay, split = kv.layers[layer], self.split_keys
         op = AttnOp(
-            q, lay, kv.kind.q8, block_tables, seq_index, positions, window, scale, out, split, softcap
+            q, lay, kv.kind.q8, block_tables, seq_index, positions, window, scale, out, split, softcap, sinks
         )
         if self.fuse:
             self._pending = op  # the output projection's quantization joins it

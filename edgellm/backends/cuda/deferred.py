@@ -109,7 +109,7 @@ class ActOp:
 
     gate_up: DeviceTensor
     out: DeviceTensor
-    gelu: bool
+    act: int  # ops.GATED_ACTS
 
     def produces(self, x: DeviceTensor) -> bool:
         return same_view(self.out, x)
@@ -126,7 +126,7 @@ class ActOp:
             *self.gate_up.rows2d(),
             *self.out.rows2d(),
             ff,
-            self.gelu,
+            self.act,
             *q,
         )
         return q[3:] if q[0] else None
@@ -147,6 +147,7 @@ class AttnOp:
     out: DeviceTensor
     split_keys: int  # split-K: a token with more keys is spread over several blocks (attention.py)
     softcap: float = 0.0  # attention logit soft-capping (Gemma 2); 0: none
+    sinks: DeviceTensor | None = None  # [H] each head's extra softmax logit (gpt-oss); None: none
 
     def produces(self, x: DeviceTensor) -> bool:
         o = self.out
@@ -156,6 +157,12 @@ class AttnOp:
             and x.is_contiguous()
             and o.is_contiguous()
         )
+
+    def _sinks(self, scratch: Scratch, H: int) -> Any:
+        """The kernel's sinks argument: the heads' [H] values, or a placeholder it does not read."""
+        if self.sinks is None:
+            return scratch.get("no_sinks", (1,), np.float32)
+        return self.sinks.buf[self.sinks.offset : self.sinks.offset + H]
 
     def launch(self, scratch: Scratch, quant_for: DeviceWeight | None = None) -> tuple | None:
         T, H, dv = self.out.shape
@@ -183,6 +190,8 @@ class AttnOp:
             int(self.window),
             np.float32(self.scale),
             np.float32(self.softcap),
+            self._sinks(scratch, H),
+            self.sinks is not None,
             H,
             int(self.split_keys),
             scratch.at_least("attn_ml", 2 * slots, np.float64),

@@ -71,12 +71,12 @@ def add_rmsnorm_quant_cuda(  # noqa: ANN001
 
 
 @cuda.jit(cache=True)
-def gated_act_quant_cuda(g, g_off, g_ld, out, o_off, o_ld, ff, gelu, quant, group, mode, xq, xs, xsum):  # noqa: ANN001
+def gated_act_quant_cuda(g, g_off, g_ld, out, o_off, o_ld, ff, act, quant, group, mode, xq, xs, xsum):  # noqa: ANN001
     r = cuda.blockIdx.x
     gb = g_off + r * g_ld
     ob = o_off + r * o_ld
     for i in range(cuda.threadIdx.x, ff, ROW_THREADS):
-        out[ob + i] = gated(g[gb + i], g[gb + ff + i], gelu)
+        out[ob + i] = gated(g[gb + i], g[gb + ff + i], act)
     if quant:
         _quantize_row(out, ob, ff, group, mode, xq, xs, xsum, r)
 

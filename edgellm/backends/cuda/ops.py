@@ -101,25 +101,37 @@ def rope_cuda(x, off, st, sh, n_tokens, n_heads, pos, inv_freq, mscale, neox):  
         rope_pair(x, off + t * st + h * sh, idx % half, pos[t], inv_freq, mscale, 2 * half, neox)
 
 
+# Backend.gated_act's kinds -> the `act` argument of the gated kernels (gated below)
+GATED_ACTS = {"silu": 0, "gelu": 1, "swiglu_oai": 2}
+OAI_ALPHA = np.float32(1.702)  # gpt-oss's swiglu_oai: llama.cpp's alpha and limit
+OAI_LIMIT = np.float32(7.0)
+
+
 @cuda.jit(device=True, inline=True)
-def gated(gv, up, gelu):  # noqa: ANN001, ANN201
-    """act(gate) * up: SiLU (SwiGLU) or tanh-GELU (GeGLU)."""
-    if gelu:
+def gated(gv, up, act):  # noqa: ANN001, ANN201
+    """act(gate) * up, act a GATED_ACTS value: SiLU (SwiGLU), tanh-GELU (GeGLU), or gpt-oss's clamped
+    SwiGLU g * sigmoid(1.702 g) * (u + 1), g = min(gate, 7), u = clamp(up, -7, 7) (the CPU kernel's
+    float32 steps)."""
+    if act == 1:
         c = np.float32(math.sqrt(2.0 / math.pi))
         inner = mul_rn(c, gv + mul_rn(mul_rn(mul_rn(np.float32(0.044715), gv), gv), gv))
-        act = mul_rn(mul_rn(np.float32(0.5), gv), np.float32(1.0) + math.tanh(inner))
+        a = mul_rn(mul_rn(np.float32(0.5), gv), np.float32(1.0) + math.tanh(inner))
+    elif act == 2:
+        g = min(gv, OAI_LIMIT)
+        a = g / (np.float32(1.0) + math.exp(mul_rn(OAI_ALPHA, -g)))
+        return mul_rn(a, min(max(up, -OAI_LIMIT), OAI_LIMIT) + np.float32(1.0))
     else:
-        act = gv / (np.float32(1.0) + math.exp(-gv))
-    return mul_rn(act, up)
+        a = gv / (np.float32(1.0) + math.exp(-gv))
+    return mul_rn(a, up)
 
 
 @cuda.jit(cache=True)
-def gated_act_cuda(g, g_off, g_ld, out, o_off, o_ld, n_tokens, ff, gelu):  # noqa: ANN001
-    """out = act(gate) * up over gate_up = [gate | up]."""
+def gated_act_cuda(g, g_off, g_ld, out, o_off, o_ld, n_tokens, ff, act):  # noqa: ANN001
+    """out = act(gate) * up over gate_up = [gate | up]; act: a GATED_ACTS value."""
     for idx in range(cuda.grid(1), n_tokens * ff, cuda.gridsize(1)):  # grid-stride
         t = idx // ff
         i = idx % ff
-        out[o_off + t * o_ld + i] = gated(g[g_off + t * g_ld + i], g[g_off + t * g_ld + ff + i], gelu)
+        out[o_off + t * o_ld + i] = gated(g[g_off + t * g_ld + i], g[g_off + t * g_ld + ff + i], act)
 
 
 @cuda.jit(cache=True)
