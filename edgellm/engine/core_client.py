@@ -83,6 +83,9 @@ class CoreClient:
         self._call_ids = itertools.count()
         self._lock = threading.Lock()
         self._outbox: queue.Queue = queue.Queue()
+        # requests still in the outbox, by id: one aborted before the sender takes it is dropped there
+        # (the core never adds it), so an abandoned batch costs no steps even while the sender waits
+        self._unsent: dict[str, EngineCoreRequest] = {}
         self.error: str | None = None  # why the core is gone
         self._closing = False
         self.info = self._wait_ready(progress)
@@ -115,34 +118,37 @@ class CoreClient:
         """A request for the core (a generation, an embedding or a scoring, checked by the front-end); its
         sink gets the outputs (an embedding's or a scoring's one EngineCoreOutput carries its `embedding`
         or `logits`)."""
-        self._register(req.request_id, sink)
+        self._register(req, sink)
         self._outbox.put(req)
 
-    def _register(self, rid: str, sink: Sink) -> None:
+    def _register(self, req: EngineCoreRequest, sink: Sink) -> None:
+        rid = req.request_id
         with self._lock:
             if self.error is not None:
                 raise EngineDeadError(self.error)
             if rid in self._sinks:
                 raise ValueError(f"request id {rid!r} is already in flight")
             self._sinks[rid] = sink
+            self._unsent[rid] = req
 
     def abort(self, rid: str, index: int | None = None) -> None:
         """Stop a request (or one completion of it); a no-op for one that already finished. Aborting the
         whole request drops its sink at once: nothing more is delivered for it."""
         if index is None:
-            with self._lock:
-                self._sinks.pop(rid, None)
-        if self.error is None:
+            self.abort_all([rid])
+        elif self.error is None:
             self._outbox.put(AbortRequests([rid], index))
 
     def abort_all(self, rids: list[str]) -> None:
         """Stop several requests (an abandoned call's inputs) in one message: the core drops them all
-        before its next step."""
+        before its next step. Those the sender has not taken yet are dropped here instead: the core never
+        sees them, and the message names only the others."""
         with self._lock:
+            sent = [rid for rid in rids if self._unsent.pop(rid, None) is None]
             for rid in rids:
                 self._sinks.pop(rid, None)
-        if self.error is None:
-            self._outbox.put(AbortRequests(list(rids)))
+        if sent and self.error is None:
+            self._outbox.put(AbortRequests(sent))
 
     def call(self, name: str, *args: Any) -> Any:
         """A request/reply message to the core ("stats"); blocks the caller only."""
@@ -176,6 +182,11 @@ class CoreClient:
     # ---- sender / receiver threads -------------------------------------------------------------
     def _send_loop(self) -> None:
         while (msg := self._outbox.get()) is not None:
+            if isinstance(msg, EngineCoreRequest):
+                with self._lock:  # an abort after this point finds it taken, and follows it to the core
+                    if self._unsent.get(msg.request_id) is not msg:
+                        continue  # aborted while it waited here (or its id reused since)
+                    del self._unsent[msg.request_id]
             try:
                 self._conn.send(msg)
             except (OSError, ValueError):  # the core is gone: the receiver reports it

@@ -6,6 +6,7 @@ Ordering and step counts only: no timings."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 
@@ -155,3 +156,54 @@ def test_an_abandoned_embed_call_stops_at_the_next_step(llm: LLM, monkeypatch: p
         return sum(t > abort_sent[0] for t in step_ends)
 
     assert asyncio.run(run()) <= 1
+
+
+def test_requests_aborted_before_they_are_sent_never_reach_the_core(
+    llm: LLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client's sender thread writes requests to the core in order; one a caller aborts while it still
+    waits in the outbox is dropped there (no add, no abort for the core to handle), one the sender already
+    took is aborted in the core after it, and the others are served. The sender is held on the first
+    request's write, as a busy machine would hold it."""
+    gate, taken = threading.Event(), threading.Event()
+    sent: list = []
+    conn_send = llm.core._conn.send
+
+    def send(msg):  # noqa: ANN001, ANN202
+        sent.append(msg)
+        if len(sent) == 1:
+            taken.set()
+            assert gate.wait(30)
+        conn_send(msg)
+
+    monkeypatch.setattr(llm.core._conn, "send", send)
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    done: dict[str, threading.Event] = {}
+    outputs: dict[str, list] = {}
+
+    def submit(name: str) -> str:
+        done[name], outputs[name] = threading.Event(), []
+
+        def deliver(item):  # noqa: ANN001, ANN202
+            outputs[name].append(item)
+            if isinstance(item, Exception) or item.finished:
+                done[name].set()
+
+        return llm.submit(f"Count to three, {name}.", params, deliver, request_id=f"unsent-{name}")[0]
+
+    a = submit("a")
+    assert taken.wait(30)  # the sender holds a's request
+    b, c, d, e = (submit(n) for n in "bcde")
+    llm.abort(b)
+    llm.abort_all([c, d])
+    llm.abort(a)  # taken already: its abort follows it
+    gate.set()
+    assert done["e"].wait(60) and outputs["e"][-1].deltas[-1].finish_reason == "length"
+    deadline = time.monotonic() + 30
+    while llm.stats().num_running + llm.stats().num_waiting and time.monotonic() < deadline:
+        time.sleep(0.01)
+    kinds = [(type(m).__name__, getattr(m, "request_id", None) or getattr(m, "request_ids", None))
+             for m in sent]  # fmt: skip
+    assert kinds == [("EngineCoreRequest", a), ("EngineCoreRequest", e), ("AbortRequests", [a])]
+    assert not outputs["b"] and not outputs["c"] and not outputs["d"]  # dropped: nothing delivered
+    assert llm.stats().num_running == llm.stats().num_waiting == 0
