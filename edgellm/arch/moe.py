@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from edgellm.arch.common import TensorSource, pre_norm
-from edgellm.backends.base import Backend
+from edgellm.backends.base import Backend, ExpertRoute
 from edgellm.gguf.config import ModelConfig
 from edgellm.gguf.reader import TensorInfo, release_mapped_pages
 
@@ -178,11 +178,11 @@ def prepare_experts(model: Any) -> int:
 
 
 def _softmax_rows(x: np.ndarray) -> np.ndarray:
-    """float32 softmax of each row of x, computed in float64."""
+    """float32 softmax of each row of x, computed in float64 (its sum accumulated left to right)."""
     z = x.astype(np.float64)
     z -= z.max(axis=1, keepdims=True)
     np.exp(z, out=z)
-    return (z / z.sum(axis=1, keepdims=True)).astype(np.float32)
+    return (z / np.cumsum(z, axis=1)[:, -1:]).astype(np.float32)
 
 
 def route_softmax_weight(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -196,16 +196,14 @@ def route_softmax_weight(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.nda
 
 def route_top_k(logits: np.ndarray, k: int, renormalise: bool) -> tuple[np.ndarray, np.ndarray]:
     """llama.cpp's softmax gating: (experts [T, k] int64, most probable first, ties to the lower id;
-    weights [T, k] float32: their softmax probabilities, divided by their sum when `renormalise`).
-    logits: [T, n_expert] float32. Row by row: a token's choice depends on its own logits only."""
-    z = logits.astype(np.float64)
-    z -= z.max(axis=1, keepdims=True)
-    np.exp(z, out=z)
-    probs = (z / z.sum(axis=1, keepdims=True)).astype(np.float32)  # [T, n_expert]
+    weights [T, k] float32: their softmax probabilities, divided by their sum when `renormalise` (summed
+    in float64 left to right, as ggml_sum_rows)). logits: [T, n_expert] float32. Row by row: a token's
+    choice depends on its own logits only."""
+    probs = _softmax_rows(logits)  # [T, n_expert]
     experts = np.argsort(-probs, axis=1, kind="stable")[:, :k]
     weights = np.take_along_axis(probs, experts, axis=1)  # [T, k]
     if renormalise:
-        weights = weights / weights.sum(axis=1, keepdims=True, dtype=np.float32)
+        weights = weights / np.cumsum(weights, axis=1, dtype=np.float64)[:, -1:].astype(np.float32)
     return experts.astype(np.int64), np.ascontiguousarray(weights, np.float32)
 
 
@@ -217,22 +215,19 @@ ROUTERS = {
 }
 
 
-def group_by_expert(experts: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int]], np.ndarray]:
-    """The step's (token, slot) pairs sorted by expert: (tokens [T*k] int64 in that order (ascending
-    within an expert), runs [(expert, start, end)] into it, where [T, k] int64: each pair's row in the
-    sorted order). experts: [T, k]."""
+def group_by_expert(experts: np.ndarray, weights: np.ndarray) -> ExpertRoute:
+    """The step's (token, slot) pairs sorted by expert (stable: ascending tokens within an expert).
+    experts, weights: [T, k]."""
     T, k = experts.shape
     flat = experts.reshape(-1)
     order = np.argsort(flat, kind="stable")  # [T*k]
-    tokens = order // k
     sorted_ids = flat[order]
-    cuts = np.flatnonzero(np.diff(sorted_ids)) + 1
-    starts = np.concatenate([[0], cuts])
-    ends = np.concatenate([cuts, [len(flat)]])
-    runs = [(int(sorted_ids[s]), int(s), int(t)) for s, t in zip(starts, ends, strict=True) if t > s]
+    starts = np.flatnonzero(np.diff(sorted_ids, prepend=-1))  # each run's first row
     where = np.empty(T * k, np.int64)
     where[order] = np.arange(T * k)
-    return tokens, runs, where.reshape(T, k)
+    return ExpertRoute(
+        experts, weights, order // k, sorted_ids[starts], np.append(starts, T * k), where.reshape(T, k)
+    )
 
 
 def _expert_ffn(
@@ -273,12 +268,14 @@ def moe_feed_forward_block(be: Backend, cfg: ModelConfig, w: MoeFeedForwardWeigh
     routed = np.ascontiguousarray(host_logits[:, :E])  # [T, n_expert]
     if w.router_b is not None:
         routed = routed + w.router_b  # float32, as ggml_add
-    experts, weights = ROUTERS[cfg.moe_gating](routed, k, cfg.moe_norm_weights)
-    tokens, runs, where = group_by_expert(experts)  # where: [T, k]
+    route = be.moe_route(routed, k, cfg.moe_gating, cfg.moe_norm_weights)
+    if route is None:
+        route = group_by_expert(*ROUTERS[cfg.moe_gating](routed, k, cfg.moe_norm_weights))
+    where, weights = route.where, route.weights  # [T, k]
     outs = be.empty((T * (k + shared), cfg.n_embd))  # each pair's expert output, in expert order
-    if not be.moe_experts(h, tokens, runs, w.experts, cfg.activation, outs[: T * k]):
-        for e, start, end in runs:
-            xe = be.take_rows(h, tokens[start:end])  # [n, n_embd]: the expert's tokens
+    if not be.moe_experts(h, route, w.experts, cfg.activation, outs[: T * k]):
+        for e, start, end in route.runs:
+            xe = be.take_rows(h, route.tokens[start:end])  # [n, n_embd]: the expert's tokens
             _expert_ffn(be, cfg, xe, w.experts.get(e), cfg.n_ff_exp, outs[start:end], w.experts.biases(e))
     if shared:  # every token, as a last slot weighted by sigmoid(gate) (llama.cpp: silu(g) / g)
         _expert_ffn(be, cfg, h, (w.shared_gate_up, w.shared_down), cfg.n_ff_shexp, outs[T * k :])

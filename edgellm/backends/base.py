@@ -43,6 +43,26 @@ class StepInputs:
     logits_index: Any  # [L] for take_rows
 
 
+@dataclass(frozen=True)
+class ExpertRoute:
+    """A mixture-of-experts layer's routing for one step (arch/moe.py): each token's k experts and
+    weights, and its (token, slot) pairs sorted by expert (stable: tokens ascending within an expert),
+    so each selected expert runs once over its tokens."""
+
+    experts: np.ndarray  # [T, k] int64: each token's experts, most probable first
+    weights: np.ndarray  # [T, k] float32: their weights in the sum
+    tokens: np.ndarray  # [T*k] int64: the pairs' tokens in expert order
+    ids: np.ndarray  # [R] int64: the selected experts, ascending
+    bounds: np.ndarray  # [R + 1] int64: expert ids[r]'s pairs are rows bounds[r]:bounds[r + 1] of that order
+    where: np.ndarray  # [T, k] int64: each pair's row in that order
+
+    @property
+    def runs(self) -> list[tuple[int, int, int]]:
+        """(expert, start, end) per selected expert."""
+        b = self.bounds.tolist()
+        return [(e, b[r], b[r + 1]) for r, e in enumerate(self.ids.tolist())]
+
+
 class Backend(ABC):
     name: str
     # Host memory of the prepared weights on huge pages (the CPU backend's; weight_memory.py): the
@@ -193,14 +213,17 @@ class Backend(ABC):
         """Rows `index` of x [T, n] as a new contiguous [L, n] activation (the rows that need logits)."""
         return self.from_host(np.ascontiguousarray(self.to_host(x)[index], dtype=np.float32))
 
-    def moe_experts(
-        self, h: Array, tokens: np.ndarray, runs: list[tuple[int, int, int]], experts: Any, activation: str,
-        outs: Array,
-    ) -> bool:  # fmt: skip
+    def moe_route(self, logits: np.ndarray, k: int, gating: str, renormalise: bool) -> ExpertRoute | None:
+        """A mixture-of-experts layer's routing of host router logits [T, n_expert] float32 (arch/moe.py's
+        ROUTERS and group_by_expert define it) in compiled code; None where the backend has none: the
+        caller routes with numpy."""
+        return None
+
+    def moe_experts(self, h: Array, route: ExpertRoute, experts: Any, activation: str, outs: Array) -> bool:
         """The routed experts of a mixture-of-experts layer in one go (arch/moe.py): outs[i] = expert e's
-        FFN of h[tokens[i]] for each run (e, start, end) and start <= i < end, with the bits of running
-        them expert by expert; `experts` is the layer's arch.moe.ExpertMatrices. False (nothing done)
-        where the backend has no such form: the caller runs them one by one."""
+        FFN of h[route.tokens[i]] for each run (e, start, end) of the route and start <= i < end, with the
+        bits of running them expert by expert; `experts` is the layer's arch.moe.ExpertMatrices. False
+        (nothing done) where the backend has no such form: the caller runs them one by one."""
         return False
 
     def moe_combine(self, outs: Array, where: np.ndarray, weights: np.ndarray) -> Array:

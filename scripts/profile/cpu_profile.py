@@ -33,7 +33,9 @@ from edgellm.sampling import SamplingParams
 
 METHODS = [
     "decoder_layer",
+    "moe_route",
     "moe_experts",
+    "moe_combine",
     "matmul",
     "attention",
     "rmsnorm",

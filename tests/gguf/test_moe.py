@@ -41,8 +41,12 @@ def _runner(path: Path) -> ModelRunner:
 
 @pytest.mark.parametrize(
     ("arch", "qtypes", "writer"),
-    [("qwen3moe", MOE_QTYPES, QWEN3MOE), ("llama", "F32", MOE), ("qwen2moe", "Q8_0", QWEN2MOE),
-     ("gpt-oss", GPT_OSS_QTYPES, {**MOE, "n_ff_exp": 64})],  # gpt-oss: its sinks, window 4 on even layers
+    [
+        ("qwen3moe", MOE_QTYPES, QWEN3MOE),
+        ("llama", "F32", MOE),
+        ("qwen2moe", "Q8_0", QWEN2MOE),
+        ("gpt-oss", GPT_OSS_QTYPES, {**MOE, "n_ff_exp": 64}),
+    ],  # gpt-oss: its sinks, window 4 on even layers
     ids=["qwen3moe_mix", "llama_moe_f32", "qwen2moe_q8_0", "gpt_oss_mxfp4"],
 )
 def test_logits_do_not_depend_on_the_rest_of_the_batch(tmp_path: Path, arch: str, qtypes, writer) -> None:
@@ -109,14 +113,18 @@ def test_routing_renormalises_per_architecture() -> None:
 
 def test_group_by_expert_sorts_pairs_and_finds_them_again() -> None:
     experts = np.array([[3, 0], [0, 2], [3, 1]], np.int64)  # [T=3, k=2]
-    tokens, runs, where = group_by_expert(experts)
-    assert runs == [(0, 0, 2), (1, 2, 3), (2, 3, 4), (3, 4, 6)]
-    np.testing.assert_array_equal(tokens, [0, 1, 2, 1, 0, 2])
+    weights = np.arange(6, dtype=np.float32).reshape(3, 2)
+    route = group_by_expert(experts, weights)
+    assert route.runs == [(0, 0, 2), (1, 2, 3), (2, 3, 4), (3, 4, 6)]
+    np.testing.assert_array_equal(route.ids, [0, 1, 2, 3])
+    np.testing.assert_array_equal(route.bounds, [0, 2, 3, 4, 6])
+    np.testing.assert_array_equal(route.tokens, [0, 1, 2, 1, 0, 2])
+    assert route.weights is weights and route.experts is experts
     for t in range(3):
         for s in range(2):  # the pair's row holds its token, inside its expert's run
-            row = where[t, s]
-            assert tokens[row] == t
-            e, start, end = next(r for r in runs if r[1] <= row < r[2])
+            row = route.where[t, s]
+            assert route.tokens[row] == t
+            e, start, end = next(r for r in route.runs if r[1] <= row < r[2])
             assert e == experts[t, s]
 
 

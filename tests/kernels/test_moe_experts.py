@@ -124,5 +124,6 @@ def test_moe_combine_gives_the_generic_sums_bit_for_bit() -> None:
     be = CpuBackend()
     got = be.moe_combine(outs, where, weights)
     np.testing.assert_array_equal(got, Backend.moe_combine(be, outs, where, weights))
-    with pytest.raises(ValueError, match="MoE combine"):
-        be.moe_combine(outs, where + 1, weights)
+    for bad in (where + 1, where - 1, where[:, :0]):  # a row past the end, a negative row, no slots
+        with pytest.raises(ValueError, match="MoE combine"):
+            be.moe_combine(outs, bad, weights[:, : bad.shape[1]])

@@ -9,13 +9,14 @@ from typing import Any
 import numba
 import numpy as np
 
-from edgellm.backends.base import Backend, StepIndex, StepInputs
+from edgellm.backends.base import Backend, ExpertRoute, StepIndex, StepInputs
 from edgellm.backends.cpu import layernorm_gelu, ops, silu_ir, tiers
 from edgellm.backends.cpu.attention import attention_paged_cpu
 from edgellm.backends.cpu.kv_cache import CpuKvCache
 from edgellm.backends.cpu.layer import FusedLayer, decoder_layer_cpu, pack_layer
 from edgellm.backends.cpu.matmul import matmul_cpu
 from edgellm.backends.cpu.moe_experts import moe_combine_cpu, run_moe_experts
+from edgellm.backends.cpu.moe_route import route_cpu
 from edgellm.backends.cpu.packed import PackedWeight, dequantize_rows_cpu, pack_tiles, pack_weight
 from edgellm.backends.cpu.tile_layouts import TILE, TILE_LAYOUTS
 from edgellm.gguf.reader import TensorInfo
@@ -177,26 +178,25 @@ class CpuBackend(Backend):
             # exactly as its decode would). The region costs ~2 us per call at one row.
             GATED_ACTS[kind](gate_up, out)
 
+    def moe_route(self, logits: np.ndarray, k: int, gating: str, renormalise: bool) -> ExpertRoute | None:
+        return route_cpu(logits, k, gating, renormalise)
+
     def moe_experts(
-        self, h: np.ndarray, tokens: np.ndarray, runs: list[tuple[int, int, int]], experts: Any,
-        activation: str, outs: np.ndarray,
-    ) -> bool:  # fmt: skip
+        self, h: np.ndarray, route: ExpertRoute, experts: Any, activation: str, outs: np.ndarray
+    ) -> bool:
         if self.tier.tiles is None:
             return False  # the portable tier: expert by expert
-        return run_moe_experts(h, tokens, runs, experts, activation, outs, self.n_threads, self.tier.index)
+        return run_moe_experts(h, route, experts, activation, outs, self.n_threads, self.tier.index)
 
     def moe_combine(self, outs: np.ndarray, where: np.ndarray, weights: np.ndarray) -> np.ndarray:
-        n_tokens = where.shape[0]
-        if (
-            where.ndim != 2 or weights.shape != where.shape or outs.ndim != 2
-            or (where.size and (where.min() < 0 or where.max() >= outs.shape[0]))
-        ):  # fmt: skip
+        if where.ndim != 2 or where.shape[1] == 0 or weights.shape != where.shape or outs.ndim != 2:
             raise ValueError(f"MoE combine of {outs.shape} outputs by {where.shape} / {weights.shape} slots")
-        out = np.empty((n_tokens, outs.shape[1]), np.float32)
-        moe_combine_cpu(
+        out = np.empty((where.shape[0], outs.shape[1]), np.float32)
+        if not moe_combine_cpu(
             np.ascontiguousarray(outs, np.float32), np.ascontiguousarray(where, np.int64),
             np.ascontiguousarray(weights, np.float32), out,
-        )  # fmt: skip
+        ):  # fmt: skip
+            raise ValueError(f"MoE combine: a slot's row outside the {outs.shape[0]} expert outputs")
         return out
 
     def layernorm(self, x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float, out: np.ndarray) -> None:

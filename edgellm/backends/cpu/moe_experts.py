@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from edgellm.backends.base import ExpertRoute
 from edgellm.backends.cpu.layer import PARTS, pack_matrix
 from edgellm.backends.cpu.matmul import ORDERED_MATH, quantize_act_rows_cpu
 from edgellm.backends.cpu.numba_cache import follow_sources
@@ -89,10 +90,15 @@ def moe_experts_cpu(
 
 
 @njit(cache=True, nogil=True, fastmath=ORDERED_MATH)
-def moe_combine_cpu(outs, where, weights, out) -> None:
+def moe_combine_cpu(outs, where, weights, out) -> bool:
     """out[t] = sum over slots s, in slot order, of weights[t, s] * outs[where[t, s]], each product rounded
-    to float32 before it is added (Backend.moe_combine's order: no contraction into an FMA)."""
+    to float32 before it is added (Backend.moe_combine's order: no contraction into an FMA). False
+    (nothing written) when a row of `where` is outside outs."""
     n_tokens, k = where.shape
+    for t in range(n_tokens):
+        for s in range(k):
+            if where[t, s] < 0 or where[t, s] >= outs.shape[0]:
+                return False
     for t in range(n_tokens):
         w0, r0 = weights[t, 0], outs[where[t, 0]]
         for j in range(out.shape[1]):
@@ -101,6 +107,7 @@ def moe_combine_cpu(outs, where, weights, out) -> None:
             ws, rs = weights[t, s], outs[where[t, s]]
             for j in range(out.shape[1]):
                 out[t, j] += ws * rs[j]
+    return True
 
 
 follow_sources(_runs_matmul, moe_experts_cpu)  # their code holds the tile kernels' IR
@@ -167,9 +174,14 @@ def check_moe_biases(gu_bias: np.ndarray, dn_bias: np.ndarray, n_runs: int, widt
 
 
 def run_moe_experts(
-    h: np.ndarray, tokens: np.ndarray, runs: list[tuple[int, int, int]], experts: Any, activation: str,
-    outs: np.ndarray, n_threads: int, tier: int,
-) -> bool:  # fmt: skip
+    h: np.ndarray,
+    route: ExpertRoute,
+    experts: Any,
+    activation: str,
+    outs: np.ndarray,
+    n_threads: int,
+    tier: int,
+) -> bool:
     """CpuBackend.moe_experts on a tile tier: the layer's selected experts in one moe_experts_cpu call;
     False (nothing done) for an activation it has no code for or experts without the tile form."""
     code = MOE_ACTIVATIONS.get(activation)
@@ -181,11 +193,14 @@ def run_moe_experts(
     if state.untiled:
         return False
     width, n_embd = experts.gate.shape[1], experts.gate.shape[2]
-    ids = np.fromiter((r[0] for r in runs), np.int64, len(runs))
+    ids, tokens, bounds = route.ids, route.tokens, route.bounds  # [R], [T*k], [R + 1]
+    if ids.size and (ids.min() < 0 or ids.max() >= experts.n_expert or bounds.shape != (ids.size + 1,)):
+        raise ValueError(
+            f"MoE runs of experts {ids.tolist()}, bounds {bounds.tolist()}: {experts.n_expert} experts"
+        )
     for e in ids[~state.ready[ids]]:
         if not state.add(int(e), experts.get(int(e)), width, n_embd):
             return False
-    bounds = np.array([r[1] for r in runs] + [runs[-1][2] if runs else 0], np.int64)  # [R + 1]
     h = np.ascontiguousarray(h, np.float32)
     check_moe_args(h, tokens, bounds, outs, n_embd)
     gu_bias, dn_bias = NO_BIAS, NO_BIAS
