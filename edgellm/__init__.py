@@ -18,11 +18,12 @@ if "OMP_WAIT_POLICY" not in _os.environ:
     _os.environ.setdefault("GOMP_SPINCOUNT", "5000")
 # A forced CPU tier (EDGELLM_CPU_TIER) also sets Numba's target to that tier's instruction set, so the
 # generic code around its kernels is what a CPU of that tier runs; on ARM64 Numba's target gets the
-# features LLVM does not see there (edgellm/backends/cpu/tiers.py).
+# features LLVM does not see there (edgellm/backends/cpu/tiers.py). Set when Numba is first imported
+# (edgellm/numba_target.py), so front-ends load no llvmlite for it.
 if _os.environ.get("EDGELLM_CPU_TIER") or _platform.machine().lower() in ("aarch64", "arm64"):
-    from edgellm.backends.cpu.tiers import apply_numba_target
+    from edgellm.numba_target import install as _install_numba_target
 
-    apply_numba_target(_os.environ)
+    _install_numba_target()
 
 __version__ = "0.1.0"
 

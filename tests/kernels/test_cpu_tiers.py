@@ -206,9 +206,12 @@ def test_neon_tile_kernels_compile_to_sdot_for_aarch64() -> None:
 @pytest.mark.skipif(tiers.missing_features(tiers.BY_NAME["avx2"]), reason="host cannot run the avx2 tier")
 def test_a_forced_tier_at_start_sets_numbas_target(monkeypatch: pytest.MonkeyPatch) -> None:
     """EDGELLM_CPU_TIER=avx2 at process start: Numba compiles for haswell without AVX-512 (its cache keys
-    entries on that target, so they never mix with the host's), and only the avx2 tier's IR is built."""
+    entries on that target, so they never mix with the host's), and only the avx2 tier's IR is built. The
+    target is set when Numba is first imported: the front-ends, imported before, load no llvmlite."""
     code = (
-        "import edgellm; from numba.core.registry import cpu_target; from edgellm.backends.cpu import tiers;"
+        "import sys, edgellm, edgellm.cli, edgellm.server.app\n"
+        "print(sorted(m for m in ('numba', 'llvmlite', 'edgellm.backends') if m in sys.modules))\n"
+        "from numba.core.registry import cpu_target; from edgellm.backends.cpu import tiers\n"
         "print(cpu_target.target_context.codegen().magic_tuple(), [t.name for t in tiers.compiled_tiers()])"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EDGELLM_", "NUMBA_CPU"))}
@@ -216,7 +219,9 @@ def test_a_forced_tier_at_start_sets_numbas_target(monkeypatch: pytest.MonkeyPat
         [sys.executable, "-c", code], env={**env, "EDGELLM_CPU_TIER": "avx2"}, capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr
-    assert "'haswell'" in out.stdout and "-avx512f" in out.stdout and out.stdout.endswith("['avx2']\n")
+    front_end, numba_target = out.stdout.splitlines()
+    assert front_end == "[]"
+    assert "'haswell'" in numba_target and "-avx512f" in numba_target and numba_target.endswith("['avx2']")
     # every tier compiled under a target without AVX-512: the tiers needing it are left out
     monkeypatch.setenv("EDGELLM_CPU_ALL_TIERS", "1")
     avx2_target = tiers.numba_target_env(tiers.BY_NAME["avx2"])

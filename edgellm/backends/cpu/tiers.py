@@ -10,10 +10,11 @@ it); EDGELLM_NO_VNNI=1 means EDGELLM_CPU_TIER=portable. The kernels hold the IR 
 compiled_tiers(): the active one, or with EDGELLM_CPU_ALL_TIERS=1 every tier the host can run (the tests,
 which run each of them in one process).
 Numba compiles the generic vector code around the primitives for the host CPU. So that a forced lower
-tier runs as it would on a CPU of that tier (for measuring it on a bigger host), importing edgellm with
-EDGELLM_CPU_TIER set points Numba's target at that tier's instruction set (numba_target_env; not where
-NUMBA_CPU_NAME is already set, nor with EDGELLM_CPU_ALL_TIERS). That works only before Numba is imported,
-so set EDGELLM_CPU_TIER when the process starts. This module imports no Numba.
+tier runs as it would on a CPU of that tier (for measuring it on a bigger host), with EDGELLM_CPU_TIER
+set when edgellm is imported, the first import of Numba after it points Numba's target at that tier's
+instruction set (edgellm/numba_target.py, numba_target_env; not where NUMBA_CPU_NAME is already set, nor
+with EDGELLM_CPU_ALL_TIERS). That works only if Numba was not imported before edgellm, so set
+EDGELLM_CPU_TIER when the process starts. This module imports no Numba.
 """
 
 from __future__ import annotations
@@ -226,7 +227,7 @@ def numba_target_env(tier: CpuTier, features: dict[str, bool] | None = None) -> 
 def apply_numba_target(env: dict[str, str], aarch64: dict[str, bool] | None = None) -> None:
     """Set (in env, normally os.environ) the Numba target of the tier EDGELLM_CPU_TIER forces, unless
     Numba's target is already set, all tiers are compiled, or the tier is unknown or beyond the host
-    (the backend reports that). Called by edgellm/__init__.py before anything imports Numba.
+    (the backend reports that). Called when Numba is first imported (edgellm/numba_target.py).
     On AArch64 Linux (aarch64: the auxiliary vector's features) Numba's host features are LLVM's, without
     dotprod: for a CPU LLVM names "generic" the neon tier's sdot could not be compiled (LLVM aborts),
     so NUMBA_CPU_FEATURES gets the host's features with them, unless it is set."""
