@@ -12,7 +12,7 @@ import pytest
 from edgellm.arch import ARCHITECTURES
 from edgellm.backends.base import Backend
 from edgellm.backends.cpu.backend import CpuBackend
-from edgellm.backends.cpu.moe_experts import NO_BIAS, check_moe_args, check_moe_biases
+from edgellm.backends.cpu.moe_experts import NO_BIAS, check_moe_args, check_moe_biases, check_moe_runs
 from edgellm.engine.model_runner import ModelRunner, RunItem
 from edgellm.gguf.config import config_from_gguf
 from edgellm.gguf.load import load_gguf
@@ -98,6 +98,15 @@ def test_moe_arguments_are_checked_before_the_kernel() -> None:
         check_moe_args(h, *ok, np.zeros((4, 9), np.float32), 8)
     with pytest.raises(ValueError, match="MoE input"):
         check_moe_args(h[:, :4], *ok, outs, 8)
+
+
+def test_moe_runs_are_checked_before_the_kernel() -> None:
+    """Each run's expert inside the layer's, and a bound per run plus the end (an empty route included)."""
+    check_moe_runs(np.array([0, 3]), np.array([0, 2, 4]), 4)
+    check_moe_runs(np.zeros(0, np.int64), np.array([0]), 4)
+    for ids, bounds in [([0, 4], [0, 2, 4]), ([-1, 3], [0, 2, 4]), ([0, 3], [0, 4]), ([], [0, 4])]:
+        with pytest.raises(ValueError, match="MoE runs of experts"):
+            check_moe_runs(np.array(ids, np.int64), np.array(bounds, np.int64), 4)
 
 
 def test_moe_biases_are_checked_before_the_kernel() -> None:

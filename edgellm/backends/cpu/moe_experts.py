@@ -160,6 +160,13 @@ def check_moe_args(
         raise ValueError(f"MoE run bounds {bounds.tolist()} do not cover {n_pairs} pairs in order")
 
 
+def check_moe_runs(ids: np.ndarray, bounds: np.ndarray, n_expert: int) -> None:
+    """The runs' experts index the layer's n_expert (state rows read unchecked), one bound per run and the
+    end: with fewer, runs would go unread and their outputs unwritten."""
+    if bounds.shape != (ids.size + 1,) or (ids.size and (ids.min() < 0 or ids.max() >= n_expert)):
+        raise ValueError(f"MoE runs of experts {ids.tolist()}, bounds {bounds.tolist()}: {n_expert} experts")
+
+
 def check_moe_biases(gu_bias: np.ndarray, dn_bias: np.ndarray, n_runs: int, width: int, n_embd: int) -> None:
     """The per-run bias rows moe_experts_cpu adds unchecked: both [0, 0], or [R, 2 * width], [R, n_embd]."""
     none = gu_bias.shape == (0, 0) and dn_bias.shape == (0, 0)
@@ -194,10 +201,7 @@ def run_moe_experts(
         return False
     width, n_embd = experts.gate.shape[1], experts.gate.shape[2]
     ids, tokens, bounds = route.ids, route.tokens, route.bounds  # [R], [T*k], [R + 1]
-    if ids.size and (ids.min() < 0 or ids.max() >= experts.n_expert or bounds.shape != (ids.size + 1,)):
-        raise ValueError(
-            f"MoE runs of experts {ids.tolist()}, bounds {bounds.tolist()}: {experts.n_expert} experts"
-        )
+    check_moe_runs(ids, bounds, experts.n_expert)
     for e in ids[~state.ready[ids]]:
         if not state.add(int(e), experts.get(int(e)), width, n_embd):
             return False
