@@ -29,11 +29,15 @@ from edgellm.backends.cpu.attention_ir import (
     qk_f16_call,
     qk_q8_0_call,
 )
+from edgellm.backends.cpu.expf import EXP2_TABLE, exp_nonpositive_inplace, vector_expf_variant
 from edgellm.backends.cpu.fp16 import HALF_OPS_NATIVE, f16_bits_to_f32, f16_round_inplace
 from edgellm.backends.cpu.numba_cache import follow_sources
 
 SAFE_MATH = {"reassoc", "contract", "nsz", "arcp", "afn"}  # no nnan/ninf: softmax uses -inf
 _pv_vectors = njit(cache=True, inline="always")(attention_ir.pv_vectors)  # P.V accumulators per head
+# which expf build this process's C library has (a constant of the compiled code: Numba's cache is per
+# host CPU, and so is glibc's choice)
+_EXPF_VARIANT = vector_expf_variant()
 
 
 @njit(cache=True, nogil=True)
@@ -68,10 +72,9 @@ def _softmax_f16_row(s: np.ndarray, softcap: float, sink: np.float32) -> None:
         m = max(m, s[j])
     for j in range(s.shape[0]):
         s[j] = s[j] - m
-    for j in range(s.shape[0]):
-        # libm's expf, as llama.cpp's CPU attention: a vectorised polynomial exp (ggml_v_expf) was ~30%
-        # faster here but flipped one of 122 teacher-forced Gemma 3 tokens against llama.cpp.
-        s[j] = np.exp(s[j])
+    # the C library's expf, as llama.cpp's CPU attention (a polynomial of ggml's own, ggml_v_expf, flipped
+    # one of 122 teacher-forced Gemma 3 tokens against it), bit for bit but vectorised (expf.py)
+    exp_nonpositive_inplace(s, _EXPF_VARIANT, EXP2_TABLE)
     total = 0.0  # float64 sum of the float32 exps
     for j in range(s.shape[0]):
         total += s[j]
