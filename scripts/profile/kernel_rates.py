@@ -2,9 +2,12 @@
 
     EDGELLM_CPU_TIER=avx2 python scripts/profile/kernel_rates.py Q4_K Q6_K [--rows 128] [--threads 1]
 
-Times matmul_cpu of x [rows, K] by a [N, K] weight of valid random blocks (median of 7 calls after a
-warm-up) and prints GMAC/s, and MAC per cycle per thread where --ghz gives the clock. Set EDGELLM_CPU_TIER
-when the process starts (it picks the instructions Numba compiles for).
+Times matmul_cpu of x [rows, K] by a [N, K] weight of valid random blocks (median of 7 samples after a
+warm-up, each sample enough back-to-back calls to last ~20 ms, so a decode-sized call of 0.1 ms is not
+timer noise) and prints GMAC/s, the weight's GB/s, and MAC per cycle per thread where --ghz gives the
+clock. A weight larger than the last-level cache (e.g. --n 262144 at --k 2048) streams from DRAM; a
+smaller one is read from cache after the first call. Set EDGELLM_CPU_TIER when the process starts (it
+picks the instructions Numba compiles for).
 """
 
 from __future__ import annotations
@@ -40,15 +43,20 @@ def main() -> None:
         x = rng.standard_normal((args.rows, args.k)).astype(np.float32)
         out = np.empty((args.rows, args.n), np.float32)
         matmul_cpu(x, w, out, args.threads, tier.index)  # compiles
+        t0 = time.perf_counter()
+        matmul_cpu(x, w, out, args.threads, tier.index)
+        calls = max(1, int(0.02 / max(time.perf_counter() - t0, 1e-6)))
         times = []
         for _ in range(7):
             t0 = time.perf_counter()
-            matmul_cpu(x, w, out, args.threads, tier.index)
-            times.append(time.perf_counter() - t0)
+            for _ in range(calls):
+                matmul_cpu(x, w, out, args.threads, tier.index)
+            times.append((time.perf_counter() - t0) / calls)
         dt = statistics.median(times)
         per_cycle = f", {macs / dt / 1e9 / args.ghz / args.threads:.1f} MAC/cycle/thread" if args.ghz else ""
-        print(f"{tier.name} {name} [{args.rows}, {args.k}] x [{args.n}, {args.k}]: {dt * 1e3:.1f} ms, "
-              f"{macs / dt / 1e9:.1f} GMAC/s{per_cycle}")  # fmt: skip
+        shape = f"[{args.rows}, {args.k}] x [{args.n}, {args.k}]"
+        rates = f"{macs / dt / 1e9:.1f} GMAC/s, {w.nbytes / dt / 1e9:.1f} GB/s of weights{per_cycle}"
+        print(f"{tier.name} {name} {shape}: {dt * 1e3:.3f} ms, {rates}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""The prepared weights' page size: the decision (EngineConfig.huge_pages), the sysfs probe behind "auto",
-and 4 KiB-page weights holding the same tiles as numpy's huge-page ones."""
+"""The prepared weights' page size: the decision (EngineConfig.huge_pages), the sysfs and first-write probes
+behind "auto", and 4 KiB-page weights holding the same tiles as numpy's huge-page ones."""
 
 from __future__ import annotations
 
@@ -16,18 +16,59 @@ from edgellm.quants.traits import get_traits
 BIG = wm.AUTO_SMALL_PAGES_FROM_BYTES
 
 
+SLOW = wm.HUGE_TOUCH_RATIO_MAX * 3.5  # huge pages' first write as measured where it cost seconds
+
+
 @pytest.mark.parametrize(
-    ("setting", "weight_bytes", "reporting", "huge"),
+    ("setting", "weight_bytes", "reporting", "touch_ratio", "huge"),
     [
-        ("on", BIG * 4, True, True),
-        ("off", 1, False, False),
-        ("auto", BIG, False, True),  # no free page reporting: huge pages at any size
-        ("auto", BIG, True, False),  # reported free pages, big weights: 4 KiB pages
-        ("auto", BIG - 1, True, True),  # reported, but small: huge pages
+        ("on", BIG * 4, True, SLOW, True),
+        ("off", 1, False, 1.0, False),
+        ("auto", BIG, False, SLOW, True),  # no free page reporting: huge pages at any size
+        ("auto", BIG, True, SLOW, False),  # reported free pages, big weights, slow huge pages: 4 KiB pages
+        ("auto", BIG, True, wm.HUGE_TOUCH_RATIO_MAX, True),  # reported, but huge pages cost little more
+        ("auto", BIG, True, 0.9, True),
+        ("auto", BIG - 1, True, SLOW, True),  # reported, slow, but small: huge pages
     ],
 )
-def test_use_huge_pages_decides_from_setting_size_and_host(setting, weight_bytes, reporting, huge) -> None:
-    assert wm.use_huge_pages(setting, weight_bytes, reporting=reporting) is huge
+def test_use_huge_pages_decides_from_setting_size_and_host(
+    setting, weight_bytes, reporting, touch_ratio, huge
+) -> None:
+    assert wm.use_huge_pages(setting, weight_bytes, reporting=reporting, touch_ratio=touch_ratio) is huge
+
+
+def test_auto_times_the_first_write_only_when_the_rest_leaves_it_open(monkeypatch) -> None:
+    calls = []
+
+    def ratio() -> float:
+        calls.append(1)
+        return SLOW
+
+    monkeypatch.setattr(wm, "first_touch_ratio", ratio)
+    assert wm.use_huge_pages("auto", BIG - 1, reporting=True)
+    assert wm.use_huge_pages("auto", BIG, reporting=False)
+    assert wm.use_huge_pages("on", BIG, reporting=True)
+    assert not calls
+    assert not wm.use_huge_pages("auto", BIG, reporting=True)
+    assert calls == [1]
+
+
+@pytest.mark.parametrize("huge", [True, False])
+def test_first_touch_seconds_writes_a_fresh_mapping_and_unmaps_it(huge: bool) -> None:
+    def anonymous_kb() -> int:  # the process's anonymous memory in mappings (/proc/self/status RssAnon)
+        line = next(s for s in Path("/proc/self/status").read_text().splitlines() if s.startswith("RssAnon"))
+        return int(line.split()[1])
+
+    size = 8 * wm.HUGE_PAGE_BYTES
+    before = anonymous_kb()
+    seconds = wm.first_touch_seconds(size, huge)
+    assert 0 < seconds < 5
+    assert anonymous_kb() - before < size // 1024 // 2  # the written pages are gone with the mapping
+
+
+def test_first_touch_ratio_is_a_positive_finite_ratio() -> None:
+    r = wm.first_touch_ratio(wm.HUGE_PAGE_BYTES * 2, rounds=1)
+    assert 0 < r < float("inf")
 
 
 def test_an_unknown_huge_pages_setting_is_refused_naming_it() -> None:
