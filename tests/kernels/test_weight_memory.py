@@ -71,6 +71,15 @@ def test_first_touch_ratio_is_a_positive_finite_ratio() -> None:
     assert 0 < r < float("inf")
 
 
+def test_first_touch_ratio_is_neutral_where_the_kernel_refuses_the_advice(monkeypatch) -> None:
+    def refused(nbytes: int, huge: bool) -> float:
+        raise OSError(22, "Invalid argument")  # madvise(MADV_HUGEPAGE) without transparent huge pages
+
+    monkeypatch.setattr(wm, "first_touch_seconds", refused)
+    assert wm.first_touch_ratio() == 1.0
+    assert wm.use_huge_pages("auto", BIG, reporting=True)
+
+
 def test_an_unknown_huge_pages_setting_is_refused_naming_it() -> None:
     with pytest.raises(ValueError, match="'yes'"):
         wm.use_huge_pages("yes", 1)
