@@ -9,8 +9,9 @@ it again. How long depends on the host: on one such VM ~2.4 s per GiB against ~0
 5 GB model's weights then take seconds longer to prepare on huge pages), on another ~2 s per GiB with
 either page size, where huge pages cost nothing at load and decode 20% faster. "auto" therefore keeps huge
 pages unless free pages are reported, the weights are large enough for the difference to be seconds, and
-a timed first write of a sample of each page size (first_touch_ratio, ~0.1-0.2 s) finds huge pages more
-than HUGE_TOUCH_RATIO_MAX times as slow; EngineConfig.huge_pages ("--huge-pages on|off") overrides it.
+a timed first write of a sample of each page size (first_touch_ratio, 0.04-0.11 s measured) finds huge
+pages more than HUGE_TOUCH_RATIO_MAX times as slow; EngineConfig.huge_pages ("--huge-pages on|off")
+overrides it.
 """
 
 from __future__ import annotations
@@ -55,14 +56,23 @@ def free_page_reporting(devices: Path = VIRTIO_DEVICES) -> bool:
     return False
 
 
+def anonymous_mapping(nbytes: int, huge: bool) -> mmap.mmap:
+    """A private anonymous mapping of nbytes, advised MADV_HUGEPAGE or MADV_NOHUGEPAGE where the platform
+    has that advice."""
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    advice = getattr(mmap, "MADV_HUGEPAGE" if huge else "MADV_NOHUGEPAGE", None)
+    if advice is not None:
+        buf.madvise(advice)
+    return buf
+
+
 def first_touch_seconds(nbytes: int, huge: bool) -> float:
     """Seconds to write one byte in every 4 KiB page of a fresh anonymous mapping of nbytes (rounded down
     to whole huge pages), advised MADV_HUGEPAGE or MADV_NOHUGEPAGE: what preparing weights on that page
     size waits for the memory. The mapping is unmapped before returning."""
     span = max(HUGE_PAGE_BYTES, nbytes // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES)
-    buf = mmap.mmap(-1, span + HUGE_PAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    buf = anonymous_mapping(span + HUGE_PAGE_BYTES, huge)
     try:
-        buf.madvise(mmap.MADV_HUGEPAGE if huge else mmap.MADV_NOHUGEPAGE)
         whole = np.frombuffer(buf, np.uint8)
         start = -whole.ctypes.data % HUGE_PAGE_BYTES  # huge pages only back aligned 2 MiB blocks
         t0 = time.perf_counter()
@@ -117,7 +127,5 @@ def weight_array(rows: int, width: int, huge_pages: bool) -> np.ndarray:
     n = rows * width
     if huge_pages or n < NUMPY_HUGE_PAGE_MIN_BYTES:
         return np.empty((rows, width), np.uint8)
-    buf = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_NOHUGEPAGE"):
-        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    buf = anonymous_mapping(n, huge=False)
     return np.frombuffer(buf, np.uint8).reshape(rows, width)  # the array keeps the mapping alive
