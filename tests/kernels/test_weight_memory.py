@@ -3,6 +3,7 @@ behind "auto", and 4 KiB-page weights holding the same tiles as numpy's huge-pag
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 
 import numpy as np
@@ -71,13 +72,20 @@ def test_first_touch_ratio_is_a_positive_finite_ratio() -> None:
     assert 0 < r < float("inf")
 
 
-def test_first_touch_ratio_is_neutral_where_the_kernel_refuses_the_advice(monkeypatch) -> None:
-    def refused(nbytes: int, huge: bool) -> float:
-        raise OSError(22, "Invalid argument")  # madvise(MADV_HUGEPAGE) without transparent huge pages
+class _RefusingMapping(mmap.mmap):
+    """A mapping whose madvise fails as on a kernel without transparent huge pages."""
 
-    monkeypatch.setattr(wm, "first_touch_seconds", refused)
-    assert wm.first_touch_ratio() == 1.0
-    assert wm.use_huge_pages("auto", BIG, reporting=True)
+    def madvise(self, *args: int) -> None:
+        raise OSError(22, "Invalid argument")
+
+
+def test_a_kernel_refusing_the_page_advice_still_gets_its_weights_and_a_decision(monkeypatch) -> None:
+    monkeypatch.setattr(wm.mmap, "mmap", _RefusingMapping)
+    a = wm.weight_array(3, wm.NUMPY_HUGE_PAGE_MIN_BYTES, huge_pages=False)  # --huge-pages off
+    a[:] = 7
+    assert a.shape == (3, wm.NUMPY_HUGE_PAGE_MIN_BYTES) and int(a.sum()) == 7 * a.size
+    assert 0 < wm.first_touch_seconds(wm.HUGE_PAGE_BYTES, True) < 5
+    assert wm.use_huge_pages("auto", BIG, reporting=True)  # both samples on 4 KiB pages: no reason to give up
 
 
 def test_an_unknown_huge_pages_setting_is_refused_naming_it() -> None:

@@ -58,11 +58,15 @@ def free_page_reporting(devices: Path = VIRTIO_DEVICES) -> bool:
 
 def anonymous_mapping(nbytes: int, huge: bool) -> mmap.mmap:
     """A private anonymous mapping of nbytes, advised MADV_HUGEPAGE or MADV_NOHUGEPAGE where the platform
-    has that advice."""
+    has that advice. A kernel built without transparent huge pages refuses both (EINVAL); its pages are
+    all 4 KiB, so the mapping is what either advice would give (numpy's own madvise ignores it too)."""
     buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     advice = getattr(mmap, "MADV_HUGEPAGE" if huge else "MADV_NOHUGEPAGE", None)
     if advice is not None:
-        buf.madvise(advice)
+        try:
+            buf.madvise(advice)
+        except OSError:
+            pass
     return buf
 
 
@@ -87,17 +91,13 @@ def first_touch_seconds(nbytes: int, huge: bool) -> float:
 def first_touch_ratio(nbytes: int = PROBE_BYTES, rounds: int = PROBE_ROUNDS) -> float:
     """How many times as long a first write to huge pages takes as to 4 KiB pages, over `rounds`
     alternations of nbytes of each (alternating, so a change in the host's state while it runs falls on
-    both). 1.0 where madvise cannot ask for either (no such advice, or a kernel without transparent huge
-    pages refusing it: numpy's own madvise ignores that, so the weights get 4 KiB pages either way)."""
+    both). 1.0 where the platform has no such advice."""
     if not (hasattr(mmap, "MADV_HUGEPAGE") and hasattr(mmap, "MADV_NOHUGEPAGE")):
         return 1.0
     huge = small = 0.0
-    try:
-        for _ in range(rounds):
-            huge += first_touch_seconds(nbytes, True)
-            small += first_touch_seconds(nbytes, False)
-    except OSError:
-        return 1.0
+    for _ in range(rounds):
+        huge += first_touch_seconds(nbytes, True)
+        small += first_touch_seconds(nbytes, False)
     return huge / max(small, 1e-9)
 
 
