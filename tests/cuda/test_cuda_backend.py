@@ -58,6 +58,7 @@ else:
 
     from gguf import GGMLQuantizationType as T
     from gguf import quants as gguf_quants
+    from numba import cuda  # a module global: the simulator swaps it for its own inside a kernel
 
     from edgellm.backends.cpu.matmul import matmul_cpu
     from edgellm.backends.cuda.matmul import quantize_act, upload_weight
@@ -124,6 +125,31 @@ else:
             single = BE.empty((1, rows))
             BE.matmul(BE.from_host(x[m : m + 1]), w, single)
             np.testing.assert_array_equal(BE.to_host(single)[0], BE.to_host(batched)[m])
+
+    @pytest.mark.skipif(not IN_SIM, reason="the simulator's shared arrays (a GPU's are the hardware's)")
+    def test_simulator_threads_of_a_block_share_one_array_across_a_thread_switch(monkeypatch) -> None:
+        """A thread switch inside the simulator's shared-array lookup (forced here: numpy's empty() sleeps,
+        releasing the GIL) must not give the threads of a block arrays of their own (simulator_shared.py):
+        each thread reads what its neighbour wrote before the barrier."""
+        real_empty = np.empty
+
+        def empty_after_a_switch(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            time.sleep(0.002)
+            return real_empty(*args, **kwargs)
+
+        @cuda.jit
+        def neighbour(out):  # noqa: ANN001, ANN202
+            s = cuda.shared.array(8, np.int32)
+            t = cuda.threadIdx.x
+            s[t] = t + 1
+            cuda.syncthreads()
+            out[t] = s[(t + 1) % 8]
+
+        monkeypatch.setattr(np, "empty", empty_after_a_switch)
+        for _ in range(5):
+            out = np.zeros(8, np.int32)
+            neighbour[1, 8](out)
+            np.testing.assert_array_equal(out, (np.arange(8) + 1) % 8 + 1)
 
     @pytest.mark.parametrize("vec_dot,group", [("q8_0", 32), ("q8_1", 32), ("q8_K", 16)])
     def test_cuda_activation_quantization_is_exact(vec_dot: str, group: int) -> None:

@@ -15,6 +15,10 @@ import numpy as np
 from numba import config, cuda
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
+if SIMULATOR:
+    from edgellm.backends.cuda.simulator_shared import serialize_shared_arrays
+
+    serialize_shared_arrays()
 
 # Threads that cooperate on one output row of a matmul (reduction over weight groups).
 MATMUL_LANES = 2 if SIMULATOR else 32
