@@ -32,6 +32,7 @@ from edgellm.server.generate import generate
 from edgellm.server.infill import completion_prompts, infill_routes
 from edgellm.server.ollama_api import ollama_routes
 from edgellm.server.protocol import GenerationRequest, constrain, parse_chat, parse_completion
+from edgellm.server.request_fields import CHAT_FIELDS, COMPLETION_FIELDS, check_fields
 from edgellm.server.responses_api import responses_routes
 from edgellm.server.state import ServerState, render_chat_prompt
 from edgellm.server.thinking import reasoning_setup, thinking_options
@@ -63,6 +64,8 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
     @endpoint(state)
     async def chat_completions(request: Request) -> Response:
         body = await read_json(request, limit)
+        if isinstance(body, dict):  # (parse_chat answers any other body)
+            check_fields(body, CHAT_FIELDS)
         defaults = state.config.sampling_defaults
         req = parse_chat(body, state.llm.n_ctx, defaults)
         return await generate(state, request, req, [await prompt_ids(req)], chat=True)
@@ -70,6 +73,8 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
     @endpoint(state)
     async def completions(request: Request) -> Response:
         body = await read_json(request, limit)
+        if isinstance(body, dict):
+            check_fields(body, COMPLETION_FIELDS)
         req = parse_completion(body, state.config.sampling_defaults)
         check_model(req.model)
         assert req.prompts is not None

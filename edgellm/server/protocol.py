@@ -1,8 +1,8 @@
 """OpenAI request bodies -> validated requests (SamplingParams and prompts); a bad field is an ApiError.
 
-Unknown fields are ignored, as OpenAI does; a known field of the wrong type or out of range is a 400
-naming the field. `null` counts as "not given" for every optional field. Booleans are never accepted
-as numbers (Python's bool is an int; JSON's is not).
+A known field of the wrong type or out of range is a 400 naming the field (the OpenAI routes first
+refuse fields they do not take: request_fields.py). `null` counts as "not given" for every optional
+field. Booleans are never accepted as numbers (Python's bool is an int; JSON's is not).
 """
 
 from __future__ import annotations

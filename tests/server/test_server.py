@@ -252,8 +252,44 @@ def test_errors_then_next_request_succeeds(
     assert message in err["message"] and set(err) == {"message", "type", "param", "code"}
     if status == 400 and "context length" in message:
         assert re.search(r"resulted in \d+ tokens", err["message"])
-    ok = client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, extra_body={"unknown_field": 1})
+    ok = client.completions.create(model=MODEL, prompt="Hi", max_tokens=2)
     assert ok.usage.completion_tokens == 2
+
+
+FIELD_CASES = [
+    ("/v1/chat/completions", {"bogus_option": 1}, "'bogus_option': unrecognized request argument"),
+    ("/v1/completions", {"messages": MSGS}, "'messages': unrecognized request argument"),
+    ("/v1/chat/completions", {"modalities": ["text", "audio"]}, "'modalities'"),
+    ("/v1/chat/completions", {"audio": {"voice": "alloy", "format": "wav"}}, "'audio': audio output"),
+    ("/v1/chat/completions", {"web_search_options": {}}, "'web_search_options': web search"),
+    ("/v1/chat/completions", {"prediction": {"type": "content", "content": "x"}}, "'prediction'"),
+    ("/v1/chat/completions", {"store": True}, "'store': stored completions"),
+    ("/v1/completions", {"best_of": 3}, "'best_of'"),
+]
+
+
+@pytest.mark.parametrize("path,extra,message", FIELD_CASES)
+def test_a_field_the_server_does_not_act_on_is_a_400_naming_it(
+    server: str, path: str, extra: dict, message: str
+) -> None:
+    """As OpenAI answers an unknown field ("Unrecognized request argument supplied"), and an option we
+    do not act on is never dropped; fields that change nothing in the output (identifiers, routing hints,
+    store false, text-only modalities, null anything) are accepted."""
+    base = {"messages": MSGS} if "chat" in path else {"prompt": "Hi"}
+    r = httpx.post(f"{server}{path}", json={**base, "max_tokens": 2, **extra}, timeout=30)
+    err = r.json()["error"]
+    assert r.status_code == 400 and message in err["message"] and err["param"] == next(iter(extra))
+    harmless = {"user": "u", "not_a_field": None}
+    if "chat" in path:
+        harmless |= {"store": False, "modalities": ["text"], "metadata": {"k": "v"}, "service_tier": "auto"}
+        harmless |= {"safety_identifier": "s", "prompt_cache_key": "k"}
+    ok = httpx.post(f"{server}{path}", json={**base, "max_tokens": 2, **harmless}, timeout=30)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+
+
+def test_the_openai_client_gets_a_bad_request_for_an_unknown_field(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError, match="min_tokens"):
+        client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=2, extra_body={"min_tokens": 2})
 
 
 @pytest.fixture(scope="module")

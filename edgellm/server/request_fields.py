@@ -1,0 +1,64 @@
+"""Which top-level fields /v1/chat/completions and /v1/completions take: any other is a 400 naming it.
+
+OpenAI answers a field it does not know with 400 "Unrecognized request argument supplied: NAME"; so do
+we, so that an option a client relies on is never silently dropped (a sampling knob spelled as another
+server spells it, an output modality, a web search). Besides the fields protocol.py and tools.py parse:
+- the sampling extensions of vLLM's and llama.cpp's servers that SamplingParams has (min_p, top_k,
+  repetition_penalty: in PARAM_BOUNDS);
+- OpenAI fields that change nothing in the output and so are accepted as they come: identifiers and
+  routing hints (user, safety_identifier, prompt_cache_key, metadata, service_tier);
+- OpenAI fields accepted only at the value that asks for nothing we lack (store false, modalities
+  ["text"]); any other value is a 400 saying what is not supported. `null` is "not given" everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgellm.sampling import PARAM_BOUNDS
+from edgellm.server.errors import bad_value
+
+_SAMPLING = {
+    "model", "max_tokens", "max_completion_tokens", "stop", "logit_bias", "stream", "stream_options",
+    "seed", "n", "top_k", "user", *PARAM_BOUNDS,
+}  # fmt: skip
+_NO_EFFECT = {"safety_identifier", "prompt_cache_key", "metadata", "service_tier"}
+CHAT_FIELDS = _SAMPLING | _NO_EFFECT | {
+    "messages", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
+    "max_parallel_calls", "response_format", "functions", "function_call", "reasoning_effort",
+    "chat_template_kwargs", "store", "modalities",
+}  # fmt: skip
+COMPLETION_FIELDS = _SAMPLING | {"prompt", "logprobs", "echo", "suffix", "tools", "tool_choice",
+                                 "response_format", "best_of"}  # fmt: skip
+
+# OpenAI fields that ask for what this server does not do, whatever their value (null aside)
+NOT_SUPPORTED = {
+    "audio": "audio output is not supported (text only)",
+    "prediction": "predicted outputs are not supported",
+    "web_search_options": "web search is not supported",
+    "verbosity": "verbosity is not supported: the model's output length follows max_tokens and the prompt",
+}
+
+
+def _check_values(body: dict[str, Any]) -> None:
+    if body.get("store") not in (None, False):
+        raise bad_value("store", "stored completions are not supported (store must be false)")
+    modalities = body.get("modalities")
+    if modalities is not None and modalities != ["text"]:
+        raise bad_value("modalities", 'only ["text"] is supported')
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != 1:
+        raise bad_value("best_of", "only 1 is supported (use n for several completions)")
+
+
+def check_fields(body: dict[str, Any], known: set[str]) -> None:
+    """400 naming the first field (sorted) of `body` the endpoint does not take, or whose value asks for
+    what this server does not do."""
+    for key in sorted(body):
+        if body[key] is None:
+            continue
+        if key in NOT_SUPPORTED:
+            raise bad_value(key, NOT_SUPPORTED[key])
+        if key not in known:
+            raise bad_value(key, "unrecognized request argument supplied (not an option of this endpoint)")
+    _check_values(body)
