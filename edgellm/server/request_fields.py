@@ -5,8 +5,9 @@ we, so that an option a client relies on is never silently dropped (a sampling k
 server spells it, an output modality, a web search). Besides the fields protocol.py and tools.py parse:
 - the sampling extensions of vLLM's and llama.cpp's servers that SamplingParams has (min_p, top_k,
   repetition_penalty: in PARAM_BOUNDS);
-- OpenAI fields that change nothing in the output and so are accepted as they come: identifiers and
-  routing hints (user, safety_identifier, prompt_cache_key, metadata, service_tier);
+- fields that change nothing in the output and so are accepted as they come: OpenAI's identifiers and
+  routing hints (user, safety_identifier, prompt_cache_key, metadata, service_tier) and llama-server's
+  cache_prompt (the prefix cache is always on here);
 - OpenAI fields accepted only at the value that asks for nothing we lack (store false, modalities
   ["text"]); any other value is a 400 saying what is not supported. `null` is "not given" everywhere.
 """
@@ -22,14 +23,14 @@ _SAMPLING = {
     "model", "max_tokens", "max_completion_tokens", "stop", "logit_bias", "stream", "stream_options",
     "seed", "n", "top_k", "user", *PARAM_BOUNDS,
 }  # fmt: skip
-_NO_EFFECT = {"safety_identifier", "prompt_cache_key", "metadata", "service_tier"}
+_NO_EFFECT = {"safety_identifier", "prompt_cache_key", "metadata", "service_tier", "cache_prompt"}
 CHAT_FIELDS = _SAMPLING | _NO_EFFECT | {
     "messages", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
     "max_parallel_calls", "response_format", "functions", "function_call", "reasoning_effort",
     "chat_template_kwargs", "store", "modalities",
 }  # fmt: skip
 COMPLETION_FIELDS = _SAMPLING | {"prompt", "logprobs", "echo", "suffix", "tools", "tool_choice",
-                                 "response_format", "best_of"}  # fmt: skip
+                                 "response_format", "best_of", "cache_prompt"}  # fmt: skip
 
 # OpenAI fields that ask for what this server does not do, whatever their value (null aside)
 NOT_SUPPORTED = {

@@ -279,7 +279,7 @@ def test_a_field_the_server_does_not_act_on_is_a_400_naming_it(
     r = httpx.post(f"{server}{path}", json={**base, "max_tokens": 2, **extra}, timeout=30)
     err = r.json()["error"]
     assert r.status_code == 400 and message in err["message"] and err["param"] == next(iter(extra))
-    harmless = {"user": "u", "not_a_field": None}
+    harmless = {"user": "u", "cache_prompt": True, "not_a_field": None}
     if "chat" in path:
         harmless |= {"store": False, "modalities": ["text"], "metadata": {"k": "v"}, "service_tier": "auto"}
         harmless |= {"safety_identifier": "s", "prompt_cache_key": "k"}
