@@ -19,18 +19,18 @@ from typing import Any
 from edgellm.sampling import PARAM_BOUNDS
 from edgellm.server.errors import bad_value
 
-_SAMPLING = {
+_COMMON = {  # both routes: protocol._common's fields, and the no-effect user and cache_prompt
     "model", "max_tokens", "max_completion_tokens", "stop", "logit_bias", "stream", "stream_options",
-    "seed", "n", "top_k", "user", *PARAM_BOUNDS,
+    "seed", "n", "top_k", *PARAM_BOUNDS, "user", "cache_prompt",
 }  # fmt: skip
-_NO_EFFECT = {"safety_identifier", "prompt_cache_key", "metadata", "service_tier", "cache_prompt"}
-CHAT_FIELDS = _SAMPLING | _NO_EFFECT | {
+_NO_EFFECT_CHAT = {"safety_identifier", "prompt_cache_key", "metadata", "service_tier"}
+CHAT_FIELDS = _COMMON | _NO_EFFECT_CHAT | {
     "messages", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
     "max_parallel_calls", "response_format", "functions", "function_call", "reasoning_effort",
     "chat_template_kwargs", "store", "modalities",
 }  # fmt: skip
-COMPLETION_FIELDS = _SAMPLING | {"prompt", "logprobs", "echo", "suffix", "tools", "tool_choice",
-                                 "response_format", "best_of", "cache_prompt"}  # fmt: skip
+COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs", "echo", "suffix", "tools", "tool_choice",
+                               "response_format", "best_of"}  # fmt: skip
 
 # OpenAI fields that ask for what this server does not do, whatever their value (null aside)
 NOT_SUPPORTED = {

@@ -17,6 +17,8 @@ import threading
 from typing import Any
 
 import numpy as np
+from numba.core import types
+from numba.np import numpy_support
 
 _LOCK = threading.Lock()
 
@@ -24,9 +26,6 @@ _LOCK = threading.Lock()
 def _shared_array(self: Any, shape: Any, dtype: Any, alignment: Any = None) -> np.ndarray:
     """FakeCUDAShared.array with its lookup atomic; keyed, as the simulator does, by the caller's
     (file, line)."""
-    from numba.core import types
-    from numba.np import numpy_support
-
     if alignment is not None:
         raise RuntimeError("Array alignment is not supported in cudasim")
     if isinstance(dtype, types.Type):
