@@ -21,6 +21,7 @@ slices are prepared with the backend's 2-D `load_matrix` (the same repacking as 
 time a token selects it, so experts nothing routes to are never read; or all at load (prepare_experts,
 what the engine does unless EngineConfig.lazy_experts): preparing an expert costs several times what a
 token's pass over it does, and a few prompts select nearly every expert of every layer anyway.
+A backend may run the whole block in one call (Backend.moe_block) with the same bits.
 """
 
 from __future__ import annotations
@@ -257,7 +258,7 @@ def _expert_ffn(
 
 def moe_feed_forward_block(be: Backend, cfg: ModelConfig, w: MoeFeedForwardWeights, x: Any, T: int) -> None:
     """x += MoE-FFN(norm(x)) (module doc). x: [T, n_embd]."""
-    if T == 0:
+    if T == 0 or be.moe_block(x, w, cfg):  # the whole block in one call where the backend can
         return
     E, k = cfg.n_expert, cfg.n_expert_used
     shared = w.shared_down is not None

@@ -226,6 +226,12 @@ class Backend(ABC):
         (nothing done) where the backend has no such form: the caller runs them one by one."""
         return False
 
+    def moe_block(self, x: Array, w: Any, cfg: Any) -> bool:
+        """x += a whole mixture-of-experts feed-forward block (arch/moe.py's moe_feed_forward_block: w its
+        MoeFeedForwardWeights, cfg the ModelConfig) in one call, with the bits of its step-by-step form;
+        False (nothing done) where the backend has no such form for it."""
+        return False
+
     def moe_combine(self, outs: Array, where: np.ndarray, weights: np.ndarray) -> Array:
         """The mixture-of-experts sum (arch/moe.py): out[t] = sum over slots s, in slot order, of
         weights[t, s] * outs[where[t, s]], each product rounded to float32 before it is added, as ggml

@@ -33,6 +33,7 @@ from edgellm.sampling import SamplingParams
 
 METHODS = [
     "decoder_layer",
+    "moe_block",
     "moe_route",
     "moe_experts",
     "moe_combine",

@@ -1,6 +1,7 @@
-"""The CPU backend's one-call MoE experts (backends/cpu/moe_experts.py) against running the experts one by
-one through CpuBackend.matmul: the same bits, in prefill and batched decode, for every layout mix, and for
-gpt-oss's biased, clamped-SwiGLU experts (MXFP4 as the released files, and the block-32 mix)."""
+"""The CPU backend's one-call MoE experts (backends/cpu/moe_experts.py) and one-call MoE block
+(moe_block.py) against running the experts one by one through CpuBackend.matmul: the same bits, in prefill
+and batched decode, for every layout mix, and for gpt-oss's biased, clamped-SwiGLU experts (MXFP4 as the
+released files, and the block-32 mix)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from edgellm.arch import ARCHITECTURES
+from edgellm.arch.moe import prepare_experts
 from edgellm.backends.base import Backend
 from edgellm.backends.cpu.backend import CpuBackend
 from edgellm.backends.cpu.moe_experts import NO_BIAS, check_moe_args, check_moe_biases, check_moe_runs
@@ -37,6 +39,20 @@ class PerExpertBackend(CpuBackend):
     """The CPU backend with the experts run one by one (the generic path of arch/moe.py)."""
 
     moe_experts = Backend.moe_experts
+    moe_block = Backend.moe_block
+
+
+class BlockCountingBackend(CpuBackend):
+    """The CPU backend, counting the MoE blocks it ran in one call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = 0
+
+    def moe_block(self, x, w, cfg) -> bool:  # noqa: ANN001
+        ran = super().moe_block(x, w, cfg)
+        self.blocks += ran
+        return ran
 
 
 def _runner(path: Path, be: CpuBackend) -> ModelRunner:
@@ -79,6 +95,42 @@ def test_one_call_experts_give_the_per_expert_bits(tmp_path: Path, arch: str, qt
 
     want = _steps(_runner(path, PerExpertBackend()), seqs, decode)
     assert len(got) == len(want) == 21 + 3 + 9 + 3 * 3
+    for g_row, w_row in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g_row, w_row)
+
+
+@pytest.mark.parametrize(
+    ("arch", "qtypes", "writer", "one_call"),
+    [("qwen3moe", MOE_QTYPES, QWEN3MOE, True), ("qwen3moe", "Q8_0", {**QWEN3MOE, "n_expert": 16}, True),
+     ("olmoe", MOE_QTYPES, MOE, True), ("llama", "Q4_0", MOE, True),
+     ("qwen2moe", "Q8_0", QWEN2MOE, False), ("gpt-oss", MOE_QTYPES, GPT_OSS, False)],
+    ids=["qwen3moe_mix", "qwen3moe_q8_0", "olmoe_mix", "llama_moe_q4_0", "qwen2moe_shared", "gpt_oss_mix"],
+)
+def test_one_call_block_gives_the_per_expert_bits(
+    tmp_path: Path, arch: str, qtypes, writer, one_call
+) -> None:
+    """With every expert prepared (the engine's default) the whole block runs as one call where each step
+    has a compiled form (a shared expert or gpt-oss's router bias and expert biases do not), with the bits
+    of the step-by-step path; while experts are prepared lazily (as tokens reach them) it steps."""
+    path = write_tiny_model(tmp_path / "m.gguf", arch, qtypes, **writer)
+    rng = np.random.default_rng(12)
+    v = load_gguf(str(path)).tensors["token_embd.weight"].shape[0]
+    seqs = [rng.integers(0, v, n).tolist() for n in (17, 1, 6)]
+    decode = rng.integers(0, v, (3, 3)).tolist()
+
+    lazy_be = BlockCountingBackend()
+    _steps(_runner(path, lazy_be), seqs, [])
+    assert lazy_be.blocks == 0  # no expert prepared before the step: the step-by-step path prepares them
+
+    be = BlockCountingBackend()
+    runner = _runner(path, be)
+    prepare_experts(runner.model)
+    got = _steps(runner, seqs, decode)
+    n_layers = len(runner.model.layers)
+    assert be.blocks == (n_layers * (1 + len(decode)) if one_call else 0)
+
+    want = _steps(_runner(path, PerExpertBackend()), seqs, decode)
+    assert len(got) == len(want) == 17 + 1 + 6 + 3 * 3
     for g_row, w_row in zip(got, want, strict=True):
         np.testing.assert_array_equal(g_row, w_row)
 

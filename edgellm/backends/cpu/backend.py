@@ -15,6 +15,7 @@ from edgellm.backends.cpu.attention import attention_paged_cpu
 from edgellm.backends.cpu.kv_cache import CpuKvCache
 from edgellm.backends.cpu.layer import FusedLayer, decoder_layer_cpu, pack_layer
 from edgellm.backends.cpu.matmul import matmul_cpu
+from edgellm.backends.cpu.moe_block import run_moe_block
 from edgellm.backends.cpu.moe_experts import moe_combine_cpu, run_moe_experts
 from edgellm.backends.cpu.moe_route import route_cpu
 from edgellm.backends.cpu.packed import PackedWeight, dequantize_rows_cpu, pack_tiles, pack_weight
@@ -187,6 +188,11 @@ class CpuBackend(Backend):
         if self.tier.tiles is None:
             return False  # the portable tier: expert by expert
         return run_moe_experts(h, route, experts, activation, outs, self.n_threads, self.tier.index)
+
+    def moe_block(self, x: np.ndarray, w: Any, cfg: Any) -> bool:
+        if self.tier.tiles is None:
+            return False  # the portable tier: step by step
+        return run_moe_block(x, w, cfg, self.n_threads, self.tier.index)
 
     def moe_combine(self, outs: np.ndarray, where: np.ndarray, weights: np.ndarray) -> np.ndarray:
         if where.ndim != 2 or where.shape[1] == 0 or weights.shape != where.shape or outs.ndim != 2:
