@@ -5,16 +5,19 @@ Every plane of a weight is tiled the same way: rows are taken 16 at a time (a ti
 4-byte words, so one 64-byte load holds the same word of 16 rows (one int32 lane each) and a `vpdpbusd`
 with 4 activation bytes broadcast to every lane adds 4 products to each of 16 row sums at once.
 
-- lo plane: the GGUF's own quant bytes, in the file's order. Table types (IQ4_NL, IQ4_XS, MXFP4: `lut`)
-  keep their 4-bit codes there; the kernel turns each nibble into its table value + 128 with one byte
-  shuffle (`vpshufb`), so they run the same int8 dot products as Q4_0 at the file's bit width.
-  Nibble types (`lo_split` B > 0): within
-  each run of 2B columns, byte o holds column o in its low nibble and column B + o in its high nibble
-  (ggml's order for Q4_0/Q4_1/Q5_* (B=16), Q4_K/Q5_K (B=32) and Q6_K (B=64)). Byte types (B = 0): one
-  byte per column, offset by 128 (Q8_0's int8 ^ 0x80) because `vpdpbusd` multiplies unsigned weights.
-- hi plane (`hi_bits` 1 or 2): the high bits, as the file stores them where it can: bit-field i of byte
-  o holds column `hi_stride` * i + o of the unit (Q5_K, Q6_K as is; Q5_0/Q5_1's 32-bit qh is rearranged
-  into this form at load).
+- lo plane: the GGUF's quant bytes. Table types (IQ4_NL, IQ4_XS, MXFP4: `lut`) keep their 4-bit codes
+  there; the kernel turns each nibble into its table value + 128 with one byte shuffle (`vpshufb`), so
+  they run the same int8 dot products as Q4_0 at the file's bit width. Nibble types (`lo_split` B > 0):
+  within each run of 2B columns, byte o holds column o in its low nibble and column B + o in its high
+  nibble: ggml's order for Q4_0/Q4_1/Q5_* (B=16). The K-quants' nibbles (ggml's B=32 for Q4_K/Q5_K, B=64
+  for Q6_K) are moved at load into that B=16 order, and their high bits into Q5_0's form (below): the
+  same bytes, elsewhere in the row, so that a 32-column unit needs only its own words of each row; in
+  the file's order a 64- or 128-column unit keeps all its words live at once, which spilled registers on
+  the 256-bit tiers and streamed Q6_K slower at batch 1 (docs/benchmarks.md, "K-quants in the legacy
+  order"). Byte types (B = 0): one byte per column, offset by 128 (Q8_0's int8 ^ 0x80) because
+  `vpdpbusd` multiplies unsigned weights.
+- hi plane (`hi_bits` 1 or 2): the high bits: bit-field i of byte o holds column `hi_stride` * i + o of
+  the unit (Q5_0/Q5_1's 32-bit qh and the K-quants' qh are rearranged into this form at load).
 - scales: `d` per `d_cols` columns (f16 bits as the file has them, widened in the kernel; f32 only for
   the types repacked through int8), times an 8-bit sub-scale per group where the format has one (the
   K-quants' 6-bit scales as bytes, Q6_K's int8 scales); the min term likewise (`m`, `msub`).
@@ -34,6 +37,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
 
+from edgellm.backends.cpu.k_quant_order import regroup_fields, split16
 from edgellm.quants.layouts import view_blocks
 from edgellm.quants.traits import get_traits
 from edgellm.quants.unpack_iquants import iq4_xs_sub_scales
@@ -142,18 +146,20 @@ def _planes_q8_0(raw: np.ndarray) -> Planes:
 def _planes_q4_k(raw: np.ndarray) -> Planes:
     b = view_blocks(raw, T.Q4_K)
     sc, mn = _k_scale_min_u8(b["scales"])
-    return Planes(b["qs"], None, _f16_bits(b["d"]), sc, _f16_bits(b["dmin"]), mn)
+    return Planes(split16(b["qs"], 32), None, _f16_bits(b["d"]), sc, _f16_bits(b["dmin"]), mn)
 
 
 def _planes_q5_k(raw: np.ndarray) -> Planes:
     b = view_blocks(raw, T.Q5_K)
     sc, mn = _k_scale_min_u8(b["scales"])
-    return Planes(b["qs"], b["qh"], _f16_bits(b["d"]), sc, _f16_bits(b["dmin"]), mn)
+    qh = regroup_fields(b["qh"], 1)
+    return Planes(split16(b["qs"], 32), qh, _f16_bits(b["d"]), sc, _f16_bits(b["dmin"]), mn)
 
 
 def _planes_q6_k(raw: np.ndarray) -> Planes:
     b = view_blocks(raw, T.Q6_K)
-    return Planes(b["ql"], b["qh"], _f16_bits(b["d"]), b["scales"], None, None)
+    ql, qh = split16(b["ql"], 64), regroup_fields(b["qh"], 2)
+    return Planes(ql, qh, _f16_bits(b["d"]), b["scales"], None, None)
 
 
 def _stored_table(values: tuple[int, ...]) -> tuple[int, ...]:
@@ -210,9 +216,9 @@ TILE_LAYOUTS: dict[GGMLQuantizationType, TileLayout] = {
     T.Q5_0: _legacy(_planes_q5_0, 16, 1, 16, 0),
     T.Q5_1: _legacy(_planes_q5_1, 16, 1, 0, F16),
     T.Q8_0: _legacy(_planes_q8_0, 0, 0, 128, 0),
-    T.Q4_K: TileLayout(32, 0, 32, 0, 32, 64, 256, F16, U8, F16, True, _planes_q4_k),
-    T.Q5_K: TileLayout(32, 1, 32, 0, 32, 256, 256, F16, U8, F16, True, _planes_q5_k),
-    T.Q6_K: TileLayout(64, 2, 32, 32, 16, 128, 256, F16, I8, 0, False, _planes_q6_k),
+    T.Q4_K: TileLayout(16, 0, 4, 0, 32, 32, 256, F16, U8, F16, True, _planes_q4_k),
+    T.Q5_K: TileLayout(16, 1, 4, 0, 32, 32, 256, F16, U8, F16, True, _planes_q5_k),
+    T.Q6_K: TileLayout(16, 2, 8, 32, 16, 32, 256, F16, I8, 0, False, _planes_q6_k),
     T.Q2_K: TileLayout(0, 0, 4, 128, 16, 16, 16, F32, 0, F32, False, _planes_via_int8(T.Q2_K)),
     T.Q3_K: _via_int8(T.Q3_K),
     T.IQ4_NL: TileLayout(16, 0, 4, 128, 32, 32, 32, F16, 0, 0, False, _planes_iq4_nl, _IQ4NL_LUT),
