@@ -184,3 +184,24 @@ def test_gelu_cpu_is_ggmls_f16_table(shape: tuple[int, int]) -> None:
     gelu_cpu(view)
     assert_guards_untouched(buf, rows, n)
     np.testing.assert_array_equal(view, gelu_ref(x))
+
+
+@pytest.mark.parametrize("rows", [1, 9])  # the serial driver (decode) and the row-parallel one
+def test_geglu_is_ggmls_f16_table_times_up(rows: int) -> None:
+    """Gemma's GeGLU as ggml_vec_geglu_f32: 0 where gate <= -10 (whatever up is), gate * up where gate >=
+    10, else the table entry of gate's f16 bits times up: bit for bit, at the table's edges too."""
+    from edgellm.backends.cpu.backend import CpuBackend
+
+    n = 1000
+    rng = np.random.default_rng(zlib.crc32(f"geglu-{rows}".encode()))
+    gate = (rng.standard_normal((rows, n)) * 4).astype(np.float32)
+    gate.reshape(-1)[: len(GELU_SPECIAL)] = GELU_SPECIAL[: rows * n]
+    up = rng.standard_normal((rows, n)).astype(np.float32)
+    up[0, :2] = np.inf  # beside gates of -10 and 10: 0, not 0 * inf, and inf
+    gate_up = np.ascontiguousarray(np.concatenate([gate, up], axis=1))
+    buf, view = guarded_buffer(rows, n)
+    CpuBackend().gated_act(gate_up, view, "gelu")
+    assert_guards_untouched(buf, rows, n)
+    with np.errstate(invalid="ignore"):  # the reference's 0 * inf, which np.where then drops
+        want = np.where(gate <= -10, np.float32(0), gelu_ref(gate) * up).astype(np.float32)
+    np.testing.assert_array_equal(view, want)

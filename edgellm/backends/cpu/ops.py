@@ -15,6 +15,7 @@ from numba.extending import overload
 
 from edgellm.backends.cpu.fp16 import HOST_F16C, f32_to_f16_bits
 from edgellm.backends.cpu.ir_util import fma_f32
+from edgellm.backends.cpu.layernorm_gelu import gelu_lookup
 from edgellm.gguf.rope import RopeParams
 
 # fastmath without 'nnan'/'ninf': softmax uses -inf and exp underflow (see shared notes, pitfall 6).
@@ -149,18 +150,21 @@ def _swiglu_row(gate_up: np.ndarray, out: np.ndarray, t: int) -> None:
         out[t, i] = g / (np.float32(1.0) + np.exp(-g)) * gate_up[t, ff + i]
 
 
-@njit(cache=True, nogil=True, fastmath=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _geglu_row(gate_up: np.ndarray, out: np.ndarray, t: int) -> None:
+    """ggml_vec_geglu_f32 (GGML_GELU_FP16, always defined): 0 where gate <= -10, gate * up where gate >= 10,
+    else ggml's f16 GELU table at gate's f16 bits times up, one float32 product (layernorm_gelu.py)."""
     ff = out.shape[1]
-    c = np.float32(math.sqrt(2.0 / math.pi))
     for i in range(ff):
         g = gate_up[t, i]
-        gl = np.float32(0.5) * g * (np.float32(1.0) + np.tanh(c * (g + np.float32(0.044715) * g * g * g)))
-        out[t, i] = gl * gate_up[t, ff + i]
+        if g <= np.float32(-10.0):
+            out[t, i] = np.float32(0.0)
+        else:
+            out[t, i] = gelu_lookup(g) * gate_up[t, ff + i]
 
 
 # Gated activations: out = act(gate) * up for gate_up = [gate | up] ([T, 2*ff] -> [T, ff]); SwiGLU (silu)
-# or GeGLU (gelu, tanh form, Gemma). A serial driver for a few rows (a parallel region costs more than
+# or GeGLU (gelu from ggml's table, Gemma). A serial driver for a few rows (a parallel region costs more than
 # the work at decode) and a row-parallel one for prefill and big batches.
 @njit(cache=True, nogil=True, fastmath=True)
 def swiglu_cpu(gate_up: np.ndarray, out: np.ndarray) -> None:
@@ -174,13 +178,13 @@ def swiglu_par_cpu(gate_up: np.ndarray, out: np.ndarray) -> None:
         _swiglu_row(gate_up, out, t)
 
 
-@njit(cache=True, nogil=True, fastmath=True)
+@njit(cache=True, nogil=True)
 def geglu_cpu(gate_up: np.ndarray, out: np.ndarray) -> None:
     for t in range(out.shape[0]):
         _geglu_row(gate_up, out, t)
 
 
-@njit(cache=True, nogil=True, fastmath=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def geglu_par_cpu(gate_up: np.ndarray, out: np.ndarray) -> None:
     for t in prange(out.shape[0]):
         _geglu_row(gate_up, out, t)
