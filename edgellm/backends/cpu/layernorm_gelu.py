@@ -1,12 +1,12 @@
 """Numba CPU kernels of the LayerNorm architectures (StarCoder 2, GPT-2): LayerNorm with weight and bias,
-and GELU as ggml computes it for float32.
+and GELU as ggml computes it for float32 (also what Gemma's GeGLU reads, ops.py).
 
 ggml's float32 GELU (ggml-cpu vec.h, GGML_GELU_FP16, always defined) does not evaluate the formula on the
 float32 input: it rounds the input to f16 and reads a 65,536-entry f16 table of the tanh form
 0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))), except 0 at x <= -10 and x itself at x >= 10. Here the
-same value comes from rounding the input, evaluating the formula in float32 as ggml's build does (1 + a x^2
-one fused multiply-add: its table differs from the unfused form at one entry) and rounding the result to
-f16 (what the table holds), with no table.
+table is built the same way at import: the formula in float32 as ggml's build evaluates it (1 + a x^2 one
+fused multiply-add: its table differs from the unfused form at one entry) on every f16 value, the result
+rounded to f16 (tests/kernels/test_backend_ops.py compares it with llama.cpp's table bit for bit).
 """
 
 from __future__ import annotations
@@ -24,26 +24,22 @@ SQRT_2_OVER_PI = np.float32(0.79788456080286535587989211986876)
 
 
 @njit(cache=True, nogil=True, inline="always")
-def gelu_f16_table(x: np.float32) -> np.float32:
-    """ggml's float32 GELU of one value (see the module doc)."""
-    if x <= np.float32(-10.0):
-        return np.float32(0.0)
-    if x >= np.float32(10.0):
-        return x
-    v = f16_round(x)
+def _gelu_entry(v: np.float32) -> np.float32:
+    """The table's entry for an f16 value v: the tanh form in float32 as ggml's build evaluates it (see
+    the module doc), rounded to f16."""
     inner = SQRT_2_OVER_PI * v * fma_f32(GELU_COEF_A * v, v, np.float32(1.0))
     return f16_round(np.float32(0.5) * v * (np.float32(1.0) + np.float32(math.tanh(inner))))
 
 
 @njit(cache=True, nogil=True)
 def _gelu_table_f32() -> np.ndarray:
-    """ggml's table itself, widened to float32: entry b is gelu_f16_table of the f16 value with bits b
-    (what ggml_table_gelu_f16 holds; the non-finite entries 0: the +-10 cut-offs come first)."""
+    """ggml_table_gelu_f16 widened to float32: entry b for the f16 value with bits b (the non-finite
+    entries 0: never read, the +-10 cut-offs come first)."""
     table = np.zeros(1 << 16, np.float32)
     for b in range(1 << 16):
         v = f16_bits_to_f32(np.uint16(b))
         if np.isfinite(v):
-            table[b] = gelu_f16_table(v)
+            table[b] = _gelu_entry(v)
     return table
 
 
@@ -54,7 +50,8 @@ GELU_F32 = _gelu_table_f32()
 
 @njit(cache=True, nogil=True, inline="always")
 def gelu_lookup(x: np.float32) -> np.float32:
-    """gelu_f16_table(x) from the table: 0 at x <= -10, x at x >= 10, else the entry of x's f16 bits."""
+    """ggml's float32 GELU of one value: 0 at x <= -10, x at x >= 10, else the table's entry at x's f16
+    bits."""
     if x <= np.float32(-10.0):
         return np.float32(0.0)
     if x >= np.float32(10.0):
