@@ -14,6 +14,7 @@ import numpy as np
 from numba import cuda
 
 from edgellm.backends.cuda.config import ROW_THREADS, mul_rn
+from edgellm.backends.cuda.gelu import gelu_f16_table
 
 
 @cuda.jit(device=True, inline=True)
@@ -109,13 +110,14 @@ OAI_LIMIT = np.float32(7.0)
 
 @cuda.jit(device=True, inline=True)
 def gated(gv, up, act):  # noqa: ANN001, ANN201
-    """act(gate) * up, act a GATED_ACTS value: SiLU (SwiGLU), tanh-GELU (GeGLU), or gpt-oss's clamped
+    """act(gate) * up, act a GATED_ACTS value: SiLU (SwiGLU), ggml's table GELU (GeGLU as ggml_vec_geglu_f32:
+    0 where gate <= -10, whatever up is), or gpt-oss's clamped
     SwiGLU g * sigmoid(1.702 g) * (u + 1), g = min(gate, 7), u = clamp(up, -7, 7) (the CPU kernel's
     float32 steps)."""
     if act == 1:
-        c = np.float32(math.sqrt(2.0 / math.pi))
-        inner = mul_rn(c, gv + mul_rn(mul_rn(mul_rn(np.float32(0.044715), gv), gv), gv))
-        a = mul_rn(mul_rn(np.float32(0.5), gv), np.float32(1.0) + math.tanh(inner))
+        if gv <= np.float32(-10.0):
+            return np.float32(0.0)
+        a = gelu_f16_table(gv)
     elif act == 2:
         g = min(gv, OAI_LIMIT)
         a = g / (np.float32(1.0) + math.exp(mul_rn(OAI_ALPHA, -g)))
