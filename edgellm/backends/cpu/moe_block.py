@@ -20,6 +20,7 @@ from edgellm.backends.cpu.matmul import ORDERED_MATH, matmul_dense_f32_cpu
 from edgellm.backends.cpu.moe_experts import (
     MOE_ACTIVATIONS,
     ExpertTiles,
+    layer_tiles,
     moe_combine_cpu,
     moe_experts_cpu,
 )
@@ -64,21 +65,14 @@ follow_sources(moe_block_cpu)  # its code holds the tile kernels' IR
 
 
 def complete_expert_tiles(experts: Any) -> ExpertTiles | None:
-    """The layer's ExpertTiles (arch.moe.ExpertMatrices.backend_state) holding every expert, or None while
-    some expert is not prepared yet (EngineConfig.lazy_experts: they are prepared as tokens reach them, by
-    the six-call path) or one has no tile form."""
-    state = experts.backend_state
-    if state is None:
-        state = experts.backend_state = ExpertTiles(experts.n_expert)
-    if state.untiled:
+    """The layer's ExpertTiles (moe_experts.layer_tiles) holding every expert, or None while some expert is
+    not prepared yet (EngineConfig.lazy_experts: they are prepared as tokens reach them, by the six-call
+    path) or one has no tile form."""
+    state = layer_tiles(experts)
+    if state is None or state.ready.all():
+        return state
+    if experts.n_prepared < experts.n_expert or not state.fill(experts, np.arange(experts.n_expert)):
         return None
-    if not state.ready.all():
-        if experts.n_prepared < experts.n_expert:
-            return None
-        width, n_embd = experts.gate.shape[1], experts.gate.shape[2]
-        for e in np.flatnonzero(~state.ready):
-            if not state.add(int(e), experts.get(int(e)), width, n_embd):
-                return None
     return state
 
 

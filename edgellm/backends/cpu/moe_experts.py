@@ -144,6 +144,24 @@ class ExpertTiles:
         self.ready[e] = True
         return True
 
+    def fill(self, experts: Any, ids: np.ndarray) -> bool:
+        """Add the experts `ids` not in yet (experts.get prepares any not prepared); False when one has no
+        tile form."""
+        width, n_embd = experts.gate.shape[1], experts.gate.shape[2]
+        for e in ids[~self.ready[ids]]:
+            if not self.add(int(e), experts.get(int(e)), width, n_embd):
+                return False
+        return True
+
+
+def layer_tiles(experts: Any) -> ExpertTiles | None:
+    """The ExpertTiles of a layer's experts (arch.moe.ExpertMatrices.backend_state, made on first use), or
+    None once one of them proved to have no tile form (the layer then runs expert by expert)."""
+    state = experts.backend_state
+    if state is None:
+        state = experts.backend_state = ExpertTiles(experts.n_expert)
+    return None if state.untiled else state
+
 
 def check_moe_args(
     h: np.ndarray, tokens: np.ndarray, bounds: np.ndarray, outs: np.ndarray, n_embd: int
@@ -194,17 +212,14 @@ def run_moe_experts(
     code = MOE_ACTIVATIONS.get(activation)
     if code is None:
         return False
-    state = experts.backend_state
+    state = layer_tiles(experts)
     if state is None:
-        state = experts.backend_state = ExpertTiles(experts.n_expert)
-    if state.untiled:
         return False
     width, n_embd = experts.gate.shape[1], experts.gate.shape[2]
     ids, tokens, bounds = route.ids, route.tokens, route.bounds  # [R], [T*k], [R + 1]
     check_moe_runs(ids, bounds, experts.n_expert)
-    for e in ids[~state.ready[ids]]:
-        if not state.add(int(e), experts.get(int(e)), width, n_embd):
-            return False
+    if not state.fill(experts, ids):
+        return False
     h = np.ascontiguousarray(h, np.float32)
     check_moe_args(h, tokens, bounds, outs, n_embd)
     gu_bias, dn_bias = NO_BIAS, NO_BIAS
