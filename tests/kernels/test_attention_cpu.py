@@ -1,9 +1,13 @@
 """CPU paged attention against a float64 numpy reference over (KV cache type, GQA group, head size, block
 size, window), with prefill chunks over cached prefixes and decode tokens of other sequences in one call, NaN
 guard regions around the output, batch invariance, the KV writers (the exact bits of the references, and
-nothing outside their slots), and the f16 rounding helpers they rely on."""
+nothing outside their slots), no read past the block tables, and the f16 rounding helpers they rely on."""
 
 from __future__ import annotations
+
+import ctypes
+import mmap
+import sys
 
 import numba
 import numpy as np
@@ -294,3 +298,55 @@ def test_f16_bits_matches_numpy() -> None:
     with np.errstate(over="ignore"):
         want = a.astype(np.float16).view(np.uint16)
     np.testing.assert_array_equal(np.array([f16_bits(x) for x in a], np.uint16), want)
+
+
+def _table_before_unreadable_page(rows: np.ndarray) -> tuple[np.ndarray, mmap.mmap]:
+    """rows (int32 [S, W]) copied so that the table's last entry ends a page and the next page cannot be
+    read (mprotect PROT_NONE): a kernel reading past the table faults. Returns the table and its mapping
+    (keep both alive)."""
+    page = mmap.PAGESIZE
+    n_pages = -(-rows.nbytes // page) + 1
+    buf = mmap.mmap(-1, n_pages * page)
+    libc = ctypes.CDLL(None, use_errno=True)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    assert libc.mprotect(ctypes.c_void_p(base + (n_pages - 1) * page), ctypes.c_size_t(page), 0) == 0
+    table = np.frombuffer(buf, np.int32, rows.size, (n_pages - 1) * page - rows.nbytes).reshape(rows.shape)
+    table[:] = rows
+    return table, buf
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="mprotect through ctypes: Linux")
+@pytest.mark.parametrize("window", [0, 20])
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_attention_reads_only_the_block_table_entries_it_attends(window: int, n_threads: int) -> None:
+    """The driver asks for blocks ahead of the one it reads (and the next item's first ones): it must
+    take those block ids only from the entries the items attend. Block tables exactly as wide as the
+    widest sequence, the last row's last entry against an unreadable page, and sequences of fewer blocks
+    than the driver looks ahead: an entry read past them faults (a crash of this test)."""
+    bs, d, group, n_kv = 16, 64, 4, 2
+    rng = np.random.default_rng(5 + window + n_threads)
+    kernels, kvt = CPU_KV_KERNELS["f16"], get_kv_cache_type("f16")
+    k_cache, v_cache = kernels.alloc(12, bs, n_kv, d, d)
+    lengths = [11, 26, 41]  # positions 10, 25, 40: 1, 2 and 3 blocks
+    width = -(-max(lengths) // bs)
+    rows = np.zeros((len(lengths), width), np.int32)
+    seq_k, seq_v, perm = [], [], rng.permutation(12)
+    for s, n in enumerate(lengths):
+        rows[s, : -(-n // bs)] = perm[s * width : s * width + -(-n // bs)]
+        k = rng.standard_normal((n, n_kv, d)).astype(np.float32)
+        v = rng.standard_normal((n, n_kv, d)).astype(np.float32)
+        slots = np.array([rows[s, p // bs] * bs + p % bs for p in range(n)], np.int64)
+        kernels.write(k, v, k_cache, v_cache, slots)
+        seq_k.append(kvt.dequantize_ref(*kvt.quantize_ref(k)))
+        seq_v.append(kvt.dequantize_ref(*kvt.quantize_ref(v)))
+    table, _mapping = _table_before_unreadable_page(rows)
+    for order in ([0, 1, 2], [2, 1, 0], [1, 2, 0]):  # the last row first, in the middle, last
+        tok_seq = np.array(order, np.int32)
+        tok_pos = np.array([lengths[s] - 1 for s in order], np.int32)
+        q = rng.standard_normal((len(order), n_kv * group, d)).astype(np.float32)
+        out = np.empty_like(q)
+        scale = 1.0 / np.sqrt(d)
+        attention_paged_cpu(q, k_cache, v_cache, table, tok_seq, tok_pos, window, scale, 0.0, NO_SINKS,
+                            n_threads, out)  # fmt: skip
+        ref = reference(q, tok_seq, tok_pos, seq_k, seq_v, window, scale)
+        assert ((out - ref) ** 2).sum() / (ref**2).sum() < 1e-6, f"order {order}"

@@ -29,6 +29,14 @@ from edgellm.backends.cpu.attention_ir import (
     qk_f16_call,
     qk_q8_0_call,
 )
+from edgellm.backends.cpu.attention_prefetch import (
+    PF_AHEAD,
+    item_blocks,
+    prefetch_item_k,
+    prefetch_k,
+    prefetch_v,
+    seq_changes,
+)
 from edgellm.backends.cpu.expf import EXP2_TABLE, exp_nonpositive_inplace, vector_expf_variant
 from edgellm.backends.cpu.fp16 import HALF_OPS_NATIVE, f16_bits_to_f32, f16_round_inplace
 from edgellm.backends.cpu.numba_cache import follow_sources
@@ -332,24 +340,30 @@ def attention_paged_cpu(
         qh = np.empty((group, d), np.float32)
         scores = np.empty((group, width), np.float32)
         acc = np.empty((group, dv), np.float32)
-        for idx in range(run * n_items // n_runs, (run + 1) * n_items // n_runs):
+        lo_item, hi_item = run * n_items // n_runs, (run + 1) * n_items // n_runs
+        for idx in range(lo_item, hi_item):
             t = idx // n_kv
             kvh = idx % n_kv
             s = tok_seq[t]
             p = tok_pos[t]
-            start = 0
-            if window > 0 and p - window + 1 > 0:
-                start = p - window + 1
-            b0 = start // bs
-            nb = p // bs - b0 + 1
-            lo = start - b0 * bs  # first attended column of scores
-            n = p - start + 1
+            b0, nb, lo = item_blocks(p, window, bs)
+            n = p - (b0 * bs + lo) + 1
+            # Ask for blocks ahead only where they were not just read: a prefill chunk's tokens read the
+            # same sequence's blocks, which its first token brought into the caches (asking again costs
+            # its attention ~10%), while a decode batch's tokens each read their own sequence
+            cold = seq_changes(tok_seq, t)
+            if idx == lo_item and cold:  # later items' first blocks are asked for during the item before
+                prefetch_item_k(k_cache, block_tables, tok_seq, tok_pos, window, bs, n_kv, idx, 0, PF_AHEAD)
             for g in range(group):
                 for i in range(d):
                     qh[g, i] = q[t, kvh * group + g, i] * q_scale
                 f16_round_inplace(qh[g])  # llama.cpp converts Q to f16 for the Q.K product
             _prepare_q(k_cache, qh, kq_scale)
             for b in range(nb):
+                if cold and b + PF_AHEAD < nb:
+                    prefetch_k(k_cache, block_tables[s, b0 + b + PF_AHEAD], kvh)
+                elif cold and b + PF_AHEAD - nb < nb:  # the P.V's first blocks
+                    prefetch_v(v_cache, block_tables[s, b0 + b + PF_AHEAD - nb], kvh)
                 blk = block_tables[s, b0 + b]
                 _qk_block(fast, group, qh, k_cache, blk, kvh, kq_scale, scale_bits, scores, b * bs, width)
             for g in range(group):
@@ -360,6 +374,13 @@ def attention_paged_cpu(
                 blk = block_tables[s, b0 + b]
                 r0 = lo if b == 0 else 0
                 r1 = min(bs, p - (b0 + b) * bs + 1)
+                if cold and b + PF_AHEAD < nb:
+                    prefetch_v(v_cache, block_tables[s, b0 + b + PF_AHEAD], kvh)
+                elif cold and idx + 1 < hi_item and seq_changes(tok_seq, (idx + 1) // n_kv):  # next item's K
+                    ahead = b + PF_AHEAD - nb
+                    prefetch_item_k(
+                        k_cache, block_tables, tok_seq, tok_pos, window, bs, n_kv, idx + 1, ahead, ahead + 1
+                    )
                 _pv_rows(fast, group, scores, b * bs + r0, width, r1 - r0, v_cache, blk, r0, kvh, acc)
             for g in range(group):
                 for i in range(dv):

@@ -75,3 +75,19 @@ def fma_f32(typingctx, a, b, c):  # noqa: ANN001, ANN201
         return builder.fma(*args)
 
     return sig, codegen
+
+
+@intrinsic
+def prefetch_l2(typingctx, addr):  # noqa: ANN001, ANN201
+    """Ask for the cache line at byte address `addr` into L2 (llvm.prefetch, read, locality 1: x86
+    prefetcht2, ARM pldl2keep); never faults, whatever the address."""
+    sig = types.void(types.intp)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        i8p = ir.IntType(8).as_pointer()
+        fn = declare(builder.module, "llvm.prefetch.p0", ir.VoidType(), [i8p, I32, I32, I32])
+        ptr = builder.inttoptr(args[0], i8p)
+        builder.call(fn, [ptr, ir.Constant(I32, 0), ir.Constant(I32, 1), ir.Constant(I32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
