@@ -52,8 +52,9 @@ def test_vnni_matches_portable_bit_for_bit(qtype: T, tier: str) -> None:
     rng = np.random.default_rng(zlib.crc32(qtype.name.encode()))
     for rows, cols in shapes_for(qtype):
         raw = random_raw(qtype, rows, cols, rng)
-        # 5 and 9: blocks of 4 rows plus one alone; 6 and 7: the last 2 or 3 rows in a block of 4 that
-        # starts before them (its first rows computed twice, their second results dropped)
+        # 2: a block of 2; 5 and 9: blocks of 4 rows plus one alone; 6: a block of 4 and one of 2; 7: the
+        # last 3 rows in a block of 4 that starts before them (its first row computed twice, the second
+        # result dropped)
         for m_rows in (1, 2, 5, 6, 7, 9):
             x = rng.standard_normal((m_rows, cols)).astype(np.float32)
             portable, fast = both_layouts(x, qtype, raw, tier)

@@ -22,11 +22,14 @@ from edgellm.backends.cpu.tile_layouts import E8M0, F16, I8, LAYOUT_KEYS, TILE
 from edgellm.backends.cpu.vnni_ir import N_ARGS, build_tile_kernel
 
 RM = 4  # activation rows per register block (4 x (int, acc, macc) + the group's weight words fit 32 zmm)
-TIER_VARIANTS = 2 * len(LAYOUT_KEYS)  # variants per tier
+# activation rows per block of the tile kernel's variants: a block of 2 for the runs of 2 rows a batched
+# MoE step gives many experts (and a 2-request decode step), 1.2-1.45x a block of 4 covering them
+ROW_BLOCKS = (1, 2, RM)
+TIER_VARIANTS = len(ROW_BLOCKS) * len(LAYOUT_KEYS)  # variants per tier
 
 
 def variant_key(tier: int, layout_id: int, rm: int) -> int:
-    return tier * TIER_VARIANTS + 2 * layout_id + (rm == RM)
+    return tier * TIER_VARIANTS + len(ROW_BLOCKS) * layout_id + (rm > 1) + (rm == RM)  # rm's index
 
 
 # _tile(key, ...): one IR variant per (compiled tier, layout, activation rows per block)
@@ -38,7 +41,7 @@ _tile = switch_intrinsic(
         )
         for tier in compiled_tiers()
         for i, key in enumerate(LAYOUT_KEYS)
-        for rm in (1, RM)
+        for rm in ROW_BLOCKS
     },
     N_ARGS,
 )
@@ -127,11 +130,12 @@ def matmul_tiles_runs_at_cpu(  # noqa: ANN201
 @njit(cache=True, nogil=True, inline="always")
 def _tile_rows(xq, xs, xsum, xisum, at, t, m0, m1, layout_id, n_units, n_rows, tier, out, scratch) -> None:
     """Tile t's 16 output columns of activation rows m0..m1 - 1: blocks of RM rows (the tile's weights stay
-    in L1), then the last 2 or 3 as one block of RM rows of xq that covers them (starting at them, or
-    earlier where xq ends first; the other rows' results are dropped): one pass over the tile's weights
-    instead of one a row, for the few rows each expert gets in a batched decode step. A last row goes
-    alone. Blocks not written in place (a covering block, a partial last tile) go through `scratch`
-    ([RM, TILE] f32). Every row's result has the same bits whichever block computes it."""
+    in L1), then the last 2 as one block of 2, or the last 3 as one block of RM rows of xq that covers
+    them (starting at them, or earlier where xq ends first; the other rows' results are dropped): one
+    pass over the tile's weights instead of one a row, for the few rows each expert gets in a batched
+    decode step. A last row goes alone. Blocks not written in place (a covering block, a partial last
+    tile) go through `scratch` ([RM, TILE] f32). Every row's result has the same bits whichever block
+    computes it."""
     out_stride = out.strides[0] // 4
     n0 = t * TILE
     lanes = min(TILE, n_rows - n0)
@@ -142,12 +146,14 @@ def _tile_rows(xq, xs, xsum, xisum, at, t, m0, m1, layout_id, n_units, n_rows, t
         rm, take, base = 1, 1, m
         if left >= RM:
             rm, take = RM, RM
+        elif left == 2:
+            rm, take = 2, 2
         elif left >= 2 and n_x >= RM:
             rm, take, base = RM, left, min(m, n_x - RM)
         direct = lanes == TILE and base == m and take == rm
         dst = out.ctypes.data + (m * out.strides[0] + n0 * 4) if direct else scratch.ctypes.data
         _tile(
-            tier * TIER_VARIANTS + 2 * layout_id + (rm == RM),  # variant_key
+            tier * TIER_VARIANTS + len(ROW_BLOCKS) * layout_id + (rm > 1) + (rm == RM),  # variant_key
             at[0, 0] + t * at[0, 1], at[1, 0] + t * at[1, 1], at[2, 0] + t * at[2, 1],
             at[3, 0] + t * at[3, 1], at[4, 0] + t * at[4, 1], at[5, 0] + t * at[5, 1],
             n_units,
