@@ -52,10 +52,10 @@ def test_vnni_matches_portable_bit_for_bit(qtype: T, tier: str) -> None:
     rng = np.random.default_rng(zlib.crc32(qtype.name.encode()))
     for rows, cols in shapes_for(qtype):
         raw = random_raw(qtype, rows, cols, rng)
-        # 2: a block of 2; 5 and 9: blocks of 4 rows plus one alone; 6: a block of 4 and one of 2; 7: the
-        # last 3 rows in a block of 4 that starts before them (its first row computed twice, the second
-        # result dropped)
-        for m_rows in (1, 2, 5, 6, 7, 9):
+        # 2: a block of 2; 3: one row, then a block of 2 (fewer than 4 rows to cover them); 5 and 9: blocks
+        # of 4 rows plus one alone; 6: a block of 4 and one of 2; 7: the last 3 rows in a block of 4 that
+        # starts before them (its first row computed twice, the second result dropped)
+        for m_rows in (1, 2, 3, 5, 6, 7, 9):
             x = rng.standard_normal((m_rows, cols)).astype(np.float32)
             portable, fast = both_layouts(x, qtype, raw, tier)
             assert np.isfinite(portable).all()
@@ -223,9 +223,9 @@ def test_chunked_tiling_equals_whole_matrix_tiling(monkeypatch: pytest.MonkeyPat
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q8_0, T.Q6_K, T.MXFP4], ids=lambda t: t.name)
 def test_runs_of_experts_give_each_weights_own_bits(qtype: T, tier: str) -> None:
     """The mixture-of-experts kernel (each weight over its own run of activation rows, one parallel region)
-    gives every row the bits of that weight's own matmul, for runs of 1 to 6 rows: runs of 2 or 3 go as a
-    block of 4 that reads the next run's rows (their results dropped), the last run's as a block that
-    starts before it; 38 output rows leave a partial last tile."""
+    gives every row the bits of that weight's own matmul, for runs of 1 to 6 rows: runs of 2 as a block of
+    2, runs of 3 as a block of 4 that reads the next run's rows (their results dropped), the last run's as
+    a block that starts before it; 38 output rows leave a partial last tile."""
     from edgellm.backends.cpu.layer import pack_matrix
     from edgellm.backends.cpu.moe_experts import _runs_matmul
 
