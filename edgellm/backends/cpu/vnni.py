@@ -22,8 +22,9 @@ from edgellm.backends.cpu.tile_layouts import E8M0, F16, I8, LAYOUT_KEYS, TILE
 from edgellm.backends.cpu.vnni_ir import N_ARGS, build_tile_kernel
 
 RM = 4  # activation rows per register block (4 x (int, acc, macc) + the group's weight words fit 32 zmm)
-# activation rows per block of the tile kernel's variants: a block of 2 for the runs of 2 rows a batched
-# MoE step gives many experts (and a 2-request decode step), 1.2-1.45x a block of 4 covering them
+# activation rows per block of the tile kernel's variants: a block of 2 for the 2 rows of a 2-request decode
+# step (two passes of one row before) and the runs of 2 a batched MoE step gives many experts (a block of 4
+# covering them before)
 ROW_BLOCKS = (1, 2, RM)
 TIER_VARIANTS = len(ROW_BLOCKS) * len(LAYOUT_KEYS)  # variants per tier
 
