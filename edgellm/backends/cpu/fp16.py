@@ -122,3 +122,8 @@ def f16_bits(x: float) -> np.uint16:
         return sign | np.uint16(a * np.float32(2.0**24))
     e = ((b >> np.uint32(23)) & np.uint32(0xFF)) - np.uint32(112)  # rebias 127 -> 15
     return sign | np.uint16((e << np.uint32(10)) | ((b >> np.uint32(13)) & np.uint32(0x3FF)))
+
+
+# f32 -> f16 bits for kernels every host runs (the GELU table's index): the conversion instruction where
+# LLVM emits one inline, else f16_bits' integer form (the same bits for every value but NaN payloads)
+f32_to_f16_bits_any = f32_to_f16_bits if HALF_OPS_NATIVE else f16_bits

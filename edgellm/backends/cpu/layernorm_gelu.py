@@ -16,7 +16,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from edgellm.backends.cpu.fp16 import f16_bits_to_f32, f16_round, f32_to_f16_bits
+from edgellm.backends.cpu.fp16 import f16_bits_to_f32, f16_round, f32_to_f16_bits_any
 from edgellm.backends.cpu.ir_util import fma_f32
 
 GELU_COEF_A = np.float32(0.044715)
@@ -56,7 +56,7 @@ def gelu_lookup(x: np.float32) -> np.float32:
         return np.float32(0.0)
     if x >= np.float32(10.0):
         return x
-    return GELU_F32[f32_to_f16_bits(x)]
+    return GELU_F32[f32_to_f16_bits_any(x)]
 
 
 @njit(cache=True, nogil=True, parallel=True)
