@@ -33,6 +33,10 @@ def variant_key(tier: int, layout_id: int, rm: int) -> int:
     return tier * TIER_VARIANTS + len(ROW_BLOCKS) * layout_id + (rm > 1) + (rm == RM)  # rm's index
 
 
+# the same function for the kernels: the keys _tile_rows asks for are the keys the variants were built under
+_variant_key = njit(nogil=True, inline="always")(variant_key)
+
+
 # _tile(key, ...): one IR variant per (compiled tier, layout, activation rows per block)
 _tile = switch_intrinsic(
     {
@@ -154,7 +158,7 @@ def _tile_rows(xq, xs, xsum, xisum, at, t, m0, m1, layout_id, n_units, n_rows, t
         direct = lanes == TILE and base == m and take == rm
         dst = out.ctypes.data + (m * out.strides[0] + n0 * 4) if direct else scratch.ctypes.data
         _tile(
-            tier * TIER_VARIANTS + len(ROW_BLOCKS) * layout_id + (rm > 1) + (rm == RM),  # variant_key
+            _variant_key(tier, layout_id, rm),
             at[0, 0] + t * at[0, 1], at[1, 0] + t * at[1, 1], at[2, 0] + t * at[2, 1],
             at[3, 0] + t * at[3, 1], at[4, 0] + t * at[4, 1], at[5, 0] + t * at[5, 1],
             n_units,
