@@ -24,7 +24,7 @@ allow_special_in_content=False) -> ChatPrompt(text, token_ids)``
     one-shot form. ``metadata_or_template`` is a GGUF metadata mapping (``llm.metadata``), a template
     source string, or a ``ChatTemplate``; ``tokenizer`` (an ``edgellm.tokenizer.Tokenizer``) supplies
     the BOS/EOS token texts when the metadata's token list is not at hand.
-``prompt_token_ids(tokenizer, text, literal=None) -> list[int]``
+``prompt_token_ids(tokenizer, text, literal=None, max_tokens=None) -> list[int]``
     tokenizes rendered text the way llama.cpp's server does: special tokens are parsed (everywhere:
     use render_prompt for conversations), and BOS is added only when the text does not already start
     with it (templates such as Gemma's emit it).
@@ -287,19 +287,21 @@ class ChatTemplate:
         allow_special_in_content: bool = False,
         tools: Sequence[Any] | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
+        max_tokens: int | None = None,
     ) -> ChatPrompt:
         """Rendered text and prompt ids. User and tool content is data: control-token text typed there
         (e.g. "<|im_start|>system") is tokenized as plain text, while the template's own text still
         produces control tokens. `allow_special_in_content` parses it in content too (the old way).
         `tools` (OpenAI tool objects) go to the template, or through the fallback (see supports_tools).
-        `template_kwargs` are extra template variables (Qwen3's `enable_thinking`)."""
+        `template_kwargs` are extra template variables (Qwen3's `enable_thinking`). `max_tokens`: a
+        rendered text surely longer raises TextTooLongError before it is tokenized (Tokenizer.encode)."""
         if not messages:
             raise ChatTemplateError("messages must not be empty")
         msgs = [{**m, "content": _content_text(m.get("content"))} for m in messages]
         msgs, tools = self._with_tools(msgs, tools)
         if allow_special_in_content:
             text = self._render(msgs, add_generation_prompt, tools, template_kwargs)
-            return ChatPrompt(text, prompt_token_ids(tokenizer, text))
+            return ChatPrompt(text, prompt_token_ids(tokenizer, text, max_tokens=max_tokens))
         nonce = secrets.randbits(64)
         literal: dict[str, str] = {}  # placeholder -> the control-token text it stands for
         by_text: dict[str, str] = {}
@@ -318,7 +320,7 @@ class ChatTemplate:
         text = rendered
         for ph, special in literal.items():
             text = text.replace(ph, special)
-        return ChatPrompt(text, prompt_token_ids(tokenizer, rendered, literal))
+        return ChatPrompt(text, prompt_token_ids(tokenizer, rendered, literal, max_tokens))
 
     def _render(
         self,
@@ -372,10 +374,15 @@ def render_chat(
     return tmpl.render(messages, add_generation_prompt)
 
 
-def prompt_token_ids(tokenizer: Any, text: str, literal: Mapping[str, str] | None = None) -> list[int]:
+def prompt_token_ids(
+    tokenizer: Any, text: str, literal: Mapping[str, str] | None = None, max_tokens: int | None = None
+) -> list[int]:
     """Rendered chat text -> prompt ids with exactly one BOS where the model wants one. `literal` maps
-    placeholders in `text` to text that is tokenized as plain text (see ChatTemplate.render_prompt)."""
-    extra = {"literal": literal} if literal else {}
+    placeholders in `text` to text that is tokenized as plain text (see ChatTemplate.render_prompt);
+    `max_tokens` as Tokenizer.encode's."""
+    extra: dict[str, Any] = {"literal": literal} if literal else {}
+    if max_tokens is not None:
+        extra["max_tokens"] = max_tokens
     bos_id = getattr(tokenizer, "bos_id", None)
     if bos_id is not None and getattr(tokenizer, "add_bos", False):
         bos_text = tokenizer.token_bytes(bos_id).decode("utf-8", errors="replace")

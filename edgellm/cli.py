@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
 from edgellm.catalog import DEFAULT_MODEL
 from edgellm.cli_models import add_models_dir_arg, apply_models_dir, cmd_models, cmd_pull, cmd_rm
-from edgellm.config import ALLOW_SPECIAL_HELP, MODEL_HELP, ServerConfig
+from edgellm.config import ALLOW_SPECIAL_HELP, API_KEY_ENV, MODEL_HELP, ServerConfig
 from edgellm.engine.config import EngineConfig
 
 
@@ -89,6 +90,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    if args.api_key is None:  # the key's form that stays off the command line (ps shows that to anyone)
+        args.api_key = os.environ.get(API_KEY_ENV) or None
     if args.models is not None:
         from edgellm.server.multi_run import serve_models
 
@@ -138,7 +141,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     import tui.prompt
 
     tui.prompt.allow_special_in_content = args.allow_special_in_content
-    run_chat(model=None if args.url else args.model, url=args.url, api_key=args.api_key, **engine)
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None  # a server's key, from its env form too
+    run_chat(model=None if args.url else args.model, url=args.url, api_key=api_key, **engine)
     return 0
 
 

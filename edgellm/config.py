@@ -18,6 +18,7 @@ from edgellm.reasoning import REASONING_FORMATS
 from edgellm.sampling_defaults import add_sampling_default_args, check_sampling_defaults, sampling_defaults
 
 DEFAULT_MAX_BODY_BYTES = 4 * 2**20
+API_KEY_ENV = "EDGELLM_API_KEY"  # --api-key's form that no `ps` shows
 MODEL_HELP = "catalog name, path to a .gguf file, or Hugging Face model (hf://ORG/REPO[:QUANT])"
 ALLOW_SPECIAL_HELP = (
     "tokenize control-token text typed in user and tool messages (e.g. '<|im_start|>') as control tokens; "
@@ -31,7 +32,10 @@ class ServerConfig(CliConfig):
     host: str = option("127.0.0.1", "--host", "address to listen on (default 127.0.0.1: this machine only)")
     port: int = option(8080, "--port", "port to listen on (default 8080)", lo=0, hi=65535, type=int)
     api_key: str | None = option(
-        None, "--api-key", "every route but /health needs 'Authorization: Bearer KEY'"
+        None,
+        "--api-key",
+        f"every route but /health needs 'Authorization: Bearer KEY' (or set {API_KEY_ENV}=KEY, which "
+        "keeps the key off the command line that any local user can read)",
     )
     max_queue: int = option(  # beyond the running requests
         64, "--max-queue", "requests that may wait beyond the running ones (default 64)", lo=0, type=int

@@ -26,6 +26,7 @@ from edgellm.engine.checks import (
     PromptTooLongError,
     check_prompt,
     check_request,
+    encode_within,
 )
 from edgellm.engine.config import EngineConfig, kv_budget_bytes
 from edgellm.engine.core_client import CoreClient, EngineDeadError
@@ -174,12 +175,14 @@ class LLM(InputRequestsMixin):
 
     def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         """A prompt as checked token ids: text gets BOS when the model's metadata says so."""
-        ids = self._encode(prompt)
+        ids = self.encode_prompt(prompt)
         check_prompt(ids, self.n_ctx, self.tokenizer.vocab_size)
         return ids
 
-    def _encode(self, prompt: str | Sequence[int]) -> list[int]:
-        return self.tokenizer.encode(prompt, add_special=True) if isinstance(prompt, str) else list(prompt)
+    def encode_prompt(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):  # at most n_ctx - 1 prompt tokens leave room for one generated
+            return encode_within(self.tokenizer, prompt, self.n_ctx, self.n_ctx - 1)
+        return list(prompt)
 
     # ---- requests ------------------------------------------------------------------------------
     def make_request(
@@ -195,7 +198,7 @@ class LLM(InputRequestsMixin):
         for a generated token, logit_bias names ids of the vocabulary, and a grammar was compiled for this
         tokenizer. Raises ValueError naming the problem (PromptTooLongError, TokenIdError); the engine
         core guards its kernels with the same checks. `group`: as submit's."""
-        ids = self._encode(prompt)
+        ids = self.encode_prompt(prompt)
         check_request(ids, params, self.n_ctx, self.tokenizer.vocab_size)
         check_for_vocabulary(params, (self.tokenizer, self.config.n_vocab))  # compiled in a worker, not here
         rid = request_id if request_id is not None else f"req-{next(self._rids)}"
@@ -281,7 +284,7 @@ class LLM(InputRequestsMixin):
 
         results = await asyncio.gather(*[one(p) for p in prompts])
         for p, r in zip(prompts, results, strict=True):
-            r.prompt_token_ids = self._encode(p)  # checked when it was sent
+            r.prompt_token_ids = self.encode_prompt(p)  # checked when it was sent
         return list(results)
 
     async def stream(

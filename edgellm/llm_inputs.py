@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edgellm.engine.checks import check_embedding_input, check_score_input
+from edgellm.engine.checks import PromptTooLongError, check_embedding_input, check_score_input, encode_within
 from edgellm.engine.protocol import EngineCoreRequest, RequestKind
 
 if TYPE_CHECKING:
@@ -56,7 +56,16 @@ class InputRequestsMixin:
     def embedding_ids(self, text: str | Sequence[int]) -> list[int]:
         """An input to embed as checked token ids (text gets BOS when the model's metadata says so); unlike
         a prompt it may fill the whole context window. Longer inputs raise PromptTooLongError."""
-        ids = self.tokenizer.encode(text, add_special=True) if isinstance(text, str) else list(text)
+        if isinstance(text, str):
+            try:
+                ids = encode_within(self.tokenizer, text, self.n_ctx, self.n_ctx)
+            except PromptTooLongError as e:
+                raise PromptTooLongError(
+                    e.num_tokens, self.n_ctx, f"input has {e.count} tokens but the context window "
+                    f"is {self.n_ctx} tokens", at_least=True
+                ) from None
+        else:
+            ids = list(text)
         check_embedding_input(ids, self.n_ctx, self.tokenizer.vocab_size)
         return ids
 

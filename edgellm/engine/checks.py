@@ -9,21 +9,34 @@ from collections.abc import Sequence
 from numbers import Integral
 from typing import TYPE_CHECKING
 
+from edgellm.tokenizer import TextTooLongError
+
 if TYPE_CHECKING:
     from edgellm.sampling import SamplingParams
+    from edgellm.tokenizer import Tokenizer
 
 
 class PromptTooLongError(ValueError):
-    def __init__(self, num_tokens: int, n_ctx: int, message: str | None = None) -> None:
-        self.num_tokens, self.n_ctx = num_tokens, n_ctx
+    """`at_least`: refused by the text's size before tokenizing it (Tokenizer.min_tokens), so
+    `num_tokens` is a lower bound."""
+
+    def __init__(
+        self, num_tokens: int, n_ctx: int, message: str | None = None, at_least: bool = False
+    ) -> None:
+        self.num_tokens, self.n_ctx, self.at_least = num_tokens, n_ctx, at_least
         super().__init__(
             message
-            or f"prompt has {num_tokens} tokens but the context window is {n_ctx} tokens "
+            or f"prompt has {self.count} tokens but the context window is {n_ctx} tokens "
             f"(at most {n_ctx - 1} prompt tokens leave room for one generated token)"
         )
 
+    @property
+    def count(self) -> str:
+        """The token count as a message says it ("at least N" when bounded by size)."""
+        return f"at least {self.num_tokens}" if self.at_least else str(self.num_tokens)
+
     def __reduce__(self):  # noqa: ANN204 - crosses the core's pipe
-        return (PromptTooLongError, (self.num_tokens, self.n_ctx, str(self)))
+        return (PromptTooLongError, (self.num_tokens, self.n_ctx, str(self), self.at_least))
 
 
 class TokenIdError(ValueError):
@@ -53,6 +66,16 @@ def check_prompt(ids: Sequence[int], n_ctx: int, vocab_size: int) -> None:
     _check_ids(ids, vocab_size, "prompt")
     if len(ids) >= n_ctx:
         raise PromptTooLongError(len(ids), n_ctx)
+
+
+def encode_within(tokenizer: Tokenizer, text: str, n_ctx: int, most: int) -> list[int]:
+    """Text -> ids with BOS (and EOS) as the model adds them. Text that surely has more than `most`
+    tokens is refused by its size before it is tokenized (PromptTooLongError with `at_least`), so an
+    over-long prompt costs a length check, not the seconds and memory of tokenizing megabytes."""
+    try:
+        return tokenizer.encode(text, add_special=True, max_tokens=most)
+    except TextTooLongError as e:
+        raise PromptTooLongError(e.num_tokens, n_ctx, at_least=True) from None
 
 
 def check_embedding_input(ids: Sequence[int], n_ctx: int, vocab_size: int) -> None:

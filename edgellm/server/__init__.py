@@ -19,7 +19,7 @@ from edgellm.server.app import build_app
 from edgellm.server.http_strict import uvicorn_config
 from edgellm.server.state import ServerConfig, ServerState
 
-__all__ = ["ServerConfig", "build_app", "run_server"]
+__all__ = ["ServerConfig", "build_app", "run_server", "warn_if_exposed"]
 
 
 def _is_loopback(host: str) -> bool:
@@ -38,15 +38,19 @@ def _say(msg: str) -> None:
     print(f"edgellm: {msg}", file=sys.stderr, flush=True)
 
 
+def warn_if_exposed(host: str, api_key: str | None) -> None:
+    if not _is_loopback(host) and not api_key:
+        _say(
+            f"WARNING: listening on {host}, reachable from other machines, without an API key; "
+            "anyone who can reach this port can use the model (pass --api-key or set EDGELLM_API_KEY)"
+        )
+
+
 def run_server(config: ServerConfig) -> None:
     """Serve `config.engine.model` until interrupted. The socket opens at once (/health answers 503 while
     the model loads); the URL is printed to stdout once the model is ready."""
     host, port, model = config.host, config.port, config.engine.model
-    if not _is_loopback(host) and not config.api_key:
-        _say(
-            f"WARNING: listening on {host}, reachable from other machines, without an API key; "
-            "anyone who can reach this port can use the model (pass --api-key)"
-        )
+    warn_if_exposed(host, config.api_key)
     state = ServerState(config)  # a bad --served-model-name or --cors-origin is a ValueError from here on
     server: uvicorn.Server
 

@@ -16,19 +16,19 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from edgellm.server.anthropic_api import anthropic_routes
 from edgellm.server.auth import has_api_key
-from edgellm.server.compat import cors_middleware, with_unprefixed
+from edgellm.server.compat import with_unprefixed
 from edgellm.server.embeddings import embeddings
-from edgellm.server.endpoint import endpoint, error_response, read_json
+from edgellm.server.endpoint import endpoint, read_json
 from edgellm.server.errors import ApiError
 from edgellm.server.frontend import Frontend
-from edgellm.server.generate import generate
+from edgellm.server.generate import encode_prompts, generate
+from edgellm.server.http_stack import http_stack
 from edgellm.server.infill import completion_prompts, infill_routes
 from edgellm.server.ollama_api import ollama_routes
 from edgellm.server.protocol import GenerationRequest, constrain, parse_chat, parse_completion
@@ -53,8 +53,7 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
         await constrain(req, (state.llm.tokenizer, state.llm.config.n_vocab))
         if req.messages is None:
             assert req.prompts is not None and len(req.prompts) == 1
-            p = req.prompts[0]  # checked with the others in start_generation
-            return state.llm.tokenize(p, add_special=True) if isinstance(p, str) else p
+            return (await encode_prompts(state, req.prompts))[0]  # checked in start_generation
         template_kwargs, budget = thinking_options(state, req)
         tools = req.tools and req.tools.tools
         prompt = await render_chat_prompt(state, req.messages, tools=tools, template_kwargs=template_kwargs)
@@ -79,7 +78,7 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
         check_model(req.model)
         assert req.prompts is not None
         await constrain(req, (state.llm.tokenizer, state.llm.config.n_vocab))
-        return await generate(state, request, req, completion_prompts(state, req), chat=False)
+        return await generate(state, request, req, await completion_prompts(state, req), chat=False)
 
     @endpoint(state)
     async def create_embeddings(request: Request) -> Response:
@@ -141,16 +140,21 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
                 raise ApiError(
                     400, "'add_generation_prompt' must be a boolean", param="add_generation_prompt"
                 )
-            ids = (await render_chat_prompt(state, req.messages, add_generation_prompt)).token_ids
+            rendered = await render_chat_prompt(
+                state, req.messages, add_generation_prompt, for_generation=False
+            )
+            ids = rendered.token_ids
         else:
             text = body.get("content", body.get("prompt"))
             add_special = body.get("add_special", True)
             if not isinstance(text, str) or not isinstance(add_special, bool):
                 raise ApiError(400, "expected 'content' (string) and optional 'add_special' (boolean)")
-            ids = tok.encode(text, add_special=add_special)
+            ids = await state.off_loop(lambda: tok.encode(text, add_special=add_special))
         out: dict[str, Any] = {"tokens": ids, "count": len(ids), "max_model_len": state.llm.n_ctx}
         if body.get("with_pieces") is True:
-            out["pieces"] = [tok.token_bytes(t).decode("utf-8", errors="replace") for t in ids]
+            out["pieces"] = await state.off_loop(
+                lambda: [tok.token_bytes(t).decode("utf-8", errors="replace") for t in ids]
+            )
         return JSONResponse(out)
 
     @endpoint(state)
@@ -162,17 +166,7 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
             raise ApiError(400, "'tokens' must be a list of token ids", param="tokens")
         if any(not 0 <= t < vocab for t in ids):
             raise ApiError(400, f"token ids must be in 0..{vocab - 1}", param="tokens")
-        return JSONResponse({"content": state.llm.detokenize(ids)})
-
-    async def http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        msg = f"{request.method} {request.url.path}: {exc.detail}"
-        return error_response(ApiError(exc.status_code, msg, type=kind, code=str(exc.status_code)), state)
-
-    async def server_error(request: Request, exc: Exception) -> Response:
-        log.exception("unhandled error on %s", request.url.path, exc_info=exc)
-        return error_response(ApiError(500, f"internal error: {exc!r}", type="server_error"), state)
+        return JSONResponse({"content": await state.off_loop(state.llm.detokenize, ids)})
 
     @asynccontextmanager
     async def lifespan(app: Starlette):  # noqa: ANN202
@@ -181,7 +175,7 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
         yield
         if state.llm is not None:
             state.llm.shutdown()
-        state.template_pool.shutdown(wait=False, cancel_futures=True)
+        state.work_pool.shutdown(wait=False, cancel_futures=True)
 
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
@@ -198,10 +192,12 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
         state, lambda request: read_json(request, limit), lambda **kw: endpoint(state, **kw), prompt_ids
     )
     routes += ollama_routes(front) + anthropic_routes(front) + responses_routes(front) + infill_routes(front)
+    def count(e: ApiError) -> None:
+        state.metrics.http_errors[e.status] += 1
+
     app = Starlette(
         routes=with_unprefixed(routes),
-        middleware=cors_middleware(state.config.cors_origins),
-        exception_handlers={HTTPException: http_error, Exception: server_error},
+        **http_stack(state.config.host, state.config.cors_origins, count),
         lifespan=lifespan,
     )
     # No redirect from /metrics/ to /metrics: Starlette builds its Location from the Host header (an open

@@ -78,20 +78,25 @@ async def embed(
     """Every API's way to the engine's embeddings: the inputs (none truncated) -> their vectors and the
     number of tokens they were."""
     llm = state.llm
-    ids = []
-    for i, x in enumerate(inputs):
-        try:
-            ids.append(llm.embedding_ids(x))
-        except PromptTooLongError as e:
-            raise ApiError(
-                400,
-                f"This model's maximum context length is {llm.n_ctx} tokens. However, input {i} resulted in "
-                f"{e.num_tokens} tokens (inputs are not truncated).",
-                param=param,
-                code="context_length_exceeded",
-            ) from None
-        except ValueError as e:
-            raise ApiError(400, f"input {i}: {e}", param=param) from None
+
+    def checked_ids() -> list[list[int]]:  # on a work thread: tokenizing is proportional to the input
+        ids = []
+        for i, x in enumerate(inputs):
+            try:
+                ids.append(llm.embedding_ids(x))
+            except PromptTooLongError as e:
+                raise ApiError(
+                    400,
+                    f"This model's maximum context length is {llm.n_ctx} tokens. However, input {i} "
+                    f"resulted in {e.count} tokens (inputs are not truncated).",
+                    param=param,
+                    code="context_length_exceeded",
+                ) from None
+            except ValueError as e:
+                raise ApiError(400, f"input {i}: {e}", param=param) from None
+        return ids
+
+    ids = await state.off_loop(checked_ids)
     release = state.admit(1)
     try:
         vectors = await _until_disconnect(request, llm.aembed(ids))

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -35,6 +37,20 @@ def error_response(
 Handler = Callable[[Request], Awaitable[Response]]
 
 
+# After a request whose body was at least this large (its JSON, the tokenizer's work on it: hundreds of
+# megabytes for a few-megabyte prompt), glibc is asked to hand the freed memory back to the kernel; it
+# keeps it in its arenas otherwise, and the front-end's resident size stays at that peak.
+TRIM_AFTER_BODY_BYTES = 1 << 20
+
+
+def _malloc_trim() -> None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to ask
+        pass
+
+
 def endpoint(
     state: ServerState,
     auth: bool = True,
@@ -59,6 +75,9 @@ def endpoint(
                 return error_response(ApiError(400, str(e)), state, error_body)
             except RecursionError:  # a body just under json's nesting limit, walked a few frames deeper
                 return error_response(ApiError(400, "the request is nested too deeply"), state, error_body)
+            finally:
+                if getattr(request.state, "body_bytes", 0) >= TRIM_AFTER_BODY_BYTES:
+                    state.work_pool.submit(_malloc_trim)
 
         return handler
 
@@ -66,6 +85,14 @@ def endpoint(
 
 
 async def read_json(request: Request, limit: int) -> dict[str, Any]:
+    """The body as a JSON object, within `limit` bytes (413 past it), well-formed (400 naming what is
+    wrong) and valid Unicode throughout."""
+    return parse_json_object(await read_body(request, limit))
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body's bytes, or a 413 past `limit` (a declared or sent size; what was sent is drained up to
+    8x the limit first, so the client reads the answer instead of a reset)."""
     declared = request.headers.get("content-length", "")
     too_large = ApiError(413, f"request body exceeds {limit} bytes", code="body_too_large")
     if declared.isdigit() and int(declared) > 8 * limit:
@@ -77,10 +104,15 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
             chunks.append(chunk)
         elif size > 8 * limit:
             break
+    request.state.body_bytes = size
     if size > limit:
         raise too_large
+    return b"".join(chunks)
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
     try:
-        body = json.loads(b"".join(chunks))
+        body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise ApiError(400, f"malformed JSON body: {e}", code="invalid_json") from None
     except RecursionError:

@@ -127,7 +127,7 @@ def request_error(e: ValueError, n_ctx: int, chat: bool) -> ApiError:
         return ApiError(
             400,
             f"This model's maximum context length is {n_ctx} tokens. However, your {what} resulted in "
-            f"{e.num_tokens} tokens (at most {n_ctx - 1} prompt tokens leave room for one generated token).",
+            f"{e.count} tokens (at most {n_ctx - 1} prompt tokens leave room for one generated token).",
             param=what,
             code="context_length_exceeded",
         )
@@ -138,6 +138,17 @@ def request_error(e: ValueError, n_ctx: int, chat: bool) -> ApiError:
         if not chat:  # a completion's prompt given as token ids
             return bad_value("prompt", f"token ids must be in 0..{last}")
     return ApiError(400, str(e), param=what)
+
+
+async def encode_prompts(
+    state: ServerState, prompts: list[str] | list[str | list[int]], chat: bool = False
+) -> list[list[int]]:
+    """Prompts as token ids (text with BOS as the model adds it), tokenized off the event loop; a text
+    that cannot fit the context is refused by its size first, with the API's context-length 400."""
+    try:
+        return await state.off_loop(lambda: [state.llm.encode_prompt(p) for p in prompts])
+    except ValueError as e:
+        raise request_error(e, state.llm.n_ctx, chat) from None
 
 
 def start_generation(

@@ -11,15 +11,17 @@ object with `content`, `stop`, `stop_type`, `stopping_word`, `tokens_predicted`,
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from edgellm.engine.checks import PromptTooLongError
 from edgellm.server.errors import ApiError
 from edgellm.server.frontend import End, Event, Frontend, Reply, Text, respond
+from edgellm.server.generate import encode_prompts, request_error
 from edgellm.server.openai_format import sse
 from edgellm.server.protocol import GenerationRequest, parse_completion
 from edgellm.tokenizer.fim import DEFAULT_CHUNK_FILE_NAME, FimTokens, NoFimError, fim_prompt_ids, fim_tokens
@@ -39,15 +41,38 @@ def model_fim(state: ServerState, param: str) -> FimTokens:
         raise ApiError(400, f"'{param}': {e}", param=param, code="infill_unsupported") from None
 
 
-def completion_prompts(state: ServerState, req: GenerationRequest) -> list[list[int]]:
+async def completion_prompts(state: ServerState, req: GenerationRequest) -> list[list[int]]:
     """A /v1/completions request's prompts as token ids: each text prompt with BOS as the model adds it, or,
     with a `suffix`, the FIM prompt of that prompt (the text before the gap) and the suffix."""
     assert req.prompts is not None
     if req.suffix is None:
-        return [state.llm.tokenize(p, add_special=True) if isinstance(p, str) else p for p in req.prompts]
+        return await encode_prompts(state, req.prompts)
     fim = model_fim(state, "suffix")
-    tok = state.llm.tokenizer
-    return [fim_prompt_ids(tok, fim, p, req.suffix) for p in req.prompts if isinstance(p, str)]
+    return [await fim_ids(state, fim, p, req.suffix) for p in req.prompts if isinstance(p, str)]
+
+
+async def fim_ids(
+    state: ServerState,
+    fim: FimTokens,
+    prefix: str,
+    suffix: str,
+    prompt: str = "",
+    extra: Sequence[tuple[str, str]] = (),
+) -> list[int]:
+    """fim_prompt_ids off the event loop; texts that together cannot fit the context are refused by their
+    size before they are tokenized (nothing is cut, as the reply's `truncated: false` says)."""
+    tok, n_ctx = state.llm.tokenizer, state.llm.n_ctx
+
+    def build() -> list[int]:
+        least = sum(tok.min_tokens(t) for t in (prefix, suffix, prompt, *(text for _, text in extra)))
+        if least >= n_ctx:
+            raise PromptTooLongError(least, n_ctx, at_least=True)
+        return fim_prompt_ids(tok, fim, prefix, suffix, prompt, extra)
+
+    try:
+        return await state.off_loop(build)
+    except PromptTooLongError as e:
+        raise request_error(e, n_ctx, chat=False) from None
 
 
 def _text_field(body: dict, key: str) -> str:
@@ -79,7 +104,7 @@ def _extra_chunks(body: dict) -> list[tuple[str, str]]:
     return out
 
 
-def parse_infill(state: ServerState, body: dict) -> GenerationRequest:
+async def parse_infill(state: ServerState, body: dict) -> GenerationRequest:
     """An /infill body as a one-prompt completion request whose prompt is the FIM prompt's token ids."""
     prefix, suffix, prompt = (_text_field(body, k) for k in ("input_prefix", "input_suffix", "prompt"))
     extra = _extra_chunks(body)
@@ -95,7 +120,7 @@ def parse_infill(state: ServerState, body: dict) -> GenerationRequest:
     if body.get("n") not in (None, 1):
         raise ApiError(400, "'n': /infill returns one completion", param="n")
     fim = model_fim(state, "input_prefix")
-    ids = fim_prompt_ids(state.llm.tokenizer, fim, prefix, suffix, prompt, extra)
+    ids = await fim_ids(state, fim, prefix, suffix, prompt, extra)
     completion_body: dict[str, Any] = {k: v for k, v in body.items() if k not in _INFILL_FIELDS}
     completion_body["prompt"] = ids
     if body.get("max_tokens") is None:  # llama.cpp's default: until an end token or the context's end
@@ -136,7 +161,7 @@ def infill_routes(front: Frontend) -> list[Route]:
 
     @front.endpoint()
     async def infill(request: Request) -> Response:
-        req = parse_infill(state, await front.read_json(request))
+        req = await parse_infill(state, await front.read_json(request))
         ids = await front.prompt_ids(req)
         return await respond(
             front, request, req, ids, whole, stream, lambda e: sse(e.body()), "text/event-stream", chat=False

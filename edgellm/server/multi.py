@@ -13,15 +13,17 @@ multi_run.py starts the two on one port.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from edgellm.config import API_KEY_ENV
 from edgellm.sampling_defaults import SAMPLING_DEFAULT_FLAGS
 
 try:  # the openai client's HTTP library: httpx, or httpx2 in recent openai releases
@@ -76,12 +78,15 @@ class ModelSlot:
     url: str | None = None
     in_flight: int = 0
     last_used: float = 0.0
-    starting: asyncio.Lock = field(default_factory=asyncio.Lock)
     tag_entry: dict[str, Any] | None = None  # its /api/tags entry, read from the file once
 
     @property
     def loaded(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+
+class ModelsBusyError(RuntimeError):
+    """--models-max models are loaded and each has a request in flight: none can make room now."""
 
 
 class ModelRouter:
@@ -92,13 +97,18 @@ class ModelRouter:
         models_max: int,
         child_args: list[str],
         presets: dict[str, list[str]] | None = None,
+        api_key: str | None = None,
     ) -> None:
         if not models or models_max < 1 or keep_alive <= 0:
             raise ValueError("--models needs a name, --models-max >= 1 and --keep-alive > 0 seconds")
         self.slots = {name: ModelSlot(name) for name in models}
         self.keep_alive, self.models_max, self.child_args = keep_alive, models_max, child_args
         self.presets = presets or {}
+        self.api_key = api_key
         self.client = httpx.AsyncClient(timeout=None)
+        # Held while deciding which model to load and while loading it: two cold requests for different
+        # models cannot both start one past --models-max; the second waits its turn.
+        self.loading = asyncio.Lock()
 
     def _start_child(self, slot: ModelSlot) -> None:
         with socket.socket() as s:  # a free loopback port
@@ -107,7 +117,11 @@ class ModelRouter:
         cmd = [sys.executable, "-m", "edgellm", "serve", slot.name, "--port", str(port),
                "--served-model-name", slot.name, *self.child_args,
                *self.presets.get(slot.name, ())]  # fmt: skip
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # The key goes through the environment, never the command line (any local user reads that).
+        env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
+        if self.api_key is not None:
+            env[API_KEY_ENV] = self.api_key
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         lines = []
         assert proc.stdout is not None
         while line := proc.stdout.readline():
@@ -120,14 +134,17 @@ class ModelRouter:
         raise RuntimeError(f"model {slot.name} did not start:\n" + "".join(lines[-20:]))
 
     async def acquire(self, slot: ModelSlot) -> None:
-        """Count a request in on `slot`, loading its model first if need be."""
+        """Count a request in on `slot`, loading its model first if need be (its in-flight count keeps
+        it from being unloaded meanwhile). Stopping and starting servers runs on threads: the event
+        loop keeps answering while a model swaps."""
         slot.in_flight += 1
         slot.last_used = time.monotonic()
         try:
-            async with slot.starting:
-                if not slot.loaded:
-                    self._make_room(slot)
-                    await asyncio.to_thread(self._start_child, slot)
+            if not slot.loaded:
+                async with self.loading:
+                    if not slot.loaded:
+                        await self._make_room(slot)
+                        await asyncio.to_thread(self._start_child, slot)
         except BaseException:
             slot.in_flight -= 1
             raise
@@ -136,24 +153,30 @@ class ModelRouter:
         slot.in_flight -= 1
         slot.last_used = time.monotonic()
 
-    def _make_room(self, wanted: ModelSlot) -> None:
+    async def _make_room(self, wanted: ModelSlot) -> None:
         loaded = [s for s in self.slots.values() if s.loaded and s is not wanted]
         while len(loaded) >= self.models_max:
             idle = sorted((s for s in loaded if s.in_flight == 0), key=lambda s: s.last_used)
             if not idle:
-                raise RuntimeError(f"{len(loaded)} models are loaded (--models-max) and all are busy")
-            self.unload(idle[0])
+                raise ModelsBusyError(f"{len(loaded)} models are loaded (--models-max) and all are busy")
+            await self._unload_off_loop(idle[0])
             loaded.remove(idle[0])
 
+    async def unload_idle(self, slot: ModelSlot) -> bool:
+        """Unload `slot` unless a request is on it (or comes while waiting for the lock); False then."""
+        async with self.loading:
+            if slot.in_flight:
+                return False
+            await self._unload_off_loop(slot)
+            return True
+
     def unload(self, slot: ModelSlot) -> None:
-        proc, slot.proc, slot.url = slot.proc, None, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        _stop(_detach(slot))
+
+    async def _unload_off_loop(self, slot: ModelSlot) -> None:
+        """Unload `slot`: at once no request is sent to it (detached on the loop), its server is stopped
+        on a thread (SIGINT, then SIGKILL after 30 s)."""
+        await asyncio.to_thread(_stop, _detach(slot))
 
     async def reap_idle(self) -> None:
         while True:
@@ -161,8 +184,23 @@ class ModelRouter:
             now = time.monotonic()
             for slot in self.slots.values():
                 if slot.loaded and slot.in_flight == 0 and now - slot.last_used > self.keep_alive:
-                    await asyncio.to_thread(self.unload, slot)
+                    await self.unload_idle(slot)
 
     def close(self) -> None:
         for slot in self.slots.values():
             self.unload(slot)
+
+
+def _detach(slot: ModelSlot) -> subprocess.Popen | None:
+    proc, slot.proc, slot.url = slot.proc, None, None
+    return proc
+
+
+def _stop(proc: subprocess.Popen | None) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

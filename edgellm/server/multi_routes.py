@@ -19,18 +19,22 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from edgellm.config import DEFAULT_MAX_BODY_BYTES
 from edgellm.server import anthropic_api, ollama_api
 from edgellm.server.auth import check_api_key
 from edgellm.server.compat import with_unprefixed
-from edgellm.server.endpoint import error_response
+from edgellm.server.endpoint import parse_json_object, read_body, read_json
 from edgellm.server.errors import ApiError
+from edgellm.server.generate import _until_disconnect
+from edgellm.server.http_stack import api_error_response, api_of, http_stack
+from edgellm.server.multi import ModelsBusyError
 from edgellm.server.ollama_models import file_entry
 from edgellm.server.ollama_options import opt_bool
+from edgellm.server.openai_format import sse
 
 if TYPE_CHECKING:
     from edgellm.server.multi import ModelRouter, ModelSlot
@@ -47,17 +51,25 @@ RELAYED = (
     "/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/show",
     "/tokenize", "/detokenize", "/infill",
 )  # fmt: skip
-_HOP_HEADERS = {"host", "content-length", "connection", "transfer-encoding"}
+# Not relayed: the connection's own headers, and Origin (the router's guard has judged it; the model's
+# server, on loopback with no --cors-origin, would refuse what the router allowed).
+_HOP_HEADERS = {"host", "content-length", "connection", "transfer-encoding", "origin"}
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def _api(path: str) -> str:
-    if path == "/" or path.startswith("/api/"):
-        return "ollama"
-    return "anthropic" if path.removeprefix("/v1").startswith("/messages") else "openai"
-
-
-ERROR_BODIES = {"ollama": ollama_api.error_body, "anthropic": anthropic_api.error_body, "openai": None}
+def stream_error(path: str, e: ApiError, events_sent: int) -> bytes:
+    """The in-band error a streamed reply of `path`'s API ends with, as the model's server itself writes
+    it when its engine fails mid-reply (`events_sent`: the Responses API numbers its events)."""
+    api = api_of(path)
+    if api == "ollama":
+        return (json.dumps(ollama_api.error_body(e)) + "\n").encode()
+    if api == "anthropic":
+        body = anthropic_api.error_body(e)
+        return f"event: error\ndata: {json.dumps(body)}\n\n".encode()
+    if path.removeprefix("/v1") == "/responses":
+        body = {"type": "error", "sequence_number": events_sent, "code": e.code, "message": e.message}
+        return ("event: error\n" + sse({**body, "param": e.param})).encode()
+    return sse(e.body()).encode()
 
 
 def _tag_entry(router: ModelRouter, slot: ModelSlot) -> dict[str, Any]:
@@ -75,8 +87,16 @@ def _tag_entry(router: ModelRouter, slot: ModelSlot) -> dict[str, Any]:
     return slot.tag_entry
 
 
-def build_router_app(router: ModelRouter, api_key: str | None = None) -> Starlette:
-    """The router's routes; with `api_key` every route but /health wants it (the models' servers too)."""
+def build_router_app(
+    router: ModelRouter,
+    api_key: str | None = None,
+    host: str = "127.0.0.1",
+    cors_origins: tuple[str, ...] = (),
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> Starlette:
+    """The router's routes behind the single server's HTTP stack (http_stack.py: the Host/Origin guard for
+    a server bound to `host`, CORS, errors in each API's shape; the body limit and JSON checks of
+    endpoint.py); with `api_key` every route but /health wants it (the models' servers too)."""
     names = ", ".join(router.slots)
     default = next(iter(router.slots.values()))
 
@@ -84,13 +104,15 @@ def build_router_app(router: ModelRouter, api_key: str | None = None) -> Starlet
         """The key check and ApiError -> the error body of the request's API."""
 
         async def checked(request: Request) -> Response:
-            api = _api(request.url.path)
+            path = request.url.path
             try:
                 if api_key is not None:
-                    check_api_key(request, api_key, x_api_key=api == "anthropic")
+                    check_api_key(request, api_key, x_api_key=api_of(path) == "anthropic")
                 return await handler(request)
             except ApiError as e:
-                return error_response(e, None, ERROR_BODIES[api])
+                return api_error_response(e, path)
+            except RecursionError:  # a body just under json's nesting limit, walked a few frames deeper
+                return api_error_response(ApiError(400, "the request is nested too deeply"), path)
 
         return checked
 
@@ -98,15 +120,14 @@ def build_router_app(router: ModelRouter, api_key: str | None = None) -> Starlet
         msg = f"model {name!r} is not served here; available: {names}"
         return ApiError(404, msg, type="not_found_error", param="model", code="model_not_found")
 
-    async def read_object(request: Request) -> dict[str, Any]:
-        body = await request.body()
+    async def acquire(slot: ModelSlot) -> None:
         try:
-            data = json.loads(body) if body else {}
-        except ValueError:
-            data = None
-        if not isinstance(data, dict):
-            raise ApiError(400, "the request body is not a JSON object")
-        return data
+            await router.acquire(slot)
+        except ModelsBusyError as e:
+            retry = {"Retry-After": "1"}
+            raise ApiError(503, str(e), "server_error", code="unavailable", headers=retry) from None
+        except RuntimeError as e:  # its server did not start
+            raise ApiError(503, str(e), type="server_error", code="unavailable") from None
 
     def slot_for(body: dict[str, Any], path: str) -> ModelSlot:
         name = body.get("model")
@@ -121,38 +142,62 @@ def build_router_app(router: ModelRouter, api_key: str | None = None) -> Starlet
             raise unknown(name)
         return slot
 
+    def failed(slot: ModelSlot, e: Exception) -> ApiError:
+        return ApiError(502, f"model {slot.name}'s server failed: {e!r}", type="server_error")
+
     @endpoint
     async def relay(request: Request) -> Response:
-        raw = await request.body()
-        slot = slot_for(await read_object(request), request.url.path)
-        try:
-            await router.acquire(slot)
-        except RuntimeError as e:
-            raise ApiError(503, str(e), type="server_error", code="unavailable") from None
+        path = request.url.path
+        raw = await read_body(request, max_body_bytes)
+        slot = slot_for(parse_json_object(raw), path)
+        await acquire(slot)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
         try:
-            url = f"{slot.url}{request.url.path}"
             upstream = await router.client.send(
-                router.client.build_request("POST", url, content=raw, headers=headers), stream=True
+                router.client.build_request("POST", f"{slot.url}{path}", content=raw, headers=headers),
+                stream=True,
             )
         except httpx.HTTPError as e:
             router.release(slot)
-            raise ApiError(502, f"model {slot.name}'s server failed: {e}", type="server_error") from None
+            raise failed(slot, e) from None
+        kept = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS}
+        content_type = upstream.headers.get("content-type", "")
+        separator = b"\n\n" if "event-stream" in content_type else b"\n" if "ndjson" in content_type else None
+        if separator is None:  # one JSON reply: read whole, so a server dying now is a 502, not half a body
+            try:
+                body = await _until_disconnect(request, upstream.aread())
+            except httpx.HTTPError as e:
+                raise failed(slot, e) from None
+            finally:
+                router.release(slot)
+                with anyio.CancelScope(shield=True):
+                    await upstream.aclose()
+            return Response(body, status_code=upstream.status_code, headers=kept)
 
-        async def chunks():
-            # NDJSON and SSE pass through as they come. A client that goes away cancels this generator
-            # (Starlette watches for the disconnect); closing the upstream stream then tells the model's
-            # server, which cancels the request there.
+        async def events():
+            # NDJSON lines and SSE events pass through whole, as they come; if the model's server dies
+            # mid-reply, the stream ends with the API's error event after the last whole one. A client
+            # that goes away cancels this generator (Starlette watches for the disconnect); closing the
+            # upstream stream then tells the model's server, which cancels the request there.
+            pending, sent = b"", 0
             try:
                 async for chunk in upstream.aiter_raw():
-                    yield chunk
+                    pending += chunk
+                    cut = pending.rfind(separator) + len(separator)
+                    if cut >= len(separator):
+                        sent += pending.count(separator, 0, cut)
+                        yield pending[:cut]
+                        pending = pending[cut:]
+                if pending:
+                    yield pending
+            except httpx.HTTPError as e:
+                yield stream_error(path, failed(slot, e), sent)
             finally:
                 router.release(slot)
                 with anyio.CancelScope(shield=True):
                     await upstream.aclose()
 
-        kept = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS}
-        return StreamingResponse(chunks(), status_code=upstream.status_code, headers=kept)
+        return StreamingResponse(events(), status_code=upstream.status_code, headers=kept)
 
     def card(slot: ModelSlot) -> dict[str, Any]:
         return {"id": slot.name, "object": "model", "owned_by": "edgellm", "status": {"loaded": slot.loaded}}
@@ -195,7 +240,7 @@ def build_router_app(router: ModelRouter, api_key: str | None = None) -> Starlet
     async def pull(request: Request) -> Response:
         """Nothing to download: a model the router serves is there (its server fetches a catalog model
         when it loads); any other name is a 404 listing them."""
-        body = await read_object(request)
+        body = await read_json(request, max_body_bytes)
         name = body.get("model", body.get("name"))
         if not isinstance(name, str) or not name:
             raise ApiError(400, "'model': expected a model name", param="model")
@@ -217,7 +262,7 @@ def build_router_app(router: ModelRouter, api_key: str | None = None) -> Starlet
 
     @endpoint
     async def load_or_unload(request: Request) -> Response:
-        body = await read_object(request)
+        body = await read_json(request, max_body_bytes)
         name = body.get("model")
         if not isinstance(name, str):
             raise ApiError(400, 'expected {"model": NAME}', param="model")
@@ -225,16 +270,11 @@ def build_router_app(router: ModelRouter, api_key: str | None = None) -> Starlet
         if slot is None:
             raise unknown(name)
         if request.url.path.endswith("/load"):
-            try:
-                await router.acquire(slot)
-            except RuntimeError as e:
-                raise ApiError(503, str(e), type="server_error", code="unavailable") from None
+            await acquire(slot)
             router.release(slot)
-        elif slot.in_flight:
+        elif not await router.unload_idle(slot):
             busy = f"model {name} has {slot.in_flight} requests in flight"
             raise ApiError(409, busy, type="conflict_error")
-        else:
-            await asyncio.to_thread(router.unload, slot)
         return JSONResponse({"model": name, "loaded": slot.loaded})
 
     async def health(request: Request) -> Response:
@@ -266,11 +306,6 @@ def build_router_app(router: ModelRouter, api_key: str | None = None) -> Starlet
         Route("/", root, methods=["GET", "HEAD"]),
     ]
 
-    async def http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)  # no such route or method, in the API's error shape
-        e = ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code="not_found")
-        return error_response(e, None, ERROR_BODIES[_api(request.url.path)])
-
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
+    app = Starlette(routes=routes, lifespan=lifespan, **http_stack(host, cors_origins))
     app.router.redirect_slashes = False  # as the single-model server: no redirect built from Host
     return app

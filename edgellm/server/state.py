@@ -17,16 +17,20 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from edgellm.chat_template import ChatPrompt, ChatTemplate, ChatTemplateError
 from edgellm.config import ServerConfig
+from edgellm.engine.checks import PromptTooLongError
 from edgellm.llm import LLM
 from edgellm.server.compat import ModelNames
 from edgellm.server.errors import ApiError
+from edgellm.server.generate import request_error
 from edgellm.server.metrics import ServerMetrics
+from edgellm.tokenizer import TextTooLongError
 
 log = logging.getLogger("edgellm.server")
+T = TypeVar("T")
 
 
 class ServerState:
@@ -40,8 +44,10 @@ class ServerState:
         self.request_exit: Callable[[], None] = lambda: None  # set by run_server
         self.template: ChatTemplate | None = None
         self.template_error: str | None = None  # why chat requests cannot be served (broken template)
-        # Templates render on their own threads: a slow one never blocks the event loop or other requests.
-        self.template_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="edgellm-template")
+        # Work proportional to a request's input (templates, tokenizing, detokenizing) runs on these
+        # threads, never on the event loop: a slow template or a megabyte prompt does not stall /health
+        # or other requests (the tokenizers release the GIL on long texts; see tokenizer/bpe.py).
+        self.work_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="edgellm-work")
         self.ready = threading.Event()
         self.load_error: BaseException | None = None
         self.in_flight = 0
@@ -75,6 +81,10 @@ class ServerState:
             log.warning("engine core restarted")
 
         threading.Thread(target=restart, name="edgellm-core-restart", daemon=True).start()
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """fn(*args) on a work thread (see work_pool)."""
+        return await asyncio.get_running_loop().run_in_executor(self.work_pool, fn, *args)
 
     def admit(self, k: int) -> Callable[[], None]:
         """Reserve k request slots or raise 429; returns an idempotent release."""
@@ -125,13 +135,16 @@ async def render_chat_prompt(
     add_generation_prompt: bool = True,
     tools: list[dict[str, Any]] | None = None,
     template_kwargs: dict[str, Any] | None = None,
+    for_generation: bool = True,
 ) -> ChatPrompt:
+    """The conversation rendered and tokenized off the event loop. `for_generation`: a prompt that
+    cannot leave room for one generated token is refused by its size before it is tokenized."""
     if state.template is None:
         raise ApiError(400, f"chat is unavailable: {state.template_error}", param="messages")
     render = state.template.render_prompt
+    n_ctx = state.llm.n_ctx
     try:
-        return await asyncio.get_running_loop().run_in_executor(
-            state.template_pool,
+        return await state.off_loop(
             lambda: render(
                 messages,
                 state.llm.tokenizer,
@@ -139,7 +152,10 @@ async def render_chat_prompt(
                 allow_special_in_content=state.config.allow_special_in_content,
                 tools=tools,
                 template_kwargs=template_kwargs,
-            ),
+                max_tokens=n_ctx - 1 if for_generation else None,
+            )
         )
+    except TextTooLongError as e:
+        raise request_error(PromptTooLongError(e.num_tokens, n_ctx, at_least=True), n_ctx, True) from None
     except ChatTemplateError as e:
         raise ApiError(400, str(e), param="messages") from None

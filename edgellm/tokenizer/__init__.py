@@ -2,6 +2,6 @@
 
 from edgellm.tokenizer.stream import StreamDecoder
 from edgellm.tokenizer.tokenizer import Tokenizer
-from edgellm.tokenizer.vocab import TokenizerError
+from edgellm.tokenizer.vocab import TextTooLongError, TokenizerError
 
-__all__ = ["StreamDecoder", "Tokenizer", "TokenizerError"]
+__all__ = ["StreamDecoder", "TextTooLongError", "Tokenizer", "TokenizerError"]

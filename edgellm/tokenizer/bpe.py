@@ -76,6 +76,9 @@ def _bytes_to_unicode() -> dict[int, str]:
     return {byte: chr(char) for byte, char in zip(printable, chars, strict=True)}
 
 
+# Fragments at least this long are encoded with the GIL released (encode_batch costs ~13 us more a call).
+_RELEASE_GIL_CHARS = 1024
+
 BYTE_TO_CHAR = _bytes_to_unicode()
 CHAR_TO_BYTE = {char: byte for byte, char in BYTE_TO_CHAR.items()}
 
@@ -131,6 +134,10 @@ class BpeModel:
     def encode_fragment(self, text: str) -> list[int]:
         if not text:
             return []
+        if len(text) >= _RELEASE_GIL_CHARS:
+            # encode_batch runs without the GIL (encode holds it throughout: ~3 s for 3.4 MB, during
+            # which no other thread of the process, e.g. a server's event loop, runs). Same ids.
+            return self._hf.encode_batch([text], add_special_tokens=False)[0].ids
         return self._hf.encode(text, add_special_tokens=False).ids
 
     def piece_bytes(self, tid: int) -> bytes:

@@ -16,6 +16,7 @@ from edgellm.tokenizer.vocab import (
     TYPE_UNKNOWN,
     TYPE_USER_DEFINED,
     SpecialSplitter,
+    TextTooLongError,
     TokenizerError,
     find_eog_ids,
 )
@@ -67,6 +68,7 @@ class Tokenizer:
         skippable = {tid for tid, t in enumerate(self._types) if t in _SKIPPABLE_TYPES}
         self._splitter = SpecialSplitter(specials, skippable)
         self._pieces: list[bytes | None] = [None] * len(tokens)
+        self._max_token_bytes: int | None = None
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, Any]) -> Tokenizer:
@@ -118,18 +120,36 @@ class Tokenizer:
             add_space_prefix=_optional_bool(metadata, "tokenizer.ggml.add_space_prefix", add_space_prefix),
         )
 
+    @property
+    def max_token_bytes(self) -> int:
+        """The longest piece any token stands for, in bytes (at least 1); found once."""
+        if self._max_token_bytes is None:
+            self._max_token_bytes = max(1, *(len(self.token_bytes(t)) for t in range(self.vocab_size)))
+        return self._max_token_bytes
+
+    def min_tokens(self, text: str, add_special: bool = False) -> int:
+        """A lower bound on len(encode(text, add_special)) from the text's size alone, in time linear in
+        its length but with no tokenizing: every token stands for at most max_token_bytes of it (a text
+        is the concatenation of its tokens' pieces, plus a space prefix or BOS/EOS, which only add)."""
+        size = len(text.encode("utf-8", "surrogatepass"))
+        specials = int(add_special and self.add_bos) + int(add_special and self.add_eos)
+        return -(-size // self.max_token_bytes) + specials
+
     def encode(
         self,
         text: str,
         add_special: bool = False,
         parse_special: bool = True,
         literal: Mapping[str, str] | None = None,
+        max_tokens: int | None = None,
     ) -> list[int]:
         """Token ids for text, as llama_tokenize(text, add_special, parse_special).
 
         `literal` maps placeholder strings to texts put back into the raw fragments after special tokens
         are split out: their text merges with its neighbours as plain text and never becomes a special
-        token (chat message content; see chat_template.ChatTemplate.render_prompt)."""
+        token (chat message content; see chat_template.ChatTemplate.render_prompt).
+        `max_tokens`: text that is surely longer (min_tokens) raises TextTooLongError before any work
+        proportional to it (a prompt that cannot fit the context); shorter text is encoded in full."""
         if not isinstance(text, str):
             raise TokenizerError(f"expected text (str) to tokenize, got {type(text).__name__}")
         try:
@@ -138,6 +158,13 @@ class Tokenizer:
             raise TokenizerError(
                 f"text is not valid Unicode: lone surrogate {text[e.start]!r} at position {e.start}"
             ) from None
+        if max_tokens is not None:
+            final = text
+            for placeholder, original in (literal or {}).items():
+                final = final.replace(placeholder, original)
+            least = self.min_tokens(final, add_special)
+            if least > max_tokens:
+                raise TextTooLongError(least, max_tokens)
         output: list[int] = []
         if add_special and self.add_bos:
             if self.bos_id is None:

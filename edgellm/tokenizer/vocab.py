@@ -50,6 +50,15 @@ class TokenizerError(ValueError):
     """Raised for metadata we cannot build a tokenizer from, or ids outside the vocabulary."""
 
 
+class TextTooLongError(TokenizerError):
+    """Text that cannot encode to at most `max_tokens` ids, told by its size before any work is done:
+    it is at least `num_tokens` tokens (Tokenizer.min_tokens)."""
+
+    def __init__(self, num_tokens: int, max_tokens: int) -> None:
+        self.num_tokens, self.max_tokens = num_tokens, max_tokens
+        super().__init__(f"text of at least {num_tokens} tokens; at most {max_tokens} allowed")
+
+
 def find_eog_ids(tokens: Sequence[str], token_types: np.ndarray, metadata: Mapping[str, Any]) -> set[int]:
     """End-of-generation ids as llama.cpp computes them; updates token_types in place like llama.cpp does
     (EOG/EOT/FIM-looking tokens become CONTROL, its model-specific exceptions are undone)."""

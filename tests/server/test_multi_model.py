@@ -108,7 +108,10 @@ def test_models_max_unloads_the_least_recently_used_and_load_unload_routes(tmp_p
         assert r.status_code == 200, r.text
         assert _loaded(url, key) == {a: False, b: True}  # one at most: a, idle, made room
         [server] = [p for p in _children(router.pid) if f" serve {b} " in _cmdline(p)]
-        assert "--api-key=k" in _cmdline(server)  # the model's server checks the key too
+        assert "--api-key" not in _cmdline(server)  # the key goes through the environment, not ps
+        own = _cmdline(server).split(" --port ")[1].split()[0]  # the model's server checks the key too
+        assert httpx.get(f"http://127.0.0.1:{own}/v1/models", timeout=10).status_code == 401
+        assert httpx.get(f"http://127.0.0.1:{own}/v1/models", headers=key, timeout=10).status_code == 200
         # b's preset after the command line's flags (--ctx=128, --top-k=5), so it wins
         assert _cmdline(server).endswith("--top-k=5 --ctx=64 --max-queue=8 --temperature=0.0 ")
         # the preset's temperature 0 is b's default: a request without one is greedy

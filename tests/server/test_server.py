@@ -40,9 +40,11 @@ def test_models_health_tokenize(server: str, client: openai.OpenAI) -> None:
     # one model and no --served-model-name: any name is answered, under the served one
     r = client.completions.create(model="gpt-4", prompt="Hi", max_tokens=1)
     assert r.model == MODEL and client.models.retrieve("placeholder").id == MODEL
-    # no --cors-origin: no CORS headers, no preflight answers
+    # no --cors-origin: a page of another origin is refused, preflight or not; no CORS headers
     pre = {"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST"}
     r = httpx.options(f"{server}/v1/completions", headers=pre)
+    assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
+    r = httpx.options(f"{server}/v1/completions")  # no Origin: no preflight to answer
     assert r.status_code == 405 and "access-control-allow-origin" not in r.headers
     assert httpx.get(f"{server}/health").json()["status"] == "ok"
     ids = httpx.post(f"{server}/tokenize", json={"content": "Hello world"}).json()["tokens"]

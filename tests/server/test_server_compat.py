@@ -73,7 +73,8 @@ def test_cors_preflight_and_headers_for_the_allowed_origin_only(server: str) -> 
         h.strip() for h in r.headers["access-control-allow-headers"].split(",")
     }
     other = httpx.options(f"{server}/v1/chat/completions", headers={"Origin": "http://evil.example", **pre})
-    assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+    # refused by the local-only guard before CORS looks at it (http_stack.py), as any request from it is
+    assert other.status_code == 403 and "access-control-allow-origin" not in other.headers
     body = {"model": "edge", "prompt": "Hi", "max_tokens": 1}
     ok = httpx.post(f"{server}/v1/completions", json=body, headers={"Origin": ORIGIN})
     assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == ORIGIN
