@@ -24,6 +24,8 @@ def _arch_modules() -> dict[str, ModuleType]:
     """Architecture name -> its module, in file-name order."""
     out: dict[str, ModuleType] = {}
     for path in sorted(Path(__file__).parent.glob("*.py")):
+        if path.stem.startswith("_"):  # __init__.py: the package itself, not a module of it
+            continue
         module = importlib.import_module(f"{__package__}.{path.stem}")
         spec = getattr(module, "SPEC", None)
         if spec is None:  # a shared module (common.py, moe.py, spec.py, ...)

@@ -21,7 +21,8 @@ from edgellm.gguf.reader import GGUFError, GGUFFile
 
 Shapes = dict[str, tuple[int, ...]]  # tensor name -> numpy-order shape
 
-# ---- tensor names several architectures share (the per-layer part after "blk.N.") ----------------------
+# ---- tensor names several architectures share (the per-layer part after "blk.N.", as llama.cpp's
+# src/models/<arch>.cpp creates them) ---------------------------------------------------------------------
 LLAMA_BLOCK = frozenset(
     {
         "attn_norm.weight",
