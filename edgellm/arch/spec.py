@@ -55,7 +55,7 @@ FUSED_QKV = frozenset({"attn_qkv.weight", "attn_qkv.bias"})
 GLOBAL_TENSORS = frozenset({"token_embd.weight", "output_norm.weight", "output.weight"})
 
 # ---- {arch}.* keys several architectures share (the suffix after "{arch}.") -----------------------------
-EXPERT_KEYS = frozenset({"expert_count", "expert_used_count"})  # read_experts
+EXPERT_KEYS = frozenset({"expert_count", "expert_used_count"})  # Experts.read
 SLIDING_WINDOW_KEYS = frozenset({"attention.sliding_window", "attention.sliding_window_pattern"})
 
 MAX_EXPERTS = 1 << 16  # a bound for the metadata check: real files have up to a few hundred
@@ -200,12 +200,12 @@ class ArchSpec:
     sliding_window: bool = False
     sliding_window_default: int | None = 0
     no_rope_layer_step: int = 0  # every n-th layer (il + 1) % n == 0 has no rope (llama.cpp's NoPE step)
-    experts: Experts | None = None  # a mixture-of-experts FFN (read_experts)
+    experts: Experts | None = None  # a mixture-of-experts FFN (Experts.read reads its keys)
     # {name}.feed_forward_length is required; False: optional, the experts' width stands in (gpt-oss has
     # no dense FFN)
     dense_ffn_key: bool = True
     flags: Mapping[str, Any] = field(default_factory=dict)  # ModelConfig fields the architecture sets
-    # The keys and checks beyond the flags (run after them and read_experts)
+    # The keys and checks beyond the flags (run after them and Experts.read)
     read: Callable[[GGUFFile, ModelConfig], None] | None = None
     # (KV heads, per-layer short-conv flags) from head_count_kv when it is not one count for every layer
     # (LFM2); None: config.py's reading
