@@ -1,11 +1,13 @@
 """Which package may import which: host code shared by backends (quants/) imports no backend, and no
 backend imports another's modules, so a backend can be removed or replaced without touching the others;
-no module of edgellm/ or tui/ imports, however lazily, one that imports it back; and the front-ends load
-neither Numba nor a backend."""
+no module of edgellm/ or tui/ imports, however lazily, one that imports it back; the front-ends load
+neither Numba nor a backend; and an architecture is defined in its one file of edgellm/arch/, which gguf/
+reads through the registry without branching on architecture names or loading a backend."""
 
 import ast
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,27 @@ def imported_modules(path: Path) -> set[str]:
     return names
 
 
+def imports_under(
+    files: list[Path], package: str, imports: Callable[[Path], set[str]] = imported_modules
+) -> list[str]:
+    """ "FILE imports MODULE" for each module of `package` (itself or below it) that a file imports."""
+    return sorted(
+        f"{f.relative_to(PKG)} imports {m}"
+        for f in files
+        for m in imports(f)
+        if m == package or m.startswith(package + ".")
+    )
+
+
+def modules_loaded_by(imports: str, prefixes: tuple[str, ...]) -> str:
+    """The modules named `prefixes*` that a fresh interpreter has loaded after running `imports`, as the
+    printed sorted list (a failure's stderr in the assertion)."""
+    code = f"import sys\n{imports}\nprint(sorted(m for m in sys.modules if m.startswith({prefixes!r})))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
 @pytest.mark.parametrize(
     ("package", "forbidden"),
     [
@@ -33,18 +56,14 @@ def imported_modules(path: Path) -> set[str]:
         ("backends/cuda", "edgellm.backends.cpu"),
         ("backends/cpu", "edgellm.backends.cuda"),
         ("engine", "edgellm.server"),
+        ("gguf", "edgellm.backends"),
     ],
 )
 def test_package_does_not_import(package: str, forbidden: str) -> None:
     files = sorted((PKG / package).rglob("*.py"))
     assert files, package
-    offenders = {
-        f"{f.relative_to(PKG)} imports {m}"
-        for f in files
-        for m in imported_modules(f)
-        if m == forbidden or m.startswith(forbidden + ".")
-    }
-    assert not offenders, sorted(offenders)
+    offenders = imports_under(files, forbidden)
+    assert not offenders, offenders
 
 
 def test_front_ends_load_no_numba() -> None:
@@ -260,12 +279,74 @@ def test_the_cycle_walk_finds_lazy_relative_and_type_only_cycles(tmp_path: Path)
 def test_front_ends_load_no_backend() -> None:
     """A front-end names a backend for the engine core to load; the kernels of neither backend (their
     Numba code, CUDA's driver) are loaded where requests are parsed."""
-    code = (
-        "import sys, edgellm, edgellm.cli, edgellm.llm, edgellm.engine.core_client, edgellm.server.app\n"
-        "import tui.app\n"
-        "backends = ('edgellm.backends.cpu', 'edgellm.backends.cuda')\n"
-        "print(sorted(m for m in sys.modules if m.startswith(backends)))"
+    imports = (
+        "import edgellm, edgellm.cli, edgellm.llm, edgellm.engine.core_client, edgellm.server.app, tui.app"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    assert modules_loaded_by(imports, ("edgellm.backends.cpu", "edgellm.backends.cuda")) == "[]"
+
+
+# ---- architectures ---------------------------------------------------------------------------------
+def test_arch_files_load_no_backend() -> None:
+    """An architecture's spec is read by gguf/ in a front-end (LLM checks a file before starting the engine
+    core): its file imports a backend's types only for the checker or inside the functions that run."""
+    offenders = imports_under(sorted((PKG / "arch").glob("*.py")), "edgellm.backends", top_level_imports)
+    assert not offenders, offenders
+
+
+def test_reading_every_arch_spec_loads_no_backend() -> None:
+    imports = (
+        "import edgellm.gguf.config, edgellm.gguf.validation\n"
+        "from edgellm.arch.registry import arch_spec, supported_architectures\n"
+        "assert all(arch_spec(a) is not None for a in supported_architectures())"
+    )
+    assert modules_loaded_by(imports, ("edgellm.backends", "numba", "llvmlite")) == "[]"
+
+
+def test_gguf_reaches_architectures_through_the_registry_only() -> None:
+    """gguf/ names no architecture's module: what an architecture adds is in its file's SPEC, which
+    arch/registry.py finds, so adding an architecture touches no file of gguf/."""
+    allowed = {"edgellm.arch.registry", "edgellm.arch.spec"}
+    imports = imports_under(sorted((PKG / "gguf").glob("*.py")), "edgellm.arch")
+    offenders = [line for line in imports if line.rsplit(" ", 1)[1] not in allowed]
+    assert not offenders, offenders
+
+
+def architecture_branches(path: Path, root: Path = PKG) -> list[str]:
+    """The lines of `path` that test or look up which architecture a file is: a comparison with, or a
+    subscript / .get() by, a name `arch` or an attribute `.arch` / `.architecture`."""
+
+    def is_arch(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Name) and node.id == "arch") or (
+            isinstance(node, ast.Attribute) and node.attr in ("arch", "architecture")
+        )
+
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (
+            (isinstance(node, ast.Compare) and any(map(is_arch, [node.left, *node.comparators])))
+            or (isinstance(node, ast.Subscript) and is_arch(node.slice))
+            or (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "get"
+                and node.args
+                and is_arch(node.args[0])
+            )
+        ):
+            lines.append(f"{path.relative_to(root)}:{node.lineno}")
+    return lines
+
+
+def test_gguf_does_not_branch_on_the_architecture() -> None:
+    """A per-architecture fact in gguf/ (`if arch == "x"`, a table keyed by architecture) would split that
+    architecture's definition over two files: gguf/ reads each fact from the architecture's spec."""
+    offenders = [line for f in sorted((PKG / "gguf").glob("*.py")) for line in architecture_branches(f)]
+    assert not offenders, offenders
+
+
+def test_the_branch_walk_finds_comparisons_and_tables(tmp_path: Path) -> None:
+    src = tmp_path / "probe.py"
+    src.write_text(
+        "if arch == 'x': pass\nif cfg.arch in NAMES: pass\nT[g.architecture]\nT.get(arch, 0)\nf(arch)\n"
+    )
+    assert architecture_branches(src, tmp_path) == ["probe.py:1", "probe.py:2", "probe.py:3", "probe.py:4"]

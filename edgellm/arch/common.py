@@ -4,13 +4,15 @@ the attention / feed-forward blocks that differ between architectures only by fl
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edgellm.backends.base import Backend
-from edgellm.gguf.config import ModelConfig
+from edgellm.gguf.model_config import ModelConfig
 from edgellm.gguf.reader import GGUFError, GGUFFile, TensorInfo
+
+if TYPE_CHECKING:  # the arch files import no backend at load: a front-end reads their specs (registry.py)
+    from edgellm.backends.base import Backend
 
 
 @dataclass

@@ -15,15 +15,46 @@ position_embd.weight has one row per position of gpt2.context_length, so the con
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edgellm.arch.common import ForwardBatch, TensorSource
-from edgellm.arch.starcoder2 import Starcoder2Model
-from edgellm.backends.base import Backend, StepIndex
-from edgellm.gguf.config import ModelConfig
+from edgellm.arch.spec import FUSED_QKV, GLOBAL_TENSORS, ArchSpec, Shapes
+from edgellm.arch.starcoder2 import (
+    LAYER_NORM_FLAGS,
+    LAYER_NORM_MATRICES,
+    LAYER_NORM_NORMS,
+    Starcoder2Model,
+    layer_norm_shapes,
+    read_layer_norm_arch,
+)
+from edgellm.gguf.model_config import ROPE_NONE, ModelConfig
 from edgellm.gguf.reader import GGUFFile
+
+if TYPE_CHECKING:
+    from edgellm.backends.base import Backend
+
+
+def gpt2_shapes(cfg: ModelConfig) -> Shapes:
+    """StarCoder 2's tensors with one fused attn_qkv, and position_embd: one row per position of the
+    context."""
+    return {
+        "token_embd.weight": (cfg.n_vocab, cfg.n_embd),
+        "position_embd.weight": (cfg.n_ctx_train, cfg.n_embd),
+    } | layer_norm_shapes(cfg, fused_qkv=True)
+
+
+SPEC = ArchSpec(
+    name="gpt2",
+    block_tensors=LAYER_NORM_NORMS | LAYER_NORM_MATRICES | FUSED_QKV,
+    keys=frozenset({"attention.layer_norm_epsilon"}),
+    global_tensors=GLOBAL_TENSORS | {"output_norm.bias", "position_embd.weight"},
+    rope_type=ROPE_NONE,  # learned absolute positions
+    flags=LAYER_NORM_FLAGS,
+    read=read_layer_norm_arch,
+    tensor_shapes=gpt2_shapes,
+)
 
 
 class Gpt2Model(Starcoder2Model):
@@ -43,6 +74,11 @@ class Gpt2Model(Starcoder2Model):
     def embed(self, batch: ForwardBatch, inp: Any) -> Any:
         x = super().embed(batch, inp)
         # the step's positions where the backend holds them (a device backend's graph replays that copy)
+        from edgellm.backends.base import StepIndex  # the arch files import no backend at load (registry.py)
+
         positions = StepIndex(np.asarray(batch.positions), inp.positions)
         self.be.add(x, self.be.embed(self.pos_embd, positions, 1.0))  # ggml_get_rows, ggml_add
         return x
+
+
+MODEL = Gpt2Model

@@ -1,4 +1,5 @@
-"""Llama-family decoder: Llama 2/3, SmolLM2, TinyLlama, Mistral, and Qwen 2/3 (QKV bias, Q/K norms).
+"""Llama-family decoder: Llama 2/3, SmolLM2, TinyLlama, Mistral, Mixtral (experts in place of the FFN); the
+model class most architecture files reuse, their differences being ModelConfig flags (arch/common.py).
 
 x = embed(tokens)                                  # [T, n_embd]
 for each layer:
@@ -10,7 +11,7 @@ hidden = rmsnorm(x) * output_norm                  # only at the tokens an embed
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,9 +27,32 @@ from edgellm.arch.common import (
     model_norm,
 )
 from edgellm.arch.moe import load_moe_feed_forward, moe_feed_forward_block
-from edgellm.backends.base import Backend
-from edgellm.gguf.config import ModelConfig
+from edgellm.arch.spec import (
+    EXPERT_KEYS,
+    EXPERT_TENSORS,
+    LLAMA_BIASES,
+    LLAMA_BLOCK,
+    QKV_BIASES,
+    ArchSpec,
+    Experts,
+)
+from edgellm.gguf.model_config import ROPE_NORM, ModelConfig
 from edgellm.gguf.reader import GGUFFile
+
+if TYPE_CHECKING:
+    from edgellm.backends.base import Backend
+
+SPEC = ArchSpec(
+    name="llama",
+    # Mixtral: the experts in place of the dense FFN; optional output-projection and FFN biases
+    block_tensors=LLAMA_BLOCK | QKV_BIASES | LLAMA_BIASES | EXPERT_TENSORS,
+    keys=EXPERT_KEYS,
+    fused_qkv=True,
+    rope_type=ROPE_NORM,  # the converter permutes Q/K rows for rotating adjacent pairs
+    rope_freq_factors=True,  # llama3's rope_freqs.weight
+    # llama.cpp's norm_w for llama: the top-k probabilities renormalised; a dense model without experts
+    experts=Experts(renormalise=True, optional=True),
+)
 
 
 class LlamaModel:
@@ -132,3 +156,6 @@ def output_logits(
     if cfg.final_logit_softcap > 0:
         logits = be.softcap(logits, cfg.final_logit_softcap)
     return logits
+
+
+MODEL = LlamaModel

@@ -28,14 +28,16 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edgellm.arch.common import TensorSource, pre_norm
-from edgellm.backends.base import Backend, ExpertRoute
-from edgellm.gguf.config import ModelConfig
+from edgellm.gguf.model_config import ModelConfig
 from edgellm.gguf.reader import TensorInfo, release_mapped_pages
+
+if TYPE_CHECKING:
+    from edgellm.backends.base import Backend, ExpertRoute
 
 
 def expert_slice(t: TensorInfo, e: int) -> TensorInfo:
@@ -219,6 +221,8 @@ ROUTERS = {
 def group_by_expert(experts: np.ndarray, weights: np.ndarray) -> ExpertRoute:
     """The step's (token, slot) pairs sorted by expert (stable: ascending tokens within an expert).
     experts, weights: [T, k]."""
+    from edgellm.backends.base import ExpertRoute  # the arch files import no backend at load (registry.py)
+
     T, k = experts.shape
     flat = experts.reshape(-1)
     order = np.argsort(flat, kind="stable")  # [T*k]

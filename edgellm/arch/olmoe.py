@@ -16,8 +16,20 @@ llama.cpp's loader sizes attn_k_norm as n_embd: it reads files without grouped-q
 from __future__ import annotations
 
 from edgellm.arch.llama import LlamaModel
+from edgellm.arch.spec import EXPERT_KEYS, MOE_BLOCK, QK_NORMS, ArchSpec, Experts
+
+SPEC = ArchSpec(
+    name="olmoe",
+    block_tensors=MOE_BLOCK | QK_NORMS,
+    keys=EXPERT_KEYS,  # the experts are feed_forward_length wide: llama.cpp reads no expert width for OLMoE
+    flags={"qk_norm_full": True},  # Q and K normed over the whole projection, after the usual pre-norm
+    experts=Experts(renormalise=False),
+)
 
 
 class OlmoeModel(LlamaModel):
     """LlamaModel's loop: the Q/K norm placement is a ModelConfig flag, the MoE FFN follows from
     cfg.n_expert."""
+
+
+MODEL = OlmoeModel

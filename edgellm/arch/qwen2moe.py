@@ -15,8 +15,24 @@ a vector (ffn_gate_inp_shexp) the block multiplies as one more row of the router
 from __future__ import annotations
 
 from edgellm.arch.llama import LlamaModel
+from edgellm.arch.spec import EXPERT_KEYS, MOE_BLOCK, ArchSpec, Experts
+
+# The shared expert and its sigmoid gate
+SHARED_EXPERT = frozenset(
+    {"ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight"}
+)
+SPEC = ArchSpec(
+    name="qwen2moe",
+    block_tensors=MOE_BLOCK | SHARED_EXPERT,
+    keys=EXPERT_KEYS | {"expert_feed_forward_length", "expert_shared_feed_forward_length"},
+    flags={"qkv_bias": True},
+    experts=Experts(renormalise=False, width_key=False, shared=True),
+)
 
 
 class Qwen2MoeModel(LlamaModel):
     """LlamaModel's loop: Q/K/V biases are a ModelConfig flag, the MoE FFN and its shared expert follow
     from cfg.n_expert and cfg.n_ff_shexp."""
+
+
+MODEL = Qwen2MoeModel

@@ -15,7 +15,20 @@ norm_w for this architecture). qwen3moe.feed_forward_length (the dense width) is
 from __future__ import annotations
 
 from edgellm.arch.llama import LlamaModel
+from edgellm.arch.spec import EXPERT_KEYS, MOE_BLOCK, QK_NORMS, ArchSpec, Experts
+
+SPEC = ArchSpec(
+    name="qwen3moe",
+    block_tensors=MOE_BLOCK | QK_NORMS,
+    keys=EXPERT_KEYS | {"expert_feed_forward_length"},
+    flags={"qk_norm": True},
+    # the width key defaults to feed_forward_length / expert_used_count, as llama.cpp
+    experts=Experts(renormalise=True, width_key=False),
+)
 
 
 class Qwen3MoeModel(LlamaModel):
     """LlamaModel's loop: Q/K norms are a ModelConfig flag, the MoE FFN follows from cfg.n_expert."""
+
+
+MODEL = Qwen3MoeModel

@@ -34,23 +34,11 @@ YARN_BETA_SLOW = 1.0
 # rope.scaling.type values (llama.cpp's LLAMA_ROPE_SCALING_TYPES). A missing key means "linear" there,
 # which with no factor scales nothing.
 SCALING_TYPES = ("none", "linear", "yarn")
-# The llama3 frequency factors: llama.cpp reads rope_freqs.weight for these architectures only.
-FREQ_FACTOR_ARCHS = ("llama",)
+# The llama3 frequency factors, read where an architecture's spec says (ArchSpec.rope_freq_factors)
 FREQ_FACTORS_TENSOR = "rope_freqs.weight"
-# LongRoPE's two factor sets (Phi-3): llama.cpp reads them for these architectures
-LONGROPE_ARCHS = ("phi3",)
+# LongRoPE's two factor sets (Phi-3: arch/phi3.py)
 LONGROPE_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
 CONTEXT_PAD = 256  # llama-context.cpp rounds n_ctx up to a multiple of this
-
-
-# The sliding-window layers' rope where it differs from the global layers', as llama.cpp sets
-# rope_freq_base_train_swa / rope_freq_scale_train_swa: (the base when rope.freq_base_swa is missing, None
-# for rope.freq_base; whether the frequency scaling applies). Gemma 3's local layers are never scaled;
-# Gemma 2's are scaled as the global ones. An architecture not listed rotates its local layers as its
-# global ones (OLMo 2).
-SWA_ROPE: dict[str, tuple[float | None, bool]] = {
-    "gemma3": (10000.0, False), "gemma2": (None, True), "gpt-oss": (None, True)
-}
 
 
 @dataclass(frozen=True, eq=False)
@@ -146,11 +134,6 @@ def yarn_ramp(corr: tuple[float, float], half: int) -> np.ndarray:
     return (np.float32(1) - np.clip(y, 0, 1)).astype(np.float64)
 
 
-def _freq_factors(g: GGUFFile, arch: str, n_rot: int) -> tuple[float, ...]:
-    """rope_freqs.weight where the architecture reads it (understood.py refuses it elsewhere)."""
-    return _factor_tensor(g, FREQ_FACTORS_TENSOR, n_rot) if arch in FREQ_FACTOR_ARCHS else ()
-
-
 def _factor_tensor(g: GGUFFile, name: str, n_rot: int) -> tuple[float, ...]:
     """The frequency factors of tensor `name` [n_rot/2], () when the file has none."""
     t = g.tensors.get(name)
@@ -225,9 +208,22 @@ def _yarn_attn_factor(freq_scale: float) -> float:
 
 
 def rope_from_gguf(
-    g: GGUFFile, arch: str, n_rot: int, neox: bool, n_ctx_train: int, swa: bool
+    g: GGUFFile,
+    arch: str,
+    n_rot: int,
+    neox: bool,
+    n_ctx_train: int,
+    swa: bool,
+    freq_factors: bool = False,
+    swa_rope: tuple[float | None, bool] | None = None,
 ) -> tuple[RopeParams, RopeParams]:
-    """(the global layers' rope, the sliding-window layers' rope), each key type- and range-checked."""
+    """(the global layers' rope, the sliding-window layers' rope), each key type- and range-checked.
+    freq_factors: the architecture reads rope_freqs.weight (understood.py refuses it elsewhere). swa_rope:
+    the sliding-window layers' rope where it differs from the global layers', as llama.cpp sets
+    rope_freq_base_train_swa / rope_freq_scale_train_swa: (the base when rope.freq_base_swa is missing, None
+    for rope.freq_base; whether the frequency scaling applies), as the architecture's spec gives it (Gemma
+    3's local layers are never scaled, Gemma 2's are); None: the local layers rotate as the global ones
+    (OLMo 2)."""
     p = f"{arch}."
     scaling_key = p + "rope.scaling.type"
     scaling = get_str(g, scaling_key, "linear")
@@ -260,15 +256,16 @@ def rope_from_gguf(
     common = dict(
         n_rot=n_rot, neox=neox, ext_factor=ext_factor, attn_factor=attn_factor, n_ctx_orig=n_ctx_orig
     )
-    rope = RopeParams(base=base, freq_scale=freq_scale, freq_factors=_freq_factors(g, arch, n_rot), **common)
+    factors = _factor_tensor(g, FREQ_FACTORS_TENSOR, n_rot) if freq_factors else ()
+    rope = RopeParams(base=base, freq_scale=freq_scale, freq_factors=factors, **common)
     base_swa_key = p + "rope.freq_base_swa"
-    if not swa or arch not in SWA_ROPE:
+    if not swa or swa_rope is None:
         if swa and base_swa_key in g.metadata:  # read by llama.cpp, unused by its graph (OLMo 2): checked
             get_float(g, base_swa_key, lo=0.0, lo_open=True)
         return rope, rope
     # Sliding-window layers: their own base and maybe no frequency scaling, the context-wide YaRN values
     # as the rest.
-    default_base, scaled = SWA_ROPE[arch]
+    default_base, scaled = swa_rope
     default_base = base if default_base is None else default_base
     base_swa = get_float(g, base_swa_key, default_base, lo=0.0, lo_open=True)
     return rope, RopeParams(base=base_swa, freq_scale=freq_scale if scaled else 1.0, **common)

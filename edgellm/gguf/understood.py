@@ -3,10 +3,11 @@
 A file is refused at load, naming the tensor or key, when it holds anything else: llama.cpp's loaders read
 optional tensors (biases, rope factors) and keys (rope scaling, attention variants) that change the logits,
 and a loader that ignored what it does not know would give wrong logits with no complaint. So the rule is
-an allowlist, not a list of known-bad names: a tensor is accepted only when its architecture's table
-lists it, a `{arch}.*` key only when the architecture's table lists it (config.py reads it) or it holds the
-value at which llama.cpp's math is unchanged (HARMLESS_AT, ROPE_HARMLESS_AT), and every other key only when
-it is bookkeeping or tokenizer metadata (OTHER_KEYS, OTHER_PREFIXES).
+an allowlist, not a list of known-bad names: a tensor is accepted only when its architecture's spec
+(edgellm/arch/<name>.py SPEC: block_tensors, global_tensors) lists it, a `{arch}.*` key only when every
+architecture reads it (COMMON_KEYS, ROPE_KEYS) or its spec lists it (ArchSpec.keys) or it holds the value at
+which llama.cpp's math is unchanged (HARMLESS_AT, ROPE_HARMLESS_AT), and every other key only when it is
+bookkeeping or tokenizer metadata (OTHER_KEYS, OTHER_PREFIXES).
 
 Rope keys and tensors are kept apart (the ROPE_* tables; gguf/rope.py reads them).
 """
@@ -15,105 +16,22 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edgellm.gguf.config import ModelConfig
 from edgellm.gguf.metadata import describe
+from edgellm.gguf.model_config import ModelConfig
 from edgellm.gguf.reader import GGUFError, GGUFFile
-from edgellm.gguf.rope import FREQ_FACTOR_ARCHS, FREQ_FACTORS_TENSOR, LONGROPE_ARCHS, LONGROPE_TENSORS
+from edgellm.gguf.rope import FREQ_FACTORS_TENSOR
 
-# ---- tensors --------------------------------------------------------------------------------------------
-# Per-layer tensors (the name after "blk.N."), as llama.cpp's src/models/<arch>.cpp creates them.
-_LLAMA_BLOCK = frozenset(
-    {
-        "attn_norm.weight",
-        "attn_q.weight",
-        "attn_k.weight",
-        "attn_v.weight",
-        "attn_output.weight",
-        "ffn_norm.weight",
-        "ffn_gate.weight",
-        "ffn_up.weight",
-        "ffn_down.weight",
-    }
-)
-# Optional Q/K/V biases: llama.cpp's create_tensor_qkv reads them for every architecture (required here
-# for qwen2 only, whose converter always writes them); output-projection and FFN biases: llama only.
-_QKV_BIASES = frozenset({"attn_q.bias", "attn_k.bias", "attn_v.bias"})
-_LLAMA_BIASES = frozenset({"attn_output.bias", "ffn_gate.bias", "ffn_up.bias", "ffn_down.bias"})
-_QK_NORMS = frozenset({"attn_q_norm.weight", "attn_k_norm.weight"})
-_POST_NORMS = frozenset({"post_attention_norm.weight", "post_ffw_norm.weight"})
-
-# A mixture-of-experts FFN in place of the dense one: the router and the experts' 3-D matrices
-_EXPERTS = frozenset(
-    {"ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"}
-)
-_DENSE_FFN = frozenset({"ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"})
-# Qwen 2 MoE's shared expert and its sigmoid gate
-_SHARED_EXPERT = frozenset(
-    {"ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight"}
-)
-
-# gpt-oss (llama_model_openai_moe): biased attention with sinks, post_attention_norm as the FFN's pre-norm,
-# a biased router and biased experts; every bias but Q/K/V's required (validation.py)
-_GPT_OSS_BLOCK = (
-    (_LLAMA_BLOCK - _DENSE_FFN - {"ffn_norm.weight"})
-    | _QKV_BIASES
-    | _EXPERTS
-    | {"attn_output.bias", "attn_sinks.weight", "post_attention_norm.weight", "ffn_gate_inp.bias"}
-    | {f"ffn_{m}_exps.bias" for m in ("gate", "up", "down")}
-)
-
-BLOCK_TENSORS: dict[str, frozenset[str]] = {
-    "llama": _LLAMA_BLOCK | _QKV_BIASES | _LLAMA_BIASES | _EXPERTS,  # Mixtral: experts, no dense FFN
-    "qwen2": _LLAMA_BLOCK | _QKV_BIASES,
-    "qwen3": _LLAMA_BLOCK | _QKV_BIASES | _QK_NORMS,
-    "gemma3": _LLAMA_BLOCK | _QKV_BIASES | _QK_NORMS | _POST_NORMS,
-    "gemma2": _LLAMA_BLOCK | _QKV_BIASES | _POST_NORMS,
-    "granite": _LLAMA_BLOCK | _QKV_BIASES | _LLAMA_BIASES,  # llama_model_granite's optional biases
-    # no attn_norm / ffn_norm: OLMo 2 norms after each block (Q/K norms over the whole projection)
-    "olmo2": (_LLAMA_BLOCK - {"attn_norm.weight", "ffn_norm.weight"}) | _QKV_BIASES | _QK_NORMS | _POST_NORMS,
-    # gate|up fused into ffn_up (2 * n_ff rows); no other bias than Q|K|V's (llama_model_phi3)
-    "phi3": (_LLAMA_BLOCK - {"ffn_gate.weight"}) | _QKV_BIASES,
-    "smollm3": _LLAMA_BLOCK | _QKV_BIASES,  # the graph reads output / FFN biases, the loader creates none
-    "qwen3moe": (_LLAMA_BLOCK - _DENSE_FFN) | _QKV_BIASES | _QK_NORMS | _EXPERTS,
-    "olmoe": (_LLAMA_BLOCK - _DENSE_FFN) | _QKV_BIASES | _QK_NORMS | _EXPERTS,
-    "qwen2moe": (_LLAMA_BLOCK - _DENSE_FFN) | _QKV_BIASES | _EXPERTS | _SHARED_EXPERT,
-    "gpt-oss": _GPT_OSS_BLOCK,
-}
-# LayerNorm architectures: every norm has a bias; the MLP is up -> GELU -> down (no ffn_gate), every
-# matrix biased. StarCoder 2 has separate Q/K/V, GPT-2 one fused attn_qkv.
-_LN_NORMS = frozenset({"attn_norm.weight", "attn_norm.bias", "ffn_norm.weight", "ffn_norm.bias"})
-_LN_REST = frozenset(
-    f"{m}.{part}" for m in ("attn_output", "ffn_up", "ffn_down") for part in ("weight", "bias")
-)
-BLOCK_TENSORS["starcoder2"] = (
-    _LN_NORMS | _LN_REST | _QKV_BIASES | {"attn_q.weight", "attn_k.weight", "attn_v.weight"}
-)
-BLOCK_TENSORS["gpt2"] = _LN_NORMS | _LN_REST | {"attn_qkv.weight", "attn_qkv.bias"}
-# LFM2: attention layers (no biases: llama.cpp asserts none in its FFN and its graph adds none) and short-conv
-# layers; gguf/lfm2.py checks that each layer has only its own kind's
-_SHORTCONV = frozenset({"shortconv.in_proj.weight", "shortconv.conv.weight", "shortconv.out_proj.weight"})
-BLOCK_TENSORS["lfm2"] = _LLAMA_BLOCK | _QK_NORMS | _SHORTCONV
-# Q|K|V as one matrix (and its bias): llama.cpp's create_tensor_qkv reads attn_qkv.weight in place of the
-# three for these architectures, per layer; validation.py refuses a layer with both forms.
-FUSED_QKV_ARCHS = (
-    "llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2", "phi3", "smollm3", "gpt-oss"
-)  # fmt: skip
-BLOCK_TENSORS.update({a: BLOCK_TENSORS[a] | {"attn_qkv.weight", "attn_qkv.bias"} for a in FUSED_QKV_ARCHS})
-_GLOBAL = frozenset({"token_embd.weight", "output_norm.weight", "output.weight"})
-GLOBAL_TENSORS: dict[str, frozenset[str]] = {arch: _GLOBAL for arch in BLOCK_TENSORS}
-GLOBAL_TENSORS["starcoder2"] = _GLOBAL | {"output_norm.bias"}
-GLOBAL_TENSORS["gpt2"] = _GLOBAL | {"output_norm.bias", "position_embd.weight"}
-# llama.cpp's Gemma 2 always projects with token_embd.weight: an output.weight would go unused there
-GLOBAL_TENSORS["gemma2"] = _GLOBAL - {"output.weight"}
-GLOBAL_TENSORS["lfm2"] = _GLOBAL - {"output_norm.weight"} | {"token_embd_norm.weight"}  # the final norm
+if TYPE_CHECKING:
+    from edgellm.arch.spec import ArchSpec
 
 # ---- {arch}.* keys ------------------------------------------------------------------------------------
-# Keys config.py reads (the suffix after "{arch}.").
-_COMMON_KEYS = frozenset(
+# Keys config.py reads for every architecture (the suffix after "{arch}."); each architecture's spec lists
+# the ones it adds (ArchSpec.keys).
+COMMON_KEYS = frozenset(
     {
         "block_count",
         "context_length",
@@ -128,45 +46,6 @@ _COMMON_KEYS = frozenset(
         "pooling_type",  # read for embeddings (engine/pooling.py refuses a type it does not pool)
     }
 )
-# Mixture of experts (arch_config.read_experts reads them)
-# (llama's and OLMoE's experts are feed_forward_length wide: llama.cpp reads no expert width for them)
-_EXPERT_KEYS = frozenset({"expert_count", "expert_used_count"})
-ARCH_KEYS: dict[str, frozenset[str]] = {
-    "llama": _COMMON_KEYS | _EXPERT_KEYS,
-    "qwen3moe": _COMMON_KEYS | _EXPERT_KEYS | {"expert_feed_forward_length"},
-    "olmoe": _COMMON_KEYS | _EXPERT_KEYS,
-    "qwen2moe": _COMMON_KEYS
-    | _EXPERT_KEYS
-    | {"expert_feed_forward_length", "expert_shared_feed_forward_length"},
-    "qwen2": _COMMON_KEYS,
-    "qwen3": _COMMON_KEYS,
-    "gemma3": _COMMON_KEYS
-    | {"attention.sliding_window", "attention.sliding_window_pattern", "final_logit_softcapping"},
-    "gemma2": _COMMON_KEYS
-    | {
-        "attention.sliding_window",
-        "attention.sliding_window_pattern",
-        "attn_logit_softcapping",
-        "final_logit_softcapping",
-        "rope.freq_base_swa",
-    },
-    "granite": _COMMON_KEYS | {"embedding_scale", "residual_scale", "attention.scale", "logit_scale"},
-    "olmo2": _COMMON_KEYS
-    | {"attention.sliding_window", "attention.sliding_window_pattern", "rope.freq_base_swa"},
-    "starcoder2": _COMMON_KEYS | {"attention.layer_norm_epsilon"},
-    "gpt2": _COMMON_KEYS | {"attention.layer_norm_epsilon"},
-    "phi3": _COMMON_KEYS | {"attention.sliding_window"},  # read and unused, as llama.cpp's Phi-3
-    "smollm3": _COMMON_KEYS,
-    "lfm2": _COMMON_KEYS | {"shortconv.l_cache"},
-    "gpt-oss": _COMMON_KEYS
-    | _EXPERT_KEYS
-    | {
-        "expert_feed_forward_length",
-        "attention.sliding_window",
-        "attention.sliding_window_pattern",
-        "rope.freq_base_swa",
-    },
-}
 # Keys llama.cpp's common loader reads for every architecture, accepted at the values that leave the
 # model a dense, causal, text-only transformer (llama-model.cpp load_hparams).
 HARMLESS_AT: dict[str, tuple[Any, ...]] = {
@@ -198,15 +77,9 @@ ROPE_KEYS = frozenset(
         ),
     }
 )
-ARCH_ROPE_KEYS: dict[str, frozenset[str]] = {"gemma3": frozenset({"rope.freq_base_swa"})}
-# Global tensors: llama3's frequency factors and LongRoPE's two factor sets where llama.cpp reads them.
-ROPE_TENSORS: dict[str, frozenset[str]] = {
-    arch: frozenset(
-        ({FREQ_FACTORS_TENSOR} if arch in FREQ_FACTOR_ARCHS else set())
-        | (set(LONGROPE_TENSORS) if arch in LONGROPE_ARCHS else set())
-    )
-    for arch in BLOCK_TENSORS
-}
+# The global tensor llama3's frequency factors come in, where the spec reads it (LongRoPE's factor sets are
+# in Phi-3's spec)
+ROPE_TENSORS = frozenset({FREQ_FACTORS_TENSOR})
 # Rope keys accepted at any value: finetuned is a flag llama.cpp reads and never uses.
 ROPE_HARMLESS_AT: dict[str, tuple[Any, ...] | None] = {"rope.scaling.finetuned": None}
 
@@ -258,13 +131,14 @@ OTHER_KEYS: dict[str, tuple[Any, ...] | None] = {
 _BLOCK_TENSOR = re.compile(r"blk\.(\d+)\.(.+)")
 
 
-def check_understood(g: GGUFFile, cfg: ModelConfig) -> None:
+def check_understood(g: GGUFFile, cfg: ModelConfig, spec: ArchSpec) -> None:
     """GGUFError naming the first tensor or metadata key of `g` that edgellm does not implement for its
-    architecture (see the module doc)."""
+    architecture (see the module doc); `spec`: the architecture's (edgellm/arch/<name>.py)."""
     arch = cfg.arch
+    global_tensors = spec.global_tensors | (ROPE_TENSORS if spec.rope_freq_factors else frozenset())
     for name in g.tensors:
-        _check_tensor_name(g, arch, cfg.n_layers, name)
-    arch_keys = ARCH_KEYS[arch] | ROPE_KEYS | ARCH_ROPE_KEYS.get(arch, frozenset())
+        _check_tensor_name(g, arch, cfg.n_layers, name, global_tensors, spec.layer_tensors)
+    arch_keys = COMMON_KEYS | spec.keys | ROPE_KEYS
     harmless = {**HARMLESS_AT, **ROPE_HARMLESS_AT}
     for key, value in g.metadata.items():
         if key.startswith(arch + "."):
@@ -276,12 +150,14 @@ def check_understood(g: GGUFFile, cfg: ModelConfig) -> None:
             _check_value(g, key, value, OTHER_KEYS, key, "a model file")
 
 
-def _check_tensor_name(g: GGUFFile, arch: str, n_layers: int, name: str) -> None:
+def _check_tensor_name(
+    g: GGUFFile, arch: str, n_layers: int, name: str, global_tensors: frozenset[str], layer: frozenset[str]
+) -> None:
     m = _BLOCK_TENSOR.fullmatch(name)
     if m is None:
-        if name in GLOBAL_TENSORS[arch] or name in ROPE_TENSORS[arch]:
+        if name in global_tensors:
             return
-        known = sorted(GLOBAL_TENSORS[arch] | ROPE_TENSORS[arch])
+        known = sorted(global_tensors)
         raise GGUFError(
             f"{g.path}: tensor {name!r} is not one edgellm implements for {arch} (it would change the "
             f"logits if applied and cannot be ignored; global tensors implemented: {', '.join(known)})"
@@ -292,11 +168,11 @@ def _check_tensor_name(g: GGUFFile, arch: str, n_layers: int, name: str) -> None
             f"{g.path}: tensor {name!r} belongs to layer {il}, but {arch}.block_count is {n_layers} "
             "(extra layers, e.g. for multi-token prediction, are not implemented)"
         )
-    if role not in BLOCK_TENSORS[arch]:
+    if role not in layer:
         raise GGUFError(
             f"{g.path}: tensor {name!r} ({role}) is not one edgellm implements for {arch} layers (it would "
             f"change the logits if applied and cannot be ignored; layer tensors implemented: "
-            f"{', '.join(sorted(BLOCK_TENSORS[arch]))})"
+            f"{', '.join(sorted(layer))})"
         )
 
 

@@ -5,15 +5,15 @@ indexes writes past an array and corrupts the heap (a rope.dimension_count large
 `validate_model` runs right after `config_from_gguf` (which has already checked each key's type and range)
 and checks what the kernels and the model code take for granted:
 
-- nothing the runtime does not implement: every tensor and metadata key is one the architecture's tables
-  in understood.py list (or a key at a value that changes nothing), so a file whose math differs from what
-  runs is refused rather than silently mis-run;
+- nothing the runtime does not implement: every tensor and metadata key is one understood.py accepts for
+  the architecture (its spec in edgellm/arch/ lists them), or a key at a value that changes nothing, so a
+  file whose math differs from what runs is refused rather than silently mis-run;
 - heads: head sizes 1..MAX_HEAD_DIM (CUDA holds a query head in shared memory of that size), the rotary
   width even and within the head (rope_cached_cpu rotates pairs i, i + n_rot/2 of each head), query heads a
   multiple of KV heads (attention groups query heads by KV head);
-- every tensor the architecture reads (arch/common.py) exists with exactly the shape the config implies and
-  a type the runtime runs, and a quantized matrix's rows hold whole activation blocks (quantize_act_cpu
-  reads 32 or 256 values per block);
+- every tensor the architecture reads (its spec's tensor_shapes) exists with exactly the shape the config
+  implies and a type the runtime runs, and a quantized matrix's rows hold whole activation blocks
+  (quantize_act_cpu reads 32 or 256 values per block);
 - the vocabulary: at least 2 tokens (the warm-up runs tokens 0 and 1), and the tokenizer metadata of the
   types and lengths the tokenizer indexes (token ids in range, per-token arrays as long as the vocabulary).
 
@@ -28,9 +28,9 @@ import re
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from edgellm.gguf.config import MAX_HEAD_DIM, ModelConfig
-from edgellm.gguf.lfm2 import check_lfm2_layers, lfm2_tensors
+from edgellm.gguf.config import arch_spec_of
 from edgellm.gguf.metadata import describe, get_bool, get_str, is_int
+from edgellm.gguf.model_config import MAX_HEAD_DIM, ModelConfig
 from edgellm.gguf.reader import GGUFError, GGUFFile
 from edgellm.gguf.understood import check_understood
 from edgellm.quants.traits import QUANT_TRAITS, UnsupportedQuantError
@@ -67,116 +67,6 @@ class UnsupportedTensorTypeError(GGUFError, UnsupportedQuantError):
 
 class TokenizerMetadataError(GGUFError, TokenizerError):
     """Tokenizer metadata the tokenizer cannot be built from (both a GGUF and a tokenizer error)."""
-
-
-def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor the model code reads (arch/common.py, arch/llama.py) -> its numpy-order shape.
-    output.weight is optional (tied embeddings) and not listed."""
-    e, f, V = cfg.n_embd, cfg.n_ff, cfg.n_vocab
-    H, Hkv, d, dv = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v
-    if cfg.layer_norm:
-        return _layer_norm_tensors(cfg)
-    if cfg.arch == "lfm2":  # attention and short-conv layers (gguf/lfm2.py)
-        return lfm2_tensors(cfg)
-    shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (V, e)}
-    for il in range(cfg.n_layers):
-        p = f"blk.{il}."
-        layer = {
-            "attn_norm.weight": (e,),
-            "attn_q.weight": (H * d, e),
-            "attn_k.weight": (Hkv * d, e),
-            "attn_v.weight": (Hkv * dv, e),
-            "attn_output.weight": (e, H * dv),
-            "ffn_norm.weight": (e,),
-            "ffn_gate.weight": (f, e),
-            "ffn_up.weight": (f, e),
-            "ffn_down.weight": (e, f),
-        }
-        if cfg.qkv_fused[il]:  # Q|K|V biases, required for Qwen 2: check_qkv_forms
-            del layer["attn_q.weight"], layer["attn_k.weight"], layer["attn_v.weight"]
-            layer["attn_qkv.weight"] = ((H + Hkv) * d + Hkv * dv, e)
-        if cfg.gate_up_fused:
-            del layer["ffn_gate.weight"]
-            layer["ffn_up.weight"] = (2 * f, e)
-        if cfg.n_expert:  # the experts in place of the dense FFN (arch/moe.py)
-            E, fe = cfg.n_expert, cfg.n_ff_exp
-            for name in ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"):
-                layer.pop(name, None)
-            layer.update(
-                {
-                    "ffn_gate_inp.weight": (E, e),
-                    "ffn_gate_exps.weight": (E, fe, e),
-                    "ffn_up_exps.weight": (E, fe, e),
-                    "ffn_down_exps.weight": (E, e, fe),
-                }
-            )
-        if cfg.n_ff_shexp:
-            fs = cfg.n_ff_shexp
-            layer.update(
-                {
-                    "ffn_gate_inp_shexp.weight": (e,),
-                    "ffn_gate_shexp.weight": (fs, e),
-                    "ffn_up_shexp.weight": (fs, e),
-                    "ffn_down_shexp.weight": (e, fs),
-                }
-            )
-        if not cfg.pre_norms:
-            del layer["attn_norm.weight"], layer["ffn_norm.weight"]
-        if cfg.qk_norm:
-            layer.update({"attn_q_norm.weight": (d,), "attn_k_norm.weight": (d,)})
-        if cfg.qk_norm_full:
-            layer.update({"attn_q_norm.weight": (H * d,), "attn_k_norm.weight": (Hkv * d,)})
-        if cfg.post_norms:
-            layer.update({"post_attention_norm.weight": (e,), "post_ffw_norm.weight": (e,)})
-        if cfg.arch == "gpt-oss":
-            layer = _gpt_oss_layer(cfg, layer)
-        shapes.update({p + name: shape for name, shape in layer.items()})
-    shapes["output_norm.weight"] = (e,)
-    if cfg.arch in ("olmo2", "gpt-oss"):  # llama.cpp requires their own output matrix
-        shapes["output.weight"] = (V, e)
-    return shapes
-
-
-def _gpt_oss_layer(cfg: ModelConfig, layer: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
-    """A gpt-oss layer (arch/gpt_oss.py): post_attention_norm is the experts' pre-norm, the attention
-    sinks, and the biases llama.cpp requires (output projection, router, every expert matrix)."""
-    e, E, fe = cfg.n_embd, cfg.n_expert, cfg.n_ff_exp
-    out = {name: shape for name, shape in layer.items() if name != "ffn_norm.weight"}
-    out.update(
-        {
-            "post_attention_norm.weight": (e,),
-            "attn_sinks.weight": (cfg.n_heads,),
-            "attn_output.bias": (e,),
-            "ffn_gate_inp.bias": (E,),
-            "ffn_gate_exps.bias": (E, fe),
-            "ffn_up_exps.bias": (E, fe),
-            "ffn_down_exps.bias": (E, e),
-        }
-    )
-    return out
-
-
-def _layer_norm_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """StarCoder 2 / GPT-2 (arch/starcoder2.py): every norm with its bias, every matrix with its bias, no
-    ffn_gate; GPT-2's fused attn_qkv and position_embd (one row per position of its context)."""
-    e, f, kv = cfg.n_embd, cfg.n_ff, cfg.n_kv_heads * cfg.head_dim
-    shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (cfg.n_vocab, e)}
-    if cfg.arch == "gpt2":
-        shapes["position_embd.weight"] = (cfg.n_ctx_train, e)
-    for il in range(cfg.n_layers):
-        p = f"blk.{il}."
-        layer = {"attn_norm.weight": (e,), "attn_norm.bias": (e,), "ffn_norm.weight": (e,),
-                 "ffn_norm.bias": (e,), "attn_output.weight": (e, e), "attn_output.bias": (e,),
-                 "ffn_up.weight": (f, e), "ffn_up.bias": (f,), "ffn_down.weight": (e, f),
-                 "ffn_down.bias": (e,)}  # fmt: skip
-        if cfg.arch == "gpt2":
-            layer.update({"attn_qkv.weight": (e + 2 * kv, e), "attn_qkv.bias": (e + 2 * kv,)})
-        else:
-            for n, rows in (("q", e), ("k", kv), ("v", kv)):
-                layer.update({f"attn_{n}.weight": (rows, e), f"attn_{n}.bias": (rows,)})
-        shapes.update({p + name: shape for name, shape in layer.items()})
-    shapes.update({"output_norm.weight": (e,), "output_norm.bias": (e,)})
-    return shapes
 
 
 def optional_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -224,11 +114,12 @@ def check_qkv_forms(g: GGUFFile, cfg: ModelConfig) -> None:
 def validate_model(g: GGUFFile, cfg: ModelConfig) -> None:
     """Raise GGUFError unless every shape the kernels will assume for this file holds (see the module doc)."""
     _check_heads(g, cfg)
-    check_understood(g, cfg)  # first: a tensor or key it does not implement explains a shape error after
+    spec = arch_spec_of(g)
+    check_understood(g, cfg, spec)  # first: a tensor or key it does not implement explains a shape error
     check_qkv_forms(g, cfg)
-    if cfg.arch == "lfm2":
-        check_lfm2_layers(g, cfg)
-    shapes = expected_tensors(cfg)
+    if spec.check is not None:  # what the architecture's tables cannot say (LFM2's two layer kinds)
+        spec.check(g, cfg)
+    shapes = spec.tensor_shapes(cfg)
     shapes.update({n: s for n, s in optional_tensors(cfg).items() if n in g.tensors and n not in shapes})
     for name, shape in shapes.items():
         _check_tensor(g, name, shape)

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 from edgellm import LLM, SamplingParams
-from edgellm.gguf.config import ROPE_NEOX, ROPE_NORM
+from edgellm.gguf.model_config import ROPE_NEOX, ROPE_NORM
 from edgellm.testing.synthetic import write_tiny_model
 
 # The architectures this module's float64 forward implements; gemma2, granite and olmo2 are checked against
