@@ -57,12 +57,14 @@ def opt_bool(body: dict, key: str) -> bool | None:
 
 
 def _options(body: dict) -> dict[str, Any]:
+    """The request's options without those sent as null: a null option is unset, as Ollama (Go's
+    pointers) reads it and as clients send every option they leave unset (langchain-ollama does)."""
     opts = body.get("options")
     if opts is None:
         return {}
     if not isinstance(opts, dict):
         raise bad("options", "expected an object")
-    return opts
+    return {k: v for k, v in opts.items() if v is not None}
 
 
 def check_common(body: dict, n_ctx: int, embedding: bool = False) -> None:

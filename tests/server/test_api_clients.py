@@ -122,6 +122,28 @@ def test_ollama_list_show_ps_version_pull(olla: ollama.Client, apis_server: str)
     assert e.value.status_code == 404 and "catalog models" in e.value.error
 
 
+def test_langchain_ollama_embeddings_and_chat_with_every_option_null(
+    apis_server: str, olla: ollama.Client, oai: openai.OpenAI
+) -> None:
+    """langchain-ollama sends every option it leaves unset as null (num_ctx, mirostat, tfs_z,
+    repeat_last_n, ...): null is unset, as in Ollama, so its calls are answered as the plain client's."""
+    from langchain_ollama import ChatOllama, OllamaEmbeddings
+
+    emb = OllamaEmbeddings(model=MODEL, base_url=apis_server)
+    assert set(emb._default_params.values()) == {None}  # what it sends: every option null
+    vectors = emb.embed_documents(["red", "a green tree"])
+    want = olla.embed(model=MODEL, input=["red", "a green tree"]).embeddings
+    for got, exp in zip(vectors, want, strict=True):
+        assert got == pytest.approx(exp, rel=1e-5, abs=1e-6)
+    assert emb.embed_query("red") == pytest.approx(want[0], rel=1e-5, abs=1e-6)
+    chat = ChatOllama(model=MODEL, base_url=apis_server, temperature=0, num_predict=12)
+    reply = chat.invoke(PROMPT)
+    expected = oai.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": PROMPT}], max_tokens=12, temperature=0
+    )
+    assert reply.content == expected.choices[0].message.content
+
+
 @pytest.mark.parametrize(
     ("options", "named"),
     [
