@@ -41,13 +41,22 @@ async def compile_grammar_async(
     return await default_pool().off_loop(compile_grammar, json_schema, grammar, regex, vocab)
 
 
-async def constrain_async(params: Any, vocab: Vocabulary, json_schema: dict[str, Any] | bool) -> None:
-    """Constrain `params` to `json_schema`, compiled off the event loop and checked against `vocab`, as
+async def constrain_async(
+    params: Any,
+    vocab: Vocabulary,
+    json_schema: dict[str, Any] | bool | None = None,
+    grammar: str | None = None,
+    regex: str | None = None,
+) -> None:
+    """Constrain `params` to one of the three, compiled off the event loop and checked against `vocab`, as
     SamplingParams(json_schema=...) followed by check_for_vocabulary would (without blocking the loop)."""
     if params.ignore_eos:
         raise GrammarError("ignore_eos cannot be combined with a grammar: a grammar ends with EOS")
-    params.compiled_grammar = await compile_grammar_async(json_schema=json_schema, vocab=vocab)
-    params.json_schema, params.grammar_vocab_key = json_schema, vocab_key(vocab)
+    if params.min_tokens:
+        raise GrammarError("min_tokens cannot be combined with a grammar: it ends the output")
+    params.compiled_grammar = await compile_grammar_async(json_schema, grammar, regex, vocab)
+    params.json_schema, params.grammar, params.regex = json_schema, grammar, regex
+    params.grammar_vocab_key = vocab_key(vocab)
 
 
 def check_for_vocabulary(params: Any, vocab: Vocabulary) -> None:

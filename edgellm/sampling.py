@@ -3,6 +3,7 @@ kernels for top-p / min-p / plain temperature: a few tens of microseconds, far b
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -46,6 +47,8 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)  # stop strings (not included in the output)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    # End-of-generation and stop ids cannot be drawn before this many tokens (vLLM's min_tokens)
+    min_tokens: int = 0
     n: int = 1  # completions per prompt
     logprobs: int | None = None  # return the chosen token's logprob and this many top alternatives
     # Constrained decoding (at most one; see edgellm.grammar): a JSON Schema (dict or JSON text; True: any
@@ -81,6 +84,10 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
+            )
         if self.reasoning_split not in (None, "open", "tag", "harmony"):
             raise ValueError(
                 f"reasoning_split must be None, 'open', 'tag' or 'harmony', got {self.reasoning_split!r}"
@@ -92,6 +99,8 @@ class SamplingParams:
 
             if self.ignore_eos:
                 raise ValueError("ignore_eos cannot be combined with a grammar: a grammar ends with EOS")
+            if self.min_tokens:
+                raise ValueError("min_tokens cannot be combined with a grammar: it ends the output")
             self.compiled_grammar = compile_grammar(self.json_schema, self.grammar, self.regex)
 
     @property
@@ -116,6 +125,8 @@ def device_candidates(p: SamplingParams) -> int | None:
     few top tokens."""
     if p.logprobs is not None or p.logit_bias or p.repetition_penalty != 1.0 or p.compiled_grammar:
         return None
+    if p.min_tokens:  # stop ids masked early: adjust() changes the row
+        return None
     if p.presence_penalty or p.frequency_penalty:
         return None
     if p.greedy:
@@ -133,10 +144,14 @@ class Sampler:
     """Picks the next token of one sequence. Holds the request's random generator so a seed reproduces
     the same text whatever else runs in the batch."""
 
-    def __init__(self, params: SamplingParams, rng_offset: int = 0) -> None:
+    def __init__(
+        self, params: SamplingParams, rng_offset: int = 0, stop_ids: Collection[int] = ()
+    ) -> None:
         self.params = params
         seed = None if params.seed is None else params.seed + rng_offset
         self.rng = np.random.default_rng(seed)
+        # what min_tokens keeps from being drawn early: the request's stop and end-of-generation ids
+        self.early_banned = np.array(sorted(stop_ids), dtype=np.int64) if params.min_tokens else None
 
     def adjust(self, logits: np.ndarray, prompt: list[int], output: list[int]) -> np.ndarray:
         """Penalties and biases applied to a copy of the raw logits."""
@@ -153,6 +168,9 @@ class Sampler:
             for tok, bias in p.logit_bias.items():
                 if 0 <= tok < len(x):
                     x[tok] += bias
+        if self.early_banned is not None and len(output) < p.min_tokens:
+            banned = self.early_banned[self.early_banned < len(x)]
+            x[banned] = -np.inf
         return x
 
     def sample(self, logits: np.ndarray, prompt: list[int], output: list[int]) -> int:

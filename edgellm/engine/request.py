@@ -68,7 +68,8 @@ class Request:
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else eog_ids)
         req = cls(request_id, params, prompt_ids, stop_ids, min(params.max_tokens, n_ctx - len(prompt_ids)))
         req.completions = [
-            Completion(req, i, sid, Sampler(params, rng_offset=i)) for i, sid in enumerate(seq_ids)
+            Completion(req, i, sid, Sampler(params, rng_offset=i, stop_ids=stop_ids))
+            for i, sid in enumerate(seq_ids)
         ]
         return req
 

@@ -18,8 +18,9 @@ from typing import Any
 from edgellm.grammar import GrammarError, constrain_async
 from edgellm.grammar_worker import default_pool
 from edgellm.sampling import MAX_SEED, PARAM_BOUNDS, SamplingParams
+from edgellm.server.constraints import Constraint, parse_constraint
 from edgellm.server.errors import ApiError, bad_value
-from edgellm.server.tools import ToolRequest, checked_tool_schema, parse_response_format, parse_tools
+from edgellm.server.tools import ToolRequest, checked_tool_schema, parse_tools
 
 MAX_N = 16  # completions per request
 MAX_TOP_LOGPROBS = 20
@@ -121,9 +122,9 @@ class GenerationRequest:
     messages: list[dict[str, Any]] | None = None  # chat
     prompts: list[str | list[int]] | None = None  # completions: one engine request per prompt
     tools: ToolRequest | None = None  # chat with tools that may be called
-    # What response_format constrains decoding to; `constrain` compiles it (or the tools' calls) into
-    # `params` off the event loop.
-    json_schema: dict[str, Any] | bool | None = None
+    # What the output is constrained to (constraints.py: response_format and the other servers' fields);
+    # `constrain` compiles it (or the tools' calls) into `params` off the event loop.
+    constraint: Constraint | None = None
     # Thinking asked on or off (`reasoning_effort`, `chat_template_kwargs.enable_thinking`), None: the
     # template's default; and the field that asked, for errors.
     enable_thinking: bool | None = None
@@ -176,12 +177,16 @@ def _common(
             raise bad_value("stream_options", "only allowed when 'stream' is true")
         include_usage = _bool(options, "include_usage") or False
     top_k = _int(body, "top_k", lo=-1)
+    repeat = _repeat_penalty(body)
     opt = {
         **{k: _number(body, k, *bounds) for k, bounds in PARAM_BOUNDS.items()},  # SamplingParams' bounds
         "seed": _int(body, "seed", lo=0, hi=MAX_SEED),
         "n": _int(body, "n", lo=1, hi=MAX_N),
         "top_k": None if top_k is None else max(top_k, 0),  # -1 means off, as in vLLM
+        "min_tokens": _int(body, "min_tokens", lo=0),  # vLLM's; checked against max_tokens below
     }
+    if repeat is not None:
+        opt["repetition_penalty"] = repeat
     params = SamplingParams(
         max_tokens=max_tokens or max_tokens_default,
         stop=stop,
@@ -193,20 +198,41 @@ def _common(
     return model, params, stream, include_usage, user
 
 
+def _n_probs(body: dict, logprobs_given: bool) -> int | None:
+    """llama-server's `n_probs` (top alternatives per generated token), as OpenAI's logprobs fields."""
+    n = _int(body, "n_probs", lo=0, hi=MAX_TOP_LOGPROBS)
+    if n is not None and n > 0 and logprobs_given:
+        raise bad_value("n_probs", "give n_probs or logprobs/top_logprobs, not both")
+    return n or None  # 0: none, as llama-server's default
+
+
+def _repeat_penalty(body: dict) -> float | None:
+    """llama-server's spelling of repetition_penalty, `repeat_penalty`, with its `repeat_last_n` window:
+    the penalty here looks at the whole context (llama-server's -1), so only -1 is taken (or any window
+    while the penalty is off), as on the Ollama routes."""
+    value = _number(body, "repeat_penalty", *PARAM_BOUNDS["repetition_penalty"])
+    if value is not None and body.get("repetition_penalty") is not None:
+        raise bad_value("repeat_penalty", "give repetition_penalty or repeat_penalty, not both")
+    window = _int(body, "repeat_last_n", lo=-1)
+    if window not in (None, -1) and value not in (None, 1.0):
+        raise bad_value("repeat_last_n", "only -1 (the whole context) is supported with repeat_penalty")
+    return value
+
+
 async def constrain(req: GenerationRequest, vocab: tuple[Any, int]) -> None:
     """Check the request's tools and compile what decodes it is constrained to (response_format, or the
     calls of tool_choice "required"/named) in a grammar worker into its params, against the model's
     vocabulary `vocab` (tokenizer, n_vocab); all of it off the event loop."""
-    schema, param = req.json_schema, "response_format"
+    c = req.constraint
     try:
         if req.tools is not None:
-            param = "tools"
-            schema = await default_pool().off_loop(checked_tool_schema, req.tools)
-        if schema is not None:
-            await constrain_async(req.params, vocab, schema)
+            c = Constraint("tools", json_schema=await default_pool().off_loop(checked_tool_schema, req.tools))
+        if c is not None:
+            await constrain_async(req.params, vocab, c.json_schema, c.grammar, c.regex)
     except GrammarError as e:
-        prefix = "a function's parameters cannot constrain decoding: " if param == "tools" else ""
-        raise bad_value(param, prefix + str(e)) from None
+        assert c is not None
+        prefix = "a function's parameters cannot constrain decoding: " if c.param == "tools" else ""
+        raise bad_value(c.param, prefix + str(e)) from None
 
 
 def _messages(body: dict) -> list[dict[str, Any]]:
@@ -322,10 +348,13 @@ def parse_chat(
     top = _int(body, "top_logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
     if top is not None and not logprobs:
         raise bad_value("top_logprobs", "requires 'logprobs' to be true")
+    n_probs = _n_probs(body, "logprobs" in body or "top_logprobs" in body)
+    if n_probs is not None:  # llama-server's spelling: the chosen token's logprob and n_probs others
+        logprobs, top = True, n_probs
     tools = parse_tools(body)
-    schema = parse_response_format(body)
-    if tools is not None and schema is not None:
-        raise bad_value("response_format", "cannot be combined with tools (unless tool_choice is 'none')")
+    constraint = parse_constraint(body)
+    if tools is not None and constraint is not None:
+        raise bad_value(constraint.param, "cannot be combined with tools (unless tool_choice is 'none')")
     top_or_none = (top or 0) if logprobs else None
     model, params, stream, include_usage, user = _common(body, n_ctx, top_or_none, defaults)
     enable_thinking, thinking_param = parse_thinking(body)
@@ -338,7 +367,7 @@ def parse_chat(
         user,
         messages=_messages(body),
         tools=tools,
-        json_schema=schema,
+        constraint=constraint,
         enable_thinking=enable_thinking,
         thinking_param=thinking_param,
     )
@@ -347,12 +376,14 @@ def parse_chat(
 def parse_completion(body: dict, defaults: Mapping[str, Any] = MappingProxyType({})) -> GenerationRequest:
     body = _object(body)
     k = _int(body, "logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
+    n_probs = _n_probs(body, k is not None)
+    k = k if n_probs is None else n_probs
     if _bool(body, "echo"):
         raise bad_value("echo", "echo is not supported")
     suffix = _str(body, "suffix") or None  # "" asks for no infill: a plain completion
     if body.get("tools") is not None or body.get("tool_choice") is not None:
         raise bad_value("tools", "tools are only supported on /v1/chat/completions")
-    schema = parse_response_format(body)
+    constraint = parse_constraint(body)
     model, params, stream, include_usage, user = _common(body, 16, k, defaults)  # OpenAI: 16
     prompt = body.get("prompt")
     prompts: list[str | list[int]]
@@ -383,6 +414,6 @@ def parse_completion(body: dict, defaults: Mapping[str, Any] = MappingProxyType(
         k is not None,
         user,
         prompts=prompts,
-        json_schema=schema,
+        constraint=constraint,
         suffix=suffix,
     )

@@ -4,7 +4,8 @@ OpenAI answers a field it does not know with 400 "Unrecognized request argument 
 we, so that an option a client relies on is never silently dropped (a sampling knob spelled as another
 server spells it, an output modality, a web search). Besides the fields protocol.py and tools.py parse:
 - the sampling extensions of vLLM's and llama.cpp's servers that SamplingParams has (min_p, top_k,
-  repetition_penalty: in PARAM_BOUNDS);
+  repetition_penalty: in PARAM_BOUNDS; min_tokens; llama-server's repeat_penalty and n_probs) and
+  their output constraints (constraints.py: json_schema, grammar, guided_*, structured_outputs);
 - fields that change nothing in the output and so are accepted as they come: OpenAI's identifiers and
   routing hints (user, safety_identifier, prompt_cache_key, metadata, service_tier) and llama-server's
   cache_prompt (the prefix cache is always on here);
@@ -17,20 +18,23 @@ from __future__ import annotations
 from typing import Any
 
 from edgellm.sampling import PARAM_BOUNDS
+from edgellm.server.constraints import CONSTRAINT_FIELDS
 from edgellm.server.errors import bad_value
 
 _COMMON = {  # both routes: protocol._common's fields, and the no-effect user and cache_prompt
     "model", "max_tokens", "max_completion_tokens", "stop", "logit_bias", "stream", "stream_options",
     "seed", "n", "top_k", *PARAM_BOUNDS, "user", "cache_prompt",
+    # llama-server's and vLLM's spellings of what SamplingParams has (protocol.py maps them)
+    "repeat_penalty", "repeat_last_n", "n_probs", "min_tokens", *CONSTRAINT_FIELDS,
 }  # fmt: skip
 _NO_EFFECT_CHAT = {"safety_identifier", "prompt_cache_key", "metadata", "service_tier"}
 CHAT_FIELDS = _COMMON | _NO_EFFECT_CHAT | {
     "messages", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
-    "max_parallel_calls", "response_format", "functions", "function_call", "reasoning_effort",
+    "max_parallel_calls", "functions", "function_call", "reasoning_effort",
     "chat_template_kwargs", "store", "modalities",
 }  # fmt: skip
 COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs", "echo", "suffix", "tools", "tool_choice",
-                               "response_format", "best_of"}  # fmt: skip
+                               "best_of"}  # fmt: skip
 
 # OpenAI fields that ask for what this server does not do, whatever their value (null aside)
 NOT_SUPPORTED = {

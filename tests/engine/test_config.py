@@ -218,18 +218,22 @@ def test_serve_models_passes_the_engine_flags_to_each_models_server(monkeypatch)
     """`serve --models` hands its flags on to every model's `edgellm serve`, whose parser takes them."""
     import edgellm.server.multi_run as multi_run
 
-    def no_router(models, host, port, keep_alive, models_max, child, presets, api_key):  # noqa: ANN001, ANN202
+    def no_router(config, models, child, presets):  # noqa: ANN001, ANN202
         raise _Started(models, child)
 
     monkeypatch.setattr(multi_run, "run_multi_server", no_router)
     argv = ["serve", "--models", "a,b", "--ctx", "64", "--threads", "1", "--max-num-seqs", "3"]
-    argv += ["--top-k", "5"]
+    argv += ["--top-k", "5", "--max-body-bytes", "1000", "--metrics-public", "--reasoning-budget", "7"]
+    argv += ["--api-key", "secret", "--port", "9", "--keep-alive", "60", "--cors-origin", "http://x.example"]
     with pytest.raises(_Started) as got:
         cli.main(argv)
     models, child = got.value.args
     assert models == ["a", "b"]
-    for flag in ("--ctx=64", "--threads=1", "--max-num-seqs=3", "--top-k=5"):
+    for flag in ("--ctx=64", "--threads=1", "--max-num-seqs=3", "--top-k=5", "--max-body-bytes=1000"):
         assert flag in child
+    # the router's own flags stay with it; the key goes through the environment (multi.py)
+    assert not [f for f in child if f.startswith(("--api-key", "--port", "--keep-alive", "--cors"))]
     config = ServerConfig.from_cli_args(_subparser("serve").parse_args(["a", *child]))
     assert (config.engine.n_ctx, config.engine.threads, config.engine.max_num_seqs) == (64, 1, 3)
     assert config.sampling_defaults == {"top_k": 5}
+    assert (config.max_body_bytes, config.metrics_public, config.reasoning_budget) == (1000, True, 7)

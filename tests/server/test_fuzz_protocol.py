@@ -188,8 +188,11 @@ def _check_attack(body: dict, pool) -> None:
         assert e.status == 400 and e.message
         return
     try:
-        schema = checked_tool_schema(req.tools) if req.tools is not None else req.json_schema
-        job = grammar_job(schema, None, None)
+        c = req.constraint
+        if req.tools is not None:
+            job = grammar_job(checked_tool_schema(req.tools), None, None)
+        else:
+            job = None if c is None else grammar_job(c.json_schema, c.grammar, c.regex)
         if job is not None:
             pool.run(job)  # past the checks: compiles or is an error, never a crash
     except GrammarError as e:
