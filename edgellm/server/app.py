@@ -30,6 +30,7 @@ from edgellm.server.frontend import Frontend
 from edgellm.server.generate import encode_prompts, generate
 from edgellm.server.http_stack import http_stack
 from edgellm.server.infill import completion_prompts, infill_routes
+from edgellm.server.llama_native import native_routes
 from edgellm.server.ollama_api import ollama_routes
 from edgellm.server.protocol import GenerationRequest, constrain, parse_chat, parse_completion
 from edgellm.server.request_fields import CHAT_FIELDS, COMPLETION_FIELDS, check_fields
@@ -192,6 +193,7 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
         state, lambda request: read_json(request, limit), lambda **kw: endpoint(state, **kw), prompt_ids
     )
     routes += ollama_routes(front) + anthropic_routes(front) + responses_routes(front) + infill_routes(front)
+    routes += native_routes(front)
     def count(e: ApiError) -> None:
         state.metrics.http_errors[e.status] += 1
 

@@ -82,6 +82,7 @@ class End:
     completion_tokens: int
     cached_tokens: int
     metrics: RequestMetrics | None = None  # the engine's timings
+    token_ids: list[int] = field(default_factory=list)  # the completion's generated ids
 
 
 Event = Text | Reasoning | CallStart | CallArgs | End
@@ -167,7 +168,7 @@ async def events(state: ServerState, req: GenerationRequest, gen: Generation) ->
             metrics = out.metrics
     reason = reason or "stop"
     stop = matched_stop(state, whole.text, whole.token_ids, req.params.stop) if reason == "stop" else None
-    yield End(reason, stop, n_prompt, len(whole.token_ids), n_cached, metrics)
+    yield End(reason, stop, n_prompt, len(whole.token_ids), n_cached, metrics, list(whole.token_ids))
 
 
 async def _closing(merged: AsyncIterator[Any]) -> AsyncIterator[Any]:

@@ -22,6 +22,7 @@ from edgellm.engine.checks import PromptTooLongError
 from edgellm.server.errors import ApiError
 from edgellm.server.frontend import End, Event, Frontend, Reply, Text, respond
 from edgellm.server.generate import encode_prompts, request_error
+from edgellm.server.llama_native import final_object
 from edgellm.server.openai_format import sse
 from edgellm.server.protocol import GenerationRequest, parse_completion
 from edgellm.tokenizer.fim import DEFAULT_CHUNK_FILE_NAME, FimTokens, NoFimError, fim_prompt_ids, fim_tokens
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
 
 # /infill's own fields; every other field goes to parse_completion as it is.
 _INFILL_FIELDS = ("input_prefix", "input_suffix", "input_extra", "prompt", "n_predict")
-_STOP_TYPES = {"length": "limit", "abort": "none"}  # llama.cpp's stop_type for our finish reasons
 
 
 def model_fim(state: ServerState, param: str) -> FimTokens:
@@ -128,36 +128,18 @@ async def parse_infill(state: ServerState, body: dict) -> GenerationRequest:
     return parse_completion(completion_body, state.config.sampling_defaults)
 
 
-def _final(model: str, content: str, end: End | None) -> dict[str, Any]:
-    reason = end.reason if end is not None else "stop"
-    stop_word = end.stop_sequence if end is not None else None
-    stop_type = _STOP_TYPES.get(reason, "word" if stop_word else "eos")
-    return {
-        "index": 0,
-        "content": content,
-        "stop": True,
-        "model": model,
-        "stop_type": stop_type,
-        "stopping_word": stop_word or "",
-        "tokens_predicted": end.completion_tokens if end is not None else 0,
-        "tokens_evaluated": end.prompt_tokens if end is not None else 0,
-        "tokens_cached": end.cached_tokens if end is not None else 0,
-        "truncated": False,  # nothing is cut: a prompt past the context is a 400
-    }
-
-
 def infill_routes(front: Frontend) -> list[Route]:
     state = front.state
 
     def whole(reply: Reply) -> Response:
-        return JSONResponse(_final(state.model_name, reply.content, reply.end))
+        return JSONResponse(final_object(state.model_name, reply.content, reply.end))
 
     async def stream(events: AsyncIterator[Event]) -> AsyncIterator[str]:
         async for e in events:
             if isinstance(e, Text) and e.text:
                 yield sse({"index": 0, "content": e.text, "stop": False})
             elif isinstance(e, End):
-                yield sse(_final(state.model_name, "", e))
+                yield sse(final_object(state.model_name, "", e))
 
     @front.endpoint()
     async def infill(request: Request) -> Response:

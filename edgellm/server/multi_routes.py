@@ -49,7 +49,7 @@ RELAYED = (
     "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
     "/v1/messages", "/v1/messages/count_tokens",
     "/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/show",
-    "/tokenize", "/detokenize", "/infill",
+    "/tokenize", "/detokenize", "/infill", "/completion", "/apply-template",
 )  # fmt: skip
 # Not relayed: the connection's own headers, and Origin (the router's guard has judged it; the model's
 # server, on loopback with no --cors-origin, would refuse what the router allowed).

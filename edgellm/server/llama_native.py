@@ -1,0 +1,275 @@
+"""llama-server's own API (its tools/server/README.md), on the shared front-end: `POST /completion` (not
+`/completions`: that one is OpenAI's here, as every /v1-less route), `GET /props`, `GET /slots`,
+`POST /apply-template`, and the reply object that /completion and /infill both end with (`final_object`,
+with llama-server's `timings`).
+
+/completion's body is llama-server's: `prompt` (a string, token ids, ids and strings mixed, or a list of
+those: one reply each), `n_predict` (-1: until the context's end), its sampling fields, `grammar` and
+`json_schema`, `ignore_eos`, `return_tokens`, and the fields that change nothing here (`cache_prompt`,
+`n_keep`, `id_slot`, `n_cache_reuse`). Its samplers edgellm does not have are taken at the value that turns
+them off (OFF_VALUES, and their knobs while they are off); on, they are a 400 naming them, as is any
+field llama-server does not define.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from edgellm.server.errors import ApiError, bad_value
+from edgellm.server.frontend import End, Event, Frontend, Reply, Text, respond
+from edgellm.server.generate import encode_prompts
+from edgellm.server.openai_format import sse
+from edgellm.server.protocol import GenerationRequest, _is_int, _is_number, constrain, parse_completion
+from edgellm.server.state import render_chat_prompt
+
+if TYPE_CHECKING:
+    from edgellm.server.state import ServerState
+
+STOP_TYPES = {"length": "limit", "abort": "none"}  # llama-server's stop_type for our finish reasons
+# Passed on to the OpenAI completion body as they are (the same names and meaning there).
+SAME_FIELDS = (
+    "temperature", "top_k", "top_p", "min_p", "stop", "presence_penalty", "frequency_penalty",
+    "repeat_penalty", "repeat_last_n", "grammar", "json_schema", "stream", "min_tokens",
+)  # fmt: skip
+NO_EFFECT = ("cache_prompt", "n_keep", "n_cache_reuse", "id_slot")  # no context shift; one prefix cache
+# llama-server's samplers edgellm lacks, at their "off" value; their knobs count only while they are on.
+OFF_VALUES: dict[str, Any] = {
+    "typical_p": 1.0, "mirostat": 0, "dynatemp_range": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0,
+    "n_indent": 0, "t_max_predict_ms": 0, "min_keep": 0, "post_sampling_probs": False, "n_probs": 0,
+    "return_progress": False, "timings_per_token": False, "n_cmpl": 1,
+}  # fmt: skip
+KNOBS = {
+    "mirostat_tau": "mirostat", "mirostat_eta": "mirostat", "dynatemp_exponent": "dynatemp_range",
+    "dry_base": "dry_multiplier", "dry_allowed_length": "dry_multiplier",
+    "dry_penalty_last_n": "dry_multiplier", "dry_sequence_breakers": "dry_multiplier",
+    "xtc_threshold": "xtc_probability",
+}  # fmt: skip
+OWN = {"prompt", "n_predict", "seed", "logit_bias", "ignore_eos", "return_tokens", "samplers", "model"}
+OUR_SAMPLER_ORDER = ("top_k", "top_p", "min_p", "temperature")  # after the penalties (sampling.py)
+
+
+def timings(end: End | None) -> dict[str, Any]:
+    """llama-server's `timings` of a finished request, from the engine's RequestMetrics."""
+    m = end.metrics if end is not None else None
+    if m is None or m.first_token_time is None:
+        return {}
+    finished = m.finished_time or time.monotonic()
+    prompt_n = max(end.prompt_tokens - end.cached_tokens, 0)  # type: ignore[union-attr]
+    prompt_ms = (m.first_token_time - m.arrival_time) * 1e3
+    predicted_n = end.completion_tokens  # type: ignore[union-attr]
+    predicted_ms = (finished - m.first_token_time) * 1e3
+    return {
+        "cache_n": end.cached_tokens,  # type: ignore[union-attr]
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+        "prompt_per_second": prompt_n * 1e3 / prompt_ms if prompt_ms > 0 else 0.0,
+        "predicted_n": predicted_n,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
+        "predicted_per_second": predicted_n * 1e3 / predicted_ms if predicted_ms > 0 else 0.0,
+    }
+
+
+def final_object(model: str, content: str, end: End | None, **extra: Any) -> dict[str, Any]:
+    """The object a /completion or /infill reply ends with (the whole reply, or the stream's last event)."""
+    reason = end.reason if end is not None else "stop"
+    stop_word = end.stop_sequence if end is not None else None
+    return {
+        "index": 0,
+        "content": content,
+        "id_slot": -1,
+        "stop": True,
+        "model": model,
+        "stop_type": STOP_TYPES.get(reason, "word" if stop_word else "eos"),
+        "stopping_word": stop_word or "",
+        "tokens_predicted": end.completion_tokens if end is not None else 0,
+        "tokens_evaluated": end.prompt_tokens if end is not None else 0,
+        "tokens_cached": end.cached_tokens if end is not None else 0,
+        "truncated": False,  # nothing is cut: a prompt past the context is a 400
+        "timings": timings(end),
+        **extra,
+    }
+
+
+def _check_fields(body: dict[str, Any]) -> None:
+    for key, value in body.items():
+        if value is None or key in OWN or key in SAME_FIELDS or key in NO_EFFECT:
+            continue
+        if key in OFF_VALUES:
+            if value != OFF_VALUES[key]:
+                raise bad_value(key, f"not supported here (only {OFF_VALUES[key]!r}: off)")
+        elif key in KNOBS:
+            if body.get(KNOBS[key]) not in (None, OFF_VALUES[KNOBS[key]]):
+                raise bad_value(KNOBS[key], "not supported here (only its off value)")
+        else:
+            raise bad_value(key, "unrecognized request argument supplied (not an option of /completion)")
+    samplers = body.get("samplers")
+    if samplers is not None:
+        if not isinstance(samplers, list) or not all(isinstance(s, str) for s in samplers):
+            raise bad_value("samplers", "expected a list of sampler names")
+        ours = [s for s in samplers if s in OUR_SAMPLER_ORDER]
+        if ours != [s for s in OUR_SAMPLER_ORDER if s in ours]:
+            raise bad_value("samplers", f"only the order {', '.join(OUR_SAMPLER_ORDER)} is supported")
+
+
+def _logit_bias(value: Any) -> dict[str, float] | None:
+    """llama-server's [[id, bias or false], ...] (or OpenAI's {id: bias}) as OpenAI's object."""
+    if value is None or isinstance(value, dict):
+        return value
+    if not isinstance(value, list):
+        raise bad_value("logit_bias", "expected [[token id, bias], ...] or {token id: bias}")
+    out = {}
+    for pair in value:
+        if not (isinstance(pair, list) and len(pair) == 2 and _is_int(pair[0])):
+            raise bad_value("logit_bias", "expected [token id, bias] pairs (token text is not supported)")
+        bias = pair[1]
+        if bias is False:
+            bias = -100  # never this token
+        elif not _is_number(bias):
+            raise bad_value("logit_bias", "a bias is a number or false")
+        out[str(pair[0])] = bias
+    return out
+
+
+async def _prompts(state: ServerState, prompt: Any) -> list[list[int]]:
+    """llama-server's prompt shapes as token ids: text with BOS as the model adds it (a mixed list: when
+    it starts with text), token ids as they are; a list of such prompts, one each."""
+    single = isinstance(prompt, str) or (isinstance(prompt, list) and prompt and not any(
+        isinstance(p, list) for p in prompt) and any(_is_int(p) for p in prompt))  # fmt: skip
+    prompts = [prompt] if single else prompt
+    if not isinstance(prompts, list) or not prompts:
+        raise bad_value("prompt", "expected a string, token ids (mixed with strings), or a list of those")
+    out = []
+    for p in prompts:
+        if isinstance(p, str) or (isinstance(p, list) and p and all(_is_int(t) for t in p)):
+            out.append(p)
+            continue
+        if not (isinstance(p, list) and p and all(isinstance(t, str) or _is_int(t) for t in p)):
+            raise bad_value("prompt", "expected a string, token ids (mixed with strings), or a list of those")
+        ids: list[int] = []
+        for i, piece in enumerate(p):  # text pieces tokenized as they are, BOS only before a first one
+            if isinstance(piece, int):
+                ids.append(piece)
+            else:
+                text_ids = (await encode_prompts(state, [piece]))[0]
+                ids += text_ids if i == 0 else state.llm.tokenizer.encode(piece, add_special=False)
+        out.append(ids)
+    return await encode_prompts(state, out)
+
+
+def parse_request(state: ServerState, body: dict[str, Any]) -> GenerationRequest:
+    """The body (but its prompt) as a completion request (parse_completion's checks and defaults)."""
+    _check_fields(body)
+    n_predict = body.get("n_predict", -1)
+    if not _is_int(n_predict) or (n_predict != -1 and n_predict < 1):
+        raise bad_value("n_predict", "expected -1 (until the context's end) or a positive integer")
+    seed = body.get("seed")
+    if seed is not None and not _is_int(seed):
+        raise bad_value("seed", "expected an integer (-1: random)")
+    openai: dict[str, Any] = {k: body[k] for k in SAME_FIELDS if body.get(k) is not None}
+    openai["prompt"] = "x"  # the real prompt's ids are built apart (_prompts)
+    openai["max_tokens"] = state.llm.n_ctx if n_predict == -1 else n_predict
+    openai["logit_bias"] = _logit_bias(body.get("logit_bias"))
+    if seed not in (None, -1):
+        openai["seed"] = seed
+    req = parse_completion(openai, state.config.sampling_defaults)
+    if body.get("ignore_eos") is True:
+        if req.constraint is not None:
+            raise bad_value("ignore_eos", "cannot be combined with a grammar: a grammar ends with EOS")
+        req.params.ignore_eos = True
+    elif body.get("ignore_eos") not in (None, False):
+        raise bad_value("ignore_eos", "expected a boolean")
+    return req
+
+
+def native_routes(front: Frontend) -> list[Route]:
+    state = front.state
+
+    @front.endpoint()
+    async def completion(request: Request) -> Response:
+        body = await front.read_json(request)
+        req = parse_request(state, body)
+        await constrain(req, (state.llm.tokenizer, state.llm.config.n_vocab))
+        prompts = await _prompts(state, body.get("prompt"))
+        return_tokens = body.get("return_tokens") is True
+        if len(prompts) > 1 and req.stream:
+            raise bad_value("prompt", "one prompt when streaming (send each as its own request)")
+
+        def whole(reply: Reply, ids: list[int]) -> dict[str, Any]:
+            tokens = reply.end.token_ids if return_tokens and reply.end is not None else []
+            prompt_text = state.llm.detokenize(ids)
+            return final_object(state.model_name, reply.content, reply.end, tokens=tokens, prompt=prompt_text)
+
+        async def stream(events: AsyncIterator[Event]) -> AsyncIterator[str]:
+            async for e in events:
+                if isinstance(e, Text) and e.text:
+                    yield sse({"index": 0, "content": e.text, "tokens": [], "stop": False, "id_slot": -1})
+                elif isinstance(e, End):
+                    tokens = e.token_ids if return_tokens else []
+                    yield sse(final_object(state.model_name, "", e, tokens=tokens))
+
+        replies = []
+        for i, ids in enumerate(prompts):  # several prompts: one after another, an array of replies
+            response = await respond(
+                front, request, req, ids, lambda r, ids=ids, i=i: JSONResponse({**whole(r, ids), "index": i}),
+                stream, lambda e: sse(e.body()), "text/event-stream", chat=False,
+            )  # fmt: skip
+            if req.stream or len(prompts) == 1:
+                return response
+            replies.append(json.loads(bytes(response.body)))
+        return JSONResponse(replies)
+
+    @front.endpoint()
+    async def props(request: Request) -> Response:
+        template = state.template
+        settings = {"n_ctx": state.llm.n_ctx, "params": state.config.sampling_defaults}
+        return JSONResponse({
+            "default_generation_settings": settings,
+            "total_slots": state.config.engine.max_num_seqs,
+            "model_alias": state.model_name,
+            "model_path": str(state.llm.path),
+            "chat_template": template.source if template is not None else "",
+            "modalities": {"vision": False, "audio": False},
+            "build_info": "edgellm",
+        })  # fmt: skip
+
+    @front.endpoint()
+    async def set_props(request: Request) -> Response:
+        msg = "the server's properties are read-only here (its flags set them)"
+        raise ApiError(501, msg, "not_supported_error")
+
+    @front.endpoint()
+    async def slots(request: Request) -> Response:
+        """A view of the request slots: as many as requests run at once, the first busy ones processing
+        (no prompts or outputs: those are the clients')."""
+        busy = state.llm.stats().num_running
+        n = state.config.engine.max_num_seqs
+        n_ctx = state.llm.n_ctx
+        return JSONResponse([{"id": i, "n_ctx": n_ctx, "is_processing": i < busy} for i in range(n)])
+
+    @front.endpoint()
+    async def apply_template(request: Request) -> Response:
+        body = await front.read_json(request)
+        from edgellm.server.protocol import parse_chat
+
+        req = parse_chat({"messages": body.get("messages")}, state.llm.n_ctx)
+        assert req.messages is not None
+        prompt = await render_chat_prompt(state, req.messages, for_generation=False)
+        return JSONResponse({"prompt": prompt.text})
+
+    return [
+        Route("/completion", completion, methods=["POST"]),
+        Route("/props", props, methods=["GET"]),
+        Route("/props", set_props, methods=["POST"]),
+        Route("/slots", slots, methods=["GET"]),
+        Route("/apply-template", apply_template, methods=["POST"]),
+    ]
+

@@ -1,0 +1,133 @@
+"""llama-server's own routes (issue 59): /completion with its prompt shapes, streaming, reply object and
+timings, the samplers it defines taken only when off; /props, /slots, /apply-template. Against one real
+server (SmolLM2), compared with the OpenAI routes of the same engine."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from edgellm.testing.servers import httpx
+
+MODEL = "smollm2-135m"
+PROMPT = "The capital of France is"
+
+
+def _post(url: str, path: str, **body: object) -> httpx.Response:
+    return httpx.post(f"{url}{path}", json=body, timeout=120)
+
+
+def test_completion_is_the_openai_completion_in_llama_servers_shape(apis_server: str) -> None:
+    r = _post(apis_server, "/completion", prompt=PROMPT, n_predict=8, temperature=0, return_tokens=True)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    want = _post(apis_server, "/v1/completions", model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0)
+    assert got["content"] == want.json()["choices"][0]["text"]
+    assert (got["stop"], got["stop_type"], got["stopping_word"], got["truncated"]) == (
+        True,
+        "limit",
+        "",
+        False,
+    )
+    assert got["tokens_predicted"] == 8 and got["tokens_evaluated"] == want.json()["usage"]["prompt_tokens"]
+    assert got["prompt"] == PROMPT and len(got["tokens"]) == 8
+    detok = _post(apis_server, "/detokenize", tokens=got["tokens"]).json()["content"]
+    assert detok == got["content"]
+    t = got["timings"]
+    assert t["predicted_n"] == 8 and t["prompt_n"] + t["cache_n"] == got["tokens_evaluated"]
+    assert t["predicted_ms"] > 0 and t["predicted_per_second"] > 0 and t["prompt_ms"] > 0
+
+
+def test_completion_streams_what_it_returns_whole(apis_server: str) -> None:
+    whole = _post(apis_server, "/completion", prompt=PROMPT, n_predict=6, temperature=0).json()
+    body = {"prompt": PROMPT, "n_predict": 6, "temperature": 0, "stream": True, "return_tokens": True}
+    events = []
+    with httpx.stream("POST", f"{apis_server}/completion", json=body, timeout=120) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert all(e["stop"] is False for e in events[:-1]) and events[-1]["stop"] is True
+    assert "".join(e["content"] for e in events) == whole["content"]
+    assert events[-1]["tokens_predicted"] == 6 and len(events[-1]["tokens"]) == 6
+
+
+def test_prompt_shapes_tokens_mixed_and_several(apis_server: str) -> None:
+    ids = _post(apis_server, "/tokenize", content=PROMPT).json()["tokens"]
+    text = _post(apis_server, "/completion", prompt=PROMPT, n_predict=4, temperature=0).json()
+    tokens = _post(apis_server, "/completion", prompt=ids, n_predict=4, temperature=0).json()
+    assert tokens["content"] == text["content"]
+    head, tail = "The capital", " of France is"  # text, then its rest as token ids
+    tail_ids = _post(apis_server, "/tokenize", content=tail, add_special=False).json()["tokens"]
+    mixed = _post(apis_server, "/completion", prompt=[head, *tail_ids], n_predict=4, temperature=0)
+    assert mixed.status_code == 200 and mixed.json()["prompt"] == PROMPT
+    several = _post(
+        apis_server, "/completion", prompt=[PROMPT, "Once upon a time"], n_predict=3, temperature=0
+    )
+    replies = several.json()
+    assert [r["index"] for r in replies] == [0, 1]
+    assert text["content"].startswith(replies[0]["content"])  # the same greedy start, 3 of its 4 tokens
+
+
+def test_stop_words_grammar_and_ignore_eos(apis_server: str) -> None:
+    stopped = _post(apis_server, "/completion", prompt=PROMPT, n_predict=30, temperature=0, stop=["."]).json()
+    assert (stopped["stop_type"], stopped["stopping_word"]) == ("word", ".") and "." not in stopped["content"]
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    constrained = _post(
+        apis_server, "/completion", prompt=PROMPT, n_predict=40, temperature=0, json_schema=schema
+    )
+    jsonschema.validate(json.loads(constrained.json()["content"]), schema)
+    chat = _post(
+        apis_server, "/apply-template", messages=[{"role": "user", "content": "Say just: Hi"}]
+    ).json()
+    free = _post(apis_server, "/completion", prompt=chat["prompt"], n_predict=60, temperature=0).json()
+    assert free["stop_type"] == "eos" and free["tokens_predicted"] < 60, free
+    held = _post(
+        apis_server, "/completion", prompt=chat["prompt"], n_predict=60, temperature=0, ignore_eos=True
+    )
+    assert held.json()["stop_type"] == "limit" and held.json()["tokens_predicted"] == 60
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"mirostat": 2}, "'mirostat'"),
+        ({"dry_multiplier": 0.8}, "'dry_multiplier'"),
+        ({"mirostat_tau": 5.0, "mirostat": 1}, "'mirostat'"),
+        ({"n_probs": 3}, "'n_probs'"),
+        ({"n_predict": 0}, "'n_predict'"),
+        ({"samplers": ["temperature", "top_k"]}, "'samplers'"),
+        ({"frobnicate": 1}, "'frobnicate'"),
+        ({"logit_bias": [["hello", 1.0]]}, "'logit_bias'"),
+        ({"prompt": [[1, 2], {"prompt_string": "x"}]}, "'prompt'"),
+    ],
+)
+def test_what_completion_cannot_honour_is_a_400_naming_it(apis_server: str, fields: dict, named: str) -> None:
+    r = _post(apis_server, "/completion", **{"prompt": PROMPT, "n_predict": 2, **fields})
+    assert r.status_code == 400 and named in r.json()["error"]["message"], r.text
+
+
+def test_what_changes_nothing_or_is_off_is_accepted(apis_server: str) -> None:
+    base = {"prompt": PROMPT, "n_predict": 3, "temperature": 0}
+    plain = _post(apis_server, "/completion", **base).json()["content"]
+    order = ["penalties", "dry", "top_k", "typ_p", "top_p", "min_p", "temperature"]  # llama-server's
+    quiet = {"cache_prompt": True, "n_keep": -1, "id_slot": -1, "mirostat": 0, "mirostat_tau": 5.0,
+             "typical_p": 1.0, "samplers": order, "logit_bias": [], "seed": -1}  # fmt: skip
+    r = _post(apis_server, "/completion", **base, **quiet)
+    assert r.status_code == 200 and r.json()["content"] == plain, r.text
+    banned = _post(apis_server, "/tokenize", content=plain, add_special=False).json()["tokens"][0]
+    other = _post(apis_server, "/completion", **base, logit_bias=[[banned, False]]).json()["content"]
+    assert not other.startswith(plain)
+
+
+def test_props_slots_and_apply_template(apis_server: str) -> None:
+    props = httpx.get(f"{apis_server}/props", timeout=30).json()
+    assert props["default_generation_settings"]["n_ctx"] == 512 and props["total_slots"] >= 1
+    assert props["model_path"].endswith(".gguf") and "im_start" in props["chat_template"]
+    assert httpx.post(f"{apis_server}/props", json={}, timeout=30).status_code == 501
+    slots = httpx.get(f"{apis_server}/slots", timeout=30).json()
+    assert len(slots) == props["total_slots"] and all(s["n_ctx"] == 512 for s in slots)
+    msgs = [{"role": "user", "content": "hi"}]
+    prompt = _post(apis_server, "/apply-template", messages=msgs).json()["prompt"]
+    ids = _post(apis_server, "/tokenize", messages=msgs).json()["tokens"]
+    assert _post(apis_server, "/detokenize", tokens=ids).json()["content"] == prompt
