@@ -37,7 +37,7 @@ from edgellm.server.protocol import parse_chat
 
 FIELDS = {
     "model", "max_tokens", "messages", "system", "stop_sequences", "stream", "temperature", "top_p", "top_k",
-    "tools", "tool_choice", "metadata", "thinking", "service_tier",
+    "tools", "tool_choice", "metadata", "thinking", "service_tier", "output_config",
 }  # fmt: skip
 COUNT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking"}
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "abort": "end_turn"}
@@ -47,6 +47,8 @@ ERROR_TYPES = {
 }  # fmt: skip
 OPENAI_NAMES = {
     "stop": "stop_sequences",
+    "response_format": "output_config.format",
+    "response_format.json_schema.schema": "output_config.format.schema",
     "parallel_tool_calls": "tool_choice.disable_parallel_tool_use",
     "reasoning_effort": "thinking",
 }
@@ -220,9 +222,40 @@ def openai_body(
         out["user"] = metadata["user_id"]
     if kind == "disabled" and can_switch_thinking:
         out["reasoning_effort"] = "none"
+    _output_config(body, out)
     out["messages"] = _messages(body)
     _tools(body, out)
     return out
+
+
+def _output_config(body: dict, out: dict[str, Any]) -> None:
+    """Structured outputs: `output_config.format` {"type": "json_schema", "schema"} constrains the reply
+    as OpenAI's response_format does (the grammar path). `effort` has no per-request form here."""
+    config = body.get("output_config")
+    if config is None:
+        return
+    if not isinstance(config, dict):
+        raise bad_value("output_config", "expected an object")
+    unknown = sorted(k for k, v in config.items() if v is not None and k not in ("format", "effort"))
+    if unknown:
+        raise bad_value(f"output_config.{unknown[0]}", "unknown field (Extra inputs are not permitted)")
+    if config.get("effort") is not None:
+        raise bad_value("output_config.effort", "not supported: there is no per-request effort here")
+    fmt = config.get("format")
+    if fmt is None:
+        return
+    schema = fmt.get("schema") if isinstance(fmt, dict) else None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(schema, dict):
+        raise bad_value("output_config.format", "expected {'type': 'json_schema', 'schema': {...}}")
+    out["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+
+
+def _usage(n_prompt: int, end: End | None, output_tokens: int) -> dict[str, int]:
+    """Anthropic's usage: input_tokens are those computed, the prefix cache's as cache_read_input_tokens
+    (it is automatic: nothing is ever written on request, cache_creation_input_tokens 0)."""
+    cached = end.cached_tokens if end is not None else 0
+    return {"input_tokens": n_prompt - cached, "output_tokens": output_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}  # fmt: skip
 
 
 def _sse(kind: str, data: dict[str, Any]) -> str:
@@ -242,8 +275,8 @@ class _Message:
     def __init__(self, model: str, n_prompt: int) -> None:
         self.id, self.model, self.n_prompt = f"msg_{secrets.token_hex(12)}", model, n_prompt
 
-    def head(self, content: list[dict[str, Any]], stop: dict[str, Any], output_tokens: int) -> dict[str, Any]:
-        usage = {"input_tokens": self.n_prompt, "output_tokens": output_tokens}
+    def head(self, content: list[dict[str, Any]], stop: dict[str, Any], end: End | None) -> dict[str, Any]:
+        usage = _usage(self.n_prompt, end, end.completion_tokens if end is not None else 0)
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
                 "content": content, **stop, "usage": usage}  # fmt: skip
 
@@ -258,11 +291,11 @@ class _Message:
             except ValueError:
                 continue  # a call cut short by max_tokens (stop_reason says so)
             content.append({"type": "tool_use", "id": _tool_id(c.id), "name": c.name, "input": args})
-        return JSONResponse(self.head(content, _stop(reply.end), reply.end.completion_tokens))
+        return JSONResponse(self.head(content, _stop(reply.end), reply.end))
 
     async def stream(self, events: AsyncIterator[Event]) -> AsyncIterator[str]:
         none = {"stop_reason": None, "stop_sequence": None}
-        yield _sse("message_start", {"message": self.head([], none, 0)})
+        yield _sse("message_start", {"message": self.head([], none, None)})
         index, open_kind = -1, None  # the content block being streamed
 
         def start(block: dict[str, Any]) -> list[str]:
@@ -294,9 +327,8 @@ class _Message:
             elif isinstance(e, End):
                 if open_kind is not None:
                     yield _sse("content_block_stop", {"index": index})
-                yield _sse(
-                    "message_delta", {"delta": _stop(e), "usage": {"output_tokens": e.completion_tokens}}
-                )
+                usage = _usage(self.n_prompt, e, e.completion_tokens)
+                yield _sse("message_delta", {"delta": _stop(e), "usage": usage})
                 yield _sse("message_stop", {})
 
 

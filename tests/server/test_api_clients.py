@@ -179,17 +179,46 @@ def test_anthropic_message_whole_and_streamed(claude: anthropic.Anthropic, oai: 
         m.type == "message" and m.role == "assistant" and m.content[0].text == want.choices[0].message.content
     )
     assert m.stop_reason == {"length": "max_tokens", "stop": "end_turn"}[want.choices[0].finish_reason]
-    assert (m.usage.input_tokens, m.usage.output_tokens) == (
+    # the prefix cache is automatic: what it served is cache_read_input_tokens, as Anthropic counts it
+    u = m.usage
+    assert (u.input_tokens + u.cache_read_input_tokens, u.output_tokens) == (
         want.usage.prompt_tokens,
         want.usage.completion_tokens,
     )
+    assert u.cache_read_input_tokens > 0 and u.cache_creation_input_tokens == 0  # the same prompt again
     with claude.messages.stream(**kw) as s:
         text = "".join(s.text_stream)
         final = s.get_final_message()
     assert text == m.content[0].text and final.content[0].text == text and final.stop_reason == m.stop_reason
+    assert final.usage.input_tokens + final.usage.cache_read_input_tokens == want.usage.prompt_tokens
     assert claude.messages.count_tokens(
         model=MODEL, system="Be brief.", messages=kw["messages"]
-    ).input_tokens == (m.usage.input_tokens)
+    ).input_tokens == (want.usage.prompt_tokens)
+
+
+def test_anthropic_structured_outputs(claude: anthropic.Anthropic) -> None:
+    """output_config.format (the SDK's structured outputs) on the grammar path, and messages.parse."""
+    import pydantic
+
+    msgs = [{"role": "user", "content": "Pick a colour."}]
+    schema = {**COLOUR_SCHEMA}
+    m = claude.messages.create(
+        model=MODEL, max_tokens=40, messages=msgs, extra_body=GREEDY,
+        output_config={"format": {"type": "json_schema", "schema": schema}},
+    )  # fmt: skip
+    assert json.loads(m.content[0].text)["colour"] in COLOUR["enum"]
+
+    class Colour(pydantic.BaseModel):
+        colour: str
+        count: int
+
+    parsed = claude.messages.parse(model=MODEL, max_tokens=60, messages=msgs, output_format=Colour)
+    assert isinstance(parsed.parsed_output, Colour)
+    with pytest.raises(anthropic.BadRequestError) as e:
+        claude.messages.create(
+            model=MODEL, max_tokens=8, messages=msgs, output_config={"format": {"type": "text"}}
+        )
+    assert "output_config.format" in str(e.value)
 
 
 def test_anthropic_stop_sequence_is_reported(claude: anthropic.Anthropic) -> None:
