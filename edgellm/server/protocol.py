@@ -224,15 +224,15 @@ async def constrain(req: GenerationRequest, vocab: tuple[Any, int]) -> None:
     calls of tool_choice "required"/named) in a grammar worker into its params, against the model's
     vocabulary `vocab` (tokenizer, n_vocab); all of it off the event loop."""
     c = req.constraint
+    param = "tools" if req.tools is not None else c.param if c is not None else ""
     try:
         if req.tools is not None:
             c = Constraint("tools", json_schema=await default_pool().off_loop(checked_tool_schema, req.tools))
         if c is not None:
             await constrain_async(req.params, vocab, c.json_schema, c.grammar, c.regex)
     except GrammarError as e:
-        assert c is not None
-        prefix = "a function's parameters cannot constrain decoding: " if c.param == "tools" else ""
-        raise bad_value(c.param, prefix + str(e)) from None
+        prefix = "a function's parameters cannot constrain decoding: " if param == "tools" else ""
+        raise bad_value(param, prefix + str(e)) from None
 
 
 def _messages(body: dict) -> list[dict[str, Any]]:

@@ -40,14 +40,33 @@ def _id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(12)}"
 
 
-def _reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
-    content = [{"type": "reasoning_text", "text": text}] if status == "completed" else []
-    return {"type": "reasoning", "id": item_id, "summary": [], "content": content, "status": status}
+def _reasoning_item(item_id: str, text: str, status: str, summarised: bool = False) -> dict[str, Any]:
+    """`summarised` (reasoning.summary asked): the summary is the reasoning itself, never shortened."""
+    done = status == "completed"
+    content = [{"type": "reasoning_text", "text": text}] if done else []
+    summary = [{"type": "summary_text", "text": text}] if done and summarised else []
+    return {"type": "reasoning", "id": item_id, "summary": summary, "content": content, "status": status}
 
 
-def reasoning_items(reasoning: str | None) -> list[dict[str, Any]]:
+def reasoning_items(reasoning: str | None, summarised: bool = False) -> list[dict[str, Any]]:
     """The reply's reasoning as a Responses reasoning output item (its text as `reasoning_text`)."""
-    return [_reasoning_item(_id("rs"), reasoning, "completed")] if reasoning else []
+    return [_reasoning_item(_id("rs"), reasoning, "completed", summarised)] if reasoning else []
+
+
+def input_items(value: Any) -> list[dict[str, Any]]:
+    """The request's `input` as the items /v1/responses/{id}/input_items lists, each with an id."""
+    if isinstance(value, str):
+        value = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": value}]}]
+    items = []
+    for item in value:
+        kind = item.get("type", "message")
+        prefix = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}.get(kind, "item")
+        item = {"id": _id(prefix), "type": kind, **item}
+        if kind == "message" and isinstance(item.get("content"), str):  # as OpenAI lists it: parts
+            part = "output_text" if item.get("role") == "assistant" else "input_text"
+            item["content"] = [{"type": part, "text": item["content"]}]
+        items.append(item)
+    return items
 
 
 def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
@@ -70,6 +89,10 @@ class _Response:
         self.model, self.body, self.req, self.n_prompt = state.model_name, body, req, n_prompt
         self.store, self.conversation = store, conversation
         self.seq = 0
+        summary = (body.get("reasoning") or {}).get("summary") or (body.get("reasoning") or {}).get(
+            "generate_summary"
+        )
+        self.summary = summary  # reasoning.summary as asked: the reasoning comes back as its summary
 
     def obj(self, status: str, output: list[dict[str, Any]], end: End | None) -> dict[str, Any]:
         b = self.body
@@ -86,32 +109,36 @@ class _Response:
             "max_output_tokens": b.get("max_output_tokens"), "model": self.model, "output": output,
             "parallel_tool_calls": b.get("parallel_tool_calls", True),
             "previous_response_id": b.get("previous_response_id"),
-            "reasoning": {"effort": None, "summary": None},
+            "reasoning": {"effort": (b.get("reasoning") or {}).get("effort"), "summary": self.summary},
             "store": b.get("store", True), "temperature": b.get("temperature", 1.0),
             "text": b.get("text") or {"format": {"type": "text"}},
             "tool_choice": b.get("tool_choice", "auto"),
-            "tools": b.get("tools") or [], "top_p": b.get("top_p", 1.0), "truncation": "disabled",
+            "tools": b.get("tools") or [], "top_p": b.get("top_p", 1.0),
+            "truncation": b.get("truncation") or "disabled",
             "usage": usage, "metadata": b.get("metadata") or {}, "user": b.get("user"),
         }  # fmt: skip
 
-    def finished(self, reply: Reply) -> str:
-        """The status of a whole reply; its conversation is stored (unless `store` is false)."""
+    def finished(self, reply: Reply, output: list[dict[str, Any]]) -> dict[str, Any]:
+        """The whole reply's response object; it is stored with its conversation and input items (unless
+        `store` is false)."""
         assert reply.end is not None
+        status = "incomplete" if reply.end.reason == "length" else "completed"
+        obj = self.obj(status, output, reply.end)
         if self.body.get("store", True):
             calls = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                      for c in reply.calls]  # fmt: skip
             turn = {"role": "assistant", "content": reply.content, **({"tool_calls": calls} if calls else {})}
             if reply.reasoning:  # kept as a reasoning input item would be: the template decides
                 turn["reasoning_content"] = reply.reasoning
-            self.store.put(self.id, [*self.conversation, turn])
-        return "incomplete" if reply.end.reason == "length" else "completed"
+            self.store.put(self.id, [*self.conversation, turn], obj, input_items(self.body["input"]))
+        return obj
 
     def whole(self, reply: Reply) -> Response:
-        output = reasoning_items(reply.reasoning)
+        output = reasoning_items(reply.reasoning, self.summary is not None)
         if reply.content or not (reply.calls or reply.reasoning):  # as streamed: no empty block
             output.append(_message_item(_id("msg"), reply.content, "completed"))
         output += [_call_item(_id("fc"), c, "completed") for c in reply.calls]
-        return JSONResponse(self.obj(self.finished(reply), output, reply.end))
+        return JSONResponse(self.finished(reply, output))
 
     def event(self, kind: str, **data: Any) -> str:
         self.seq += 1
@@ -127,7 +154,7 @@ class _Response:
         def close() -> list[str]:
             """The events that end the output item being streamed, which joins `done`."""
             if open_kind == "reasoning":
-                item = _reasoning_item(item_id, reply.reasoning or "", "completed")
+                item = _reasoning_item(item_id, reply.reasoning or "", "completed", self.summary is not None)
                 at = {"item_id": item_id, "output_index": out_index, "content_index": 0}
                 lines = [self.event("response.reasoning_text.done", **at, text=reply.reasoning or "")]
             elif open_kind == "message":
@@ -188,9 +215,9 @@ class _Response:
                 for line in close():
                     yield line
                 reply.end = e
-                status = self.finished(reply)
-                kind = "response.completed" if status == "completed" else "response.incomplete"
-                yield self.event(kind, response=self.obj(status, done, e))
+                obj = self.finished(reply, done)
+                kind = "response.completed" if obj["status"] == "completed" else "response.incomplete"
+                yield self.event(kind, response=obj)
 
     def error_line(self, e: ApiError) -> str:
         return self.event("error", code=e.code, message=e.message, param=e.param)
@@ -206,11 +233,65 @@ def responses_routes(front: Frontend) -> list[Route]:
         body = await front.read_json(request)
         with renamed(OPENAI_NAMES):
             chat_body, conversation = openai_body(body, store)
-            req = parse_chat(chat_body, state.llm.n_ctx, state.config.sampling_defaults)
-            ids = await front.prompt_ids(req)
+            n_ctx = state.llm.n_ctx
+            while True:
+                # truncation "auto", as OpenAI does it: the oldest input items go until the prompt fits
+                msgs = chat_body["messages"]
+                first = 1 if msgs[0]["role"] == "system" else 0
+                may_cut = body.get("truncation") == "auto" and len(msgs) - first > 1
+                req = parse_chat(chat_body, n_ctx, state.config.sampling_defaults)
+                try:
+                    ids = await front.prompt_ids(req)
+                except ApiError as e:  # refused by its size before tokenizing
+                    if not (may_cut and e.code == "context_length_exceeded"):
+                        raise
+                    ids = None
+                if ids is not None and (len(ids) < n_ctx or not may_cut):
+                    break
+                del msgs[first]
+                conversation = conversation[1:]
         resp = _Response(state, body, req, len(ids), store, conversation)
         return await respond(
             front, request, req, ids, resp.whole, resp.stream, resp.error_line, "text/event-stream"
         )
 
-    return [Route("/v1/responses", create_response, methods=["POST"])]
+    @endpoint
+    async def get_response(request: Request) -> Response:
+        return JSONResponse(store.find(request.path_params["response_id"]).response)
+
+    @endpoint
+    async def delete_response(request: Request) -> Response:
+        rid = request.path_params["response_id"]
+        store.delete(rid)
+        return JSONResponse({"id": rid, "object": "response", "deleted": True})
+
+    @endpoint
+    async def list_input_items(request: Request) -> Response:
+        """OpenAI's list: `order` desc (the default: newest first) or asc, `limit` 1-100 (20), `after` an
+        item id."""
+        items = list(store.find(request.path_params["response_id"]).input_items)
+        q = request.query_params
+        order, after, limit = q.get("order", "desc"), q.get("after"), q.get("limit", "20")
+        if order not in ("asc", "desc"):
+            raise ApiError(400, "'order': expected 'asc' or 'desc'", param="order")
+        if not limit.isdigit() or not 1 <= int(limit) <= 100:
+            raise ApiError(400, "'limit': expected an integer in [1, 100]", param="limit")
+        if order == "desc":
+            items.reverse()
+        if after is not None:
+            at = next((i for i, item in enumerate(items) if item["id"] == after), None)
+            if at is None:
+                raise ApiError(400, f"'after': no input item {after!r} in this response", param="after")
+            items = items[at + 1 :]
+        page = items[: int(limit)]
+        first, last = (page[0]["id"], page[-1]["id"]) if page else (None, None)
+        more = len(items) > len(page)
+        return JSONResponse({"object": "list", "data": page, "first_id": first, "last_id": last,
+                             "has_more": more})  # fmt: skip
+
+    return [
+        Route("/v1/responses", create_response, methods=["POST"]),
+        Route("/v1/responses/{response_id}", get_response, methods=["GET"]),
+        Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
+        Route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"]),
+    ]

@@ -3,8 +3,10 @@ items), `instructions`, function `tools`, `tool_choice`, `text.format`, `max_out
 in-memory store `previous_response_id` reads earlier conversations from.
 
 Unknown fields, and known ones that would change the output and cannot be honoured (built-in tools,
-`reasoning.summary`, `truncation: "auto"`, `background`, `include`, images and files), are 400s naming
-them. `reasoning.effort` goes to the template's thinking switch as the chat route's `reasoning_effort`.
+`background`, `include` values other than INCLUDE_NO_EFFECT, images and files), are 400s naming them.
+`reasoning.summary` returns the reasoning whole as the summary; `truncation: "auto"` drops the oldest
+input items until the prompt fits (responses_api.py). `reasoning.effort` goes to the template's
+thinking switch as the chat route's `reasoning_effort`.
 A `reasoning` input item (an earlier reply's, sent back) becomes the `reasoning_content` of the
 assistant turn after it, as on the chat route, and the template decides where it goes (gpt-oss keeps a
 tool call's analysis, Qwen3 the reasoning after the last question); encrypted reasoning, which no
@@ -15,9 +17,10 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
-from edgellm.server.errors import bad_value
+from edgellm.server.errors import ApiError, bad_value
 
 FIELDS = {
     "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
@@ -38,38 +41,75 @@ OPENAI_NAMES = {
     "messages": "input",
     "reasoning_effort": "reasoning.effort",
 }
+REASONING_KEYS = ("effort", "summary", "generate_summary")
+# `include` values asking for data these responses never have: the reasoning is sent as plain text
+# (nothing is encrypted, so there is no encrypted_content to add), and there are no built-in tools.
+INCLUDE_NO_EFFECT = {
+    "reasoning.encrypted_content", "code_interpreter_call.outputs", "computer_call_output.output.image_url",
+    "file_search_call.results", "message.input_image.image_url", "web_search_call.action.sources",
+    "web_search_call.results",
+}  # fmt: skip
 MAX_STORED = 256  # responses previous_response_id can name
 MAX_STORED_CHARS = 32 * 2**20  # their conversations together, as JSON
 
 
+@dataclass
+class Stored:
+    messages: list[dict[str, Any]]  # the conversation as OpenAI chat messages, the reply included
+    response: dict[str, Any]  # the response object, as the client got it
+    input_items: list[dict[str, Any]]  # the request's input items, with ids
+    size: int  # JSON characters of the three
+
+
 class ResponseStore:
-    """The conversations of the last responses (OpenAI chat messages, the reply included), for
-    `previous_response_id`: at most MAX_STORED of them and MAX_STORED_CHARS in all, oldest out first."""
+    """The last responses made with `store` true, for `previous_response_id` and for GET/DELETE
+    /v1/responses/{id} and its input_items: at most MAX_STORED of them and MAX_STORED_CHARS in all,
+    oldest out first, in memory until the server restarts."""
 
     def __init__(self, max_items: int = MAX_STORED, max_chars: int = MAX_STORED_CHARS) -> None:
-        self.items: OrderedDict[str, tuple[list[dict[str, Any]], int]] = OrderedDict()
+        self.items: OrderedDict[str, Stored] = OrderedDict()
         self.max_items, self.max_chars, self.chars = max_items, max_chars, 0
 
-    def put(self, response_id: str, messages: list[dict[str, Any]]) -> None:
-        size = len(json.dumps(messages, ensure_ascii=False))
+    def put(
+        self,
+        response_id: str,
+        messages: list[dict[str, Any]],
+        response: dict[str, Any] | None = None,
+        input_items: list[dict[str, Any]] | None = None,
+    ) -> None:
+        response, input_items = response or {}, input_items or []
+        size = len(json.dumps([messages, response, input_items], ensure_ascii=False))
         if size > self.max_chars:
             return  # too large to keep: naming it later is a 400 saying it is not kept
-        self.items[response_id] = (messages, size)
+        self.items[response_id] = Stored(messages, response, input_items, size)
         self.chars += size
         while len(self.items) > self.max_items or self.chars > self.max_chars:
-            _, (_, dropped) = self.items.popitem(last=False)
-            self.chars -= dropped
+            _, dropped = self.items.popitem(last=False)
+            self.chars -= dropped.size
+
+    def _not_kept(self, response_id: str) -> str:
+        return (
+            f"no stored response {response_id!r} (this server keeps the last {self.max_items} responses "
+            "made with store true, in memory, until it restarts)"
+        )
 
     def get(self, response_id: str) -> list[dict[str, Any]]:
         found = self.items.get(response_id)
         if found is None:
-            raise bad_value(
-                "previous_response_id",
-                f"no stored response {response_id!r} (this server keeps the last {self.max_items} responses "
-                "made with store true, in memory, until it restarts)",
-            )
+            raise bad_value("previous_response_id", self._not_kept(response_id))
         self.items.move_to_end(response_id)
-        return found[0]
+        return found.messages
+
+    def find(self, response_id: str) -> Stored:
+        """The stored response, or OpenAI's 404."""
+        found = self.items.get(response_id)
+        if found is None:
+            raise ApiError(404, self._not_kept(response_id), type="invalid_request_error", code="not_found")
+        return found
+
+    def delete(self, response_id: str) -> None:
+        self.chars -= self.find(response_id).size
+        del self.items[response_id]
 
 
 def _text(content: Any, where: str) -> str:
@@ -234,15 +274,24 @@ def _refuse_unsupported(body: dict) -> None:
     reasoning = body.get("reasoning")
     if reasoning is not None and not isinstance(reasoning, dict):
         raise bad_value("reasoning", "expected an object")
-    extra = sorted(k for k, v in (reasoning or {}).items() if k != "effort" and v is not None)
-    if extra:  # `summary`, `generate_summary`: the reasoning comes back whole, never summarised
-        raise bad_value(f"reasoning.{extra[0]}", "not supported (only 'effort')")
-    if body.get("truncation") not in (None, "disabled"):
-        raise bad_value("truncation", "only 'disabled' is supported: inputs are never truncated")
+    extra = sorted(k for k, v in (reasoning or {}).items() if k not in REASONING_KEYS and v is not None)
+    if extra:
+        raise bad_value(f"reasoning.{extra[0]}", f"not supported (only {', '.join(REASONING_KEYS)})")
+    for key in ("summary", "generate_summary"):  # the summary is the reasoning itself, never shortened
+        if (reasoning or {}).get(key) not in (None, "auto", "concise", "detailed"):
+            raise bad_value(f"reasoning.{key}", "expected 'auto', 'concise' or 'detailed'")
+    if body.get("truncation") not in (None, "disabled", "auto"):
+        raise bad_value("truncation", "expected 'disabled' or 'auto'")
     if body.get("background") not in (None, False):
         raise bad_value("background", "background responses are not supported")
-    if body.get("include") not in (None, []):
-        raise bad_value("include", "no extra output data is supported")
+    include = body.get("include")
+    if include is not None:
+        if not isinstance(include, list) or not all(isinstance(v, str) for v in include):
+            raise bad_value("include", "expected a list of strings")
+        for value in include:
+            if value not in INCLUDE_NO_EFFECT:
+                known = ", ".join(sorted(INCLUDE_NO_EFFECT))
+                raise bad_value("include", f"{value!r} is not supported (supported: {known})")
     if body.get("top_logprobs") not in (None, 0):
         raise bad_value(
             "top_logprobs", "logprobs are not supported on /v1/responses (use /v1/chat/completions)"

@@ -22,7 +22,7 @@ NEAR_MISS_PATHS = [
     "/v1/completions/", "/v1/embeddings/", "/tokenize/", "/detokenize/", "//metrics", "//health",
     "/v1//chat/completions", "/v1/../metrics", "/./metrics", "/metrics/.", "/metrics//", "/metrics/x",
     "/api/chat/", "/api/tags/", "/api//chat", "//api/chat", "/api/version/", "/api/", "/api",
-    "/v1/messages/", "/v1/messages/count_tokens/", "/v1/responses/", "/v1/responses/x", "/messages/",
+    "/v1/messages/", "/v1/messages/count_tokens/", "/v1/responses/", "/v1/responses/x/y", "/messages/",
 ]  # fmt: skip
 # Raw request targets whose percent-decoding lands on or next to a route: (target, decoded path).
 PERCENT_TARGETS = [

@@ -338,3 +338,56 @@ def test_responses_tool_call_and_its_output_through_previous_response_id(oai: op
     assert follow.status in ("completed", "incomplete") and follow.previous_response_id == r.id
     with pytest.raises(openai.BadRequestError, match="previous_response_id"):
         oai.responses.create(model=MODEL, previous_response_id="resp_unknown", input="hi")
+
+
+def test_responses_retrieve_delete_and_input_items(oai: openai.OpenAI) -> None:
+    """Stored responses come back whole (GET), their input items listed (newest first by default, paged),
+    and go away (DELETE): the SDK's retrieve, input_items.list and delete."""
+    items = [
+        {"role": "user", "content": "My name is Ada."},
+        {"role": "assistant", "content": "Hello Ada."},
+        {"role": "user", "content": PROMPT},
+    ]
+    r = oai.responses.create(model=MODEL, input=items, max_output_tokens=8, temperature=0)
+    got = oai.responses.retrieve(r.id)
+    assert got.id == r.id and got.output_text == r.output_text and got.usage.output_tokens == 8
+    listed = oai.responses.input_items.list(r.id)
+    texts = [i.content[0].text for i in listed.data]
+    assert texts == [PROMPT, "Hello Ada.", "My name is Ada."] and all(i.id for i in listed.data)
+    page = oai.responses.input_items.list(r.id, order="asc", limit=2)
+    assert [i.id for i in page.data] == [i.id for i in reversed(listed.data)][:2] and page.has_more
+    rest = oai.responses.input_items.list(r.id, order="asc", limit=2, after=page.data[-1].id)
+    assert [i.id for i in rest.data] == [listed.data[0].id] and not rest.has_more
+    oai.responses.delete(r.id)
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.retrieve(r.id)
+    with pytest.raises(openai.BadRequestError):  # nor can a later response build on it
+        oai.responses.create(model=MODEL, input="And?", previous_response_id=r.id, max_output_tokens=2)
+    unstored = oai.responses.create(model=MODEL, input=PROMPT, max_output_tokens=2, store=False)
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.retrieve(unstored.id)
+
+
+def test_responses_include_summary_and_truncation(oai: openai.OpenAI, apis_server: str) -> None:
+    """What Codex and agents send: include of data these responses never carry (accepted), a
+    reasoning summary (the reasoning itself), truncation "auto" (the oldest items go until it fits)."""
+    r = oai.responses.create(
+        model=MODEL, input=PROMPT, max_output_tokens=4, temperature=0, store=False,
+        include=["reasoning.encrypted_content"], reasoning={"summary": "auto"},
+    )  # fmt: skip
+    assert r.output_text and r.reasoning.summary == "auto"
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.responses.create(model=MODEL, input=PROMPT, include=["message.output_text.logprobs"])
+    assert "include" in str(e.value)
+    long_turns = []
+    for i in range(12):  # ~1,100 tokens of earlier conversation: past the 512-token context
+        long_turns += [{"role": "user", "content": f"Fact {i}: " + "the sky is blue and wide. " * 15},
+                       {"role": "assistant", "content": "Noted."}]  # fmt: skip
+    long_turns.append({"role": "user", "content": PROMPT})
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.responses.create(model=MODEL, input=long_turns, max_output_tokens=4)
+    assert "context length" in str(e.value)
+    cut = oai.responses.create(model=MODEL, input=long_turns, max_output_tokens=4, truncation="auto")
+    assert cut.truncation == "auto" and cut.output_text and cut.usage.input_tokens < 512
+    kept = [i.content[0].text for i in oai.responses.input_items.list(cut.id, order="asc", limit=100).data]
+    assert kept == [t["content"] for t in long_turns]  # the items as sent; the prompt dropped the oldest
