@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from edgellm.testing.limits import HANG_S
 from edgellm.testing.paths import ROOT
 
 PKG = ROOT / "edgellm"
@@ -55,7 +56,7 @@ def test_front_ends_load_no_numba() -> None:
         "print(sorted(m for m in ('numba', 'llvmlite') if m in sys.modules))"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=PKG.parent, timeout=120
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=PKG.parent, timeout=HANG_S
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
@@ -120,7 +121,7 @@ def test_front_ends_load_no_model_runner_or_backend() -> None:
         "print(sorted(m for m in sys.modules if any(m == c or m.startswith(c + '.') for c in core)))"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=PKG.parent, timeout=120
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=PKG.parent, timeout=HANG_S
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
@@ -266,6 +267,8 @@ def test_front_ends_load_no_backend() -> None:
         "backends = ('edgellm.backends.cpu', 'edgellm.backends.cuda')\n"
         "print(sorted(m for m in sys.modules if m.startswith(backends)))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=HANG_S
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

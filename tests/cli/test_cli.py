@@ -10,9 +10,10 @@ import pytest
 
 from edgellm.backends.cpu import tiers
 from edgellm.catalog import CATALOG, DEFAULT_MODEL, ModelNotFoundError, resolve_model
+from edgellm.testing.limits import HANG_S
 
 
-def edgellm(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+def edgellm(*args: str, timeout: float = HANG_S) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "edgellm", *args], capture_output=True, text=True, timeout=timeout
     )
@@ -34,7 +35,7 @@ def test_run_streams_greedy_text_and_prints_stats(smollm2_path) -> None:
     assert "prompt 5 tokens" in proc.stderr and "TTFT" in proc.stderr and "tok/s" in proc.stderr
 
 
-def test_bench_json_has_the_llamacpp_bench_fields() -> None:
+def test_bench_json_has_the_llamacpp_bench_fields(smollm2_path) -> None:
     proc = edgellm(
         "bench", "smollm2-135m", "--prompt-tokens", "16", "--gen-tokens", "8", "--repeat", "1", "--json",
         "--kv-cache-dtype", "q8_0",

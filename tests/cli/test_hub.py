@@ -16,6 +16,7 @@ from edgellm.catalog import ModelNotFoundError, resolve_model
 from edgellm.gguf.load import load_gguf
 from edgellm.hub import HubError, HubRef, choose_files, parse_hub_ref
 from edgellm.testing.fake_hub import FakeHub
+from edgellm.testing.limits import HANG_S
 from edgellm.testing.paths import ROOT
 from edgellm.testing.synthetic import write_tiny_model
 
@@ -57,7 +58,7 @@ def env(tmp_path: Path, fake_hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> d
 
 def edgellm(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "edgellm", *args], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "edgellm", *args], env=env, capture_output=True, text=True, timeout=HANG_S
     )
 
 
