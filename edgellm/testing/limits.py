@@ -30,14 +30,14 @@ _warmed: dict[str, float] = {}
 
 
 def warm_kernels(model: Path | str, say: Callable[[str], None]) -> float:
-    """Run `edgellm run MODEL` once (a 4-token greedy completion) so that Numba compiles or
+    """Run `edgellm run MODEL` once (a 4-token greedy completion of a raw prompt) so that Numba compiles or
     loads every kernel a model of this kind runs, and later child processes load them from the disk cache.
     No limit: it says what it is doing through `say`, line by line, and returns the seconds it took (0 when
     this model was already warmed in this process). A failure here raises with the command's output."""
     key = str(model)
     if key in _warmed:
         return 0.0
-    cmd = [sys.executable, "-m", "edgellm", "run", key, "Hello", "--max-tokens", "4",
+    cmd = [sys.executable, "-m", "edgellm", "run", key, "Hello", "--raw", "--max-tokens", "4",
            "--temperature", "0", "--verbose"]  # fmt: skip
     say(f"warming up the kernels on {Path(key).name} (the first run compiles them: minutes, once)")
     t0 = time.perf_counter()

@@ -20,19 +20,47 @@ def edgellm(*args: str, timeout: float = HANG_S) -> subprocess.CompletedProcess:
 
 
 def test_run_streams_greedy_text_and_prints_stats(smollm2_path) -> None:
+    """--raw: the text continued as it is; without it, an instruct model (SmolLM2's GGUF has a chat
+    template) gets the prompt as a user message through its template. Both as LLM.generate gives them."""
     from edgellm import LLM, SamplingParams
+    from edgellm.chat_template import ChatTemplate
 
-    proc = edgellm(
-        "run", "smollm2-135m", "The capital of France is", "--max-tokens", "8", "--temperature", "0"
-    )
+    question = "The capital of France is"
+    raw = edgellm("run", "smollm2-135m", question, "--raw", "--max-tokens", "8", "--temperature", "0")
+    chat = edgellm("run", "smollm2-135m", question, "--max-tokens", "8", "--temperature", "0")
+    assert raw.returncode == 0, raw.stderr
+    assert chat.returncode == 0, chat.stderr
+    greedy = SamplingParams(temperature=0, max_tokens=8)
+    with LLM(smollm2_path, n_ctx=256) as llm:
+        template = ChatTemplate.from_metadata(llm.metadata, llm.tokenizer)
+        ids = template.render_prompt([{"role": "user", "content": question}], llm.tokenizer).token_ids
+        expected_raw, expected_chat = (out.text for out in llm.generate([question, ids], greedy))
+    assert raw.stdout == expected_raw + "\n"
+    assert "prompt 5 tokens" in raw.stderr and "TTFT" in raw.stderr and "tok/s" in raw.stderr
+    assert chat.stdout == expected_chat + "\n"
+    assert f"prompt {len(ids)} tokens" in chat.stderr and len(ids) > 5 + 10  # the template's turns around it
+
+
+def test_run_help_shows_the_sampling_defaults() -> None:
+    proc = edgellm("run", "--help")
     assert proc.returncode == 0, proc.stderr
-    expected = (
-        LLM(smollm2_path, n_ctx=256)
-        .generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=8))[0]
-        .text
-    )
-    assert proc.stdout == expected + "\n"
-    assert "prompt 5 tokens" in proc.stderr and "TTFT" in proc.stderr and "tok/s" in proc.stderr
+    text = " ".join(proc.stdout.split())  # argparse wraps the lines
+    for flag, value in [("--temperature", "0.8"), ("--top-p", "0.95"), ("--top-k", "40"), ("--min-p", "0.05"),
+                        ("--repetition-penalty", "1.0"), ("--max-tokens", "256")]:  # fmt: skip
+        assert f"(default: {value}" in text.split(flag, 2)[2][:200], flag
+    assert "--raw" in text and "chat template" in text
+
+
+def test_run_takes_the_models_own_sampling_where_its_gguf_sets_it() -> None:
+    """general.sampling.* (llama.cpp's keys) fill the flags not given; a flag given wins; a value out of
+    bounds in the file is ignored."""
+    from edgellm.cli import build_parser, run_sampling
+
+    metadata = {"general.sampling.temp": 0.6, "general.sampling.top_k": 20, "general.sampling.min_p": -1.0}
+    args = build_parser().parse_args(["run", "m", "hi", "--top-k", "5"])
+    got = run_sampling(args, metadata)
+    assert got == {"temperature": 0.6, "top_p": 0.95, "top_k": 5, "min_p": 0.05, "repetition_penalty": 1.0}
+    assert run_sampling(build_parser().parse_args(["run", "m", "hi"]), {})["temperature"] == 0.8
 
 
 def test_bench_json_has_the_llamacpp_bench_fields(smollm2_path) -> None:
