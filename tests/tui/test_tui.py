@@ -209,6 +209,36 @@ async def test_regenerate_edit_and_copy(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
+async def test_regenerate_and_edit_drop_the_notices_of_the_reply_they_replace(tmp_path: Path) -> None:
+    """A reply cut at its length limit gets a notice below it; Ctrl+R replaces the reply and the notice
+    goes with it (the new reply, within its limit, has none); Ctrl+L likewise."""
+    app, _ = make_app(tmp_path, reply_for=lambda m: "one two three four five six")
+
+    def notices() -> list[str]:
+        return [str(w.render()) for w in app.chat.children if w.has_class("notice")]
+
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        app.settings = GenerationSettings(max_tokens=3)
+        await send(pilot, "count")
+        await wait_for(pilot, lambda: len(notices()) == 1)
+        assert "length limit (3 tokens)" in notices()[0]
+        assert app.chat.children[-1].has_class("notice")  # below the reply it is about
+        app.settings = GenerationSettings(max_tokens=64)
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: not app.replying and app.conversation.messages[-1].role == "assistant")
+        await pilot.pause()
+        assert app.conversation.messages[-1].content == "one two three four five six"
+        assert notices() == []
+        app.settings = GenerationSettings(max_tokens=3)
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: len(notices()) == 1 and not app.replying)
+        await pilot.press("ctrl+l")
+        await wait_for(pilot, lambda: app.prompt_input.text == "count")
+        assert notices() == [] and len(app.chat.children) == 0
+
+
+@pytest.mark.asyncio
 async def test_loading_progress_then_load_error_shown_in_app(tmp_path: Path) -> None:
     gate = asyncio.Event()
     app, _ = make_app(tmp_path, load_gate=gate, load_error="Model not found: no model named 'x'")
