@@ -175,8 +175,29 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def version_line() -> str:
+    """`edgellm --version`: this package's version and where it runs from, with the Python and Numba
+    versions a bug report needs (read from the installed metadata: Numba itself is not imported)."""
+    import platform
+    from importlib import metadata
+    from pathlib import Path
+
+    from edgellm import __version__
+
+    try:
+        numba = metadata.version("numba")
+    except metadata.PackageNotFoundError:
+        numba = "not installed"
+    where = Path(__file__).resolve().parent
+    return (
+        f"edgellm {__version__} ({where}; Python {platform.python_version()}, numba {numba}, "
+        f"{platform.system()} {platform.machine()})"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="edgellm", description="Local LLM inference on GGUF models")
+    ap.add_argument("--version", action="version", version=version_line())
     sub = ap.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser(

@@ -81,6 +81,18 @@ def test_bench_json_has_the_llamacpp_bench_fields(smollm2_path) -> None:
     assert result["kv_cache_tokens"] >= 2048
 
 
+def test_version() -> None:
+    import tomllib
+
+    from edgellm.testing.paths import ROOT
+
+    proc = edgellm("--version")
+    assert proc.returncode == 0, proc.stderr
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert proc.stdout.startswith(f"edgellm {version} (") and "Python 3." in proc.stdout, proc.stdout
+    assert "numba " in proc.stdout
+
+
 def test_models_lists_the_catalog(smollm2_path) -> None:
     proc = edgellm("models")
     assert proc.returncode == 0
