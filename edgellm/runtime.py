@@ -54,7 +54,7 @@ HEARTBEAT_S = 5.0  # how often a compile going on says so
 
 class CompileWatch:
     """Says "compiling Numba kernels" the moment Numba starts compiling anything, and then every
-    HEARTBEAT_S seconds while it goes on, naming the kernel.
+    HEARTBEAT_S seconds while it goes on, naming the kernel being compiled.
 
     It listens to Numba's "numba:compile" event, which fires only when a function's machine code is not
     in the disk cache (a first start, a new Numba, edited sources, another CPU): loading a cached kernel is
@@ -92,11 +92,11 @@ class CompileWatch:
         return self.compiled > 0
 
     def _started(self, data: dict) -> None:
-        fn = getattr(data.get("dispatcher"), "py_func", None)
-        self._current = getattr(fn, "__qualname__", "") or self._current
         self.compiled += 1
         self._depth += 1
-        if self._depth == 1:
+        if self._depth == 1:  # the kernel asked for, not the helpers and Numba overloads it compiles
+            fn = getattr(data.get("dispatcher"), "py_func", None)
+            self._current = getattr(fn, "__qualname__", "")
             self._since = time.perf_counter()
         if self.compiled == 1:
             self._t0 = self._since
