@@ -68,7 +68,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config = EngineConfig.from_cli_args(args)  # a bad flag is an error before anything loads
     t0 = time.perf_counter()
-    llm = LLM(config=config, verbose=args.verbose, progress=None if args.verbose else _quiet_progress())
+    llm = LLM(config=config, verbose=args.verbose)  # without -v: fetching and compiling only
     load_s = time.perf_counter() - t0
     params = SamplingParams(max_tokens=args.max_tokens, seed=args.seed, **run_sampling(args, llm.metadata))
     prompt = run_prompt_ids(llm, args.prompt, args.raw)
@@ -91,16 +91,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
-
-
-def _quiet_progress():
-    """Without --verbose, say only what takes long: fetching, and compiling kernels on the first start."""
-
-    def progress(msg: str) -> None:
-        if "compil" in msg or "fetch" in msg or "download" in msg:
-            print(f"edgellm: {msg}", file=sys.stderr, flush=True)
-
-    return progress
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

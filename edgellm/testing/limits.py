@@ -46,7 +46,7 @@ def warm_kernels(model: Path | str, say: Callable[[str], None]) -> float:
     lines = []
     for line in proc.stderr:
         lines.append(line)
-        if "compil" in line or "kernels" in line:
+        if "compil" in line or "loaded from cache" in line:
             say("  " + line.rstrip())
     if proc.wait() != 0:
         raise RuntimeError(f"warming up the kernels failed ({proc.returncode}):\n{''.join(lines[-40:])}")

@@ -81,6 +81,27 @@ def test_bench_json_has_the_llamacpp_bench_fields(smollm2_path) -> None:
     assert result["kv_cache_tokens"] >= 2048
 
 
+def test_without_verbose_only_fetching_and_compiling_are_said(capsys: pytest.CaptureFixture) -> None:
+    """LLM's default progress (run, bench and library use without verbose=): the slow steps only."""
+    from edgellm.llm import slow_steps
+
+    lines = [
+        "loading m.gguf: llama",
+        "repacked weights of 3/30 layers",
+        "kernels loaded from cache in 0.3 s",
+        "compiling Numba kernels (first start only; cached on disk afterwards)...",
+        "  still compiling... 5 s (decoder_layer_cpu)",
+        "fetching model gemma3-270m (253 MB)",
+    ]
+    for line in lines:
+        slow_steps(line)
+    assert capsys.readouterr().err.splitlines() == [
+        "edgellm: compiling Numba kernels (first start only; cached on disk afterwards)...",
+        "edgellm:   still compiling... 5 s (decoder_layer_cpu)",
+        "edgellm: fetching model gemma3-270m (253 MB)",
+    ]
+
+
 def test_version() -> None:
     import tomllib
 
