@@ -224,6 +224,7 @@ def test_chat_repaints_every_state_change_in_a_real_terminal(chat: TmuxChat) -> 
     )
     first_header, second_header = stopped.headers()
     assert "stopped" in second_header, f"reply stopped with Esc not labelled stopped:\n{stopped.text}"
+    assert "TTFT" in second_header, f"the stopped reply lost the figures it streamed with:\n{stopped.text}"
     assert "stopped" not in first_header
 
     chat.press("C-q")
