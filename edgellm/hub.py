@@ -294,7 +294,34 @@ def _hub_failure(e: Exception) -> str:
     status = getattr(getattr(e, "response", None), "status_code", None)
     if status in (401, 403):
         return f"not authorized: set HF_TOKEN to a token with access ({first})"
+    if _unreachable(e):
+        return (
+            f"cannot reach the hub at {endpoint()} ({first}): check the network connection (or the proxy, "
+            "HTTPS_PROXY), or set HF_ENDPOINT to a mirror; models already downloaded work without it "
+            "(HF_HUB_OFFLINE=1 stops asking the hub at all)"
+        )
     return f"{type(e).__name__}: {first}"
+
+
+def _unreachable(e: BaseException) -> bool:
+    """Whether `e` (or what it wraps) is a failure to connect to the hub at all: no network, a name that
+    does not resolve, a refused connection, a proxy error, a connect or read timeout."""
+    import socket
+
+    kinds: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, socket.gaierror, socket.herror)
+    try:  # huggingface_hub's HTTP library
+        import httpx
+
+        kinds += (httpx.NetworkError, httpx.TimeoutException, httpx.ProxyError)
+    except ImportError:
+        pass
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, kinds):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _check_sha256(ref: HubRef, path: Path, expected: str) -> None:

@@ -76,6 +76,14 @@ def _result(rid: str, prompt_ids: list[int], c: OutputCollector) -> GenerationOu
     return GenerationOutput(rid, prompt_ids, c.outputs, c.metrics)
 
 
+def slow_steps(msg: str) -> None:
+    """LLM's progress when neither `verbose` nor `progress` is given (and `edgellm run`'s, `bench`'s): only
+    what may take long, to stderr: fetching a model and compiling the kernels (a first start: about a
+    minute on 2 cores, with a heartbeat line every 5 s), never a line on a warm start."""
+    if "compil" in msg or "fetch" in msg or "download" in msg:
+        print(f"edgellm: {msg}", file=sys.stderr, flush=True)
+
+
 class LLM(InputRequestsMixin):
     def __init__(
         self,
@@ -87,9 +95,11 @@ class LLM(InputRequestsMixin):
         **engine_kwargs: Any,
     ) -> None:
         """`config`, or EngineConfig's fields as keywords (n_ctx=, threads=, kv_cache_dtype=, ...; with
-        `config` they override its fields); `model` likewise sets config.model."""
+        `config` they override its fields); `model` likewise sets config.model. `progress(line)` hears the
+        load's progress; by default only fetching and compiling are said, on stderr (`slow_steps`), and
+        `verbose` prints every line there."""
         self._log = progress or (
-            (lambda msg: print(f"edgellm: {msg}", file=sys.stderr, flush=True)) if verbose else None
+            (lambda msg: print(f"edgellm: {msg}", file=sys.stderr, flush=True)) if verbose else slow_steps
         )
         changes = engine_kwargs | ({} if model is None else {"model": model})
         config = config or EngineConfig()

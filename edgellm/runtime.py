@@ -6,7 +6,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import numba
 
@@ -50,43 +49,111 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
 
 
-def kernels_cached() -> bool:
-    """Whether Numba's on-disk cache already holds the attention kernel (a proxy for all of them)."""
-    from edgellm.backends.cpu import ops
-
-    cache_dir = os.environ.get("NUMBA_CACHE_DIR")
-    # Numba uses NUMBA_CACHE_DIR exclusively when it is set, else __pycache__ beside the source.
-    root = Path(cache_dir) if cache_dir else Path(ops.__file__).parent / "__pycache__"
-    return root.exists() and any(root.rglob("attention.attention_paged_cpu*.nbi"))
+HEARTBEAT_S = 5.0  # how often a compile going on says so
 
 
-def warm_up(runner, log: Callable[[str], None] | None) -> float:
+class CompileWatch:
+    """Says "compiling Numba kernels" the moment Numba starts compiling anything, and then every
+    HEARTBEAT_S seconds while it goes on, naming the kernel being compiled.
+
+    It listens to Numba's "numba:compile" event, which fires only when a function's machine code is not
+    in the disk cache (a first start, a new Numba, edited sources, another CPU): loading a cached kernel is
+    silent, so a warm start prints nothing. Active between `start()` and `stop()` (a context manager too)
+    in the engine-core process, around everything that may compile (the model's load, where weights are
+    repacked by Numba kernels, and the warm-up). `log` may be called from the heartbeat thread."""
+
+    def __init__(self, log: Callable[[str], None] | None, heartbeat_s: float = HEARTBEAT_S) -> None:
+        from numba.core import event
+
+        self._event = event
+        self._log = log
+        self._heartbeat_s = heartbeat_s
+        self._depth = 0
+        self._current = ""
+        self.compiled = 0  # functions compiled (cache misses), nested ones included
+        self.seconds = 0.0  # wall time with a compile going on
+        self._t0 = self._since = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        watch = self
+
+        class _Listener(event.Listener):
+            def on_start(self, ev) -> None:  # noqa: ANN001 - numba.core.event.Event
+                watch._started(ev.data)
+
+            def on_end(self, ev) -> None:  # noqa: ANN001
+                watch._ended()
+
+        self._listener = _Listener()
+
+    @property
+    def cold(self) -> bool:
+        """Whether anything was compiled (rather than loaded from Numba's disk cache)."""
+        return self.compiled > 0
+
+    def _started(self, data: dict) -> None:
+        self.compiled += 1
+        self._depth += 1
+        if self._depth == 1:  # the kernel asked for, not the helpers and Numba overloads it compiles
+            fn = getattr(data.get("dispatcher"), "py_func", None)
+            self._current = getattr(fn, "__qualname__", "")
+            self._since = time.perf_counter()
+        if self.compiled == 1:
+            self._t0 = self._since
+            if self._log:
+                self._log("compiling Numba kernels (first start only; cached on disk afterwards)...")
+                self._thread = threading.Thread(target=self._tick, daemon=True, name="compile-heartbeat")
+                self._thread.start()
+
+    def _ended(self) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self.seconds += time.perf_counter() - self._since
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self._heartbeat_s):
+            if self._depth > 0 and self._log:
+                what = f" ({self._current})" if self._current else ""
+                self._log(f"  still compiling... {time.perf_counter() - self._t0:.0f} s{what}")
+
+    def start(self) -> CompileWatch:
+        self._event.register("numba:compile", self._listener)
+        return self
+
+    def stop(self) -> None:
+        self._event.unregister("numba:compile", self._listener)
+        self._stop.set()
+
+    def __enter__(self) -> CompileWatch:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def warm_up(runner, log: Callable[[str], None] | None, watch: CompileWatch | None = None) -> float:
     """Run the model once on a 2-token and a 1-token batch so every kernel is compiled (or loaded from
-    Numba's disk cache) before the first request. Returns the seconds it took."""
+    Numba's disk cache) before the first request. Returns the seconds it took. `watch`: the process's
+    CompileWatch, already started (the compile notice and heartbeat come from it); one of its own
+    otherwise."""
     from edgellm.engine.model_runner import RunItem
 
-    cold = not kernels_cached()
+    own = watch is None
+    watch = CompileWatch(log).start() if watch is None else watch
+    before = watch.compiled
     t0 = time.perf_counter()
-    stop = threading.Event()
-    if log and cold:
-        log("compiling Numba kernels (first start only; cached on disk afterwards)...")
-
-        def tick() -> None:
-            while not stop.wait(5.0):
-                log(f"  still compiling... {time.perf_counter() - t0:.0f} s")
-
-        threading.Thread(target=tick, daemon=True).start()
     try:
         # Block 0 is free at start-up; whatever is written there is overwritten before anyone reads it.
         phases = [("prefill kernels", [0, 1]), ("decode kernels", [1])]
         for i, (name, toks) in enumerate(phases, 1):
             start = 0 if len(toks) == 2 else 2
             runner.run([RunItem([0], toks, start)])
-            if log and cold:
+            if log and watch.compiled > before:
                 log(f"  [{i}/{len(phases)}] {name} compiled ({time.perf_counter() - t0:.1f} s)")
     finally:
-        stop.set()
+        if own:
+            watch.stop()
     dt = time.perf_counter() - t0
     if log:
-        log(f"kernels {'compiled' if cold else 'loaded from cache'} in {dt:.1f} s")
+        log(f"kernels {'compiled' if watch.compiled > before else 'loaded from cache'} in {dt:.1f} s")
     return dt

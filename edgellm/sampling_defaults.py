@@ -65,3 +65,31 @@ def check_sampling_defaults(defaults: dict[str, Any]) -> None:
             SamplingParams(**{field: value})
         except (TypeError, ValueError) as e:
             raise ValueError(f"{flag_of[field]} {value}: {e}") from None
+
+
+# GGUF keys a model's maker may set its recommended sampling with (llama.cpp's general.sampling.*), as
+# SamplingParams fields.
+GGUF_SAMPLING_KEYS: dict[str, tuple[str, type]] = {
+    "general.sampling.temp": ("temperature", float),
+    "general.sampling.top_p": ("top_p", float),
+    "general.sampling.top_k": ("top_k", int),
+    "general.sampling.min_p": ("min_p", float),
+    "general.sampling.penalty_repeat": ("repetition_penalty", float),
+}
+
+
+def model_sampling_defaults(metadata: Any) -> dict[str, Any]:
+    """The sampling a GGUF recommends (its general.sampling.* keys), as SamplingParams fields; a value out
+    of SamplingParams' bounds or of the wrong type is left out, not an error: the file is the maker's."""
+    out: dict[str, Any] = {}
+    for key, (field, kind) in GGUF_SAMPLING_KEYS.items():
+        value = metadata.get(key) if metadata is not None else None
+        if value is None or isinstance(value, bool | str | bytes):
+            continue
+        try:
+            value = kind(value)
+            SamplingParams(**{field: value})
+        except (TypeError, ValueError):
+            continue
+        out[field] = value
+    return out

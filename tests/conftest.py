@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,17 +15,36 @@ os.environ.setdefault("EDGELLM_CPU_ALL_TIERS", "1")
 import pytest
 
 from edgellm.catalog import resolve_model
+from edgellm.testing.limits import warm_kernels
 from edgellm.testing.paths import FIXTURES  # noqa: F401  (tests and their helpers read it from here too)
 
 
-@pytest.fixture(scope="session")
-def smollm2_path() -> Path:
-    return resolve_model("smollm2-135m")
+def _warmed(config: pytest.Config, name: str) -> Path:
+    """The catalog model `name`, fetched on first use, with its kernels compiled (or loaded from the disk
+    cache) once for the session, its progress on the terminal: a cold compile is minutes, and no test's
+    own limit pays it (edgellm/testing/limits.py)."""
+    path = resolve_model(name)
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+
+    def say(line: str) -> None:
+        if reporter is None:
+            return
+        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+            reporter.write_line(f"edgellm tests: {line}")
+
+    warm_kernels(path, say)
+    return path
 
 
 @pytest.fixture(scope="session")
-def gemma3_path() -> Path:
-    return resolve_model("gemma3-270m")
+def smollm2_path(pytestconfig: pytest.Config) -> Path:
+    return _warmed(pytestconfig, "smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def gemma3_path(pytestconfig: pytest.Config) -> Path:
+    return _warmed(pytestconfig, "gemma3-270m")
 
 
 @pytest.fixture(autouse=True)

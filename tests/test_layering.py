@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from edgellm.testing.limits import HANG_S
 from edgellm.testing.paths import ROOT
 
 PKG = ROOT / "edgellm"
@@ -44,7 +45,9 @@ def modules_loaded_by(imports: str, prefixes: tuple[str, ...]) -> str:
     """The modules named `prefixes*` that a fresh interpreter has loaded after running `imports`, as the
     printed sorted list (a failure's stderr in the assertion)."""
     code = f"import sys\n{imports}\nprint(sorted(m for m in sys.modules if m.startswith({prefixes!r})))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=HANG_S
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 
@@ -74,7 +77,7 @@ def test_front_ends_load_no_numba() -> None:
         "print(sorted(m for m in ('numba', 'llvmlite') if m in sys.modules))"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=PKG.parent, timeout=120
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=PKG.parent, timeout=HANG_S
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
@@ -139,7 +142,7 @@ def test_front_ends_load_no_model_runner_or_backend() -> None:
         "print(sorted(m for m in sys.modules if any(m == c or m.startswith(c + '.') for c in core)))"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=PKG.parent, timeout=120
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=PKG.parent, timeout=HANG_S
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

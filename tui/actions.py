@@ -41,6 +41,7 @@ class ChatAppParts(Protocol):
     def update_status(self) -> None: ...
     async def refresh_sidebar(self) -> None: ...
     def load_model(self, model: str) -> Any: ...
+    def current_model_options(self) -> list[tuple[str, str]]: ...
     def copy_to_clipboard(self, text: str) -> None: ...
     def notify(self, message: str, **kw: Any) -> None: ...
     def push_screen(self, screen: Any, callback: Any = None) -> Any: ...
@@ -64,6 +65,8 @@ class ConversationActions(_Base):
             conv.messages.pop()
             await self.chat.message_views()[-1].remove()
         if conv.messages and conv.messages[-1].role == "user":
+            # notices about the last answer ("stopped at its length limit", an error) go with it
+            await self.chat.remove_notices_after(self.chat.message_views()[-1])
             self.start_reply()
 
     async def action_edit_last(self) -> None:
@@ -77,7 +80,9 @@ class ConversationActions(_Base):
         text = conv.messages[users[-1]].content
         del conv.messages[users[-1] :]
         self.save_conversation(conv)
-        for view in self.chat.message_views()[users[-1] :]:
+        views = self.chat.message_views()
+        await self.chat.remove_notices_after(views[users[-1]])  # about the turns that go
+        for view in views[users[-1] :]:
             await view.remove()
         self.prompt_input.load_text(text)
         self.prompt_input.move_cursor(self.prompt_input.document.end)
@@ -145,7 +150,7 @@ class ConversationActions(_Base):
                 self.load_model(result.model)
             self.update_status()
 
-        self.push_screen(SettingsScreen(self.settings, self.model, self.model_options), done)
+        self.push_screen(SettingsScreen(self.settings, self.model, self.current_model_options()), done)
 
     async def _ask_to_drop(self, conv: Conversation) -> bool:
         """True when the conversation fits (possibly after the user agreed to drop old turns)."""

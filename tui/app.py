@@ -78,6 +78,9 @@ class ChatApp(ConversationActions, App[None]):
         self.store = store or ConversationStore()
         self.settings_store = settings_store or SettingsStore(self.store.root.parent)
         self.settings, _ = self.settings_store.load()
+        # the catalog's list is built again each time Settings opens: a model downloaded since (the first
+        # start's own download, `edgellm pull` in another terminal) no longer says "(not downloaded)"
+        self._options_from_catalog = model_options is None
         self.model_options = model_options if model_options is not None else catalog_options()
         self.save_interval = save_interval  # seconds between saves of a streaming reply
         # Redraws of a streaming reply: at most 15 a second, and no more often than keeps the UI's CPU
@@ -114,6 +117,12 @@ class ChatApp(ConversationActions, App[None]):
                 yield PromptInput(id="prompt")
         yield StatusBar(id="status", markup=False)
         yield Footer()
+
+    def current_model_options(self) -> list[tuple[str, str]]:
+        """The Settings screen's model list as it is now (model_options, refreshed from the catalog)."""
+        if self._options_from_catalog:
+            self.model_options = catalog_options()
+        return self.model_options
 
     # ---- views ---------------------------------------------------------------------------------
     @property
@@ -264,6 +273,7 @@ class ChatApp(ConversationActions, App[None]):
         cpu_at_draw = time.process_time()
         undrawn = ""
         reasoning_undrawn = False
+        speed: tuple[float | None, float | None] = (None, None)  # the last delta's (ttft, tok/s)
         try:
             if stop.is_set():  # stopped before the request went out: nothing to ask the backend for
                 return
@@ -274,6 +284,7 @@ class ChatApp(ConversationActions, App[None]):
                     if isinstance(event, StreamDelta):
                         reply.content += event.text
                         reply.reasoning += event.reasoning
+                        speed = (event.ttft, event.tokens_per_s) if event.ttft is not None else speed
                         undrawn += event.text
                         reasoning_undrawn = reasoning_undrawn or bool(event.reasoning)
                         # drawing is the UI's main cost and takes the engine's cores: see draw_cpu_share
@@ -306,10 +317,12 @@ class ChatApp(ConversationActions, App[None]):
             self.reply_waiting = False
             reply.partial = done is None
             if done is not None:
-                reply.ttft, reply.tokens_per_s = done.ttft, done.tokens_per_s
-                self.last_ttft, self.last_tps = done.ttft, done.tokens_per_s
+                speed = (done.ttft, done.tokens_per_s)
                 if done.prompt_tokens is not None:
                     self.last_usage = done.prompt_tokens + done.completion_tokens
+            if done is not None or speed[0] is not None:  # a stopped reply keeps the figures it streamed at
+                reply.ttft, reply.tokens_per_s = speed
+                self.last_ttft, self.last_tps = speed
             if reasoning_undrawn:
                 await view.show_reasoning()
             await view.end_stream()

@@ -184,7 +184,7 @@ class LocalBackend:
                     for d in out.deltas:
                         reply.add(d)
                         if d.text or d.reasoning:
-                            yield StreamDelta(d.text, d.reasoning)
+                            yield StreamDelta(d.text, d.reasoning, *_speed(metrics))
         except EngineDeadError as e:
             raise BackendError(f"The engine stopped after an error: {e}") from e
         except MemoryError as e:

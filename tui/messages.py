@@ -45,6 +45,10 @@ class BackendInfo:
 class StreamDelta:
     text: str
     reasoning: str = ""  # a thinking model's reasoning (its <think> block), shown folded above the answer
+    # the reply's figures so far (as StreamDone's), where the backend knows them: a reply stopped before
+    # its StreamDone still shows how fast it came
+    ttft: float | None = None
+    tokens_per_s: float | None = None
 
 
 @dataclass

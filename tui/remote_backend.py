@@ -139,7 +139,10 @@ class RemoteBackend:
                         last = time.perf_counter()
                         first = first or last
                         chunks += 1
-                        yield StreamDelta(text or "", reasoning if isinstance(reasoning, str) else "")
+                        tps = (chunks - 1) / (last - first) if last > first else None  # a chunk a token
+                        yield StreamDelta(
+                            text or "", reasoning if isinstance(reasoning, str) else "", first - t0, tps
+                        )
         except Exception as e:
             raise BackendError(self._readable(e)) from e
         finally:

@@ -146,6 +146,13 @@ class ConversationView(VerticalScroll):
     def message_views(self) -> list[MessageView]:
         return list(self.query(MessageView))
 
+    async def remove_notices_after(self, view: MessageView) -> None:
+        """Remove the notices below `view` (they were about the turns after it)."""
+        below = self.children[self.children.index(view) + 1 :]
+        notices = [w for w in below if w.has_class("notice")]
+        if notices:
+            await self.remove_children(notices)
+
     async def add_notice(self, text: str, kind: str = "error") -> None:
         await self.mount(Static(text, classes=f"notice {kind}", markup=False))
         self._to_end()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -51,6 +52,13 @@ class EngineCoreProc:
     sampler."""
 
     def __init__(self, spec: EngineConfig, log: Callable[[str], None] | None = None) -> None:
+        from edgellm.runtime import CompileWatch
+
+        # from here on, whatever Numba compiles says so at once (importing the kernels may compile some)
+        with CompileWatch(log) as watch:
+            self._load(spec, log, watch)
+
+    def _load(self, spec: EngineConfig, log: Callable[[str], None] | None, watch) -> None:  # noqa: ANN001
         from edgellm.arch import ARCHITECTURES
         from edgellm.arch.common import weight_bytes_per_token
         from edgellm.arch.moe import prepare_experts
@@ -118,7 +126,7 @@ class EngineCoreProc:
                 f"tokens, {num_blocks * per_block / 2**20:.0f} MiB; context {self.n_ctx}; "
                 f"{self.threads} threads"
             )
-        compile_time = warm_up(self.runner, log)
+        compile_time = warm_up(self.runner, log, watch)
         self.info = {
             "n_ctx": self.n_ctx,
             "n_vocab": cfg.n_vocab,
@@ -247,8 +255,14 @@ def run_core_process(conn: Any, spec: EngineConfig) -> None:
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
+    lock = threading.Lock()  # progress comes from the loading thread and the compile heartbeat's
+
+    def log(line: str) -> None:
+        with lock:
+            conn.send(CoreProgress(line))
+
     try:
-        core = EngineCoreProc(spec, log=lambda line: conn.send(CoreProgress(line)))
+        core = EngineCoreProc(spec, log=log)
     except BaseException as e:  # noqa: BLE001 - reported to the front-end, which raises it
         conn.send(CoreLoadFailed(portable(e)))
         return

@@ -21,6 +21,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from edgellm.testing.limits import HANG_S
+
 # Text every loaded tokenizer must encode: ASCII, whitespace, multi-byte and 4-byte UTF-8, a NUL, and text
 # that looks like special tokens.
 PROBE_TEXT = "Hello, world!\n\tÉtat 日本 🙂 <|im_end|><start_of_turn> \x00 ▁x"
@@ -89,7 +91,7 @@ class LoadWorker:
     """The parent's handle on the child; `load` never raises for what the child does."""
 
     def __init__(
-        self, cwd: str | Path, start_timeout: float = 600.0, command: list[str] | None = None
+        self, cwd: str | Path, start_timeout: float = HANG_S, command: list[str] | None = None
     ) -> None:
         self.cwd, self.start_timeout = str(cwd), start_timeout
         # the worker's command line: this module's worker_main unless a test substitutes its own

@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from edgellm.testing.limits import HANG_S
+
 try:  # the openai client's HTTP library: httpx, or httpx2 in recent openai releases
     import httpx
 except ImportError:
@@ -83,7 +85,9 @@ def wait_healthy(proc: subprocess.Popen, url: str, timeout: float, poll: float =
         time.sleep(poll)
 
 
-def start_server(model: str | None, *args: str, ready_timeout: float = 600) -> tuple[subprocess.Popen, str]:
+def start_server(
+    model: str | None, *args: str, ready_timeout: float = HANG_S
+) -> tuple[subprocess.Popen, str]:
     """`python -m edgellm serve MODEL ARGS` on a free port, returned once it prints its URL line (with
     --replicas that is once every replica has loaded). MODEL None: ARGS name the models (--models)."""
     proc, url = spawn([*([model] if model else []), *args])
@@ -116,9 +120,9 @@ def stop_server(proc: subprocess.Popen, timeout: float = 60, check: bool = True)
         return proc.returncode
 
 
-def serve(model: Path | str, *args: str, ctx: int = CTX, timeout: float = 180) -> Iterator[str]:
+def serve(model: Path | str, *args: str, ctx: int = CTX, timeout: float = HANG_S) -> Iterator[str]:
     """A pytest fixture body (`yield from serve(path, ...)`): `python -m edgellm.server MODEL --ctx CTX
-    --threads 1 ARGS`, its URL yielded once /health answers 200 (timeout: a cold Numba compile on first use),
+    --threads 1 ARGS`, its URL yielded once /health answers 200 (timeout: a hang guard, limits.HANG_S),
     stopped with Ctrl-C afterwards."""
     proc, url = spawn([str(model), "--ctx", str(ctx), "--threads", "1", *args], entry=SERVER_MODULE)
     try:

@@ -10,31 +10,60 @@ import pytest
 
 from edgellm.backends.cpu import tiers
 from edgellm.catalog import CATALOG, DEFAULT_MODEL, ModelNotFoundError, resolve_model
+from edgellm.testing.limits import HANG_S
 
 
-def edgellm(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+def edgellm(*args: str, timeout: float = HANG_S) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "edgellm", *args], capture_output=True, text=True, timeout=timeout
     )
 
 
 def test_run_streams_greedy_text_and_prints_stats(smollm2_path) -> None:
+    """--raw: the text continued as it is; without it, an instruct model (SmolLM2's GGUF has a chat
+    template) gets the prompt as a user message through its template. Both as LLM.generate gives them."""
     from edgellm import LLM, SamplingParams
+    from edgellm.chat_template import ChatTemplate
 
-    proc = edgellm(
-        "run", "smollm2-135m", "The capital of France is", "--max-tokens", "8", "--temperature", "0"
-    )
+    question = "The capital of France is"
+    raw = edgellm("run", "smollm2-135m", question, "--raw", "--max-tokens", "8", "--temperature", "0")
+    chat = edgellm("run", "smollm2-135m", question, "--max-tokens", "8", "--temperature", "0")
+    assert raw.returncode == 0, raw.stderr
+    assert chat.returncode == 0, chat.stderr
+    greedy = SamplingParams(temperature=0, max_tokens=8)
+    with LLM(smollm2_path, n_ctx=256) as llm:
+        template = ChatTemplate.from_metadata(llm.metadata, llm.tokenizer)
+        ids = template.render_prompt([{"role": "user", "content": question}], llm.tokenizer).token_ids
+        expected_raw, expected_chat = (out.text for out in llm.generate([question, ids], greedy))
+    assert raw.stdout == expected_raw + "\n"
+    assert "prompt 5 tokens" in raw.stderr and "TTFT" in raw.stderr and "tok/s" in raw.stderr
+    assert chat.stdout == expected_chat + "\n"
+    assert f"prompt {len(ids)} tokens" in chat.stderr and len(ids) > 5 + 10  # the template's turns around it
+
+
+def test_run_help_shows_the_sampling_defaults() -> None:
+    proc = edgellm("run", "--help")
     assert proc.returncode == 0, proc.stderr
-    expected = (
-        LLM(smollm2_path, n_ctx=256)
-        .generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=8))[0]
-        .text
-    )
-    assert proc.stdout == expected + "\n"
-    assert "prompt 5 tokens" in proc.stderr and "TTFT" in proc.stderr and "tok/s" in proc.stderr
+    text = " ".join(proc.stdout.split())  # argparse wraps the lines
+    for flag, value in [("--temperature", "0.8"), ("--top-p", "0.95"), ("--top-k", "40"), ("--min-p", "0.05"),
+                        ("--repetition-penalty", "1.0"), ("--max-tokens", "256")]:  # fmt: skip
+        assert f"(default: {value}" in text.split(flag, 2)[2][:200], flag
+    assert "--raw" in text and "chat template" in text
 
 
-def test_bench_json_has_the_llamacpp_bench_fields() -> None:
+def test_run_takes_the_models_own_sampling_where_its_gguf_sets_it() -> None:
+    """general.sampling.* (llama.cpp's keys) fill the flags not given; a flag given wins; a value out of
+    bounds in the file is ignored."""
+    from edgellm.cli import build_parser, run_sampling
+
+    metadata = {"general.sampling.temp": 0.6, "general.sampling.top_k": 20, "general.sampling.min_p": -1.0}
+    args = build_parser().parse_args(["run", "m", "hi", "--top-k", "5"])
+    got = run_sampling(args, metadata)
+    assert got == {"temperature": 0.6, "top_p": 0.95, "top_k": 5, "min_p": 0.05, "repetition_penalty": 1.0}
+    assert run_sampling(build_parser().parse_args(["run", "m", "hi"]), {})["temperature"] == 0.8
+
+
+def test_bench_json_has_the_llamacpp_bench_fields(smollm2_path) -> None:
     proc = edgellm(
         "bench", "smollm2-135m", "--prompt-tokens", "16", "--gen-tokens", "8", "--repeat", "1", "--json",
         "--kv-cache-dtype", "q8_0",
@@ -50,6 +79,39 @@ def test_bench_json_has_the_llamacpp_bench_fields() -> None:
     # SmolLM2: 30 layers x 3 KV heads x (64 + 64) values at 34 bytes per 32
     assert (result["kv_cache_dtype"], result["kv_bytes_per_token"]) == ("q8_0", 12240)
     assert result["kv_cache_tokens"] >= 2048
+
+
+def test_without_verbose_only_fetching_and_compiling_are_said(capsys: pytest.CaptureFixture) -> None:
+    """LLM's default progress (run, bench and library use without verbose=): the slow steps only."""
+    from edgellm.llm import slow_steps
+
+    lines = [
+        "loading m.gguf: llama",
+        "repacked weights of 3/30 layers",
+        "kernels loaded from cache in 0.3 s",
+        "compiling Numba kernels (first start only; cached on disk afterwards)...",
+        "  still compiling... 5 s (decoder_layer_cpu)",
+        "fetching model gemma3-270m (253 MB)",
+    ]
+    for line in lines:
+        slow_steps(line)
+    assert capsys.readouterr().err.splitlines() == [
+        "edgellm: compiling Numba kernels (first start only; cached on disk afterwards)...",
+        "edgellm:   still compiling... 5 s (decoder_layer_cpu)",
+        "edgellm: fetching model gemma3-270m (253 MB)",
+    ]
+
+
+def test_version() -> None:
+    import tomllib
+
+    from edgellm.testing.paths import ROOT
+
+    proc = edgellm("--version")
+    assert proc.returncode == 0, proc.stderr
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert proc.stdout.startswith(f"edgellm {version} (") and "Python 3." in proc.stdout, proc.stdout
+    assert "numba " in proc.stdout
 
 
 def test_models_lists_the_catalog(smollm2_path) -> None:

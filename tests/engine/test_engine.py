@@ -8,6 +8,7 @@ import pytest
 from edgellm import LLM, SamplingParams
 from edgellm.engine.engine_core import PromptTooLongError
 from edgellm.testing.engine_fakes import PROMPTS, wait_idle
+from edgellm.testing.limits import HANG_S
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
@@ -73,7 +74,7 @@ def test_abort_frees_all_blocks(llm) -> None:
     params = SamplingParams(max_tokens=50, ignore_eos=True)
     rids = [llm.submit(p, params, got.put)[0] for p in PROMPTS]
     for _ in range(3 * len(PROMPTS)):  # a few steps' outputs
-        out = got.get(timeout=60)
+        out = got.get(timeout=HANG_S)
         assert not isinstance(out, BaseException) and not out.finished
     assert llm.stats().kv_blocks_used > 0
     for rid in rids:

@@ -18,6 +18,7 @@ from edgellm import LLM, SamplingParams
 from edgellm.engine.core_client import EngineDeadError
 from edgellm.testing.engine_fakes import PROMPTS as ENGINE_PROMPTS
 from edgellm.testing.engine_fakes import wait_idle
+from edgellm.testing.limits import HANG_S
 from edgellm.testing.paths import ROOT
 
 PROMPTS = ENGINE_PROMPTS + ["Water boils at", "The first president of"]
@@ -52,7 +53,7 @@ def test_two_threads_three_generate_calls_each_equal_single_threaded(llm: LLM, a
     for th in threads:
         th.start()
     for th in threads:
-        th.join(timeout=240)
+        th.join(timeout=HANG_S)
     assert not any(th.is_alive() for th in threads), "a generate call never returned"
     assert not errors, errors
     for (t, call), outs in results.items():
@@ -155,7 +156,7 @@ def test_script_without_main_guard_can_use_llm(tmp_path: Path, smollm2_path: Pat
         "print('OUT', len(out.token_ids))\n"
     )
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=HANG_S, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "OUT 4" in r.stdout
 
@@ -175,12 +176,12 @@ def test_killed_core_fails_in_flight_requests_and_restarts(smollm2_path: Path) -
 
     th = threading.Thread(target=call, daemon=True)
     th.start()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + HANG_S
     while llm.stats().generated_tokens_total < 4:  # under load: tokens are being generated
         assert time.monotonic() < deadline
         time.sleep(0.01)
     os.kill(llm.core.pid, signal.SIGKILL)
-    th.join(timeout=30)
+    th.join(timeout=HANG_S)
     assert not th.is_alive(), "the in-flight generate call was left waiting on a dead core"
     assert len(errors) == 1 and isinstance(errors[0], EngineDeadError)
     assert "SIGKILL" in str(errors[0])

@@ -17,6 +17,7 @@ from edgellm.grammar_limits import MAX_RULE_DEPTH, MAX_SCHEMA_DEPTH, check_gramm
 from edgellm.grammar_worker import GrammarPool
 from edgellm.server.tools import ToolRequest
 from edgellm.testing.grammar_attacks import PYDANTIC_WEATHER, REF_LOOP, SELF_REF, lark_chain, ref_chain
+from edgellm.testing.limits import HANG_S
 from edgellm.testing.paths import ROOT
 
 # Each case in a fresh interpreter: the old code died here by SIGSEGV (exit 139), taking the caller along.
@@ -39,7 +40,7 @@ print(json.dumps(out))
 
 def test_sampling_params_refuse_the_crashing_chains_naming_the_limit() -> None:
     run = subprocess.run(
-        [sys.executable, "-c", IN_PROCESS_ATTACKS], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", IN_PROCESS_ATTACKS], cwd=ROOT, capture_output=True, text=True, timeout=HANG_S
     )
     assert run.returncode == 0, run.stderr[-2000:]
     out = json.loads(run.stdout.splitlines()[-1])

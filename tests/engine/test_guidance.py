@@ -17,6 +17,7 @@ from edgellm.chat_template import ChatTemplate
 from edgellm.chat_tools import parse_tool_calls
 from edgellm.grammar import GrammarError, compile_grammar
 from edgellm.testing.engine_fakes import PROMPTS
+from edgellm.testing.limits import HANG_S
 
 SCHEMA = {
     "type": "object",
@@ -81,7 +82,7 @@ def test_constrained_outputs_match_with_n_seeds_stop_strings_and_a_mixed_batch(l
     texts = {rid: ([], "") for rid in rids}
     left = len(rids)
     while left:
-        o = q.get(timeout=120)
+        o = q.get(timeout=HANG_S)
         assert not isinstance(o, BaseException), o
         ids, text = texts[o.request_id]
         for d in o.deltas:

@@ -17,6 +17,7 @@ from edgellm import LLM, SamplingParams
 from edgellm.chat_template import ChatTemplate
 from edgellm.engine.outputs import TextStream
 from edgellm.reasoning import REASONING_END, THINK_CLOSE, THINK_OPEN, configure, split_mode, thinking_plan
+from edgellm.testing.limits import HANG_S
 from edgellm.testing.reasoning import ASK, BUDGET, THINKING_TEMPLATE
 from edgellm.testing.servers import serve as _start
 from edgellm.testing.synthetic import write_tiny_model
@@ -224,16 +225,16 @@ def test_tui_shows_the_reasoning_folded_above_the_answer(tmp_path: Path, thinkin
     async def drive() -> None:
         app = make()
         async with app.run_test(size=SIZE) as pilot:
-            await wait_for(pilot, lambda: app.state != "loading", timeout=300)
+            await wait_for(pilot, lambda: app.state != "loading", timeout=HANG_S)
             await pilot.press(*"hello", "enter")
             replied = lambda: not app.replying and app.conversation.messages[-1].role != "user"  # noqa: E731
-            await wait_for(pilot, replied, timeout=120)
+            await wait_for(pilot, replied, timeout=HANG_S)
             reply = app.conversation.messages[-1]
             assert reply.reasoning and THINK_OPEN not in reply.content + reply.reasoning
             _check_fold(app.query(MessageView).last(), reply)
         again = make()
         async with again.run_test(size=SIZE) as pilot:
-            await wait_for(pilot, lambda: again.state != "loading", timeout=300)
+            await wait_for(pilot, lambda: again.state != "loading", timeout=HANG_S)
             [conv] = again.store.list()
             assert conv.messages[-1].reasoning == reply.reasoning
             await again.chat.show(conv)

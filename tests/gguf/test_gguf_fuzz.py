@@ -38,6 +38,7 @@ from edgellm.gguf.validation import tokenizer_from_gguf, validate_model
 from edgellm.testing.gguf_edit import read_editable, serialize
 from edgellm.testing.gguf_fuzz import apply, mutations
 from edgellm.testing.gguf_fuzz_worker import LoadWorker, exercise_tokenizer
+from edgellm.testing.limits import HANG_S
 from edgellm.testing.paths import ROOT
 from edgellm.testing.synthetic import spm_vocab, write_tiny_model
 
@@ -46,7 +47,8 @@ EXAMPLES = int(os.environ.get("EDGELLM_FUZZ_EXAMPLES", "0"))
 STRUCTURED_EXAMPLES = EXAMPLES or 1000
 SHAPE_EXAMPLES = EXAMPLES // 10 or 100
 RAW_EXAMPLES = EXAMPLES or 1000
-HANG_TIMEOUT = 60.0  # seconds for one load + 2 tokens of a tiny model (tens of ms normally)
+# one load + 2 tokens of a tiny model: tens of ms normally, but a mutant may need a kernel compiled
+HANG_TIMEOUT = HANG_S
 # Outcomes per strategy: child worker ok / gguf_error / error / signal / exit / hang; raw: loaded / gguf_error
 STATS: dict[str, Counter[str]] = {"structured": Counter(), "shapes": Counter(), "raw bytes": Counter()}
 
@@ -141,7 +143,7 @@ def test_worker_loads_every_base_model(worker: LoadWorker, bases, tmp_path: Path
     for name, _, model in bases:
         path = tmp_path / f"{name}.gguf"
         path.write_bytes(serialize(model))
-        kind, detail = worker.load(path, timeout=600)
+        kind, detail = worker.load(path, timeout=HANG_S)
         assert kind == "ok", f"{name}: {kind}: {detail}"
 
 
@@ -153,7 +155,7 @@ def test_a_tokenizer_that_loads_but_cannot_encode_is_a_gguf_error(worker: LoadWo
     tokens[newline], types[newline] = "<0x0A>x", 1
     overrides = {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types}
     path = write_tiny_model(tmp_path / "m.gguf", "gemma3", n_layers=1, metadata_overrides=overrides)
-    kind, detail = worker.load(path, timeout=600)
+    kind, detail = worker.load(path, timeout=HANG_S)
     assert kind == "gguf_error", detail
     assert detail.startswith("TokenizerMetadataError: <file>: tokenizer.ggml.tokens:") and "<0x0A>" in detail
 

@@ -16,6 +16,7 @@ import pytest
 from edgellm.gguf.load import load_gguf
 from edgellm.gguf.reader import GGUFError, load_gguf_part
 from edgellm.testing.gguf_edit import read_editable, serialize
+from edgellm.testing.limits import HANG_S
 from edgellm.testing.synthetic import write_tiny_model
 
 PARTS = 3  # the tiny llama's 21 tensors, 8 a part
@@ -150,7 +151,7 @@ def test_bench_runs_a_split_model(split_model: tuple[Path, Path]) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "edgellm", "bench", str(first), "--prompt-tokens", "8", "--gen-tokens", "4",
          "--repeat", "1", "--json", "--ctx", "128", "--kv-cache-memory", "1M"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=HANG_S,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout)

@@ -23,6 +23,7 @@ from edgellm.gguf.load import load_gguf
 from edgellm.gguf.reader import GGUFError
 from edgellm.gguf.validation import tokenizer_from_gguf, validate_model
 from edgellm.testing.gguf_edit import record_start, write
+from edgellm.testing.limits import HANG_S
 from edgellm.testing.paths import ROOT
 from edgellm.testing.synthetic import spm_vocab, write_tiny_model
 
@@ -49,7 +50,7 @@ CHILD = textwrap.dedent(
 
 def load_in_child(path: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", CHILD, str(path)], cwd=REPO, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", CHILD, str(path)], cwd=REPO, capture_output=True, text=True, timeout=HANG_S
     )
 
 

@@ -24,6 +24,7 @@ from edgellm.gguf.config import config_from_gguf
 from edgellm.gguf.load import load_gguf
 from edgellm.gguf.reader import GGUFError
 from edgellm.gguf.validation import validate_model
+from edgellm.testing.limits import HANG_S
 from edgellm.testing.oracle_cases import GPT_OSS_QTYPES, MOE, MOE_QTYPES, QWEN2MOE, QWEN3MOE
 from edgellm.testing.paths import SCRIPTS
 from edgellm.testing.synthetic import write_tiny_model
@@ -145,7 +146,7 @@ def test_bench_json_reports_active_and_total_weight_bytes(tmp_path: Path) -> Non
     proc = subprocess.run(
         [sys.executable, "-m", "edgellm", "bench", str(path), "--prompt-tokens", "8", "--gen-tokens", "4",
          "--repeat", "1", "--json"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=HANG_S,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from edgellm.testing.limits import HANG_S
 from edgellm.testing.paths import ROOT
 
 
@@ -22,7 +23,7 @@ def test_an_affinity_mask_caps_the_cores_and_the_chats_drawing_budget() -> None:
     )
     env = {k: v for k, v in os.environ.items() if k != "EDGELLM_UI_CPU_SHARE"}
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=HANG_S
     )
     assert out.returncode == 0, out.stderr
     cores, share, per_core = out.stdout.split()

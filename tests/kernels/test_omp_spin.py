@@ -11,6 +11,8 @@ import os
 import subprocess
 import sys
 
+from edgellm.testing.limits import HANG_S
+
 PROBE = """
 import time
 import edgellm  # noqa: F401
@@ -35,7 +37,9 @@ print((time.process_time() - t0) * 1000)
 def _cpu_ms_between_regions(**env: str) -> float:
     base = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
     base.update(NUMBA_NUM_THREADS="2", **env)
-    out = subprocess.run([sys.executable, "-c", PROBE], env=base, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], env=base, capture_output=True, text=True, timeout=HANG_S
+    )
     assert out.returncode == 0, out.stderr
     return float(out.stdout.split()[-1])
 

@@ -15,6 +15,7 @@ import anthropic
 import ollama
 import pytest
 
+from edgellm.testing.limits import HANG_S
 from edgellm.testing.servers import ROOT, httpx, start_server, stop_server
 from edgellm.testing.synthetic import write_tiny_model
 
@@ -135,10 +136,10 @@ def test_a_presets_file_with_an_unknown_key_is_an_error(tmp_path: Path) -> None:
     presets = tmp_path / "presets.toml"
     presets.write_text('[models."m"]\ntemperatur = 0.2\n')
     cmd = [sys.executable, "-m", "edgellm", "serve", "--models", "m", "--presets", str(presets)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 1 and "unsupported key(s) ['temperatur']" in proc.stderr
     presets.write_text('[models."other"]\nctx = 64\n')
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 1 and "preset for 'other', which --models does not serve (m)" in proc.stderr
 
 

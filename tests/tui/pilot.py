@@ -29,7 +29,9 @@ def make_app(tmp_path: Path, **backend_kwargs) -> tuple[ChatApp, list[ScriptedBa
     return app, made
 
 
-async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 10.0) -> None:
+async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 60.0) -> None:
+    """Until `condition()` holds; `timeout` (60 s of 20 ms pauses, longer when the machine is busy) is a
+    hang guard, not a speed check (edgellm/testing/limits.py)."""
     for _ in range(int(timeout / 0.02)):
         if condition():
             return

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from textual.widgets.markdown import MarkdownBlock
 
+from edgellm.testing.limits import HANG_S
 from tests.scripted_backend import ScriptedBackend
 from tests.tui.pilot import MODELS, SIZE, header, make_app, ready, saved, send, status_text, wait_for
 from tui.app import ChatApp
@@ -208,6 +209,36 @@ async def test_regenerate_edit_and_copy(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
+async def test_regenerate_and_edit_drop_the_notices_of_the_reply_they_replace(tmp_path: Path) -> None:
+    """A reply cut at its length limit gets a notice below it; Ctrl+R replaces the reply and the notice
+    goes with it (the new reply, within its limit, has none); Ctrl+L likewise."""
+    app, _ = make_app(tmp_path, reply_for=lambda m: "one two three four five six")
+
+    def notices() -> list[str]:
+        return [str(w.render()) for w in app.chat.children if w.has_class("notice")]
+
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        app.settings = GenerationSettings(max_tokens=3)
+        await send(pilot, "count")
+        await wait_for(pilot, lambda: len(notices()) == 1)
+        assert "length limit (3 tokens)" in notices()[0]
+        assert app.chat.children[-1].has_class("notice")  # below the reply it is about
+        app.settings = GenerationSettings(max_tokens=64)
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: not app.replying and app.conversation.messages[-1].role == "assistant")
+        await pilot.pause()
+        assert app.conversation.messages[-1].content == "one two three four five six"
+        assert notices() == []
+        app.settings = GenerationSettings(max_tokens=3)
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: len(notices()) == 1 and not app.replying)
+        await pilot.press("ctrl+l")
+        await wait_for(pilot, lambda: app.prompt_input.text == "count")
+        assert notices() == [] and len(app.chat.children) == 0
+
+
+@pytest.mark.asyncio
 async def test_loading_progress_then_load_error_shown_in_app(tmp_path: Path) -> None:
     gate = asyncio.Event()
     app, _ = make_app(tmp_path, load_gate=gate, load_error="Model not found: no model named 'x'")
@@ -305,7 +336,7 @@ def test_real_model_streams_greedy_reply_and_stops(tmp_path: Path, smollm2_path:
     async def drive() -> None:
         async with app.run_test(size=SIZE) as pilot:
             panel = app.query_one(LoadingPanel)
-            await wait_for(pilot, lambda: app.state != "loading", timeout=300)
+            await wait_for(pilot, lambda: app.state != "loading", timeout=HANG_S)
             assert app.state == "ready" and not panel.display, panel.lines
             assert any("repacked weights" in line for line in panel.lines)
             original = MessageView.append
@@ -319,7 +350,7 @@ def test_real_model_streams_greedy_reply_and_stops(tmp_path: Path, smollm2_path:
                 await pilot.press(*"What is the capital of France?", "enter")
                 # a bound, not a speed check: the machine running the tests may be busy
                 replied = lambda: not app.replying and app.conversation.messages[-1].role != "user"  # noqa: E731
-                await wait_for(pilot, replied, timeout=120)
+                await wait_for(pilot, replied, timeout=HANG_S)
             finally:
                 MessageView.append = original  # type: ignore[method-assign]
             reply = app.conversation.messages[-1]
@@ -330,10 +361,10 @@ def test_real_model_streams_greedy_reply_and_stops(tmp_path: Path, smollm2_path:
             app.settings = GenerationSettings(temperature=0.0, max_tokens=300)
             await pilot.press(*"Tell me a long story about a dragon.", "enter")
             await wait_for(pilot, lambda: len(app.conversation.messages) == 4
-                           and len(app.conversation.messages[3].content) > 20, timeout=60)
+                           and len(app.conversation.messages[3].content) > 20, timeout=HANG_S)
             await pilot.press("escape")
             await wait_for(pilot, lambda: not app.replying)
-            await wait_for(pilot, lambda: backends[0].llm.stats().num_running == 0, timeout=60)
+            await wait_for(pilot, lambda: backends[0].llm.stats().num_running == 0, timeout=HANG_S)
             stopped = app.conversation.messages[3]
             assert stopped.partial and stopped.content
             llm = backends[0].llm

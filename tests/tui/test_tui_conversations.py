@@ -93,6 +93,36 @@ async def test_settings_change_sampling_system_prompt_and_model(tmp_path: Path) 
 
 
 @pytest.mark.asyncio
+async def test_model_list_says_downloaded_once_the_model_is(tmp_path: Path, monkeypatch) -> None:
+    """The Settings model list is built from the catalog each time it opens: a model fetched since (the
+    first start's download, `edgellm pull` elsewhere) no longer says "(not downloaded)"."""
+    from edgellm.catalog import CATALOG, local_path, models_dir
+    from tests.scripted_backend import ScriptedBackend
+    from tui.app import ChatApp
+    from tui.storage import ConversationStore
+
+    monkeypatch.setenv("EDGELLM_MODELS_DIR", str(tmp_path / "models"))
+    name, entry = next(iter(CATALOG.items()))
+    if local_path(entry) is not None:
+        pytest.skip(f"{name} is installed as a package here: it never shows as missing")
+    app = ChatApp(ScriptedBackend, "scripted", store=ConversationStore(tmp_path / "chats"))
+
+    def label() -> str:
+        return next(str(text) for text, value in app.screen.models if value == name)
+
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+s")
+        assert isinstance(app.screen, SettingsScreen) and label().endswith("(not downloaded)")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not isinstance(app.screen, SettingsScreen))
+        models_dir().mkdir(parents=True)
+        (models_dir() / entry.file).write_bytes(b"GGUF")  # the download landed
+        await pilot.press("ctrl+s")
+        assert isinstance(app.screen, SettingsScreen) and "not downloaded" not in label()
+
+
+@pytest.mark.asyncio
 async def test_settings_reject_bad_values_with_a_message(tmp_path: Path) -> None:
     app, _ = make_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:

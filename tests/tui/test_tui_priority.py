@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from edgellm.testing.limits import HANG_S
 from edgellm.testing.paths import ROOT
 
 CHILD = """
@@ -23,7 +24,7 @@ def spawn():  # as a model load does: its process (the engine core) is started f
                            capture_output=True, text=True)
     out.put(int(child.stdout))
 lb._start_load_thread(spawn)
-print(main, out.get(timeout=60))
+print(main, out.get(timeout=600))
 """
 
 
@@ -31,7 +32,7 @@ print(main, out.get(timeout=60))
 def test_ui_yields_cpu_but_engine_cores_keep_their_priority() -> None:
     start = os.getpriority(os.PRIO_PROCESS, 0)
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD], capture_output=True, text=True, cwd=ROOT, timeout=120
+        [sys.executable, "-c", CHILD], capture_output=True, text=True, cwd=ROOT, timeout=HANG_S
     )
     assert proc.returncode == 0, proc.stderr
     ui, core = (int(v) for v in proc.stdout.split())

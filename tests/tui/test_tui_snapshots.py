@@ -49,7 +49,7 @@ def make_app(tmp_path: Path, **backend_kwargs) -> ChatApp:
                    store=ConversationStore(tmp_path), model_options=MODELS)
 
 
-async def wait_for(pilot, condition, timeout: float = 10.0) -> None:
+async def wait_for(pilot, condition, timeout: float = 60.0) -> None:
     for _ in range(int(timeout / 0.02)):
         if condition():
             return

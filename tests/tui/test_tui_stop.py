@@ -47,7 +47,7 @@ class PausingBackend(ScriptedBackend):
         try:
             for i, piece in enumerate(PIECES):
                 await self._pause(i)
-                yield StreamDelta(piece)
+                yield StreamDelta(piece, ttft=0.05, tokens_per_s=50.0)  # the figures so far
             await self._pause(len(PIECES))
             yield StreamDone("stop", 0.05, 100.0, len(PIECES), 10)
             finished = True
@@ -95,7 +95,8 @@ async def settled_reply(pilot, app: ChatApp, tmp_path: Path) -> MessageView:
 async def test_escape_keeps_every_piece_that_came_drawn_and_labelled(tmp_path: Path, pause_at: int) -> None:
     """0: before the first token (the bubble stays, labelled, rather than vanishing); 1: right after the
     first frame; 5: with 4 pieces received but not drawn yet (the frame budget holds them); len: after the
-    last piece; len + 1: after the end (the reply finished: whole, not labelled stopped)."""
+    last piece; len + 1: after the end (the reply finished: whole, not labelled stopped). A stopped reply
+    keeps the speed it streamed at."""
     finished = pause_at > len(PIECES)
     app, backend = make_app(tmp_path, pause_at)
     async with app.run_test(size=SIZE) as pilot:
@@ -109,7 +110,10 @@ async def test_escape_keeps_every_piece_that_came_drawn_and_labelled(tmp_path: P
         assert reply.partial is not finished and reply.content == "".join(PIECES[:pause_at])
         assert words(drawn_text(view)) == words(reply.content)
         assert ("stopped" in header(view)) is not finished and not view.streaming
-        assert finished == ("100.0 tok/s" in header(view))
+        # a reply's figures: StreamDone's when it finished, else the last piece's; none before the first
+        speed = "TTFT 0.05 s · 100.0 tok/s" if finished else "TTFT 0.05 s · 50.0 tok/s"
+        assert (speed in header(view)) == (pause_at > 0), header(view)
+        assert pause_at > 0 or "tok/s" not in header(view)
         assert backend.aborted == (0 if finished else 1)
         await pilot.press(*"again", "enter")  # the chat goes on after a stop
         await wait_for(pilot, lambda: len(backend.requests) == 2)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from edgellm.testing.limits import HANG_S
 from edgellm.testing.paths import ROOT
 
 pytestmark = pytest.mark.skipif(
@@ -168,7 +169,7 @@ def chat(tmp_path: Path, smollm2_path: Path):
 
 def test_chat_repaints_every_state_change_in_a_real_terminal(chat: TmuxChat) -> None:
     # The first frame that shows the app at all shows the loading panel.
-    first = chat.wait_for("the app's first frame", lambda s: s.state is not None, timeout=60)
+    first = chat.wait_for("the app's first frame", lambda s: s.state is not None, timeout=HANG_S)
     assert max(map(len, first.lines)) > WIDTH - 5, f"the app is not {WIDTH} columns wide:\n{first.text}"
     assert first.loading_panel() is not None, f"first frame without the loading panel:\n{first.text}"
     assert first.state == "loading"
@@ -198,7 +199,7 @@ def test_chat_repaints_every_state_change_in_a_real_terminal(chat: TmuxChat) -> 
     done = chat.wait_for(
         "the first reply to finish",
         lambda s: s.state == "ready" and any("tok/s" in h for h in s.headers()),
-        timeout=300,
+        timeout=HANG_S,
         on_frame=not_stopped,
     )
     [header] = done.headers()
@@ -214,16 +215,17 @@ def test_chat_repaints_every_state_change_in_a_real_terminal(chat: TmuxChat) -> 
     chat.wait_for(
         "the second reply streaming",
         lambda s: s.state == "generating" and len(s.headers()) == 2 and bool(s.body_after_last_header()),
-        timeout=300,
+        timeout=HANG_S,
         on_frame=not_stopped,
     )
     chat.press("Escape")
     stopped = chat.wait_for(
-        "the stopped reply labelled", lambda s: s.state == "ready" and len(s.headers()) == 2, timeout=120
+        "the stopped reply labelled", lambda s: s.state == "ready" and len(s.headers()) == 2, timeout=HANG_S
     )
     first_header, second_header = stopped.headers()
     assert "stopped" in second_header, f"reply stopped with Esc not labelled stopped:\n{stopped.text}"
+    assert "TTFT" in second_header, f"the stopped reply lost the figures it streamed with:\n{stopped.text}"
     assert "stopped" not in first_header
 
     chat.press("C-q")
-    chat.wait_for("the app to quit", lambda s: f"{EXITED} 0" in s.text, timeout=60)
+    chat.wait_for("the app to quit", lambda s: f"{EXITED} 0" in s.text, timeout=HANG_S)
