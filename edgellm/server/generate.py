@@ -13,10 +13,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from edgellm.engine.checks import PromptTooLongError, TokenIdError
 from edgellm.engine.core_client import EngineDeadError
 from edgellm.engine.outputs import OutputCollector, RequestOutput
-from edgellm.server.errors import ApiError, bad_value
+from edgellm.server.errors import ApiError, request_error
 from edgellm.server.openai_format import (
     Choice,
     ResponseHead,
@@ -117,27 +116,6 @@ class Generation:
     head: ResponseHead
     merged: AsyncIterator[tuple[int, RequestOutput]]
     close: Callable[[], None]
-
-
-def request_error(e: ValueError, n_ctx: int, chat: bool) -> ApiError:
-    """The front-end's verdict on a request (LLM.make_request) as the API's 400: the context-length body
-    OpenAI sends, a token id outside the vocabulary naming the field that had it."""
-    what = "messages" if chat else "prompt"
-    if isinstance(e, PromptTooLongError):
-        return ApiError(
-            400,
-            f"This model's maximum context length is {n_ctx} tokens. However, your {what} resulted in "
-            f"{e.count} tokens (at most {n_ctx - 1} prompt tokens leave room for one generated token).",
-            param=what,
-            code="context_length_exceeded",
-        )
-    if isinstance(e, TokenIdError):
-        last = e.vocab_size - 1
-        if e.field == "logit_bias":
-            return bad_value("logit_bias", f"token id {e.token_id} is outside the vocabulary (0..{last})")
-        if not chat:  # a completion's prompt given as token ids
-            return bad_value("prompt", f"token ids must be in 0..{last}")
-    return ApiError(400, str(e), param=what)
 
 
 async def encode_prompts(

@@ -24,8 +24,7 @@ from edgellm.config import ServerConfig
 from edgellm.engine.checks import PromptTooLongError
 from edgellm.llm import LLM
 from edgellm.server.compat import ModelNames
-from edgellm.server.errors import ApiError
-from edgellm.server.generate import request_error
+from edgellm.server.errors import ApiError, request_error
 from edgellm.server.metrics import ServerMetrics
 from edgellm.tokenizer import TextTooLongError
 
