@@ -27,7 +27,7 @@ from edgellm.server.embeddings import embeddings
 from edgellm.server.endpoint import endpoint, read_json
 from edgellm.server.errors import ApiError
 from edgellm.server.frontend import Frontend
-from edgellm.server.generate import encode_prompts, generate
+from edgellm.server.generate import generate
 from edgellm.server.http_stack import http_stack
 from edgellm.server.infill import completion_prompts, infill_routes
 from edgellm.server.llama_native import native_routes
@@ -52,9 +52,9 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
         completion request's, tokenized."""
         check_model(req.model)
         await constrain(req, (state.llm.tokenizer, state.llm.config.n_vocab))
-        if req.messages is None:
+        if req.messages is None:  # one prompt (checked in start_generation); with a suffix, FIM's
             assert req.prompts is not None and len(req.prompts) == 1
-            return (await encode_prompts(state, req.prompts))[0]  # checked in start_generation
+            return (await completion_prompts(state, req))[0]
         template_kwargs, budget = thinking_options(state, req)
         tools = req.tools and req.tools.tools
         prompt = await render_chat_prompt(state, req.messages, tools=tools, template_kwargs=template_kwargs)

@@ -47,7 +47,6 @@ OLLAMA_VERSION = "0.6.4"
 NDJSON = "application/x-ndjson"
 UNSUPPORTED_GENERATE_FIELDS = {
     "template": "a template override",
-    "suffix": "suffix (infill)",
     "context": "context (earlier token ids)",
     "images": "an image input",
 }
@@ -214,6 +213,14 @@ def ollama_routes(front: Frontend) -> list[Route]:
             if opt_bool(body, "stream") is False:
                 return JSONResponse(out)
             return StreamingResponse(iter([_line(out)]), media_type=NDJSON)
+        suffix = body.get("suffix")
+        if suffix not in (None, ""):  # fill in the middle, with the model's FIM tokens (as /infill)
+            if not isinstance(suffix, str):
+                raise bad("suffix", "expected a string")
+            if system:
+                raise bad("system", "a fill-in-the-middle prompt takes no system prompt")
+            openai_body.update(prompt=prompt, suffix=suffix)
+            return await run(request, body, openai_body, chat=False, as_chat=False)
         if opt_bool(body, "raw"):
             if system:
                 raise bad("system", "a raw prompt takes no system prompt (write it into the prompt)")

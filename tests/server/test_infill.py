@@ -299,3 +299,24 @@ def test_token_ids_outside_the_vocabulary_are_the_front_ends_400(
         assert (err["param"], err["code"], err["message"]) == (param, "invalid_value", message), r.text
     ok = httpx.post(f"{fim_server}/v1/completions", json={"prompt": [1, 2], "max_tokens": 2}, timeout=60)
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_ollama_generate_with_a_suffix_fills_in_the_middle(fim_server: str, plain_server: str) -> None:
+    """Ollama's /api/generate `suffix` (what code-completion plugins send) builds the same FIM prompt as
+    /v1/completions' suffix; a model without FIM tokens is a 400 naming `suffix`."""
+    import ollama
+
+    kw = {"model": "m", "prompt": PREFIX, "max_tokens": MAX, "temperature": 0}
+    want = _client(fim_server).completions.create(suffix=SUFFIX, **kw)
+    got = ollama.Client(host=fim_server, timeout=120).generate(
+        model="m", prompt=PREFIX, suffix=SUFFIX, options={"num_predict": MAX, "temperature": 0}
+    )
+    assert got.response == want.choices[0].text and got.prompt_eval_count == want.usage.prompt_tokens
+    with pytest.raises(ollama.ResponseError) as e:
+        ollama.Client(host=plain_server, timeout=120).generate(model="m", prompt=PREFIX, suffix=SUFFIX)
+    assert e.value.status_code == 400 and "'suffix'" in e.value.error
+    with pytest.raises(ollama.ResponseError) as e:
+        ollama.Client(host=fim_server, timeout=120).generate(
+            model="m", prompt=PREFIX, suffix=SUFFIX, system="Be brief."
+        )
+    assert e.value.status_code == 400 and "'system'" in e.value.error
