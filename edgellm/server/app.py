@@ -31,6 +31,7 @@ from edgellm.server.generate import generate
 from edgellm.server.http_stack import http_stack
 from edgellm.server.infill import completion_prompts, infill_routes
 from edgellm.server.llama_native import native_routes
+from edgellm.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from edgellm.server.ollama_api import ollama_routes
 from edgellm.server.protocol import GenerationRequest, constrain, parse_chat, parse_completion
 from edgellm.server.request_fields import CHAT_FIELDS, COMPLETION_FIELDS, check_fields
@@ -127,7 +128,7 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
     @endpoint(state, auth=not state.config.metrics_public)
     async def metrics(request: Request) -> Response:
         text = state.metrics.render(state.llm.stats())
-        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+        return PlainTextResponse(text, media_type=METRICS_CONTENT_TYPE)
 
     @endpoint(state)
     async def tokenize(request: Request) -> Response:
@@ -195,7 +196,7 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
     routes += ollama_routes(front) + anthropic_routes(front) + responses_routes(front) + infill_routes(front)
     routes += native_routes(front)
     def count(e: ApiError) -> None:
-        state.metrics.http_errors[e.status] += 1
+        state.metrics.count_error(e.status)
 
     app = Starlette(
         routes=with_unprefixed(routes),

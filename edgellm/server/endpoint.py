@@ -30,7 +30,7 @@ def error_response(
 ) -> JSONResponse:
     """The error as OpenAI's body, or as `body(e)` builds it for another API."""
     if state is not None:
-        state.metrics.http_errors[e.status] += 1
+        state.metrics.count_error(e.status)
     return ErrorResponse(e.body() if body is None else body(e), status_code=e.status, headers=e.headers)
 
 

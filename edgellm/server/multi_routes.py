@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
+from prometheus_client.core import GaugeMetricFamily
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -31,10 +32,12 @@ from edgellm.server.endpoint import parse_json_object, read_body, read_json
 from edgellm.server.errors import ApiError
 from edgellm.server.generate import _until_disconnect
 from edgellm.server.http_stack import api_error_response, api_of, http_stack
+from edgellm.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from edgellm.server.multi import ModelsBusyError
 from edgellm.server.ollama_models import file_entry
 from edgellm.server.ollama_options import opt_bool
 from edgellm.server.openai_format import sse
+from edgellm.server.replicas.replica_metrics import families_page, merge_pages
 
 if TYPE_CHECKING:
     from edgellm.server.multi import ModelRouter, ModelSlot
@@ -85,6 +88,17 @@ def _tag_entry(router: ModelRouter, slot: ModelSlot) -> dict[str, Any]:
         except (OSError, ValueError):
             return {"name": slot.name, "model": slot.name, "size": 0, "details": {"format": "gguf"}}
     return slot.tag_entry
+
+
+def router_metrics_page(router: ModelRouter) -> str:
+    """The router's own gauges, as a Prometheus page."""
+    loaded = GaugeMetricFamily("edgellm_router_models_loaded", "Models whose server is running.")
+    loaded.add_metric([], sum(s.loaded for s in router.slots.values()))
+    help_ = "Requests relayed to a model and not yet done."
+    in_flight = GaugeMetricFamily("edgellm_router_requests_in_flight", help_, labels=["model_name"])
+    for slot in router.slots.values():
+        in_flight.add_metric([slot.name], slot.in_flight)
+    return families_page([loaded, in_flight])
 
 
 def build_router_app(
@@ -237,6 +251,20 @@ def build_router_app(
         return JSONResponse({"models": out})
 
     @endpoint
+    async def metrics(request: Request) -> Response:
+        """Every loaded model's /metrics (each labelled with its model_name) as one page, with the
+        router's own gauges: models loaded, requests in flight per model."""
+        auth = {"Authorization": f"Bearer {api_key}"} if api_key is not None else {}
+        pages = {"router": router_metrics_page(router)}
+        for slot in [s for s in router.slots.values() if s.loaded]:
+            try:
+                r = await router.client.get(f"{slot.url}/metrics", headers=auth, timeout=30)
+                pages[slot.name] = r.raise_for_status().text
+            except httpx.HTTPError:
+                continue  # gone since: not loaded
+        return PlainTextResponse(await asyncio.to_thread(merge_pages, pages), media_type=METRICS_CONTENT_TYPE)
+
+    @endpoint
     async def pull(request: Request) -> Response:
         """Nothing to download: a model the router serves is there (its server fetches a catalog model
         when it loads); any other name is a 404 listing them."""
@@ -303,6 +331,7 @@ def build_router_app(
         Route("/api/ps", ps, methods=["GET"]),
         Route("/api/pull", pull, methods=["POST"]),
         Route("/api/version", version, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
         Route("/", root, methods=["GET", "HEAD"]),
     ]
 

@@ -253,3 +253,25 @@ def test_a_client_leaving_a_relayed_stream_cancels_it_and_frees_the_model(apis_r
     # and the router counted it out: a unloads (a 409 while a request is in flight)
     u = httpx.post(f"{url}/models/unload", json={"model": a}, headers=BEARER, timeout=60)
     assert u.status_code == 200 and u.json() == {"model": a, "loaded": False}, u.text
+
+
+def test_router_metrics_merge_the_loaded_models_pages(apis_router) -> None:
+    """/metrics on the router: each loaded model's page under one header per family (model_name labels
+    them apart) and the router's own gauges; valid for the Prometheus parser; the key as every route."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url, a, b, _ = apis_router
+    assert httpx.get(f"{url}/metrics", timeout=30).status_code == 401
+    for model in (a, b):
+        body = {"model": model, "prompt": "hi", "max_tokens": 2}
+        assert httpx.post(f"{url}/v1/completions", json=body, headers=BEARER, timeout=300).status_code == 200
+    r = httpx.get(f"{url}/metrics", headers=BEARER, timeout=60)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(r.text)}
+    assert r.text.count("# TYPE edgellm_generation_tokens_total counter") == 1
+    generated = {s.labels["model_name"]: s.value for s in families["edgellm_generation_tokens"].samples}
+    assert set(generated) == {a, b} and all(v >= 2 for v in generated.values())
+    assert families["edgellm_router_models_loaded"].samples[0].value == 2
+    relayed = families["edgellm_router_requests_in_flight"].samples
+    in_flight = {s.labels["model_name"]: s.value for s in relayed}
+    assert in_flight == {a: 0, b: 0}

@@ -222,24 +222,47 @@ def test_a_stream_cut_after_a_token_ends_with_an_in_band_error_not_a_retry() -> 
 
 def test_metrics_pages_merge_under_one_header_per_family_with_a_replica_label() -> None:
     page = (
-        "# HELP edgellm_x Things.\n# TYPE edgellm_x counter\n"
-        'edgellm_x{model_name="m"} {n}\n'
+        "# HELP edgellm_x_total Things.\n# TYPE edgellm_x_total counter\n"
+        'edgellm_x_total{model_name="m"} {n}\n'
         "# HELP edgellm_h Lat.\n# TYPE edgellm_h histogram\n"
         'edgellm_h_bucket{model_name="m",le="0.1"} 1\nedgellm_h_sum{model_name="m"} 0.05\n'
         "edgellm_bare 3\n"
     )
     text = label_replicas({"a": page.replace("{n}", "1"), "b": page.replace("{n}", "2")})
     lines = text.splitlines()
-    assert lines.count("# TYPE edgellm_x counter") == 1 and lines.count("# HELP edgellm_h Lat.") == 1
+    assert lines.count("# TYPE edgellm_x_total counter") == 1 and lines.count("# HELP edgellm_h Lat.") == 1
     assert (
-        'edgellm_x{model_name="m",replica="a"} 1' in lines
-        and 'edgellm_x{model_name="m",replica="b"} 2' in lines
+        'edgellm_x_total{model_name="m",replica="a"} 1.0' in lines
+        and 'edgellm_x_total{model_name="m",replica="b"} 2.0' in lines
     )
-    assert 'edgellm_h_bucket{model_name="m",le="0.1",replica="b"} 1' in lines
-    assert 'edgellm_bare{replica="a"} 3' in lines
+    assert 'edgellm_h_bucket{le="0.1",model_name="m",replica="b"} 1.0' in lines
+    assert 'edgellm_bare{replica="a"} 3.0' in lines
     x = [i for i, line in enumerate(lines) if "edgellm_x" in line]
     assert x == list(range(x[0], x[0] + len(x)))  # a family's lines stay together
     assert label_replicas({}) == ""
+
+
+def test_label_values_with_quotes_braces_and_spaces_survive_the_merge() -> None:
+    """A model named with a quote, a brace or a space (a file's stem can be anything) keeps valid text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from edgellm.server.metrics import ServerMetrics
+
+    odd = 'my "best" {model} \\ v2'
+    page = ServerMetrics(odd)
+    page.count_error(400)
+    text = label_replicas({"r 1": page.render(_idle_stats())})
+    errors = {f.name: f for f in text_string_to_metric_families(text)}["edgellm_http_errors"]
+    [sample] = [s for s in errors.samples if s.name == "edgellm_http_errors_total"]
+    assert sample.labels == {"model_name": odd, "status": "400", "replica": "r 1"} and sample.value == 1
+
+
+def _idle_stats():  # noqa: ANN202
+    import dataclasses
+
+    from edgellm.engine.protocol import EngineStats
+
+    return EngineStats(**{f.name: 0 for f in dataclasses.fields(EngineStats)})
 
 
 @pytest.mark.parametrize(

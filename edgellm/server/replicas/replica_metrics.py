@@ -1,47 +1,48 @@
-"""One /metrics page from several replicas' pages (Prometheus text format): every sample gains a
-`replica` label, and each metric family keeps one HELP/TYPE header with all replicas' samples under it
-(the format wants a family's lines together)."""
+"""One /metrics page from several servers' pages (Prometheus text format): each page's samples may gain a
+label (`replica` for Ray Serve's replicas; none for the multi-model router, whose model servers label
+theirs with `model_name`), and each metric family keeps one HELP/TYPE header with all pages' samples under
+it (the format wants a family's lines together). Parsed and written by prometheus-client, so label values
+with quotes, braces or spaces survive."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 
-@dataclass
-class _Family:
-    header: list[str] = field(default_factory=list)  # its "# HELP" and "# TYPE" lines
-    samples: list[str] = field(default_factory=list)
+class _Families:
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.families
 
 
-def _with_label(sample: str, label: str) -> str:
-    brace, space = sample.find("{"), sample.find(" ")
-    if brace != -1 and (space == -1 or brace < space):
-        close = sample.index("}", brace)
-        inner = sample[brace + 1 : close]
-        return f"{sample[: brace + 1]}{inner + ',' if inner else ''}{label}{sample[close:]}"
-    return f"{sample[:space]}{{{label}}}{sample[space:]}"
+def families_page(families: Iterable[Metric]) -> str:
+    """Metric families as a Prometheus text page."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(families))
+    return generate_latest(registry).decode()
+
+
+def merge_pages(pages: Mapping[str, str], label: str | None = None) -> str:
+    """pages: a page's key -> its /metrics text. With `label`, every sample gains `label="<key>"`."""
+    families: dict[str, Metric] = {}
+    for key, text in pages.items():
+        for fam in text_string_to_metric_families(text):
+            merged = families.get(fam.name)
+            if merged is None:
+                merged = families[fam.name] = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+            for s in fam.samples:
+                labels = {**s.labels, label: key} if label is not None else s.labels
+                merged.add_sample(s.name, labels, s.value, s.timestamp, s.exemplar)
+    return families_page(families.values()) if families else ""
 
 
 def label_replicas(pages: Mapping[str, str]) -> str:
     """pages: replica id -> that replica's /metrics text. Returns the merged text."""
-    families: dict[str, _Family] = {}
-    for replica, text in pages.items():
-        label = f'replica="{replica}"'
-        current: _Family | None = None
-        for line in text.splitlines():
-            if not line.strip():
-                continue
-            if line.startswith("# HELP ") or line.startswith("# TYPE "):
-                name = line.split(" ", 3)[2]
-                current = families.setdefault(name, _Family())
-                if line not in current.header:
-                    current.header.append(line)
-            elif not line.startswith("#"):
-                if current is None:  # a sample without a header: a family of its own
-                    current = families.setdefault(line.split("{", 1)[0].split(" ", 1)[0], _Family())
-                current.samples.append(_with_label(line, label))
-    lines: list[str] = []
-    for fam in families.values():
-        lines += fam.header + fam.samples
-    return "\n".join(lines) + "\n" if lines else ""
+    return merge_pages(pages, "replica")
