@@ -35,6 +35,7 @@ from edgellm.server.multi import ModelsBusyError
 from edgellm.server.ollama_models import file_entry
 from edgellm.server.ollama_options import opt_bool
 from edgellm.server.openai_format import sse
+from edgellm.server.webui import asset_routes, page_or
 
 if TYPE_CHECKING:
     from edgellm.server.multi import ModelRouter, ModelSlot
@@ -303,7 +304,8 @@ def build_router_app(
         Route("/api/ps", ps, methods=["GET"]),
         Route("/api/pull", pull, methods=["POST"]),
         Route("/api/version", version, methods=["GET"]),
-        Route("/", root, methods=["GET", "HEAD"]),
+        Route("/", page_or(root), methods=["GET", "HEAD"]),  # a browser gets the chat page
+        *asset_routes(),
     ]
 
     app = Starlette(routes=routes, lifespan=lifespan, **http_stack(host, cors_origins))
