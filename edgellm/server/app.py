@@ -194,6 +194,7 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
     )
     routes += ollama_routes(front) + anthropic_routes(front) + responses_routes(front) + infill_routes(front)
     routes += asset_routes()  # the chat page's scripts and style (the page itself: ollama_api's /)
+
     def count(e: ApiError) -> None:
         state.metrics.http_errors[e.status] += 1
 

@@ -304,7 +304,8 @@ def build_router_app(
         Route("/api/ps", ps, methods=["GET"]),
         Route("/api/pull", pull, methods=["POST"]),
         Route("/api/version", version, methods=["GET"]),
-        Route("/", page_or(root), methods=["GET", "HEAD"]),  # a browser gets the chat page
+        # a browser gets the chat page
+        Route("/", page_or(root, needs_key=api_key is not None), methods=["GET", "HEAD"]),
         *asset_routes(),
     ]
 

@@ -326,7 +326,8 @@ def ollama_routes(front: Frontend) -> list[Route]:
         Route("/api/show", show, methods=["POST"]),
         Route("/api/pull", pull, methods=["POST"]),
         Route("/api/version", version, methods=["GET"]),
-        Route("/", page_or(root), methods=["GET", "HEAD"]),  # a browser gets the chat page
+        # a browser gets the chat page
+        Route("/", page_or(root, needs_key=front.state.config.api_key is not None), methods=["GET", "HEAD"]),
     ]
 
 

@@ -15,7 +15,8 @@ CHROMEDRIVER = Path("/usr/bin/chromedriver")
 WATCH_PAGE = """
 window.__cspViolations = [];
 window.__dialogs = [];
-document.addEventListener('securitypolicyviolation', e => window.__cspViolations.push(e.blockedURI + ' ' + e.violatedDirective));
+document.addEventListener('securitypolicyviolation',
+  e => window.__cspViolations.push(e.blockedURI + ' ' + e.violatedDirective));
 for (const name of ['alert', 'confirm', 'prompt']) window[name] = m => { window.__dialogs.push(String(m)); };
 """
 
@@ -40,10 +41,16 @@ def chromium(width: int = 1280, height: int = 860, dark: bool = False):
     os.environ["SE_OFFLINE"] = "true"  # Selenium Manager: never download a browser or driver
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                f"--window-size={width},{height}", "--no-first-run", "--disable-extensions",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync"):  # fmt: skip
+    quiet = [
+        "--no-first-run",
+        "--disable-extensions",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+    ]  # fmt: skip  (nothing but the page on the wire)
+    for arg in ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", *quiet]:
         options.add_argument(arg)
+    options.add_argument(f"--window-size={width},{height}")
     if dark:
         options.add_argument("--force-dark-mode")
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})

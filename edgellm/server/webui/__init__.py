@@ -61,17 +61,25 @@ def wants_page(request: Request) -> bool:
     return "text/html" in request.headers.get("accept", "").lower()
 
 
-def page_response() -> Response:
+KEY_META = b'<meta name="edgellm-api-key" content="none">'
+
+
+def page_response(needs_key: bool) -> Response:
+    """The page; `needs_key`: it says so in a meta tag, so the page asks for the key before its first call
+    instead of learning it from a 401 (which a browser logs as an error)."""
+    page = _read("index.html")
+    if needs_key:
+        page = page.replace(KEY_META, KEY_META.replace(b'"none"', b'"required"'))
     headers = {**COMMON_HEADERS, "Content-Security-Policy": CSP, "X-Frame-Options": "DENY"}
-    return Response(_read("index.html"), media_type="text/html; charset=utf-8", headers=headers)
+    return Response(page, media_type="text/html; charset=utf-8", headers=headers)
 
 
-def page_or(other: Handler) -> Handler:
+def page_or(other: Handler, needs_key: bool) -> Handler:
     """The `/` handler: the chat page for a browser, `other` (the Ollama answer, behind its key) otherwise."""
 
     async def root(request: Request) -> Response:
         if wants_page(request):
-            return page_response()
+            return page_response(needs_key)
         return await other(request)
 
     return root
@@ -85,6 +93,14 @@ async def asset(request: Request) -> Response:
     return Response(_read(name), media_type=media_type, headers=COMMON_HEADERS)
 
 
+async def favicon(request: Request) -> Response:
+    return Response(_read("icon.svg"), media_type=CONTENT_TYPES[".svg"], headers=COMMON_HEADERS)
+
+
 def asset_routes() -> list[Route]:
-    """The page's scripts, style sheet and icon, served without the key."""
-    return [Route(ASSET_PREFIX + "{name}", asset, methods=["GET", "HEAD"])]
+    """The page's scripts, style sheet and icon, served without the key; the icon also where browsers
+    look for one on any page of the origin (a 404 there is an error in the console)."""
+    return [
+        Route(ASSET_PREFIX + "{name}", asset, methods=["GET", "HEAD"]),
+        Route("/favicon.ico", favicon, methods=["GET", "HEAD"]),
+    ]

@@ -236,12 +236,13 @@ function openConversation(id) {
   if (state.controller) stop(); // its reply stops where it is; the other conversation opens
   state.currentId = id;
   state.editing = -1;
+  renderMessages(); // first: it makes the new conversation the list then shows
   renderList();
-  renderMessages();
   $("message").focus();
 }
 
 function newChat() {
+  state.conversations = state.conversations.filter((c) => c.messages.length); // one empty chat at most
   openConversation(null);
 }
 
@@ -372,5 +373,8 @@ bindEvents();
 state.currentId = state.conversations.sort((a, b) => b.updated - a.updated)[0]?.id ?? null;
 renderList();
 renderMessages();
-loadModels();
+// A server with --api-key says so in the page: ask before the first call rather than after its 401.
+const keyMeta = document.querySelector('meta[name="edgellm-api-key"]');
+const keyFirst = keyMeta && keyMeta.content === "required" && !store.loadKey() ? askForKey("") : null;
+Promise.resolve(keyFirst).then(loadModels);
 $("message").focus();
