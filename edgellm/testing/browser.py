@@ -5,7 +5,6 @@ so Selenium Manager has nothing to find or download (SE_OFFLINE makes sure of it
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -27,7 +26,7 @@ def missing() -> str | None:
         import selenium  # noqa: F401
     except ImportError:
         return "selenium is not installed (pip install -e '.[test]')"
-    absent = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists() and not shutil.which(p.name)]
+    absent = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
     if absent:
         return f"{' and '.join(absent)} absent (apt-get install -y chromium chromium-driver)"
     return None
@@ -47,7 +46,7 @@ def chromium(width: int = 1280, height: int = 860, dark: bool = False):
         "--disable-background-networking",
         "--disable-component-update",
         "--disable-sync",
-    ]  # fmt: skip  (nothing but the page on the wire)
+    ]  # nothing but the page on the wire
     for arg in ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", *quiet]:
         options.add_argument(arg)
     options.add_argument(f"--window-size={width},{height}")

@@ -2,7 +2,7 @@
 // Markdown built from DOM nodes (markdown.js). Model text is only ever set as textContent.
 
 import { listModels, onKeyNeeded, streamChat } from "./chat.js";
-import { renderMarkdown } from "./markdown.js";
+import { el, renderMarkdown } from "./markdown.js";
 import * as store from "./store.js";
 
 const EMPTY_HINT = "Ask anything. Enter sends, Shift+Enter adds a line, Esc stops.";
@@ -16,13 +16,6 @@ const state = {
   editing: -1, // the index of the user message being edited
 };
 
-function el(tag, className, text) {
-  const node = document.createElement(tag);
-  if (className) node.className = className;
-  if (text !== undefined) node.textContent = text;
-  return node;
-}
-
 function button(label, onClick, className) {
   const b = el("button", className, label);
   b.type = "button";
@@ -33,7 +26,7 @@ function button(label, onClick, className) {
 function current() {
   let conversation = state.conversations.find((c) => c.id === state.currentId);
   if (!conversation) {
-    conversation = { id: store.newId(), title: "New chat", messages: [], updated: Date.now() };
+    conversation = { id: store.newId(), title: "Untitled chat", messages: [], updated: Date.now() };
     state.conversations.unshift(conversation);
     state.currentId = conversation.id;
   }
@@ -57,7 +50,7 @@ function renderList() {
   const shown = state.conversations.filter((c) => c.messages.length || c.id === state.currentId);
   for (const c of shown.sort((a, b) => b.updated - a.updated)) {
     const item = el("li", c.id === state.currentId ? "active" : "");
-    const open = button(c.title || "New chat", () => openConversation(c.id), "open");
+    const open = button(c.title || "Untitled chat", () => openConversation(c.id), "open");
     open.title = c.title;
     if (c.id === state.currentId) open.setAttribute("aria-current", "true");
     const remove = button("×", () => deleteConversation(c.id), "delete");
@@ -371,8 +364,8 @@ applyTheme();
 bindSettings();
 bindEvents();
 state.currentId = state.conversations.sort((a, b) => b.updated - a.updated)[0]?.id ?? null;
+renderMessages(); // first: it makes the conversation the list shows when there is none yet
 renderList();
-renderMessages();
 // A server with --api-key says so in the page: ask before the first call rather than after its 401.
 const keyMeta = document.querySelector('meta[name="edgellm-api-key"]');
 const keyFirst = keyMeta && keyMeta.content === "required" && !store.loadKey() ? askForKey("") : null;

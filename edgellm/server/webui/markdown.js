@@ -4,7 +4,7 @@
 // The subset: fenced code blocks (with a copy button), headings, lists, block quotes, rules, paragraphs;
 // inline code, bold, italic, links and bare URLs. Unfinished syntax (a reply mid-stream) renders as text.
 
-function el(tag, className, text) {
+export function el(tag, className, text) {
   const node = document.createElement(tag);
   if (className) node.className = className;
   if (text !== undefined) node.textContent = text;

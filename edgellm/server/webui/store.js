@@ -27,7 +27,7 @@ export function newId() {
 export function titleOf(conversation) {
   const first = conversation.messages.find((m) => m.role === "user");
   const text = first ? first.content.replace(/\s+/g, " ").trim() : "";
-  return text ? text.slice(0, MAX_TITLE) : "New chat";
+  return text ? text.slice(0, MAX_TITLE) : "Untitled chat";
 }
 
 function str(value, fallback = "") {
