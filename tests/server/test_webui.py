@@ -12,11 +12,17 @@ from pathlib import Path
 
 import pytest
 
+from edgellm.config import ServerConfig
+from edgellm.engine.config import EngineConfig
 from edgellm.server import webui
+from edgellm.server.app import build_app
+from edgellm.server.state import ServerState
+from edgellm.testing.http_attacks import EVIL_HOST, AsgiClient
 from edgellm.testing.servers import ROOT, httpx, start_server, stop_server
 from edgellm.testing.synthetic import write_tiny_model
 
 HTML = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}  # Chromium's
+HTML_ACCEPT = ("Accept", HTML["Accept"])
 KEY = "webui-key"
 
 
@@ -64,6 +70,20 @@ def test_the_page_names_only_its_own_assets_and_they_ship_in_the_package() -> No
     for f in webui.HERE.iterdir():
         if f.is_file() and f.suffix != ".py":
             assert any(fnmatch(f.name, g) for g in globs), f"{f.name} would not ship: add it to package-data"
+
+
+def test_the_host_and_origin_guard_holds_for_the_page_and_its_assets() -> None:
+    """A page of another site (or a rebinding name) cannot load or frame the chat page either; the page's
+    own origin passes."""
+    state = ServerState(ServerConfig(EngineConfig("unused.gguf"), api_key=KEY))  # type: ignore[arg-type]
+    app = AsgiClient(build_app(state))
+    here = "127.0.0.1:8080"
+    for path in ("/", "/ui/app.js", "/favicon.ico"):
+        ok = app.request("GET", path, [HTML_ACCEPT, ("Origin", f"http://{here}")], host=here)
+        assert ok.status == 200, (path, ok)
+        assert app.request("GET", path, [HTML_ACCEPT], host=EVIL_HOST).status == 403, path
+        evil = app.request("GET", path, [HTML_ACCEPT, ("Origin", f"http://{EVIL_HOST}")], host=here)
+        assert evil.status == 403, path
 
 
 @pytest.fixture(scope="module")

@@ -97,6 +97,9 @@ def wait_idle(d) -> None:
 
 
 def test_a_reply_streams_stop_keeps_it_and_a_reload_keeps_the_conversation(driver, apis_server: str) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
     d = driver
     open_page(d, apis_server, settings={"temperature": 0.0, "max_tokens": 900})
     until(lambda: model_count(d), what="the models")
@@ -121,6 +124,13 @@ def test_a_reply_streams_stop_keeps_it_and_a_reload_keeps_the_conversation(drive
     d.refresh()
     until(lambda: messages(d, "assistant") == [partial], 30, "the conversation after a reload")
     assert messages(d, "user") == ["Count from 1 to 300, one number per line."]
+    # Esc stops too, wherever the focus is.
+    by_name(d, "Message").send_keys("And from 300 down to 1.", Keys.ENTER)
+    until(lambda: len((messages(d, "assistant") + ["", ""])[1]) > 5, what="the second reply")
+    d.find_element(By.TAG_NAME, "body").send_keys(Keys.ESCAPE)
+    wait_idle(d)
+    assert "stopped" in messages(d, "assistant")[1]
+    until(lambda: metrics(apis_server)["edgellm_num_requests_running"] == 0, 30, "the server to cancel")
     assert_stayed_home(d, apis_server)
 
 
@@ -157,6 +167,10 @@ def test_replies_and_imported_files_render_as_text_and_run_nothing(driver, apis_
         hrefs = [a.get_attribute("href") for a in log.find_elements(By.TAG_NAME, "a")]
         assert all(h.startswith(("http://", "https://")) for h in hrefs), hrefs
         assert len(messages(d, "user")) == 1  # the unknown role was dropped
+        [fold] = log.find_elements(By.CSS_SELECTOR, "details.reasoning")  # reasoning: folded, apart
+        assert fold.get_attribute("open") is None and HOSTILE[0] not in fold.text
+        fold.click()
+        assert fold.text == "Reasoning\n" + HOSTILE[0]
     assert d.execute_script("return [window.__xss, window.__dialogs]") == [None, []]
     assert_stayed_home(d, apis_server)
 
