@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from edgellm.testing import browser
+from edgellm.testing.reasoning import THINKING_TEMPLATE
 from edgellm.testing.servers import httpx, metrics, start_server, stop_server
 from edgellm.testing.synthetic import write_tiny_model
 
@@ -179,7 +180,8 @@ def test_replies_and_imported_files_render_as_text_and_run_nothing(driver, apis_
 def keyed_router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, str]]:
     d = tmp_path_factory.mktemp("webui-router")
     a = str(write_tiny_model(d / "a.gguf", "llama", seed=1))
-    b = str(write_tiny_model(d / "b.gguf", "qwen3", seed=2))
+    thinks = {"tokenizer.chat_template": THINKING_TEMPLATE}  # b's replies start in <think>: reasoning
+    b = str(write_tiny_model(d / "b.gguf", "qwen3", seed=2, metadata_overrides=thinks))
     router, url = start_server(None, "--models", f"{a},{b}", "--ctx", "128", "--kv-cache-memory", "1M",
                                "--api-key", KEY)  # fmt: skip
     try:
@@ -214,6 +216,10 @@ def test_the_key_is_asked_once_and_the_model_picker_switches_models(driver, keye
     wait_idle(d)
     assert messages(d, "user") == ["hello\nthere"]
     assert _loaded(url) == {a: False, b: True}
+    # b streamed delta.reasoning_content: shown folded, apart from the (empty) answer
+    [fold] = d.find_elements("css selector", "[data-role=assistant] details.reasoning")
+    assert fold.get_attribute("open") is None and fold.text == "Reasoning"
+    assert d.execute_script("return document.querySelector('.reasoning-text').textContent.length") > 0
     by_name(d, "Regenerate").click()
     wait_idle(d)
     assert len(messages(d, "assistant")) == 1

@@ -60,10 +60,14 @@ function renderList() {
   }
 }
 
+const unfolded = new WeakSet(); // the messages whose reasoning the user opened: re-renders keep it open
+
 function fillAssistant(body, message) {
   body.replaceChildren();
   if (message.reasoning) {
     const fold = el("details", "reasoning");
+    fold.open = unfolded.has(message);
+    fold.addEventListener("toggle", () => (fold.open ? unfolded.add(message) : unfolded.delete(message)));
     fold.append(el("summary", null, message === state.live && !message.content ? "Thinking…" : "Reasoning"));
     fold.append(el("div", "reasoning-text", message.reasoning));
     body.append(fold);
@@ -130,10 +134,7 @@ function renderLive() {
     const node = box.querySelector('[data-live="true"] .bubble');
     if (!node || !state.live) return;
     const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 80;
-    const fold = node.querySelector("details.reasoning");
-    const open = fold && fold.open;
     fillAssistant(node, state.live);
-    if (open) node.querySelector("details.reasoning").open = true; // the user unfolded it: keep it so
     if (atBottom) box.scrollTop = box.scrollHeight;
   });
 }
