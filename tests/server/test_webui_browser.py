@@ -139,7 +139,7 @@ def test_replies_and_imported_files_render_as_text_and_run_nothing(driver, apis_
     from selenium.webdriver.common.by import By
 
     d = driver
-    hostile = "\n\n".join(HOSTILE)
+    hostile = "\n\n".join([*HOSTILE, "A **safe** [link](https://example.com/docs)."])
     stored = {
         "id": "stored",
         "title": "<img src=x onerror=alert(7)>",
@@ -166,7 +166,8 @@ def test_replies_and_imported_files_render_as_text_and_run_nothing(driver, apis_
         log = d.find_element(By.ID, "messages")
         assert not log.find_elements(By.CSS_SELECTOR, "img, script, iframe, svg, object, embed")
         hrefs = [a.get_attribute("href") for a in log.find_elements(By.TAG_NAME, "a")]
-        assert all(h.startswith(("http://", "https://")) for h in hrefs), hrefs
+        assert hrefs == ["https://example.com/docs"], hrefs  # the reply's one http(s) link (user text: as is)
+        assert log.find_element(By.TAG_NAME, "strong").text == "safe"
         assert len(messages(d, "user")) == 1  # the unknown role was dropped
         [fold] = log.find_elements(By.CSS_SELECTOR, "details.reasoning")  # reasoning: folded, apart
         assert fold.get_attribute("open") is None and HOSTILE[0] not in fold.text
@@ -204,8 +205,12 @@ def test_the_key_is_asked_once_and_the_model_picker_switches_models(driver, keye
     url, a, b = keyed_router
     open_page(d, url, settings={"max_tokens": 6})
     key_shown = lambda: d.find_element("id", "api-key").is_displayed() and by_name(d, "API key")  # noqa: E731
-    key_field = until(key_shown, 30, "the key dialog")
-    key_field.send_keys(KEY, Keys.ENTER)
+    until(key_shown, 30, "the key dialog").send_keys("wrong-key", Keys.ENTER)
+    until(lambda: d.find_element("id", "key-reason").text == "The server refused that key.", 30, "a refusal")
+    assert [e["message"].split(" - ")[1] for e in d.get_log("browser")] == [  # the one error expected
+        "Failed to load resource: the server responded with a status of 401 (Unauthorized)"
+    ]
+    by_name(d, "API key").send_keys(KEY, Keys.ENTER)
     until(lambda: model_count(d) == 2, 30, "the models")
     assert d.execute_script("return sessionStorage.getItem('edgellm.apiKey')") == KEY
     assert _loaded(url) == {a: False, b: False}

@@ -34,7 +34,11 @@ function current() {
 }
 
 function save() {
-  store.saveConversations(state.conversations);
+  try {
+    store.saveConversations(state.conversations);
+  } catch (e) {
+    setStatus(`Not saved: ${e.message} (export and delete old chats to make room)`); // storage full
+  }
   renderList();
 }
 
@@ -361,6 +365,7 @@ function bindEvents() {
 }
 
 onKeyNeeded(askForKey);
+$("key-dialog").addEventListener("cancel", (e) => e.preventDefault()); // Esc: no key, no page; keep asking
 applyTheme();
 bindSettings();
 bindEvents();
