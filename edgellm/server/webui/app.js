@@ -2,7 +2,7 @@
 // Markdown built from DOM nodes (markdown.js). Model text is only ever set as textContent.
 
 import { listModels, onKeyNeeded, streamChat } from "./chat.js";
-import { el, renderMarkdown } from "./markdown.js";
+import { copyText, el, renderMarkdown } from "./markdown.js";
 import * as store from "./store.js";
 
 const EMPTY_HINT = "Ask anything. Enter sends, Shift+Enter adds a line, Esc stops.";
@@ -113,7 +113,7 @@ function messageNode(message, index, conversation) {
     if (message === state.live) node.dataset.live = "true";
     const last = index === conversation.messages.length - 1;
     if (!busy && last) actions.append(button("Regenerate", regenerate));
-    if (message.content) actions.append(button("Copy", () => navigator.clipboard?.writeText(message.content)));
+    if (message.content) actions.append(button("Copy", () => copyText(message.content)));
   }
   node.append(body, actions);
   return node;

@@ -50,7 +50,7 @@ export function renderInline(text, parent) {
   if (rest) parent.append(document.createTextNode(rest));
 }
 
-async function copyText(text) {
+export async function copyText(text) {
   if (navigator.clipboard && window.isSecureContext) return navigator.clipboard.writeText(text);
   // A plain-http page on another host has no clipboard API: the selection and the old command.
   const area = el("textarea");
