@@ -38,6 +38,7 @@ from edgellm.server.request_fields import CHAT_FIELDS, COMPLETION_FIELDS, check_
 from edgellm.server.responses_api import responses_routes
 from edgellm.server.state import ServerState, render_chat_prompt
 from edgellm.server.thinking import reasoning_setup, thinking_options
+from edgellm.server.webui import asset_routes
 
 log = logging.getLogger("edgellm.server")
 
@@ -195,6 +196,8 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
     )
     routes += ollama_routes(front) + anthropic_routes(front) + responses_routes(front) + infill_routes(front)
     routes += native_routes(front)
+    routes += asset_routes()  # the chat page's scripts and style (the page itself: ollama_api's /)
+
     def count(e: ApiError) -> None:
         state.metrics.count_error(e.status)
 

@@ -38,6 +38,7 @@ from edgellm.server.ollama_models import file_entry
 from edgellm.server.ollama_options import opt_bool
 from edgellm.server.openai_format import sse
 from edgellm.server.replicas.replica_metrics import families_page, merge_pages
+from edgellm.server.webui import asset_routes, page_or
 
 if TYPE_CHECKING:
     from edgellm.server.multi import ModelRouter, ModelSlot
@@ -332,7 +333,9 @@ def build_router_app(
         Route("/api/pull", pull, methods=["POST"]),
         Route("/api/version", version, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
-        Route("/", root, methods=["GET", "HEAD"]),
+        # a browser gets the chat page
+        Route("/", page_or(root, needs_key=api_key is not None), methods=["GET", "HEAD"]),
+        *asset_routes(),
     ]
 
     app = Starlette(routes=routes, lifespan=lifespan, **http_stack(host, cors_origins))

@@ -38,6 +38,7 @@ from edgellm.server.frontend import (
 from edgellm.server.ollama_models import model_entry, show_body
 from edgellm.server.ollama_options import bad, chat_messages, check_common, openai_fields, opt_bool
 from edgellm.server.protocol import parse_chat, parse_completion
+from edgellm.server.webui import page_or
 
 if TYPE_CHECKING:
     from edgellm.server.state import ServerState
@@ -332,7 +333,8 @@ def ollama_routes(front: Frontend) -> list[Route]:
         Route("/api/show", show, methods=["POST"]),
         Route("/api/pull", pull, methods=["POST"]),
         Route("/api/version", version, methods=["GET"]),
-        Route("/", root, methods=["GET", "HEAD"]),
+        # a browser gets the chat page
+        Route("/", page_or(root, needs_key=front.state.config.api_key is not None), methods=["GET", "HEAD"]),
     ]
 
 
