@@ -23,6 +23,7 @@ from edgellm.server.openai_format import (
     new_id,
     reasoning_fields,
     sse,
+    timings_of,
     usage,
 )
 from edgellm.server.openai_format import chat_logprobs as chat_lp
@@ -191,11 +192,13 @@ async def _collect(
     n = req.params.n
     collectors = [OutputCollector(n) for _ in range(num_choices // n)]  # one per prompt
     n_prompt = n_cached = 0
+    metrics = None
     async for pi, out in merged:
         collectors[pi].push(out)
         if out.finished:
             n_prompt += out.metrics.num_prompt_tokens
             n_cached += out.metrics.num_cached_tokens
+            metrics = out.metrics
             state.metrics.observe_request(out.metrics, collectors[pi].outputs[0].finish_reason or "stop")
     split = req.params.reasoning_split is not None
     choices = [
@@ -215,7 +218,10 @@ async def _collect(
             out.text = c.text
             c.message, c.finish_reason = out.message(c.finish_reason)
     u = usage(n_prompt, sum(c.num_tokens for c in choices), n_cached)
-    return JSONResponse(head.full(state.llm.tokenizer, choices, req.logprobs, u))
+    body = head.full(state.llm.tokenizer, choices, req.logprobs, u)
+    if num_choices == 1 and metrics is not None:  # llama-server's timings, of its one request
+        body["timings"] = timings_of(metrics, n_prompt, n_cached, choices[0].num_tokens)
+    return JSONResponse(body)
 
 
 async def _stream(
@@ -273,7 +279,11 @@ async def _stream(
                 if reason is not None:
                     fin: dict[str, Any] = {"index": idx, "logprobs": None, "finish_reason": reason}
                     fin.update({"delta": {}} if head.chat else {"text": ""})
-                    yield sse(head.chunk([fin], with_usage))
+                    last = head.chunk([fin], with_usage)
+                    if num_choices == 1 and out.finished:  # llama-server's timings, on its last chunk
+                        m = out.metrics
+                        last["timings"] = timings_of(m, m.num_prompt_tokens, m.num_cached_tokens, n_tokens)
+                    yield sse(last)
             if out.finished:
                 n_prompt += out.metrics.num_prompt_tokens
                 n_cached += out.metrics.num_cached_tokens

@@ -14,7 +14,6 @@ field llama-server does not define.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +24,7 @@ from starlette.routing import Route
 from edgellm.server.errors import ApiError, bad_value
 from edgellm.server.frontend import End, Event, Frontend, Reply, Text, respond
 from edgellm.server.generate import encode_prompts
-from edgellm.server.openai_format import sse
+from edgellm.server.openai_format import sse, timings_of
 from edgellm.server.protocol import GenerationRequest, _is_int, _is_number, constrain, parse_completion
 from edgellm.server.state import render_chat_prompt
 
@@ -56,26 +55,10 @@ OUR_SAMPLER_ORDER = ("top_k", "top_p", "min_p", "temperature")  # after the pena
 
 
 def timings(end: End | None) -> dict[str, Any]:
-    """llama-server's `timings` of a finished request, from the engine's RequestMetrics."""
-    m = end.metrics if end is not None else None
-    if m is None or m.first_token_time is None:
+    """llama-server's `timings` of a finished request."""
+    if end is None or end.metrics is None:
         return {}
-    finished = m.finished_time or time.monotonic()
-    prompt_n = max(end.prompt_tokens - end.cached_tokens, 0)  # type: ignore[union-attr]
-    prompt_ms = (m.first_token_time - m.arrival_time) * 1e3
-    predicted_n = end.completion_tokens  # type: ignore[union-attr]
-    predicted_ms = (finished - m.first_token_time) * 1e3
-    return {
-        "cache_n": end.cached_tokens,  # type: ignore[union-attr]
-        "prompt_n": prompt_n,
-        "prompt_ms": prompt_ms,
-        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
-        "prompt_per_second": prompt_n * 1e3 / prompt_ms if prompt_ms > 0 else 0.0,
-        "predicted_n": predicted_n,
-        "predicted_ms": predicted_ms,
-        "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
-        "predicted_per_second": predicted_n * 1e3 / predicted_ms if predicted_ms > 0 else 0.0,
-    }
+    return timings_of(end.metrics, end.prompt_tokens, end.cached_tokens, end.completion_tokens)
 
 
 def final_object(model: str, content: str, end: End | None, **extra: Any) -> dict[str, Any]:

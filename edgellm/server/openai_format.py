@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgellm.engine.outputs import RequestMetrics
 from edgellm.engine.protocol import TokenLogprob
 from edgellm.tokenizer import Tokenizer
 
@@ -136,3 +137,26 @@ class ResponseHead:
             "choices": out,
             "usage": u,
         }
+
+
+def timings_of(m: RequestMetrics, prompt_tokens: int, cached_tokens: int, predicted: int) -> dict[str, Any]:
+    """llama-server's `timings` (its clients show them; OpenAI's ignore them) from the engine's metrics:
+    the prompt's computed tokens and the generated ones, each with its time, per token and per second."""
+    if m.first_token_time is None:
+        return {}
+    finished = m.finished_time or time.monotonic()
+    prompt_n = max(prompt_tokens - cached_tokens, 0)
+    prompt_ms = (m.first_token_time - m.arrival_time) * 1e3
+    predicted_ms = (finished - m.first_token_time) * 1e3
+    return {
+        "cache_n": cached_tokens,
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+        "prompt_per_second": prompt_n * 1e3 / prompt_ms if prompt_ms > 0 else 0.0,
+        "predicted_n": predicted,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_ms / predicted if predicted else 0.0,
+        "predicted_per_second": predicted * 1e3 / predicted_ms if predicted_ms > 0 else 0.0,
+    }
+

@@ -131,3 +131,19 @@ def test_props_slots_and_apply_template(apis_server: str) -> None:
     prompt = _post(apis_server, "/apply-template", messages=msgs).json()["prompt"]
     ids = _post(apis_server, "/tokenize", messages=msgs).json()["tokens"]
     assert _post(apis_server, "/detokenize", tokens=ids).json()["content"] == prompt
+
+
+def test_openai_replies_carry_llama_servers_timings(apis_server: str) -> None:
+    msgs = [{"role": "user", "content": "Hi"}]
+    chat = {"model": MODEL, "messages": msgs, "max_tokens": 5, "temperature": 0}
+    r = _post(apis_server, "/v1/chat/completions", **chat).json()
+    t, u = r["timings"], r["usage"]
+    assert t["predicted_n"] == u["completion_tokens"] and t["prompt_n"] + t["cache_n"] == u["prompt_tokens"]
+    assert t["predicted_ms"] > 0 and t["prompt_ms"] > 0
+    body = {"model": MODEL, "messages": msgs, "max_tokens": 5, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{apis_server}/v1/chat/completions", json=body, timeout=120) as s:
+        chunks = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    [last] = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert last["timings"]["predicted_n"] == u["completion_tokens"] and "timings" not in chunks[0]
+    two = _post(apis_server, "/v1/completions", model=MODEL, prompt="Hi", max_tokens=3, n=2).json()
+    assert "timings" not in two  # one request's timings only
