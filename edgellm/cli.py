@@ -9,7 +9,7 @@ import sys
 import time
 
 from edgellm.catalog import DEFAULT_MODEL
-from edgellm.cli_models import add_models_dir_arg, apply_models_dir, cmd_models, cmd_pull, cmd_rm
+from edgellm.cli_models import add_models_dir_arg, apply_models_dir, cmd_models, cmd_ps, cmd_pull, cmd_rm
 from edgellm.config import ALLOW_SPECIAL_HELP, API_KEY_ENV, MODEL_HELP, ServerConfig
 from edgellm.engine.config import EngineConfig
 
@@ -248,6 +248,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("models", nargs="+")
     add_models_dir_arg(p)
     p.set_defaults(func=cmd_pull)
+
+    p = sub.add_parser("ps", help="the models a running server has loaded (its /api/ps)")
+    p.add_argument("--url", default="http://127.0.0.1:8080", help="the server (default http://127.0.0.1:8080)")
+    p.add_argument("--api-key", default=None, help=f"the server's key (default: {API_KEY_ENV})")
+    p.set_defaults(func=cmd_ps)
 
     p = sub.add_parser("rm", help="delete downloaded models (names as `edgellm models` lists them)")
     p.add_argument("models", nargs="+")

@@ -131,3 +131,35 @@ def _cached_matches(name: str) -> list[hub.CachedModel]:
         return []
     files = hub.cached_files(ref)
     return [m for m in cached if files and m.files[0] == files[0]]
+
+
+def cmd_ps(args: argparse.Namespace) -> int:
+    """`edgellm ps`: the models a running server (or router) has loaded, from its Ollama /api/ps, as
+    `ollama ps` shows them: name, size on disk, context, until when it stays loaded."""
+    try:  # the openai client's HTTP library: httpx, or httpx2 in recent openai releases
+        import httpx
+    except ImportError:
+        import httpx2 as httpx  # type: ignore[no-redef]
+
+    from edgellm.config import API_KEY_ENV
+
+    key = args.api_key or os.environ.get(API_KEY_ENV)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    url = args.url.rstrip("/").removesuffix("/v1")
+    try:
+        r = httpx.get(f"{url}/api/ps", headers=headers, timeout=30)
+    except httpx.HTTPError as e:
+        print(f"edgellm: no server answers at {url} ({e}); start one with `edgellm serve`", file=sys.stderr)
+        return 1
+    if r.status_code != 200:
+        print(f"edgellm: {url}/api/ps answered {r.status_code}: {r.text[:200]}", file=sys.stderr)
+        return 1
+    models = r.json().get("models", [])
+    rows = [("NAME", "SIZE", "CONTEXT", "UNTIL")]
+    for m in models:
+        until = "forever" if str(m.get("expires_at", "")).startswith("2318") else m.get("expires_at", "-")
+        rows.append((m["name"], f"{m.get('size', 0) / 1e6:.0f} MB", str(m.get("context_length", "-")), until))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return 0

@@ -34,7 +34,7 @@ from edgellm.server.generate import _until_disconnect
 from edgellm.server.http_stack import api_error_response, api_of, http_stack
 from edgellm.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from edgellm.server.multi import ModelsBusyError
-from edgellm.server.ollama_models import file_entry
+from edgellm.server.ollama_models import file_entry, pull_progress
 from edgellm.server.ollama_options import opt_bool
 from edgellm.server.openai_format import sse
 from edgellm.server.replicas.replica_metrics import families_page, merge_pages
@@ -275,11 +275,20 @@ def build_router_app(
             raise ApiError(400, "'model': expected a model name", param="model")
         opt_bool(body, "insecure")
         stream = opt_bool(body, "stream")
-        if name not in router.slots and name.removesuffix(":latest") not in router.slots:
+        slot = router.slots.get(name) or router.slots.get(name.removesuffix(":latest"))
+        if slot is None:
             raise unknown(name)
         if stream is False:
             return JSONResponse({"status": "success"})
-        return StreamingResponse(iter(['{"status":"success"}\n']), media_type=ollama_api.NDJSON)
+        steps = [{"status": "success"}]
+        try:
+            from edgellm.catalog import resolve_model
+
+            steps = pull_progress(await asyncio.to_thread(resolve_model, slot.name, False))
+        except (OSError, ValueError):
+            pass  # a catalog model its server downloads when it loads: nothing here to show
+        lines = (json.dumps(step) + "\n" for step in steps)
+        return StreamingResponse(lines, media_type=ollama_api.NDJSON)
 
     @endpoint
     async def version(request: Request) -> Response:

@@ -35,7 +35,7 @@ from edgellm.server.frontend import (
     renamed,
     respond,
 )
-from edgellm.server.ollama_models import model_entry, show_body
+from edgellm.server.ollama_models import model_entry, pull_progress, show_body
 from edgellm.server.ollama_options import bad, chat_messages, check_common, openai_fields, opt_bool
 from edgellm.server.protocol import parse_chat, parse_completion
 from edgellm.server.webui import page_or
@@ -298,19 +298,18 @@ def ollama_routes(front: Frontend) -> list[Route]:
         stream = opt_bool(body, "stream")
         tag_free = name.removesuffix(":latest")
         if tag_free in state.names.listed or name in state.names.listed:
-            pass  # the model this server serves
-        elif tag_free in CATALOG and local_path(CATALOG[tag_free]) is not None:
-            pass  # downloaded already (this server still serves its own model)
+            path = state.llm.path  # the model this server serves
+        elif tag_free in CATALOG and (here := local_path(CATALOG[tag_free])) is not None:
+            path = here  # downloaded already (this server still serves its own model)
         elif tag_free in CATALOG:
             how = f"this server does not download: run `edgellm pull {tag_free}`"
             raise ApiError(404, f"model {name!r} is not downloaded; {how}", param="model")
         else:
             known = ", ".join(sorted(CATALOG))
             raise ApiError(404, f"model {name!r} not found (catalog models: {known})", param="model")
-        out = {"status": "success"}
         if stream is False:
-            return JSONResponse(out)
-        return StreamingResponse(iter([_line(out)]), media_type=NDJSON)
+            return JSONResponse({"status": "success"})
+        return StreamingResponse(iter([_line(step) for step in pull_progress(path)]), media_type=NDJSON)
 
     unloaded = front.endpoint(error_body=error_body, needs_model=False)  # the key, but no model needed
 

@@ -38,18 +38,35 @@ def file_entry(path: Path, meta: Mapping[str, Any], name: str) -> dict[str, Any]
     """/api/tags' entry for the model file at `path` with GGUF metadata `meta` (the multi-model router
     lists models it has not loaded this way)."""
     stat = path.stat()
-    # A digest of the file's identity (path, size, time), not of its bytes: hashing GBs per /api/tags is
-    # not worth it, and no client pulls by it here.
-    ident = f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()
     modified = dt.datetime.fromtimestamp(stat.st_mtime, dt.UTC).isoformat().replace("+00:00", "Z")
     return {
         "name": name,
         "model": name,
         "modified_at": modified,
         "size": stat.st_size,
-        "digest": hashlib.sha256(ident).hexdigest(),
+        "digest": file_digest(path),
         "details": _details(meta),
     }
+
+
+def file_digest(path: Path) -> str:
+    """A digest of the file's identity (path, size, time), not of its bytes: hashing GBs per /api/tags is
+    not worth it, and no client pulls by it here."""
+    stat = path.stat()
+    return hashlib.sha256(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
+
+
+def pull_progress(path: Path) -> list[dict[str, Any]]:
+    """/api/pull's stream for a model that is here already, in Ollama's steps (clients draw progress bars
+    from `total`/`completed`): its one layer is complete."""
+    digest, size = file_digest(path), path.stat().st_size
+    return [
+        {"status": "pulling manifest"},
+        {"status": f"pulling {digest[:12]}", "digest": f"sha256:{digest}", "total": size, "completed": size},
+        {"status": "verifying sha256 digest"},
+        {"status": "writing manifest"},
+        {"status": "success"},
+    ]
 
 
 def show_body(state: ServerState) -> dict[str, Any]:

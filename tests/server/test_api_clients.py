@@ -144,6 +144,25 @@ def test_langchain_ollama_embeddings_and_chat_with_every_option_null(
     assert reply.content == expected.choices[0].message.content
 
 
+def test_ollama_pull_streams_progress_and_edgellm_ps_lists_the_loaded_model(
+    olla: ollama.Client, apis_server: str
+) -> None:
+    import subprocess
+    import sys
+
+    steps = list(olla.pull(MODEL, stream=True))
+    assert [s.status for s in steps][0] == "pulling manifest" and steps[-1].status == "success"
+    [layer] = [s for s in steps if s.digest]
+    assert layer.total == layer.completed > 0 and layer.digest.startswith("sha256:")
+    out = subprocess.run(
+        [sys.executable, "-m", "edgellm", "ps", "--url", f"{apis_server}/v1"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    head, row = out.stdout.splitlines()
+    assert out.returncode == 0 and head.split() == ["NAME", "SIZE", "CONTEXT", "UNTIL"], out
+    assert row.split()[0] == MODEL and row.split()[3] == "512" and row.endswith("forever"), row
+
+
 @pytest.mark.parametrize(
     ("options", "named"),
     [
