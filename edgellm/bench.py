@@ -1,4 +1,4 @@
-"""`edgellm bench`: batch-1 prefill/decode (same JSON fields as shared/bench/llamacpp_bench.py), and N
+"""`edgellm bench`: batch-1 prefill/decode (same JSON fields as scripts/bench/llamacpp_bench.py), and N
 requests in flight through the engine (aggregate throughput, TTFT and inter-token latency percentiles,
 prefix-cache hits, a long prompt arriving mid-run). Both go through LLM, so through the engine core
 process as every front-end does."""

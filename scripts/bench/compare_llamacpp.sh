@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Alternate llama.cpp (shared/bench/llamacpp_bench.py) and `edgellm bench --json` on the same file and
+# Alternate llama.cpp (scripts/bench/llamacpp_bench.py) and `edgellm bench --json` on the same file and
 # threads, N rounds; prints one JSON line per run. MODEL: a catalog name or a GGUF path.
 # llama.cpp's line gets peak_rss_mb (its max RSS, from /usr/bin/time where installed); edgellm's JSON has
 # its own (front-end + engine core process).
@@ -7,7 +7,7 @@
 set -euo pipefail
 model=${1:?model name}; rounds=${2:-5}; threads=${3:-2}; gen=${4:-128}
 path=$(python -c "from edgellm.catalog import resolve_model; print(resolve_model('$model'))")
-bench=$(dirname "$0")/../../../shared/bench/llamacpp_bench.py
+bench=$(dirname "$0")/llamacpp_bench.py
 rss_file=$(mktemp)
 trap 'rm -f "$rss_file"' EXIT
 for i in $(seq "$rounds"); do
