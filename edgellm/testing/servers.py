@@ -50,6 +50,22 @@ MSGS = [{"role": "user", "content": "What is the capital of France?"}]
 NO_EOS = {"0": -100, "2": -100, "4": -100}  # SmolLM2's end-of-generation ids: keeps a request running
 
 
+def child_pids(pid: int) -> list[int]:
+    """The process's children (of every thread: a server starts its model servers from worker threads)."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+def cmdline(pid: int) -> str:
+    """The process's command line, arguments joined by spaces ("" once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
 class ServerStartError(RuntimeError):
     """The server exited, or did not become ready in time."""
 

@@ -16,19 +16,8 @@ import ollama
 import pytest
 
 from edgellm.testing.limits import HANG_S
-from edgellm.testing.servers import ROOT, httpx, start_server, stop_server
+from edgellm.testing.servers import ROOT, child_pids, cmdline, httpx, start_server, stop_server
 from edgellm.testing.synthetic import write_tiny_model
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        out += [int(c) for c in (task / "children").read_text().split()]
-    return out
-
-
-def _cmdline(pid: int) -> str:
-    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
 
 
 def _start_router(*args: str) -> tuple[subprocess.Popen, str]:
@@ -62,8 +51,8 @@ def test_two_models_behind_one_port(tmp_path: Path) -> None:
         unknown = httpx.post(f"{url}/v1/completions", json={"model": "nope", "prompt": "x"}, timeout=10)
         assert unknown.status_code == 404 and a in unknown.text and b in unknown.text
 
-        servers = {_cmdline(p).split(" serve ")[1].split()[0]: p for p in _children(router.pid)}
-        cores = [p for p in _children(servers[a]) if "edgellm" in _cmdline(p) or "python" in _cmdline(p)]
+        servers = {cmdline(p).split(" serve ")[1].split()[0]: p for p in child_pids(router.pid)}
+        cores = [p for p in child_pids(servers[a]) if "edgellm" in cmdline(p) or "python" in cmdline(p)]
         assert cores, "model a's server has no engine process"
         for core in cores:  # kill -9 of model a's engine core
             os.kill(core, signal.SIGKILL)
@@ -79,11 +68,11 @@ def test_two_models_behind_one_port(tmp_path: Path) -> None:
         assert r.status_code == 200, r.text
 
         deadline = time.monotonic() + 90
-        while (any(_loaded(url).values()) or _children(router.pid)) and time.monotonic() < deadline:
+        while (any(_loaded(url).values()) or child_pids(router.pid)) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert _loaded(url) == {a: False, b: False}  # both unloaded after 6 idle seconds
-        left = _children(router.pid)
-        assert left == [], [_cmdline(p) for p in left]  # their processes have ended
+        left = child_pids(router.pid)
+        assert left == [], [cmdline(p) for p in left]  # their processes have ended
     finally:
         stop_server(router)
 
@@ -108,13 +97,13 @@ def test_models_max_unloads_the_least_recently_used_and_load_unload_routes(tmp_p
         r = httpx.post(f"{url}/v1/completions", json=body, headers=key, timeout=300)
         assert r.status_code == 200, r.text
         assert _loaded(url, key) == {a: False, b: True}  # one at most: a, idle, made room
-        [server] = [p for p in _children(router.pid) if f" serve {b} " in _cmdline(p)]
-        assert "--api-key" not in _cmdline(server)  # the key goes through the environment, not ps
-        own = _cmdline(server).split(" --port ")[1].split()[0]  # the model's server checks the key too
+        [server] = [p for p in child_pids(router.pid) if f" serve {b} " in cmdline(p)]
+        assert "--api-key" not in cmdline(server)  # the key goes through the environment, not ps
+        own = cmdline(server).split(" --port ")[1].split()[0]  # the model's server checks the key too
         assert httpx.get(f"http://127.0.0.1:{own}/v1/models", timeout=10).status_code == 401
         assert httpx.get(f"http://127.0.0.1:{own}/v1/models", headers=key, timeout=10).status_code == 200
         # b's preset after the command line's flags (--ctx=128, --top-k=5), so it wins
-        assert _cmdline(server).endswith("--top-k=5 --ctx=64 --max-queue=8 --temperature=0.0 ")
+        assert cmdline(server).endswith("--top-k=5 --ctx=64 --max-queue=8 --temperature=0.0 ")
         # the preset's temperature 0 is b's default: a request without one is greedy
         omitted = {"model": b, "prompt": "hi", "max_tokens": 8, "seed": 3}
         replies = [
@@ -238,8 +227,8 @@ def _metric(server_url: str, name: str) -> float:
 def test_a_client_leaving_a_relayed_stream_cancels_it_and_frees_the_model(apis_router) -> None:
     url, a, b, router_pid = apis_router
     assert httpx.post(f"{url}/models/load", json={"model": a}, headers=BEARER, timeout=300).status_code == 200
-    [server] = [p for p in _children(router_pid) if f" serve {a} " in _cmdline(p)]
-    a_url = f"http://127.0.0.1:{_cmdline(server).split(' --port ')[1].split()[0]}"
+    [server] = [p for p in child_pids(router_pid) if f" serve {a} " in cmdline(p)]
+    a_url = f"http://127.0.0.1:{cmdline(server).split(' --port ')[1].split()[0]}"
     before = _metric(a_url, "edgellm_generation_tokens_total")
     body = {"model": a, "prompt": "hello", "max_tokens": 110, "temperature": 0, "stream": True}
     with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=BEARER, timeout=300) as r:

@@ -11,34 +11,19 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from edgellm.server.http_strict import FOLDED_MESSAGE
 from edgellm.testing.http_attacks import EVIL_HOST, raw_request
-from edgellm.testing.servers import ROOT, free_port, httpx, stop_server
+from edgellm.testing.servers import ROOT, child_pids, cmdline, free_port, httpx, stop_server
 from edgellm.testing.synthetic import write_tiny_model
 
 KEY = "router-secret-7f3a"
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        out += [int(c) for c in (task / "children").read_text().split()]
-    return out
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:  # gone meanwhile
-        return ""
-
-
 def _model_servers(router_pid: int) -> list[int]:
-    return [p for p in _children(router_pid) if " serve " in _cmdline(p)]
+    return [p for p in child_pids(router_pid) if " serve " in cmdline(p)]
 
 
 def _start_router(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
@@ -191,15 +176,15 @@ def test_a_model_server_dying_mid_stream_ends_each_apis_stream_with_its_error_an
                 first = next(line for line in lines if line.strip())
                 [server] = _model_servers(router.pid)
                 # No process shows the key, and the model's server wants it on its own port as well.
-                for pid in [router.pid, server, *_children(server)]:
-                    assert KEY not in _cmdline(pid), _cmdline(pid)
-                own = f"http://127.0.0.1:{_cmdline(server).split(' --port ')[1].split()[0]}"
+                for pid in [router.pid, server, *child_pids(server)]:
+                    assert KEY not in cmdline(pid), cmdline(pid)
+                own = f"http://127.0.0.1:{cmdline(server).split(' --port ')[1].split()[0]}"
                 assert httpx.get(f"{own}/v1/models", timeout=30).status_code == 401
                 os.kill(server, signal.SIGSTOP)  # mid-reply: it sends nothing more
                 os.kill(server, signal.SIGKILL)
                 rest = [line for line in lines if line.strip()]
             assert rest and is_error_event([first, *rest]), (path, first, rest[-3:])
         everyone = [p for p in map(int, filter(str.isdigit, os.listdir("/proc")))]
-        assert not [p for p in everyone if KEY in _cmdline(p)]
+        assert not [p for p in everyone if KEY in cmdline(p)]
     finally:
         stop_server(router)
