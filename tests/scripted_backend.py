@@ -34,8 +34,10 @@ class ScriptedBackend:
         load_lines: Sequence[str] = ("loading scripted model", "compiling kernels (1/1)"),
         load_error: str | None = None,
         load_gate: asyncio.Event | None = None,
+        recommended: dict | None = None,
     ) -> None:
         self.model = model
+        self.recommended = recommended or {}  # as a GGUF's general.sampling.* keys give them
         self.reply_for = reply_for
         self.n_ctx = n_ctx
         self.delay = delay  # seconds between streamed words (lets tests stop a reply midway)
@@ -53,7 +55,7 @@ class ScriptedBackend:
             await self.load_gate.wait()
         if self.load_error:
             raise BackendError(self.load_error)
-        return BackendInfo(self.model, self.n_ctx, "scripted replies")
+        return BackendInfo(self.model, self.n_ctx, "scripted replies", dict(self.recommended))
 
     def count_tokens(self, messages: Sequence[ChatMessage]) -> int | None:
         return sum(4 + len(m.content.split()) for m in messages) + 3

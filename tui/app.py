@@ -213,6 +213,10 @@ class ChatApp(ConversationActions, App[None]):
             self.update_status()
             return
         self.backend, self.info, self.model = backend, info, info.model
+        if not self.settings_store.path.exists():  # settings never saved: the model's recommended ones
+            for name in ("temperature", "top_p"):
+                if name in info.recommended:
+                    setattr(self.settings, name, info.recommended[name])
         panel.display = False
         self.state = "ready"
         self.update_status()

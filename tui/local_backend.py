@@ -105,6 +105,7 @@ def readable_load_error(model: str, e: BaseException) -> str:
 class LocalBackend:
     def __init__(self, model: str, n_ctx: int | None = None, **llm_kwargs: Any) -> None:
         self.model = model
+        self.recommended: dict[str, Any] = {}  # the GGUF's general.sampling.* (BackendInfo.recommended)
         # The core process writes its warnings and tracebacks to a file: on the terminal they would
         # garble the full-screen UI.
         log = Path(tempfile.gettempdir()) / f"edgellm-core-{os.getpid()}.log"
@@ -140,7 +141,11 @@ class LocalBackend:
             raise BackendError(readable_load_error(self.model, e)) from e
         yield_cpu_to_engine()
         progress(f"ready: {self.model}, context {self.llm.n_ctx} tokens")
-        return BackendInfo(self.model, self.llm.n_ctx, f"{self.llm.config.arch}, {self.llm.path.name}")
+        from edgellm.sampling_defaults import model_sampling_defaults
+
+        self.recommended = model_sampling_defaults(self.llm.metadata)
+        description = f"{self.llm.config.arch}, {self.llm.path.name}"
+        return BackendInfo(self.model, self.llm.n_ctx, description, dict(self.recommended))
 
     def speculation(self) -> tuple[float, float] | None:
         """(acceptance rate, mean tokens per verify step) of speculative decoding; None when it is off."""
@@ -168,11 +173,15 @@ class LocalBackend:
         from edgellm.engine.core_client import EngineDeadError
         from edgellm.engine.outputs import CompletionOutput
 
+        # the knobs the chat has no setting for (top-k, min-p, the repetition penalty) as the model's GGUF
+        # recommends them; temperature and top-p are the settings' (which start at the model's: app.py)
+        unset = {k: v for k, v in self.recommended.items() if k not in ("temperature", "top_p")}
         params = SamplingParams(
             max_tokens=settings.max_tokens,
             temperature=settings.temperature,
             top_p=settings.top_p,
             seed=settings.seed,
+            **unset,
         )
         ids = self._prompt_ids(messages, params)
         reply = CompletionOutput.empty(0)

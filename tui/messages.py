@@ -3,7 +3,7 @@ hands a backend `ChatMessage`s and `GenerationSettings` and gets `StreamDelta`s 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 Role = Literal["system", "user", "assistant"]
@@ -39,6 +39,8 @@ class BackendInfo:
     model: str
     n_ctx: int | None
     description: str = ""
+    # the sampling the model's GGUF recommends (its general.sampling.* keys) as SamplingParams fields
+    recommended: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -390,3 +390,28 @@ async def test_local_backend_missing_model_is_a_readable_error() -> None:
     with pytest.raises(BackendError, match="^Model not found: no model named 'no-such-model'"):
         await LocalBackend("no-such-model").load(lines.append)
     assert lines == ["loading no-such-model..."]
+
+
+@pytest.mark.asyncio
+async def test_unsaved_settings_start_at_the_models_recommended_sampling(tmp_path: Path) -> None:
+    """A model whose GGUF recommends a temperature and top-p (general.sampling.*) is sampled so until the
+    user saves settings of their own; saved settings win."""
+    from tui.storage import SettingsStore
+
+    made: list[ScriptedBackend] = []
+
+    def factory(model: str) -> ScriptedBackend:
+        made.append(ScriptedBackend(model, recommended={"temperature": 0.3, "top_p": 0.8, "top_k": 20}))
+        return made[-1]
+
+    for own in (None, GenerationSettings(temperature=1.1, top_p=0.5)):
+        settings = SettingsStore(tmp_path / ("saved" if own else "fresh"))
+        if own is not None:
+            settings.save(own, "scripted")
+        chats = ConversationStore(tmp_path / "chats")
+        app = ChatApp(factory, "scripted", store=chats, settings_store=settings, model_options=MODELS)
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot)
+            await send(pilot, "hi")
+        _, used = made[-1].requests[-1]
+        assert (used.temperature, used.top_p) == ((0.3, 0.8) if own is None else (1.1, 0.5))
