@@ -60,7 +60,7 @@ class Screen:
 
     def loading_panel(self) -> list[str] | None:
         """The rows inside the loading panel (title, spinner, progress lines), None when it is not shown."""
-        if not any(f"Loading {MODEL}..." in line for line in self.lines):
+        if not any("Loading " in line and "..." in line for line in self.lines):
             return None
         rows = [m.group(1).strip() for line in self.lines if (m := PANEL_ROW.search(line))]
         return [r for r in rows if r and not set(r) <= set("● ")]  # drop blank rows and the spinner
@@ -81,9 +81,10 @@ class Screen:
 class TmuxChat:
     """The chat in a detached tmux session on a private server whose socket lives in `data_dir`."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, model: str = MODEL, env: dict[str, str] | None = None) -> None:
         self.socket = str(data_dir / "tmux.sock")
         self.data_dir = data_dir
+        self.model, self.env = model, env or {}
         self.started = 0.0
         self.frames: list[Screen] = []
 
@@ -94,7 +95,7 @@ class TmuxChat:
         return done.stdout
 
     def start(self) -> None:
-        env = {"EDGELLM_DATA_DIR": str(self.data_dir), "PYTHONPATH": str(ROOT)}
+        env = {"EDGELLM_DATA_DIR": str(self.data_dir), "PYTHONPATH": str(ROOT), **self.env}
         assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
         # The app reads its size once at start (COLUMNS/LINES first, then the pty), and on a loaded machine
         # the pane's shell can start before tmux has sized the pty: wait for it, and drop a stale COLUMNS.
@@ -102,7 +103,7 @@ class TmuxChat:
         command = (
             f"while [ \"$(stty size)\" != '{HEIGHT} {WIDTH}' ]; do sleep 0.05; done; "
             f"cd {shlex.quote(str(ROOT))} && env -u COLUMNS -u LINES {assigns} {shlex.quote(sys.executable)} "
-            f"-m edgellm chat {MODEL}; echo '{EXITED}' $?; sleep 600"
+            f"-m edgellm chat {shlex.quote(self.model)}; echo '{EXITED}' $?; sleep 600"
         )
         self.started = time.monotonic()
         self.tmux("new-session", "-d", "-s", "chat", "-x", str(WIDTH), "-y", str(HEIGHT), command)
@@ -184,8 +185,13 @@ def test_chat_repaints_every_state_change_in_a_real_terminal(chat: TmuxChat) -> 
 
     # A cold Numba cache compiles for minutes on a slow host; the panel's progress lines (a "still
     # compiling... N s" every 5 s) show it going on: the bound is on 120 s without a new line.
-    ready = chat.wait_for("status ready after the load", lambda s: s.state == "ready", 3600, panel_lines,
-                          stall=(120, Screen.loading_panel))
+    ready = chat.wait_for(
+        "status ready after the load",
+        lambda s: s.state == "ready",
+        3600,
+        panel_lines,
+        stall=(120, Screen.loading_panel),
+    )
     assert max(progress_seen, default=0) >= 2, "the load thread's progress lines never showed"
     assert ready.loading_panel() is None, f"loading panel still shown once ready:\n{ready.text}"
     assert re.search(r"│ ctx \d+/\d+ │", ready.text), f"context size not shown once ready:\n{ready.text}"
@@ -229,3 +235,70 @@ def test_chat_repaints_every_state_change_in_a_real_terminal(chat: TmuxChat) -> 
 
     chat.press("C-q")
     chat.wait_for("the app to quit", lambda s: f"{EXITED} 0" in s.text, timeout=HANG_S)
+
+
+def _settings(data_dir: Path, **changes: object) -> None:
+    settings = {
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "max_tokens": 1000,
+        "seed": 0,
+        "system_prompt": "",
+        **changes,
+    }
+    (data_dir / "settings.json").write_text(json.dumps({"generation": settings, "model": MODEL}))
+
+
+def test_regenerate_replaces_the_length_limit_notice_in_a_real_terminal(
+    tmp_path: Path, smollm2_path: Path
+) -> None:
+    """Ctrl+R regenerates a reply cut at max tokens: the old reply's "stopped at its length limit" notice
+    goes with it, and the new reply's is the only one on screen."""
+    _settings(tmp_path, max_tokens=8)
+    chat = TmuxChat(tmp_path)
+    chat.start()
+    try:
+        chat.wait_for("status ready", lambda s: s.state == "ready", timeout=HANG_S)
+        chat.send_text("Write a long story about a dragon who learns to read.")
+        chat.press("Enter")
+        notice = "stopped at its length limit"
+        cut = chat.wait_for("the length notice", lambda s: s.state == "ready" and notice in s.text, HANG_S)
+        assert cut.text.count(notice) == 1
+        chat.press("C-r")
+        chat.wait_for("the regenerated reply streaming", lambda s: s.state == "generating", timeout=HANG_S)
+        again = chat.wait_for("the regenerated reply done", lambda s: s.state == "ready", timeout=HANG_S)
+        assert again.text.count(notice) == 1 and len(again.headers()) == 1, again.text
+    finally:
+        chat.close()
+
+
+def test_the_model_picker_sees_a_model_downloaded_while_the_chat_runs(
+    tmp_path: Path, smollm2_path: Path
+) -> None:
+    """The catalog's list is looked up when Settings opens: a model that arrives in the models folder while
+    the chat runs (another terminal's `edgellm pull`) is no longer "(not downloaded)"."""
+    models = tmp_path / "models"
+    models.mkdir()
+    _settings(tmp_path)
+    chat = TmuxChat(tmp_path, model=str(smollm2_path), env={"EDGELLM_MODELS_DIR": str(models)})
+    chat.start()
+    catalog_row = re.compile(rf"{MODEL}\s+\d+ MB.*$")
+
+    def picker_row() -> str:
+        chat.press("C-s")
+        chat.wait_for("the settings dialog", lambda s: "Settings" in s.text and "Temperature" in s.text, 60)
+        chat.press("Enter")  # the model picker has the focus: open its list
+        shown = chat.wait_for("the model list", lambda s: any(catalog_row.search(x) for x in s.lines), 60)
+        [row] = [m.group(0) for line in shown.lines if (m := catalog_row.search(line))]
+        chat.press("Escape")
+        chat.press("Escape")
+        chat.wait_for("the chat again", lambda s: "Temperature" not in s.text, 60)
+        return row
+
+    try:
+        chat.wait_for("status ready", lambda s: s.state == "ready", timeout=HANG_S)
+        assert "(not downloaded)" in picker_row()
+        (models / smollm2_path.name).symlink_to(smollm2_path)  # what `edgellm pull` leaves there
+        assert "(not downloaded)" not in picker_row()
+    finally:
+        chat.close()
