@@ -43,6 +43,15 @@ from edgellm.server.webui import asset_routes
 log = logging.getLogger("edgellm.server")
 
 
+def _piece(raw: bytes) -> str | list[int]:
+    """A token's piece as llama-server's /tokenize gives it: its text, or its bytes where they are not
+    valid UTF-8 on their own (part of a character)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)
+
+
 def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) -> Starlette:
     limit = state.config.max_body_bytes
 
@@ -153,12 +162,11 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
             if not isinstance(text, str) or not isinstance(add_special, bool):
                 raise ApiError(400, "expected 'content' (string) and optional 'add_special' (boolean)")
             ids = await state.off_loop(lambda: tok.encode(text, add_special=add_special))
-        out: dict[str, Any] = {"tokens": ids, "count": len(ids), "max_model_len": state.llm.n_ctx}
-        if body.get("with_pieces") is True:
-            out["pieces"] = await state.off_loop(
-                lambda: [tok.token_bytes(t).decode("utf-8", errors="replace") for t in ids]
-            )
-        return JSONResponse(out)
+        tokens: list[Any] = ids
+        if body.get("with_pieces") is True:  # llama-server's form: each id with its piece
+            pieces = lambda: [{"id": t, "piece": _piece(tok.token_bytes(t))} for t in ids]  # noqa: E731
+            tokens = await state.off_loop(pieces)
+        return JSONResponse({"tokens": tokens, "count": len(ids), "max_model_len": state.llm.n_ctx})
 
     @endpoint(state)
     async def detokenize(request: Request) -> Response:

@@ -147,3 +147,13 @@ def test_openai_replies_carry_llama_servers_timings(apis_server: str) -> None:
     assert last["timings"]["predicted_n"] == u["completion_tokens"] and "timings" not in chunks[0]
     two = _post(apis_server, "/v1/completions", model=MODEL, prompt="Hi", max_tokens=3, n=2).json()
     assert "timings" not in two  # one request's timings only
+
+
+def test_tokenize_with_pieces_as_llama_server_gives_them(apis_server: str) -> None:
+    content = "This is a test string with unicode 媽 and emoji 🤗"
+    plain = _post(apis_server, "/tokenize", content=content).json()["tokens"]
+    pieces = _post(apis_server, "/tokenize", content=content, with_pieces=True).json()["tokens"]
+    assert [p["id"] for p in pieces] == plain and all(p["piece"] for p in pieces)
+    raw = [p["piece"].encode() if isinstance(p["piece"], str) else bytes(p["piece"]) for p in pieces]
+    joined = b"".join(raw)
+    assert joined.decode() == content and any(isinstance(p["piece"], list) for p in pieces)  # 媽's bytes
