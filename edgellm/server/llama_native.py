@@ -21,12 +21,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from edgellm.server.errors import ApiError, bad_value
+from edgellm.engine.checks import PromptTooLongError
+from edgellm.server.errors import ApiError, bad_value, request_error
 from edgellm.server.frontend import End, Event, Frontend, Reply, Text, respond
-from edgellm.server.generate import encode_prompts
 from edgellm.server.openai_format import sse, timings_of
 from edgellm.server.protocol import GenerationRequest, _is_int, _is_number, constrain, parse_completion
 from edgellm.server.state import render_chat_prompt
+from edgellm.tokenizer import TextTooLongError
 
 if TYPE_CHECKING:
     from edgellm.server.state import ServerState
@@ -50,7 +51,8 @@ KNOBS = {
     "dry_penalty_last_n": "dry_multiplier", "dry_sequence_breakers": "dry_multiplier",
     "xtc_threshold": "xtc_probability",
 }  # fmt: skip
-OWN = {"prompt", "n_predict", "seed", "logit_bias", "ignore_eos", "return_tokens", "samplers", "model"}
+OWN = {"prompt", "n_predict", "seed", "logit_bias", "ignore_eos", "return_tokens", "samplers", "model",
+       "response_fields"}  # fmt: skip
 OUR_SAMPLER_ORDER = ("top_k", "top_p", "min_p", "temperature")  # after the penalties (sampling.py)
 
 
@@ -77,6 +79,7 @@ def final_object(model: str, content: str, end: End | None, **extra: Any) -> dic
         "tokens_evaluated": end.prompt_tokens if end is not None else 0,
         "tokens_cached": end.cached_tokens if end is not None else 0,
         "truncated": False,  # nothing is cut: a prompt past the context is a 400
+        "has_new_line": "\n" in content,
         "timings": timings(end),
         **extra,
     }
@@ -103,49 +106,121 @@ def _check_fields(body: dict[str, Any]) -> None:
             raise bad_value("samplers", f"only the order {', '.join(OUR_SAMPLER_ORDER)} is supported")
 
 
-def _logit_bias(value: Any) -> dict[str, float] | None:
-    """llama-server's [[id, bias or false], ...] (or OpenAI's {id: bias}) as OpenAI's object."""
-    if value is None or isinstance(value, dict):
-        return value
-    if not isinstance(value, list):
-        raise bad_value("logit_bias", "expected [[token id, bias], ...] or {token id: bias}")
-    out = {}
-    for pair in value:
-        if not (isinstance(pair, list) and len(pair) == 2 and _is_int(pair[0])):
-            raise bad_value("logit_bias", "expected [token id, bias] pairs (token text is not supported)")
-        bias = pair[1]
+def _logit_bias(value: Any, tokenizer: Any) -> dict[str, float] | None:
+    """llama-server's [[id or text, bias or false], ...] (or {id or text: bias}) as OpenAI's object: a
+    text's bias goes to each of its tokens, as llama-server does; false bans."""
+    if value is None:
+        return None
+    pairs = list(value.items()) if isinstance(value, dict) else value
+    if not isinstance(pairs, list):
+        raise bad_value("logit_bias", "expected [[token id or text, bias], ...] or {token id or text: bias}")
+    out: dict[str, float] = {}
+    for pair in pairs:
+        if not (isinstance(pair, list | tuple) and len(pair) == 2):
+            raise bad_value("logit_bias", "expected [token id or text, bias] pairs")
+        key, bias = pair
         if bias is False:
-            bias = -100  # never this token
+            bias = -100  # never these tokens
         elif not _is_number(bias):
             raise bad_value("logit_bias", "a bias is a number or false")
-        out[str(pair[0])] = bias
+        if isinstance(key, str) and not key.lstrip("-").isdigit():
+            ids = tokenizer.encode(key, add_special=False, parse_special=False, max_tokens=4096)
+        elif _is_int(key) or isinstance(key, str):
+            ids = [int(key)]
+        else:
+            raise bad_value("logit_bias", "a key is a token id or a text")
+        for tid in ids:
+            out[str(tid)] = bias
     return out
 
 
+JSON_PROMPT_KEY = "prompt_string"  # llama-server's JSON prompt object: {"prompt_string", "multimodal_data"}
+
+
+def _json_prompt(p: dict[str, Any]) -> str:
+    text = p.get(JSON_PROMPT_KEY)
+    if not isinstance(text, str) or set(p) - {JSON_PROMPT_KEY, "multimodal_data"}:
+        raise bad_value("prompt", f"a JSON prompt is {{'{JSON_PROMPT_KEY}': text}} (and multimodal_data)")
+    if p.get("multimodal_data"):
+        raise bad_value("prompt", "multimodal_data is not supported: the model reads text only")
+    return text
+
+
+def _is_prompt(p: Any) -> bool:
+    """One prompt: text, a JSON prompt object, or token ids mixed with text."""
+    if isinstance(p, str | dict):
+        return True
+    return isinstance(p, list) and bool(p) and all(isinstance(t, str) or _is_int(t) for t in p)
+
+
 async def _prompts(state: ServerState, prompt: Any) -> list[list[int]]:
-    """llama-server's prompt shapes as token ids: text with BOS as the model adds it (a mixed list: when
-    it starts with text), token ids as they are; a list of such prompts, one each."""
-    single = isinstance(prompt, str) or (isinstance(prompt, list) and prompt and not any(
-        isinstance(p, list) for p in prompt) and any(_is_int(p) for p in prompt))  # fmt: skip
-    prompts = [prompt] if single else prompt
-    if not isinstance(prompts, list) or not prompts:
+    """llama-server's prompt shapes as token ids: text with BOS as the model adds it (a mixed list: when it
+    starts with text), token ids as they are, a JSON prompt object's text; a list of such prompts, one
+    each. Tokenized off the event loop; what cannot fit the context is refused by its size first."""
+    one = _is_prompt(prompt) and not (isinstance(prompt, list) and all(isinstance(t, str) for t in prompt))
+    prompts = [prompt] if one else prompt
+    if not isinstance(prompts, list) or not prompts or not all(_is_prompt(p) for p in prompts):
         raise bad_value("prompt", "expected a string, token ids (mixed with strings), or a list of those")
-    out = []
-    for p in prompts:
-        if isinstance(p, str) or (isinstance(p, list) and p and all(_is_int(t) for t in p)):
-            out.append(p)
-            continue
-        if not (isinstance(p, list) and p and all(isinstance(t, str) or _is_int(t) for t in p)):
-            raise bad_value("prompt", "expected a string, token ids (mixed with strings), or a list of those")
-        ids: list[int] = []
-        for i, piece in enumerate(p):  # text pieces tokenized as they are, BOS only before a first one
-            if isinstance(piece, int):
-                ids.append(piece)
-            else:
-                text_ids = (await encode_prompts(state, [piece]))[0]
-                ids += text_ids if i == 0 else state.llm.tokenizer.encode(piece, add_special=False)
-        out.append(ids)
-    return await encode_prompts(state, out)
+    llm, n_ctx = state.llm, state.llm.n_ctx
+
+    def build() -> list[list[int]]:
+        out = []
+        for p in prompts:
+            p = _json_prompt(p) if isinstance(p, dict) else p
+            if isinstance(p, str):
+                out.append(llm.encode_prompt(p))
+                continue
+            ids: list[int] = []
+            for i, piece in enumerate(p):  # text pieces as they are, BOS only before a leading one
+                if isinstance(piece, str):
+                    ids += llm.tokenizer.encode(piece, add_special=i == 0, max_tokens=n_ctx - 1)
+                else:
+                    ids.append(piece)
+            out.append(ids)
+        return out
+
+    try:
+        return await state.off_loop(build)
+    except TextTooLongError as e:
+        raise request_error(PromptTooLongError(e.num_tokens, n_ctx, at_least=True), n_ctx, False) from None
+    except PromptTooLongError as e:
+        raise request_error(e, n_ctx, False) from None
+
+
+def generation_settings(req: GenerationRequest, n_ctx: int) -> dict[str, Any]:
+    """llama-server's `generation_settings`: the sampling the request runs with, defaults filled in."""
+    p = req.params
+    return {
+        "n_ctx": n_ctx, "n_predict": p.max_tokens, "seed": p.seed if p.seed is not None else -1,
+        "temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
+        "repeat_penalty": p.repetition_penalty, "presence_penalty": p.presence_penalty,
+        "frequency_penalty": p.frequency_penalty, "stop": list(p.stop), "ignore_eos": p.ignore_eos,
+        "min_tokens": p.min_tokens, "stream": req.stream,
+    }  # fmt: skip
+
+
+def _response_fields(value: Any) -> list[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(f, str) and f for f in value):
+        raise bad_value("response_fields", "expected a list of field names")
+    return value or None  # empty: every field
+
+
+def _pick(out: dict[str, Any], fields: list[str]) -> dict[str, Any]:
+    """response_fields as llama-server reads them: only those fields, "a/b" taken from inside "a" and kept
+    under its whole name; a field the reply lacks is left out."""
+    picked: dict[str, Any] = {}
+    for name in fields:
+        node: Any = out
+        for part in name.split("/"):
+            node = node.get(part, _MISSING) if isinstance(node, dict) else _MISSING
+        if node is not _MISSING:
+            picked[name] = node
+    return picked
+
+
+_MISSING = object()
 
 
 def parse_request(state: ServerState, body: dict[str, Any]) -> GenerationRequest:
@@ -160,7 +235,7 @@ def parse_request(state: ServerState, body: dict[str, Any]) -> GenerationRequest
     openai: dict[str, Any] = {k: body[k] for k in SAME_FIELDS if body.get(k) is not None}
     openai["prompt"] = "x"  # the real prompt's ids are built apart (_prompts)
     openai["max_tokens"] = state.llm.n_ctx if n_predict == -1 else n_predict
-    openai["logit_bias"] = _logit_bias(body.get("logit_bias"))
+    openai["logit_bias"] = _logit_bias(body.get("logit_bias"), state.llm.tokenizer)
     if seed not in (None, -1):
         openai["seed"] = seed
     req = parse_completion(openai, state.config.sampling_defaults)
@@ -179,17 +254,22 @@ def native_routes(front: Frontend) -> list[Route]:
     @front.endpoint()
     async def completion(request: Request) -> Response:
         body = await front.read_json(request)
-        req = parse_request(state, body)
+        req = await state.off_loop(parse_request, state, body)  # logit_bias texts are tokenized
         await constrain(req, (state.llm.tokenizer, state.llm.config.n_vocab))
         prompts = await _prompts(state, body.get("prompt"))
         return_tokens = body.get("return_tokens") is True
         if len(prompts) > 1 and req.stream:
             raise bad_value("prompt", "one prompt when streaming (send each as its own request)")
 
-        def whole(reply: Reply, ids: list[int]) -> dict[str, Any]:
+        settings = generation_settings(req, state.llm.n_ctx)
+        fields = _response_fields(body.get("response_fields"))
+
+        def whole(reply: Reply, ids: list[int], index: int) -> dict[str, Any]:
             tokens = reply.end.token_ids if return_tokens and reply.end is not None else []
             prompt_text = state.llm.detokenize(ids)
-            return final_object(state.model_name, reply.content, reply.end, tokens=tokens, prompt=prompt_text)
+            out = final_object(state.model_name, reply.content, reply.end, tokens=tokens, prompt=prompt_text,
+                               generation_settings=settings, index=index)  # fmt: skip
+            return out if fields is None else _pick(out, fields)
 
         async def stream(events: AsyncIterator[Event]) -> AsyncIterator[str]:
             async for e in events:
@@ -197,12 +277,13 @@ def native_routes(front: Frontend) -> list[Route]:
                     yield sse({"index": 0, "content": e.text, "tokens": [], "stop": False, "id_slot": -1})
                 elif isinstance(e, End):
                     tokens = e.token_ids if return_tokens else []
-                    yield sse(final_object(state.model_name, "", e, tokens=tokens))
+                    last = final_object(state.model_name, "", e, tokens=tokens, generation_settings=settings)
+                    yield sse(last)
 
         replies = []
         for i, ids in enumerate(prompts):  # several prompts: one after another, an array of replies
             response = await respond(
-                front, request, req, ids, lambda r, ids=ids, i=i: JSONResponse({**whole(r, ids), "index": i}),
+                front, request, req, ids, lambda r, ids=ids, i=i: JSONResponse(whole(r, ids, i)),
                 stream, lambda e: sse(e.body()), "text/event-stream", chat=False,
             )  # fmt: skip
             if req.stream or len(prompts) == 1:

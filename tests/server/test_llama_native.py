@@ -98,8 +98,8 @@ def test_stop_words_grammar_and_ignore_eos(apis_server: str) -> None:
         ({"n_predict": 0}, "'n_predict'"),
         ({"samplers": ["temperature", "top_k"]}, "'samplers'"),
         ({"frobnicate": 1}, "'frobnicate'"),
-        ({"logit_bias": [["hello", 1.0]]}, "'logit_bias'"),
-        ({"prompt": [[1, 2], {"prompt_string": "x"}]}, "'prompt'"),
+        ({"logit_bias": [[1.5, 1.0]]}, "'logit_bias'"),
+        ({"prompt": [[1, 2], {"bogus": "x"}]}, "'prompt'"),
     ],
 )
 def test_what_completion_cannot_honour_is_a_400_naming_it(apis_server: str, fields: dict, named: str) -> None:
@@ -157,3 +157,24 @@ def test_tokenize_with_pieces_as_llama_server_gives_them(apis_server: str) -> No
     raw = [p["piece"].encode() if isinstance(p["piece"], str) else bytes(p["piece"]) for p in pieces]
     joined = b"".join(raw)
     assert joined.decode() == content and any(isinstance(p["piece"], list) for p in pieces)  # 媽's bytes
+
+
+def test_completion_takes_json_prompts_text_logit_bias_and_response_fields(apis_server: str) -> None:
+    """What llama.cpp's test_completion sends besides: a JSON prompt object, a text's logit bias (each of
+    its tokens), response_fields (picked, "a/b" from inside a); has_new_line and generation_settings."""
+    base = {"n_predict": 6, "temperature": 0}
+    text = _post(apis_server, "/completion", prompt=PROMPT, **base).json()
+    as_json = _post(apis_server, "/completion", prompt={"prompt_string": PROMPT}, **base).json()
+    assert as_json["content"] == text["content"] and isinstance(text["has_new_line"], bool)
+    assert text["generation_settings"]["n_predict"] == 6 and text["generation_settings"]["temperature"] == 0
+    word = text["content"].split()[0]
+    for bias in ([[" " + word, False]], {" " + word: -100}):
+        other = _post(apis_server, "/completion", prompt=PROMPT, logit_bias=bias, **base).json()
+        assert not other["content"].startswith(" " + word), (bias, other["content"])
+    fields = ["content", "generation_settings/n_predict", "nope"]
+    picked = _post(apis_server, "/completion", prompt=PROMPT, response_fields=fields, **base).json()
+    assert picked == {"content": text["content"], "generation_settings/n_predict": 6}
+    bad = _post(
+        apis_server, "/completion", prompt={"prompt_string": PROMPT, "multimodal_data": ["aGk="]}, **base
+    )
+    assert bad.status_code == 400 and "multimodal_data" in bad.json()["error"]["message"]
