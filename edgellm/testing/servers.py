@@ -71,13 +71,17 @@ class ServerStartError(RuntimeError):
 
 
 def spawn(
-    args: list[str] | tuple[str, ...], entry: tuple[str, ...] = SERVE, stdout: Any = subprocess.PIPE
+    args: list[str] | tuple[str, ...],
+    entry: tuple[str, ...] = SERVE,
+    stdout: Any = subprocess.PIPE,
+    env: dict[str, str] | None = None,
 ) -> tuple[subprocess.Popen, str]:
     """Start `python -m ENTRY ARGS --port PORT` on a free loopback port without waiting; returns
-    (process, URL). stdout: a pipe (read by the waits below) or an open log file."""
+    (process, URL). stdout: a pipe (read by the waits below) or an open log file; env: the process's
+    environment (None: this one's)."""
     port = free_port()
     cmd = [sys.executable, "-m", *entry, *args, "--port", str(port)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=stdout, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=stdout, stderr=subprocess.STDOUT, text=True, env=env)
     return proc, f"http://127.0.0.1:{port}"
 
 
@@ -102,11 +106,11 @@ def wait_healthy(proc: subprocess.Popen, url: str, timeout: float, poll: float =
 
 
 def start_server(
-    model: str | None, *args: str, ready_timeout: float = HANG_S
+    model: str | None, *args: str, ready_timeout: float = HANG_S, env: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen, str]:
     """`python -m edgellm serve MODEL ARGS` on a free port, returned once it prints its URL line (with
     --replicas that is once every replica has loaded). MODEL None: ARGS name the models (--models)."""
-    proc, url = spawn([*([model] if model else []), *args])
+    proc, url = spawn([*([model] if model else []), *args], env=env)
     assert proc.stdout is not None
     lines: list[str] = []
     deadline = time.monotonic() + ready_timeout

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 
@@ -16,7 +15,7 @@ import pytest
 
 from edgellm.server.http_strict import FOLDED_MESSAGE
 from edgellm.testing.http_attacks import EVIL_HOST, raw_request
-from edgellm.testing.servers import ROOT, child_pids, cmdline, free_port, httpx, stop_server
+from edgellm.testing.servers import child_pids, cmdline, httpx, start_server, stop_server
 from edgellm.testing.synthetic import write_tiny_model
 
 KEY = "router-secret-7f3a"
@@ -27,19 +26,7 @@ def _model_servers(router_pid: int) -> list[int]:
 
 
 def _start_router(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "edgellm", "serve", *args, "--port", str(port)]
-    out = subprocess.PIPE
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
-    assert proc.stdout is not None
-    lines = []
-    while line := proc.stdout.readline():
-        lines.append(line)
-        if line.startswith("edgellm: serving"):
-            threading.Thread(target=proc.stdout.read, daemon=True).start()
-            return proc, f"http://127.0.0.1:{port}"
-    proc.wait()
-    raise RuntimeError("the router did not start:\n" + "".join(lines))
+    return start_server(None, *args, env=env)
 
 
 @pytest.fixture(scope="module")
