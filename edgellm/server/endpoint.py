@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -43,12 +44,19 @@ Handler = Callable[[Request], Awaitable[Response]]
 TRIM_AFTER_BODY_BYTES = 1 << 20
 
 
-def _malloc_trim() -> None:
+@functools.cache
+def _libc_malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, looked up once (find_library runs `ldconfig -p`); None where there is none."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
     except (OSError, AttributeError):  # not glibc: nothing to ask
-        pass
+        return None
+
+
+def _malloc_trim() -> None:
+    trim = _libc_malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def endpoint(

@@ -25,7 +25,14 @@ from edgellm.engine.checks import PromptTooLongError
 from edgellm.server.errors import ApiError, bad_value, request_error
 from edgellm.server.frontend import End, Event, Frontend, Reply, Text, respond
 from edgellm.server.openai_format import sse, timings_of
-from edgellm.server.protocol import GenerationRequest, _is_int, _is_number, constrain, parse_completion
+from edgellm.server.protocol import (
+    GenerationRequest,
+    _is_int,
+    _is_number,
+    constrain,
+    parse_chat,
+    parse_completion,
+)
 from edgellm.server.state import render_chat_prompt
 from edgellm.tokenizer import TextTooLongError
 
@@ -322,8 +329,6 @@ def native_routes(front: Frontend) -> list[Route]:
     @front.endpoint()
     async def apply_template(request: Request) -> Response:
         body = await front.read_json(request)
-        from edgellm.server.protocol import parse_chat
-
         req = parse_chat({"messages": body.get("messages")}, state.llm.n_ctx)
         assert req.messages is not None
         prompt = await render_chat_prompt(state, req.messages, for_generation=False)
