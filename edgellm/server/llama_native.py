@@ -33,7 +33,7 @@ from edgellm.server.protocol import (
     parse_chat,
     parse_completion,
 )
-from edgellm.server.state import render_chat_prompt
+from edgellm.server.state import render_chat_text
 from edgellm.tokenizer import TextTooLongError
 
 if TYPE_CHECKING:
@@ -331,8 +331,7 @@ def native_routes(front: Frontend) -> list[Route]:
         body = await front.read_json(request)
         req = parse_chat({"messages": body.get("messages")}, state.llm.n_ctx)
         assert req.messages is not None
-        prompt = await render_chat_prompt(state, req.messages, for_generation=False)
-        return JSONResponse({"prompt": prompt.text})
+        return JSONResponse({"prompt": await render_chat_text(state, req.messages)})
 
     return [
         Route("/completion", completion, methods=["POST"]),

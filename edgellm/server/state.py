@@ -128,6 +128,18 @@ def load_template(config: ServerConfig, llm: LLM) -> tuple[ChatTemplate | None, 
         return None, str(e)
 
 
+async def _with_template(state: ServerState, fn: Callable[[ChatTemplate], T]) -> T:
+    """fn(the chat template) off the event loop; no usable template, or an error of the template's: the
+    400 saying so."""
+    template = state.template
+    if template is None:
+        raise ApiError(400, f"chat is unavailable: {state.template_error}", param="messages")
+    try:
+        return await state.off_loop(fn, template)
+    except ChatTemplateError as e:
+        raise ApiError(400, str(e), param="messages") from None
+
+
 async def render_chat_prompt(
     state: ServerState,
     messages: list[dict[str, Any]],
@@ -138,23 +150,25 @@ async def render_chat_prompt(
 ) -> ChatPrompt:
     """The conversation rendered and tokenized off the event loop. `for_generation`: a prompt that
     cannot leave room for one generated token is refused by its size before it is tokenized."""
-    if state.template is None:
-        raise ApiError(400, f"chat is unavailable: {state.template_error}", param="messages")
-    render = state.template.render_prompt
-    n_ctx = state.llm.n_ctx
     try:
-        return await state.off_loop(
-            lambda: render(
+        return await _with_template(
+            state,
+            lambda t: t.render_prompt(
                 messages,
                 state.llm.tokenizer,
                 add_generation_prompt,
                 allow_special_in_content=state.config.allow_special_in_content,
                 tools=tools,
                 template_kwargs=template_kwargs,
-                max_tokens=n_ctx - 1 if for_generation else None,
-            )
+                max_tokens=state.llm.n_ctx - 1 if for_generation else None,
+            ),
         )
-    except TextTooLongError as e:
+    except TextTooLongError as e:  # (the model is loaded: a template is only set then)
+        n_ctx = state.llm.n_ctx
         raise request_error(PromptTooLongError(e.num_tokens, n_ctx, at_least=True), n_ctx, True) from None
-    except ChatTemplateError as e:
-        raise ApiError(400, str(e), param="messages") from None
+
+
+async def render_chat_text(state: ServerState, messages: list[dict[str, Any]]) -> str:
+    """The conversation's rendered text alone (llama-server's /apply-template): the text render_chat_prompt
+    would tokenize, with nothing tokenized."""
+    return await _with_template(state, lambda t: t.render(messages))
