@@ -6,6 +6,7 @@ one engine and one front-end behind every API."""
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 import anthropic
 import httpx
@@ -227,11 +228,12 @@ def test_anthropic_structured_outputs(claude: anthropic.Anthropic) -> None:
     )  # fmt: skip
     assert json.loads(m.content[0].text)["colour"] in COLOUR["enum"]
 
-    class Colour(pydantic.BaseModel):
-        colour: str
-        count: int
+    class Colour(pydantic.BaseModel):  # bounded, greedy: a sampled free-form field could run past max_tokens
+        colour: Literal["red", "green", "blue"]
 
-    parsed = claude.messages.parse(model=MODEL, max_tokens=60, messages=msgs, output_format=Colour)
+    parsed = claude.messages.parse(
+        model=MODEL, max_tokens=60, messages=msgs, output_format=Colour, extra_body=GREEDY
+    )
     assert isinstance(parsed.parsed_output, Colour)
     with pytest.raises(anthropic.BadRequestError) as e:
         claude.messages.create(
