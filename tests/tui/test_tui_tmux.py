@@ -249,6 +249,18 @@ def _settings(data_dir: Path, **changes: object) -> None:
     (data_dir / "settings.json").write_text(json.dumps({"generation": settings, "model": MODEL}))
 
 
+def _saved_reply(path: Path) -> tuple[float, list[tuple[str, bool]]]:
+    """The conversation file's save stamp and its messages' (role, partial); a streaming reply is saved
+    partial, the ended one not."""
+    data = json.loads(path.read_text(encoding="utf-8"))  # written by os.replace: never half a file
+    return float(data["updated"]), [(m["role"], m["partial"]) for m in data["messages"]]
+
+
+def _regenerated(path: Path, saved_before: float) -> bool:
+    stamp, messages = _saved_reply(path)
+    return stamp > saved_before and messages == [("user", False), ("assistant", False)]
+
+
 def test_regenerate_replaces_the_length_limit_notice_in_a_real_terminal(
     tmp_path: Path, smollm2_path: Path
 ) -> None:
@@ -264,9 +276,16 @@ def test_regenerate_replaces_the_length_limit_notice_in_a_real_terminal(
         notice = "stopped at its length limit"
         cut = chat.wait_for("the length notice", lambda s: s.state == "ready" and notice in s.text, HANG_S)
         assert cut.text.count(notice) == 1
+        [saved] = (tmp_path / "conversations").glob("*.json")
+        before = _saved_reply(saved)
         chat.press("C-r")
-        chat.wait_for("the regenerated reply streaming", lambda s: s.state == "generating", timeout=HANG_S)
-        again = chat.wait_for("the regenerated reply done", lambda s: s.state == "ready", timeout=HANG_S)
+        # An 8-token reply can stream between two captures, so "generating" may never be on screen: the
+        # conversation file says the reply was made again (saved after it ends, with a later stamp).
+        again = chat.wait_for(
+            "the regenerated reply done",
+            lambda s: s.state == "ready" and _regenerated(saved, before[0]),
+            timeout=HANG_S,
+        )
         assert again.text.count(notice) == 1 and len(again.headers()) == 1, again.text
     finally:
         chat.close()
