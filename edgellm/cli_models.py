@@ -82,7 +82,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_pull(args: argparse.Namespace) -> int:
     for name in args.models:
         if name in CATALOG:
-            print(fetch(CATALOG[name]))
+            print(fetch(CATALOG[name], bar=True))
             continue
         ref = hub.parse_hub_ref(name)
         if ref is None:

@@ -21,6 +21,7 @@ from starlette.responses import Response
 
 from edgellm.engine.core_client import EngineDeadError
 from edgellm.engine.outputs import CompletionOutput, RequestMetrics
+from edgellm.engine.protocol import TokenLogprob
 from edgellm.server.errors import ApiError
 from edgellm.server.generate import (
     EngineStreamResponse,
@@ -57,6 +58,13 @@ class Text:
 
 
 @dataclass
+class Probs:
+    """The logprobs of the tokens whose text the next Text event carries (asked for with n_probs)."""
+
+    tokens: list[TokenLogprob]
+
+
+@dataclass
 class Reasoning:
     text: str  # a piece of the reply's reasoning (the think block's text, split off by the front-end)
 
@@ -85,7 +93,7 @@ class End:
     token_ids: list[int] = field(default_factory=list)  # the completion's generated ids
 
 
-Event = Text | Reasoning | CallStart | CallArgs | End
+Event = Text | Probs | Reasoning | CallStart | CallArgs | End
 
 
 @dataclass
@@ -103,6 +111,7 @@ class Reply:
     calls: list[Call] = field(default_factory=list)
     end: End | None = None
     reasoning: str | None = None  # the reasoning split off the answer, when the reply had any
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, when asked for
 
 
 @contextmanager
@@ -150,6 +159,8 @@ async def events(state: ServerState, req: GenerationRequest, gen: Generation) ->
     async for _, out in _closing(gen.merged):
         for d in out.deltas:
             whole.add(d)
+            if d.logprobs:
+                yield Probs(d.logprobs)
             if d.reasoning:  # the think block's text, ahead of this step's answer text
                 yield Reasoning(d.reasoning)
             deltas = tools.feed(d.text) if tools is not None else [{"content": d.text}]
@@ -184,6 +195,8 @@ async def whole(stream: AsyncIterator[Event]) -> Reply:
     async for e in stream:
         if isinstance(e, Text):
             reply.content += e.text
+        elif isinstance(e, Probs):
+            reply.logprobs += e.tokens
         elif isinstance(e, Reasoning):
             reply.reasoning = (reply.reasoning or "") + e.text
         elif isinstance(e, CallStart):

@@ -22,9 +22,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from edgellm.engine.checks import PromptTooLongError
+from edgellm.engine.protocol import TokenLogprob
 from edgellm.server.errors import ApiError, bad_value, request_error
-from edgellm.server.frontend import End, Event, Frontend, Reply, Text, respond
-from edgellm.server.openai_format import sse, timings_of
+from edgellm.server.frontend import End, Event, Frontend, Probs, Reply, Text, respond
+from edgellm.server.openai_format import llama_probs, sse, timings_of
 from edgellm.server.protocol import (
     GenerationRequest,
     _is_int,
@@ -43,13 +44,13 @@ STOP_TYPES = {"length": "limit", "abort": "none"}  # llama-server's stop_type fo
 # Passed on to the OpenAI completion body as they are (the same names and meaning there).
 SAME_FIELDS = (
     "temperature", "top_k", "top_p", "min_p", "stop", "presence_penalty", "frequency_penalty",
-    "repeat_penalty", "repeat_last_n", "grammar", "json_schema", "stream", "min_tokens",
+    "repeat_penalty", "repeat_last_n", "grammar", "json_schema", "stream", "min_tokens", "n_probs",
 )  # fmt: skip
 NO_EFFECT = ("cache_prompt", "n_keep", "n_cache_reuse", "id_slot")  # no context shift; one prefix cache
 # llama-server's samplers edgellm lacks, at their "off" value; their knobs count only while they are on.
 OFF_VALUES: dict[str, Any] = {
     "typical_p": 1.0, "mirostat": 0, "dynatemp_range": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0,
-    "n_indent": 0, "t_max_predict_ms": 0, "min_keep": 0, "post_sampling_probs": False, "n_probs": 0,
+    "n_indent": 0, "t_max_predict_ms": 0, "min_keep": 0, "post_sampling_probs": False,
     "return_progress": False, "timings_per_token": False, "n_cmpl": 1,
 }  # fmt: skip
 KNOBS = {
@@ -202,7 +203,7 @@ def generation_settings(req: GenerationRequest, n_ctx: int) -> dict[str, Any]:
         "temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
         "repeat_penalty": p.repetition_penalty, "presence_penalty": p.presence_penalty,
         "frequency_penalty": p.frequency_penalty, "stop": list(p.stop), "ignore_eos": p.ignore_eos,
-        "min_tokens": p.min_tokens, "stream": req.stream,
+        "min_tokens": p.min_tokens, "stream": req.stream, "n_probs": p.logprobs or 0,
     }  # fmt: skip
 
 
@@ -269,22 +270,33 @@ def native_routes(front: Frontend) -> list[Route]:
             raise bad_value("prompt", "one prompt when streaming (send each as its own request)")
 
         settings = generation_settings(req, state.llm.n_ctx)
+        tok = state.llm.tokenizer
         fields = _response_fields(body.get("response_fields"))
 
         def whole(reply: Reply, ids: list[int], index: int) -> dict[str, Any]:
             tokens = reply.end.token_ids if return_tokens and reply.end is not None else []
             prompt_text = state.llm.detokenize(ids)
             out = final_object(state.model_name, reply.content, reply.end, tokens=tokens, prompt=prompt_text,
-                               generation_settings=settings, index=index)  # fmt: skip
+                               generation_settings=settings, index=index,
+                               **probs(reply.logprobs))  # fmt: skip
             return out if fields is None else _pick(out, fields)
 
+        def probs(lps: list[TokenLogprob]) -> dict[str, Any]:
+            return {"completion_probabilities": llama_probs(tok, lps)} if req.params.logprobs else {}
+
         async def stream(events: AsyncIterator[Event]) -> AsyncIterator[str]:
+            pending: list[TokenLogprob] = []  # tokens whose text is still held back (a stop string's start)
             async for e in events:
-                if isinstance(e, Text) and e.text:
-                    yield sse({"index": 0, "content": e.text, "tokens": [], "stop": False, "id_slot": -1})
+                if isinstance(e, Probs):
+                    pending += e.tokens
+                elif isinstance(e, Text) and e.text:
+                    chunk = {"index": 0, "content": e.text, "tokens": [], "stop": False, "id_slot": -1}
+                    yield sse({**chunk, **probs(pending)})
+                    pending = []
                 elif isinstance(e, End):
                     tokens = e.token_ids if return_tokens else []
-                    last = final_object(state.model_name, "", e, tokens=tokens, generation_settings=settings)
+                    last = final_object(state.model_name, "", e, tokens=tokens, generation_settings=settings,
+                                        **(probs(pending) if pending else {}))  # fmt: skip
                     yield sse(last)
 
         replies = []

@@ -57,6 +57,18 @@ def chat_logprobs(tok: Tokenizer, lps: list[TokenLogprob]) -> list[dict[str, Any
     return out
 
 
+def llama_probs(tok: Tokenizer, lps: list[TokenLogprob]) -> list[dict[str, Any]]:
+    """llama-server's `completion_probabilities` (n_probs): each token with its id, and its alternatives."""
+
+    def entry(tid: int, logprob: float) -> dict[str, Any]:
+        text, raw = _token(tok, tid)
+        return {"id": tid, "token": text, "bytes": raw, "logprob": logprob}
+
+    return [
+        {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(tid, v) for tid, v in lp.top]} for lp in lps
+    ]
+
+
 def completion_logprobs(tok: Tokenizer, lps: list[TokenLogprob], offset: int) -> dict[str, Any]:
     """The legacy completions logprobs object; `offset` is the text offset of the first token."""
     tokens, token_lps, tops, offsets = [], [], [], []

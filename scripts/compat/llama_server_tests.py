@@ -78,8 +78,8 @@ KNOWN_DIFFERENCES = {
     "(512 here), where llama-server gives each of 2 slots 256",
     "unit/test_completion.py::test_n_probs_post_backend_sampling": "llama-server's --backend_sampling has "
     "no edgellm equivalent (the shim refuses it at start)",
-    "unit/test_completion.py::test_n_probs": "/completion's n_probs (completion_probabilities) is not "
-    "implemented yet: a 400 naming it (the OpenAI routes' logprobs are)",
+    "unit/test_completion.py::test_n_probs_post_sampling": "post_sampling_probs (the distribution after the "
+    "sampler chain) is not kept by the engine: a 400 naming it; n_probs alone is served",
 }
 
 

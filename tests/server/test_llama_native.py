@@ -88,13 +88,39 @@ def test_stop_words_grammar_and_ignore_eos(apis_server: str) -> None:
     assert held.json()["stop_type"] == "limit" and held.json()["tokens_predicted"] == 60
 
 
+def test_n_probs_are_the_openai_logprobs_in_llama_servers_shape(apis_server: str) -> None:
+    """n_probs: each generated token with its id, text, bytes and logprob, and the n most likely (the same
+    figures as /v1/completions' logprobs); streamed, each chunk carries its own tokens'."""
+    r = _post(apis_server, "/completion", prompt=PROMPT, n_predict=5, temperature=0, n_probs=4).json()
+    probs = r["completion_probabilities"]
+    want = _post(apis_server, "/v1/completions", model=MODEL, prompt=PROMPT, max_tokens=5, temperature=0,
+                 logprobs=4).json()["choices"][0]["logprobs"]  # fmt: skip
+    assert [p["token"] for p in probs] == want["tokens"] and r["generation_settings"]["n_probs"] == 4
+    assert [p["logprob"] for p in probs] == pytest.approx(want["token_logprobs"], abs=1e-5)
+    for p, top in zip(probs, want["top_logprobs"], strict=True):
+        assert len(p["top_logprobs"]) == 4 and bytes(p["bytes"]).decode() == p["token"]
+        assert {t["token"]: t["logprob"] for t in p["top_logprobs"]} == pytest.approx(
+            {k: v for k, v in top.items() if k in {t["token"] for t in p["top_logprobs"]}}, abs=1e-5
+        )
+        assert p["id"] == p["top_logprobs"][0]["id"]  # greedy: the chosen token is the most likely
+    body = {"prompt": PROMPT, "n_predict": 5, "temperature": 0, "n_probs": 4, "stream": True}
+    with httpx.stream("POST", f"{apis_server}/completion", json=body, timeout=120) as s:
+        chunks = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
+    streamed = [p for c in chunks for p in c.get("completion_probabilities", [])]
+    assert [p["id"] for p in streamed] == [p["id"] for p in probs]
+    assert all(c["completion_probabilities"] for c in chunks if not c["stop"])
+    plain = _post(apis_server, "/completion", prompt=PROMPT, n_predict=2).json()
+    assert "completion_probabilities" not in plain
+
+
 @pytest.mark.parametrize(
     ("fields", "named"),
     [
         ({"mirostat": 2}, "'mirostat'"),
         ({"dry_multiplier": 0.8}, "'dry_multiplier'"),
         ({"mirostat_tau": 5.0, "mirostat": 1}, "'mirostat'"),
-        ({"n_probs": 3}, "'n_probs'"),
+        ({"n_probs": 3, "post_sampling_probs": True}, "'post_sampling_probs'"),
+        ({"n_probs": 99}, "'n_probs'"),
         ({"n_predict": 0}, "'n_predict'"),
         ({"samplers": ["temperature", "top_k"]}, "'samplers'"),
         ({"frobnicate": 1}, "'frobnicate'"),
