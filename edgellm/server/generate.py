@@ -217,7 +217,7 @@ async def _collect(
             out = ToolOutput(req.tools)
             out.text = c.text
             c.message, c.finish_reason = out.message(c.finish_reason)
-    u = usage(n_prompt, sum(c.num_tokens for c in choices), n_cached)
+    u = usage(n_prompt, sum(c.num_tokens for c in choices), n_cached, req.overflow_report)
     body = head.full(state.llm.tokenizer, choices, req.logprobs, u)
     if num_choices == 1 and metrics is not None:  # llama-server's timings, of its one request
         body["timings"] = timings_of(metrics, n_prompt, n_cached, choices[0].num_tokens)
@@ -290,7 +290,7 @@ async def _stream(
                 reason = next((d.finish_reason for d in out.deltas if d.finish_reason), None) or "stop"
                 state.metrics.observe_request(out.metrics, reason)
         if with_usage:
-            yield sse(head.usage_chunk(usage(n_prompt, n_tokens, n_cached)))
+            yield sse(head.usage_chunk(usage(n_prompt, n_tokens, n_cached, req.overflow_report)))
         yield sse("[DONE]")
     except (ValueError, EngineDeadError) as e:  # headers are out: report in-band as OpenAI does
         yield sse(engine_error(e).body())

@@ -19,6 +19,7 @@ from edgellm.grammar import GrammarError, constrain_async
 from edgellm.grammar_worker import default_pool
 from edgellm.sampling import MAX_SEED, PARAM_BOUNDS, SamplingParams
 from edgellm.server.constraints import Constraint, parse_constraint
+from edgellm.server.context_overflow import parse_overflow
 from edgellm.server.errors import ApiError, bad_value
 from edgellm.server.thinking import ThinkingAsk, parse_thinking
 from edgellm.server.tools import ToolRequest, checked_tool_schema, parse_tools
@@ -129,6 +130,10 @@ class GenerationRequest:
     # What it asked of a thinking model (`reasoning_effort`, `chat_template_kwargs.enable_thinking`, a
     # reasoning budget): thinking.py's parse_thinking
     thinking: ThinkingAsk = ThinkingAsk()
+    # A prompt longer than the context (context_overflow.py): the request's policy (None: the server's),
+    # and what the policy dropped, for the usage (None: no policy ran)
+    context_overflow: str | None = None
+    overflow_report: dict[str, Any] | None = None
     # completions: the text after the gap the model fills in (`suffix`); each prompt is then the text before
     suffix: str | None = None
 
@@ -335,6 +340,7 @@ def parse_chat(
         tools=tools,
         constraint=constraint,
         thinking=thinking,
+        context_overflow=parse_overflow(body),
     )
 
 

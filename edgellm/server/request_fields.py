@@ -33,6 +33,7 @@ CHAT_FIELDS = _COMMON | _NO_EFFECT_CHAT | {
     "messages", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
     "max_parallel_calls", "functions", "function_call", "reasoning_effort",
     "chat_template_kwargs", "store", "modalities", *BUDGET_FIELDS,
+    "context_overflow",
 }  # fmt: skip
 COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs", "echo", "suffix", "tools", "tool_choice",
                                "best_of"}  # fmt: skip
