@@ -374,6 +374,7 @@ class EngineCore:
         for o in outs:
             o.request_finished = True
             o.num_preemptions = req.num_preemptions
+            o.num_shifted_tokens = req.num_shifted
 
     def stats(self) -> EngineStats:
         s = self.scheduler

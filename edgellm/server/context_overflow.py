@@ -10,7 +10,7 @@ request's `context_overflow` field; docs/server.md):
   The usage's `context_overflow` says what was dropped.
 - "rolling-window": the reply may run past the context: the engine core shifts out the oldest tokens
   after the kept head (the rendered system messages) when the context fills (SamplingParams
-  .context_shift_keep, engine/context_shift.py); a prompt longer than the context is first cut the same
+  .context_shift_keep, Scheduler.shift_context); a prompt longer than the context is first cut the same
   way, by tokens. Only max_tokens ends the reply as "length".
 """
 
@@ -25,6 +25,7 @@ from edgellm.tokenizer import TextTooLongError
 
 if TYPE_CHECKING:
     from edgellm.chat_template import ChatPrompt, ChatTemplate
+    from edgellm.engine.outputs import RequestMetrics
     from edgellm.server.protocol import GenerationRequest
     from edgellm.server.state import ServerState
 
@@ -185,3 +186,11 @@ async def _system_tokens(
             break
         shared += 1
     return min(max(shared, bos), len(ids) - 1)
+
+
+def note_shifts(req: GenerationRequest, metrics: RequestMetrics) -> None:
+    """Add a finished rolling-window request's shifted-out tokens (the engine core's count) to its
+    usage report."""
+    report = req.overflow_report
+    if report is not None and report["policy"] == "rolling-window":
+        report["shifted_tokens"] = report.get("shifted_tokens", 0) + metrics.num_shifted_tokens

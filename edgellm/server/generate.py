@@ -15,6 +15,7 @@ from starlette.types import Receive, Scope, Send
 
 from edgellm.engine.core_client import EngineDeadError
 from edgellm.engine.outputs import OutputCollector, RequestOutput
+from edgellm.server.context_overflow import note_shifts
 from edgellm.server.errors import ApiError, request_error
 from edgellm.server.openai_format import (
     Choice,
@@ -198,6 +199,7 @@ async def _collect(
         if out.finished:
             n_prompt += out.metrics.num_prompt_tokens
             n_cached += out.metrics.num_cached_tokens
+            note_shifts(req, out.metrics)
             metrics = out.metrics
             state.metrics.observe_request(out.metrics, collectors[pi].outputs[0].finish_reason or "stop")
     split = req.params.reasoning_split is not None
@@ -287,6 +289,7 @@ async def _stream(
             if out.finished:
                 n_prompt += out.metrics.num_prompt_tokens
                 n_cached += out.metrics.num_cached_tokens
+                note_shifts(req, out.metrics)
                 reason = next((d.finish_reason for d in out.deltas if d.finish_reason), None) or "stop"
                 state.metrics.observe_request(out.metrics, reason)
         if with_usage:
