@@ -38,6 +38,7 @@ from edgellm.server.protocol import parse_chat
 FIELDS = {
     "model", "max_tokens", "messages", "system", "stop_sequences", "stream", "temperature", "top_p", "top_k",
     "tools", "tool_choice", "metadata", "thinking", "service_tier", "output_config",
+    "context_overflow",  # edgellm's (server/context_overflow.py)
 }  # fmt: skip
 COUNT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking"}
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "abort": "end_turn"}
@@ -211,9 +212,8 @@ def openai_body(
     if not count_only and body.get("max_tokens") is None:
         raise bad_value("max_tokens", "required")
     thinking = _thinking(body, count_only)
-    out = {
-        k: body[k] for k in ("model", "max_tokens", "temperature", "top_p", "top_k", "stream") if k in body
-    }
+    keys = ("model", "max_tokens", "temperature", "top_p", "top_k", "stream", "context_overflow")
+    out = {k: body[k] for k in keys if k in body}
     if body.get("stop_sequences") is not None:
         out["stop"] = body["stop_sequences"]
     metadata = body.get("metadata")

@@ -34,7 +34,7 @@ OPTION_FIELDS = {
 NO_OP_OPTIONS = {
     "num_thread", "num_gpu", "main_gpu", "num_batch", "numa", "low_vram", "f16_kv", "logits_all",
     "vocab_only", "use_mmap", "use_mlock", "embedding_only",
-    "num_keep",  # what a context shift keeps: the context never shifts here
+    "num_keep",  # what a context shift keeps: a rolling window (context_overflow) keeps the system prompt
     "penalize_newline",  # Ollama itself no longer applies it
 }  # fmt: skip
 # Samplers edgellm does not have, accepted at the value that turns them off.
@@ -119,6 +119,8 @@ def openai_fields(body: dict, n_ctx: int, can_switch_thinking: bool = True) -> d
     model = body.get("model")
     if model is not None:
         out["model"] = model
+    if body.get("context_overflow") is not None:  # edgellm's (server/context_overflow.py)
+        out["context_overflow"] = body["context_overflow"]
     opts = _options(body)
     for key, field in OPTION_FIELDS.items():
         if opts.get(key) is not None:

@@ -8,7 +8,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import httpx
+import ollama
 import openai
 import pytest
 
@@ -109,3 +111,43 @@ def test_a_bad_policy_is_a_400_naming_the_field(client: openai.OpenAI) -> None:
         client.chat.completions.create(model="tiny", messages=_conversation(0), max_tokens=4,
                                        extra_body={"context_overflow": "shift"})  # fmt: skip
     assert e.value.body["param"] == "context_overflow"
+
+
+@pytest.fixture(scope="module")
+def truncating_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    path: Path = write_tiny_model(tmp_path_factory.mktemp("overflow-server") / "tiny.gguf", "qwen3")
+    yield from serve(path, "--context-overflow", "truncate-middle", ctx=CTX)
+
+
+def test_the_servers_policy_serves_the_other_apis(truncating_url: str, url: str, long_chat: list) -> None:
+    """--context-overflow truncate-middle: the Anthropic and Ollama routes answer the 1.5-context chat
+    with the same truncated prompt; and their requests' own context_overflow field is honoured."""
+    want = _count(url, cut_middle(long_chat, *_fitting(url, long_chat, 8)))
+    system, rest = long_chat[0]["content"], long_chat[1:]
+    claude = anthropic.Anthropic(base_url=truncating_url, api_key="unused", max_retries=0, timeout=120)
+    m = claude.messages.create(model="tiny", max_tokens=8, system=system, messages=rest)
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == want
+    o = ollama.Client(host=truncating_url, timeout=120).chat(model="tiny", messages=long_chat,
+                                                              options={"num_predict": 8})  # fmt: skip
+    assert o.prompt_eval_count == want
+    claude_default = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=120)
+    with pytest.raises(anthropic.BadRequestError):
+        claude_default.messages.create(model="tiny", max_tokens=8, system=system, messages=rest)
+    m = claude_default.messages.create(model="tiny", max_tokens=8, system=system, messages=rest,
+                                       extra_body={"context_overflow": "truncate-middle"})  # fmt: skip
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == want
+    body = {
+        "model": "tiny",
+        "messages": long_chat,
+        "options": {"num_predict": 8},
+        "stream": False,
+        "context_overflow": "truncate-middle",
+    }  # fmt: skip (the ollama client sends no extra fields)
+    assert httpx.post(f"{url}/api/chat", json=body, timeout=120).json()["prompt_eval_count"] == want
+
+
+def _fitting(url: str, messages: list[dict], max_tokens: int) -> tuple[int, int]:
+    """(first user index, the tail start) truncate-middle picks: the fewest dropped messages that fit."""
+    first, starts = tail_starts(messages)
+    limit = CTX - reply_room(CTX, max_tokens)
+    return first, next(s for s in starts if _count(url, cut_middle(messages, first, s)) <= limit)
