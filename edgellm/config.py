@@ -84,6 +84,15 @@ class ServerConfig(CliConfig):
         type=int,
         metavar="N",
     )
+    context_overflow: str = option(
+        "error",
+        "--context-overflow",
+        "a chat prompt longer than the context: error (the default, a 400), truncate-middle (drop whole "
+        "messages from the middle, keeping the system prompt, the first user turn and the latest turns) "
+        "or rolling-window (shift out the oldest tokens after the system prompt as the context fills; "
+        "the reply may run past the context); a request's context_overflow field overrides it",
+        choices=["error", "truncate-middle", "rolling-window"],
+    )
     # SamplingParams fields for requests that omit them: the flags of sampling_defaults.py's table
     sampling_defaults: dict[str, Any] = field(default_factory=dict)
     # several engines behind one endpoint (Ray Serve: server/replicas/ray_run.py)

@@ -70,6 +70,10 @@ class SamplingParams:
     reasoning_open_ids: list[int] = field(default_factory=list)  # "tag": THINK_OPEN's ids
     reasoning_end_ids: list[int] = field(default_factory=list)
     reasoning_close_ids: list[int] = field(default_factory=list)
+    # Rolling window (engine/context_shift.py): a completion that fills the context shifts out its oldest
+    # tokens after this many leading ones (the system prompt's) and goes on, to max_tokens. None: the
+    # context ends it ("length").
+    context_shift_keep: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -92,6 +96,8 @@ class SamplingParams:
             raise ValueError(
                 f"reasoning_split must be None, 'open', 'tag' or 'harmony', got {self.reasoning_split!r}"
             )
+        if self.context_shift_keep is not None and self.context_shift_keep < 0:
+            raise ValueError(f"context_shift_keep must be >= 0 or None, got {self.context_shift_keep}")
         if self.reasoning_budget is not None and self.reasoning_budget < 0:
             raise ValueError(f"reasoning_budget must be >= 0 or None, got {self.reasoning_budget}")
         if self.json_schema is not None or self.grammar is not None or self.regex is not None:

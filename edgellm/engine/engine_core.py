@@ -82,7 +82,7 @@ class EngineCore:
             parent.matcher = self.guidance.matcher(params.compiled_grammar)
         group = rid if group is None else group  # its n completions share one
         seq = Sequence(
-            seq_ids[0], ids, priority=priority, max_tokens=req.max_tokens, group=group, owner=parent
+            seq_ids[0], ids, priority=priority, max_tokens=req.seq_max_tokens, group=group, owner=parent
         )
         self.scheduler.add(seq)  # raises before anything is registered if it can never fit
         self.requests[rid] = req
@@ -163,11 +163,15 @@ class EngineCore:
     def _speculable(self) -> list[Sequence]:
         """Running sequences drafts may be proposed for: not embeddings or scorings (nothing is sampled), not
         constrained ones (a draft token would have to pass the grammar at each position) and not those
-        with a reasoning budget (the core may have to force the tokens that close the think block)."""
+        with a reasoning budget (the core may have to force the tokens that close the think block), nor
+        rolling windows."""
         return [
             s
             for s in self.scheduler.running
-            if s.samples and s.owner.matcher is None and s.owner.request.params.reasoning_budget is None
+            if s.samples
+            and s.owner.matcher is None
+            and s.owner.request.params.reasoning_budget is None
+            and s.owner.request.params.context_shift_keep is None  # drafts must not run past the context
         ]
 
     def _run(self, plan: SchedulerPlan) -> dict[int, list[Row]]:
@@ -277,6 +281,10 @@ class EngineCore:
                 c.consume(tok)
         fork_logits = {seq.seq_id: (fork_rows[seq.seq_id], rows[seq.seq_id][-1]) for seq in forks}
         self.scheduler.postprocess(plan, {seq.seq_id: toks for _, seq, toks, _ in moved})
+        for c, seq, _, reason in moved:  # a rolling window that filled the context shifts (its next token
+            keep = c.request.params.context_shift_keep  # would be past it)
+            if keep is not None and reason is None and seq.num_tokens >= self.n_ctx and not c.finished:
+                c.request.num_shifted += self.scheduler.shift_context(seq, keep)
         for seq in forks:
             moved += self._fork(seq, *fork_logits[seq.seq_id], chosen_logprobs)
 
@@ -335,7 +343,7 @@ class EngineCore:
                     c.seq_id,
                     req.prompt_ids + [tok],
                     len(req.prompt_ids),
-                    max_tokens=req.max_tokens,
+                    max_tokens=req.seq_max_tokens,
                     group=parent.group,
                     owner=c,
                 )
@@ -366,6 +374,7 @@ class EngineCore:
         for o in outs:
             o.request_finished = True
             o.num_preemptions = req.num_preemptions
+            o.num_shifted_tokens = req.num_shifted
 
     def stats(self) -> EngineStats:
         s = self.scheduler

@@ -69,6 +69,7 @@ class RequestStream:
         completion had already ended here (sampled before the core saw its abort)."""
         m = self.metrics
         m.num_preemptions = out.num_preemptions
+        m.num_shifted_tokens = out.num_shifted_tokens
         ts = self.texts[out.index]
         if ts.finish_reason is not None:
             return None

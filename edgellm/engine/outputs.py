@@ -47,6 +47,7 @@ class RequestMetrics:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     num_generated_tokens: int = 0
     num_preemptions: int = 0
+    num_shifted_tokens: int = 0  # a rolling window's tokens shifted out of the context (all completions)
 
     @property
     def ttft(self) -> float | None:

@@ -134,6 +134,7 @@ class EngineCoreOutput:
     request_finished: bool = False  # every completion has finished: nothing more comes for the request
     embedding: np.ndarray | None = None  # [n_embd] float32: an embedding request's pooled vector
     logits: np.ndarray | None = None  # [n, n_vocab] float32: a scoring's, row t predicting token t+1
+    num_shifted_tokens: int = 0  # tokens a rolling window shifted out (known once it finished)
 
     def __reduce__(self) -> tuple:
         # Positional fields: a step of 16 outputs pickles in half the time, unpickles in a quarter.

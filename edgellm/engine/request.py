@@ -54,6 +54,10 @@ class Request:
     num_cached_tokens: int | None = None  # prompt tokens the prefix cache served; set with the first token
     num_generated: int = 0  # over all completions
     num_preemptions: int = 0  # of completion 0's sequence, as it finished
+    # What one sequence may hold past its prompt: max_tokens within the context (the scheduler checks the
+    # pool can hold it); a rolling window's max_tokens runs past it, its sequence never does.
+    seq_max_tokens: int = 0
+    num_shifted: int = 0  # tokens a rolling window shifted out (all completions)
 
     @classmethod
     def new(
@@ -66,7 +70,10 @@ class Request:
         seq_ids: list[int],
     ) -> Request:
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else eog_ids)
-        req = cls(request_id, params, prompt_ids, stop_ids, min(params.max_tokens, n_ctx - len(prompt_ids)))
+        shifts = params.context_shift_keep is not None  # a rolling window: only max_tokens ends it
+        cap = params.max_tokens if shifts else min(params.max_tokens, n_ctx - len(prompt_ids))
+        req = cls(request_id, params, prompt_ids, stop_ids, cap)
+        req.seq_max_tokens = min(params.max_tokens, n_ctx - len(prompt_ids))
         req.completions = [
             Completion(req, i, sid, Sampler(params, rng_offset=i, stop_ids=stop_ids))
             for i, sid in enumerate(seq_ids)

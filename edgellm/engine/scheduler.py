@@ -307,6 +307,29 @@ class Scheduler:
         plan.preempted.append(seq)
         self._enqueue(seq)
 
+    def shift_context(self, seq: Sequence, keep: int) -> int:
+        """Rolling window (SamplingParams.context_shift_keep): drop half the tokens after the first `keep`
+        (the oldest; llama.cpp's context shift: n_discard = n_left / 2), prompt tokens before generated
+        ones, and queue the sequence to recompute the kept window from scratch. llama.cpp keeps the kept
+        tokens' KV and re-applies rope to their keys; here the window is re-prefilled (the paged, shared
+        KV blocks are position-bound; the kept head is served from the prefix cache), which is correct and
+        costs a prefill of the window per shift. Returns how many tokens were dropped."""
+        keep = max(0, min(keep, seq.num_tokens - 2))
+        n_discard = (seq.num_tokens - keep) // 2
+        from_prompt = min(n_discard, max(0, seq.num_prompt_tokens - keep))
+        del seq.token_ids[keep : keep + n_discard]
+        seq.num_prompt_tokens -= from_prompt
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = seq.num_cached_tokens = 0
+        seq.spec_token_ids = []
+        seq.status = SequenceStatus.PREEMPTED
+        self._enqueue(seq)
+        return n_discard
+
     def _enqueue(self, seq: Sequence) -> None:
         key = _importance(seq)
         pos = len(self.waiting)

@@ -38,6 +38,7 @@ from edgellm.server.protocol import parse_chat
 FIELDS = {
     "model", "max_tokens", "messages", "system", "stop_sequences", "stream", "temperature", "top_p", "top_k",
     "tools", "tool_choice", "metadata", "thinking", "service_tier", "output_config",
+    "context_overflow",  # edgellm's (server/context_overflow.py)
 }  # fmt: skip
 COUNT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking"}
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "abort": "end_turn"}
@@ -51,6 +52,8 @@ OPENAI_NAMES = {
     "response_format.json_schema.schema": "output_config.format.schema",
     "parallel_tool_calls": "tool_choice.disable_parallel_tool_use",
     "reasoning_effort": "thinking",
+    "thinking_budget_tokens": "thinking.budget_tokens",
+    "chat_template_kwargs.enable_thinking": "thinking",
 }
 
 
@@ -197,22 +200,20 @@ def _tools(body: dict, out: dict[str, Any]) -> None:
 def openai_body(
     body: dict, allowed: set[str], count_only: bool = False, can_switch_thinking: bool = True
 ) -> dict[str, Any]:
-    """The OpenAI chat body. `thinking: {"type": "disabled"}` turns a thinking model's thinking off (and
-    asks nothing of one that cannot switch it off); a model whose template thinks answers with `thinking`
-    blocks unasked. `{"type": "enabled", "budget_tokens"}` is refused: there is no per-request budget
-    (the server's --reasoning-budget applies to every request)."""
+    """The OpenAI chat body. `thinking: {"type": "disabled"}` turns a thinking model's thinking off;
+    `{"type": "enabled", "budget_tokens": N}` turns it on with at most N reasoning tokens (the chat
+    route's `thinking_budget_tokens`; N must be below max_tokens, as Anthropic asks, and at least 1:
+    Anthropic's 1,024 minimum is not kept, small models think briefly). Both ask nothing of a model that
+    cannot switch its thinking (one that never thinks). A model whose template thinks answers with
+    `thinking` blocks unasked, at the server's --reasoning-budget."""
     extra = sorted(set(body) - allowed)
     if extra:
         raise bad_value(extra[0], "unknown field (Extra inputs are not permitted)")
-    thinking = body.get("thinking")
-    kind = thinking.get("type") if isinstance(thinking, dict) else None
-    if thinking is not None and kind != "disabled":
-        raise bad_value("thinking", "only {'type': 'disabled'}: there is no per-request thinking budget here")
     if not count_only and body.get("max_tokens") is None:
         raise bad_value("max_tokens", "required")
-    out = {
-        k: body[k] for k in ("model", "max_tokens", "temperature", "top_p", "top_k", "stream") if k in body
-    }
+    thinking = _thinking(body, count_only)
+    keys = ("model", "max_tokens", "temperature", "top_p", "top_k", "stream", "context_overflow")
+    out = {k: body[k] for k in keys if k in body}
     if body.get("stop_sequences") is not None:
         out["stop"] = body["stop_sequences"]
     metadata = body.get("metadata")
@@ -220,12 +221,38 @@ def openai_body(
         raise bad_value("metadata", "expected an object")
     if isinstance(metadata, dict) and metadata.get("user_id") is not None:
         out["user"] = metadata["user_id"]
-    if kind == "disabled" and can_switch_thinking:
-        out["reasoning_effort"] = "none"
+    if thinking is not None and can_switch_thinking:
+        if thinking == 0:
+            out["reasoning_effort"] = "none"
+        else:
+            out["chat_template_kwargs"] = {"enable_thinking": True}
+            out["thinking_budget_tokens"] = thinking
     _output_config(body, out)
     out["messages"] = _messages(body)
     _tools(body, out)
     return out
+
+
+def _thinking(body: dict, count_only: bool) -> int | None:
+    """The `thinking` field's reasoning budget: 0 for {"type": "disabled"}, N for {"type": "enabled",
+    "budget_tokens": N}, None when not given."""
+    thinking = body.get("thinking")
+    if thinking is None:
+        return None
+    kind = thinking.get("type") if isinstance(thinking, dict) else None
+    if kind == "disabled":
+        return 0
+    if kind != "enabled":
+        raise bad_value(
+            "thinking", "expected {'type': 'enabled', 'budget_tokens': N} or {'type': 'disabled'}"
+        )
+    budget = thinking.get("budget_tokens")
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
+        raise bad_value("thinking.budget_tokens", f"expected a positive integer, got {budget!r}")
+    max_tokens = body.get("max_tokens")
+    if not count_only and isinstance(max_tokens, int) and budget >= max_tokens:
+        raise bad_value("thinking.budget_tokens", f"{budget} must be less than max_tokens ({max_tokens})")
+    return budget
 
 
 def _output_config(body: dict, out: dict[str, Any]) -> None:

@@ -23,6 +23,7 @@ from starlette.routing import Route
 from edgellm.server.anthropic_api import anthropic_routes
 from edgellm.server.auth import has_api_key
 from edgellm.server.compat import with_unprefixed
+from edgellm.server.context_overflow import render_within_context
 from edgellm.server.embeddings import embeddings
 from edgellm.server.endpoint import endpoint, read_json
 from edgellm.server.errors import ApiError
@@ -68,7 +69,7 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
             return (await completion_prompts(state, req))[0]
         template_kwargs, budget = thinking_options(state, req)
         tools = req.tools and req.tools.tools
-        prompt = await render_chat_prompt(state, req.messages, tools=tools, template_kwargs=template_kwargs)
+        prompt = await render_within_context(state, req, tools, template_kwargs)
         reasoning_setup(state, req, prompt.text, budget)
         return prompt.token_ids
 

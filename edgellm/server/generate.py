@@ -15,6 +15,7 @@ from starlette.types import Receive, Scope, Send
 
 from edgellm.engine.core_client import EngineDeadError
 from edgellm.engine.outputs import OutputCollector, RequestOutput
+from edgellm.server.context_overflow import note_shifts
 from edgellm.server.errors import ApiError, request_error
 from edgellm.server.openai_format import (
     Choice,
@@ -198,6 +199,7 @@ async def _collect(
         if out.finished:
             n_prompt += out.metrics.num_prompt_tokens
             n_cached += out.metrics.num_cached_tokens
+            note_shifts(req, out.metrics)
             metrics = out.metrics
             state.metrics.observe_request(out.metrics, collectors[pi].outputs[0].finish_reason or "stop")
     split = req.params.reasoning_split is not None
@@ -217,7 +219,7 @@ async def _collect(
             out = ToolOutput(req.tools)
             out.text = c.text
             c.message, c.finish_reason = out.message(c.finish_reason)
-    u = usage(n_prompt, sum(c.num_tokens for c in choices), n_cached)
+    u = usage(n_prompt, sum(c.num_tokens for c in choices), n_cached, req.overflow_report)
     body = head.full(state.llm.tokenizer, choices, req.logprobs, u)
     if num_choices == 1 and metrics is not None:  # llama-server's timings, of its one request
         body["timings"] = timings_of(metrics, n_prompt, n_cached, choices[0].num_tokens)
@@ -287,10 +289,11 @@ async def _stream(
             if out.finished:
                 n_prompt += out.metrics.num_prompt_tokens
                 n_cached += out.metrics.num_cached_tokens
+                note_shifts(req, out.metrics)
                 reason = next((d.finish_reason for d in out.deltas if d.finish_reason), None) or "stop"
                 state.metrics.observe_request(out.metrics, reason)
         if with_usage:
-            yield sse(head.usage_chunk(usage(n_prompt, n_tokens, n_cached)))
+            yield sse(head.usage_chunk(usage(n_prompt, n_tokens, n_cached, req.overflow_report)))
         yield sse("[DONE]")
     except (ValueError, EngineDeadError) as e:  # headers are out: report in-band as OpenAI does
         yield sse(engine_error(e).body())

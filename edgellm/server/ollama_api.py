@@ -225,7 +225,7 @@ def ollama_routes(front: Frontend) -> list[Route]:
         if opt_bool(body, "raw"):
             if system:
                 raise bad("system", "a raw prompt takes no system prompt (write it into the prompt)")
-            if "reasoning_effort" in openai_body:
+            if "reasoning_effort" in openai_body or "chat_template_kwargs" in openai_body:
                 raise bad("think", "a raw prompt has no template to switch thinking on or off")
             openai_body["prompt"] = prompt
             return await run(request, body, openai_body, chat=False, as_chat=False)
@@ -352,4 +352,5 @@ OPENAI_NAMES = {
     "response_format": "format",
     "response_format.json_schema.schema": "format",
     "reasoning_effort": "think",
+    "chat_template_kwargs.enable_thinking": "think",
 }

@@ -34,15 +34,16 @@ OPTION_FIELDS = {
 NO_OP_OPTIONS = {
     "num_thread", "num_gpu", "main_gpu", "num_batch", "numa", "low_vram", "f16_kv", "logits_all",
     "vocab_only", "use_mmap", "use_mlock", "embedding_only",
-    "num_keep",  # what a context shift keeps: the context never shifts here
+    "num_keep",  # what a context shift keeps: a rolling window (context_overflow) keeps the system prompt
     "penalize_newline",  # Ollama itself no longer applies it
 }  # fmt: skip
 # Samplers edgellm does not have, accepted at the value that turns them off.
 OFF_VALUES: dict[str, float] = {"mirostat": 0, "tfs_z": 1.0, "typical_p": 1.0}
 MIROSTAT_KNOBS = ("mirostat_tau", "mirostat_eta")  # no effect while mirostat is off
-# `think` -> the OpenAI chat route's reasoning_effort (a template's switch has no levels: on or off).
-THINK_EFFORTS: dict[bool | str, str] = {True: "medium", False: "none", "low": "low", "medium": "medium",
-                                        "high": "high"}  # fmt: skip
+# `think` -> the OpenAI chat route's thinking fields: true turns thinking on at the server's
+# --reasoning-budget, false off, a level is reasoning_effort's (with its budget: server/thinking.py).
+THINK_EFFORTS: dict[bool | str, str] = {False: "none", "low": "low", "medium": "medium", "high": "high"}
+THINK_VALUES = (True, *THINK_EFFORTS)
 
 
 def bad(param: str, message: str) -> ApiError:
@@ -74,7 +75,7 @@ def check_common(body: dict, n_ctx: int, embedding: bool = False) -> None:
     if keep is not None and not (isinstance(keep, str) or _is_number(keep)):
         raise bad("keep_alive", "expected a duration (a string such as '5m', or seconds)")
     think = body.get("think")
-    if think is not None and not (isinstance(think, bool | str) and think in THINK_EFFORTS):
+    if think is not None and not (isinstance(think, bool | str) and think in THINK_VALUES):
         raise bad("think", "expected true, false, 'low', 'medium' or 'high'")
     if body.get("logprobs") not in (None, False) or body.get("top_logprobs") not in (None, 0):
         raise bad("logprobs", "logprobs are not supported on the Ollama routes (use /v1/chat/completions)")
@@ -111,11 +112,15 @@ def openai_fields(body: dict, n_ctx: int, can_switch_thinking: bool = True) -> d
     cannot switch thinking off (one that never thinks, as Ollama takes it)."""
     out: dict[str, Any] = {}
     think = body.get("think")
-    if think is not None and (think is not False or can_switch_thinking):
+    if think is True:
+        out["chat_template_kwargs"] = {"enable_thinking": True}
+    elif think is not None and (think is not False or can_switch_thinking):
         out["reasoning_effort"] = THINK_EFFORTS[think]
     model = body.get("model")
     if model is not None:
         out["model"] = model
+    if body.get("context_overflow") is not None:  # edgellm's (server/context_overflow.py)
+        out["context_overflow"] = body["context_overflow"]
     opts = _options(body)
     for key, field in OPTION_FIELDS.items():
         if opts.get(key) is not None:

@@ -31,13 +31,19 @@ def reasoning_fields(text: str | None) -> dict[str, str | None]:
     return {"reasoning_content": text, "reasoning": text}
 
 
-def usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
-    return {
+def usage(
+    prompt: int, completion: int, cached: int, overflow: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """OpenAI's usage; `overflow`: what a --context-overflow policy dropped (context_overflow.py)."""
+    out = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
     }
+    if overflow is not None:
+        out["context_overflow"] = overflow
+    return out
 
 
 def _token(tok: Tokenizer, tid: int) -> tuple[str, list[int]]:
@@ -171,4 +177,3 @@ def timings_of(m: RequestMetrics, prompt_tokens: int, cached_tokens: int, predic
         "predicted_per_token_ms": predicted_ms / predicted if predicted else 0.0,
         "predicted_per_second": predicted * 1e3 / predicted_ms if predicted_ms > 0 else 0.0,
     }
-

@@ -19,7 +19,9 @@ from edgellm.grammar import GrammarError, constrain_async
 from edgellm.grammar_worker import default_pool
 from edgellm.sampling import MAX_SEED, PARAM_BOUNDS, SamplingParams
 from edgellm.server.constraints import Constraint, parse_constraint
+from edgellm.server.context_overflow import parse_overflow
 from edgellm.server.errors import ApiError, bad_value
+from edgellm.server.thinking import ThinkingAsk, parse_thinking
 from edgellm.server.tools import ToolRequest, checked_tool_schema, parse_tools
 
 MAX_N = 16  # completions per request
@@ -125,10 +127,13 @@ class GenerationRequest:
     # What the output is constrained to (constraints.py: response_format and the other servers' fields);
     # `constrain` compiles it (or the tools' calls) into `params` off the event loop.
     constraint: Constraint | None = None
-    # Thinking asked on or off (`reasoning_effort`, `chat_template_kwargs.enable_thinking`), None: the
-    # template's default; and the field that asked, for errors.
-    enable_thinking: bool | None = None
-    thinking_param: str | None = None
+    # What it asked of a thinking model (`reasoning_effort`, `chat_template_kwargs.enable_thinking`, a
+    # reasoning budget): thinking.py's parse_thinking
+    thinking: ThinkingAsk = ThinkingAsk()
+    # A prompt longer than the context (context_overflow.py): the request's policy (None: the server's),
+    # and what the policy dropped, for the usage (None: no policy ran)
+    context_overflow: str | None = None
+    overflow_report: dict[str, Any] | None = None
     # completions: the text after the gap the model fills in (`suffix`); each prompt is then the text before
     suffix: str | None = None
 
@@ -305,40 +310,6 @@ def _object(body: Any) -> dict:
     return body
 
 
-# OpenAI's reasoning_effort values -> thinking on or off (a template's switch has no levels).
-REASONING_EFFORTS = {"none": False, "minimal": True, "low": True, "medium": True, "high": True}
-TEMPLATE_KWARGS = {"enable_thinking": bool}  # chat_template_kwargs a request may set, and their types
-
-
-def parse_thinking(body: dict) -> tuple[bool | None, str | None]:
-    """(thinking on/off or None, the field that said so) from `reasoning_effort` and
-    `chat_template_kwargs` (vLLM's and llama.cpp's extension field)."""
-    effort, kwargs = body.get("reasoning_effort"), body.get("chat_template_kwargs")
-    if effort is not None and not isinstance(effort, str):
-        raise bad_value("reasoning_effort", f"expected a string, got {type(effort).__name__}")
-    if effort is not None and effort not in REASONING_EFFORTS:
-        raise bad_value("reasoning_effort", f"expected one of {', '.join(REASONING_EFFORTS)}, got {effort!r}")
-    think = None if effort is None else REASONING_EFFORTS[effort]
-    if kwargs is None:
-        return think, None if effort is None else "reasoning_effort"
-    if not isinstance(kwargs, dict):
-        raise bad_value("chat_template_kwargs", "expected an object")
-    for key, value in kwargs.items():
-        if key not in TEMPLATE_KWARGS:
-            supported = ", ".join(TEMPLATE_KWARGS)
-            raise bad_value(
-                "chat_template_kwargs", f"{reprlib.repr(key)} is not supported (supported: {supported})"
-            )
-        if not isinstance(value, TEMPLATE_KWARGS[key]):
-            raise bad_value(f"chat_template_kwargs.{key}", f"expected a {TEMPLATE_KWARGS[key].__name__}")
-    enable = kwargs.get("enable_thinking")
-    if enable is None:
-        return think, None if effort is None else "reasoning_effort"
-    if think is not None and think != enable:
-        raise bad_value("chat_template_kwargs.enable_thinking", f"contradicts reasoning_effort {effort!r}")
-    return enable, "chat_template_kwargs.enable_thinking"
-
-
 def parse_chat(
     body: dict, n_ctx: int, defaults: Mapping[str, Any] = MappingProxyType({})
 ) -> GenerationRequest:
@@ -357,7 +328,7 @@ def parse_chat(
         raise bad_value(constraint.param, "cannot be combined with tools (unless tool_choice is 'none')")
     top_or_none = (top or 0) if logprobs else None
     model, params, stream, include_usage, user = _common(body, n_ctx, top_or_none, defaults)
-    enable_thinking, thinking_param = parse_thinking(body)
+    thinking = parse_thinking(body, params.max_tokens)
     return GenerationRequest(
         model,
         params,
@@ -368,8 +339,8 @@ def parse_chat(
         messages=_messages(body),
         tools=tools,
         constraint=constraint,
-        enable_thinking=enable_thinking,
-        thinking_param=thinking_param,
+        thinking=thinking,
+        context_overflow=parse_overflow(body),
     )
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from edgellm.sampling import PARAM_BOUNDS
 from edgellm.server.constraints import CONSTRAINT_FIELDS
 from edgellm.server.errors import bad_value
+from edgellm.server.thinking import BUDGET_FIELDS
 
 _COMMON = {  # both routes: protocol._common's fields, and the no-effect user and cache_prompt
     "model", "max_tokens", "max_completion_tokens", "stop", "logit_bias", "stream", "stream_options",
@@ -31,7 +32,8 @@ _NO_EFFECT_CHAT = {"safety_identifier", "prompt_cache_key", "metadata", "service
 CHAT_FIELDS = _COMMON | _NO_EFFECT_CHAT | {
     "messages", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
     "max_parallel_calls", "functions", "function_call", "reasoning_effort",
-    "chat_template_kwargs", "store", "modalities",
+    "chat_template_kwargs", "store", "modalities", *BUDGET_FIELDS,
+    "context_overflow",
 }  # fmt: skip
 COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs", "echo", "suffix", "tools", "tool_choice",
                                "best_of"}  # fmt: skip

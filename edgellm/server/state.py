@@ -128,7 +128,7 @@ def load_template(config: ServerConfig, llm: LLM) -> tuple[ChatTemplate | None, 
         return None, str(e)
 
 
-async def _with_template(state: ServerState, fn: Callable[[ChatTemplate], T]) -> T:
+async def with_template(state: ServerState, fn: Callable[[ChatTemplate], T]) -> T:
     """fn(the chat template) off the event loop; no usable template, or an error of the template's: the
     400 saying so."""
     template = state.template
@@ -151,7 +151,7 @@ async def render_chat_prompt(
     """The conversation rendered and tokenized off the event loop. `for_generation`: a prompt that
     cannot leave room for one generated token is refused by its size before it is tokenized."""
     try:
-        return await _with_template(
+        return await with_template(
             state,
             lambda t: t.render_prompt(
                 messages,
@@ -171,4 +171,4 @@ async def render_chat_prompt(
 async def render_chat_text(state: ServerState, messages: list[dict[str, Any]]) -> str:
     """The conversation's rendered text alone (llama-server's /apply-template): the text render_chat_prompt
     would tokenize, with nothing tokenized."""
-    return await _with_template(state, lambda t: t.render(messages))
+    return await with_template(state, lambda t: t.render(messages))

@@ -92,7 +92,11 @@ ANTHROPIC = [
     ("/v1/messages", {"max_tokens": 8, "messages": _USER, "tools": [{"name": "f", "input_schema": _BAD_REF}],
                       "tool_choice": {"type": "any"}}, "'tools'"),
     ("/v1/messages", {"max_tokens": 8, "messages": _USER, "thinking": {"type": "enabled",
-                                                                       "budget_tokens": 1024}}, "'thinking'"),
+                                                                       "budget_tokens": 1024}},
+     "'thinking.budget_tokens'"),  # not below max_tokens
+    ("/v1/messages", {"max_tokens": 8, "messages": _USER, "thinking": {"type": "enabled"}},
+     "'thinking.budget_tokens'"),
+    ("/v1/messages", {"max_tokens": 8, "messages": _USER, "thinking": {"type": "adaptive"}}, "'thinking'"),
     ("/v1/messages", {"max_tokens": 8, "messages": _USER, "foo": 1}, "'foo'"),
     ("/v1/messages", {"max_tokens": 8, "messages": _USER, "temperature": -1}, "'temperature'"),
     ("/v1/messages", {"max_tokens": 8, "messages": _USER, "metadata": 5}, "'metadata'"),
