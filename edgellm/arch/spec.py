@@ -191,6 +191,7 @@ class ArchSpec:
     fused_qkv: bool = False  # a layer's Q|K|V may come as attn_qkv.weight (+ .bias): FUSED_QKV
     rope_type: int = ROPE_NEOX  # model_config.ROPE_*: llama.cpp's llama_model_rope_type
     rope_freq_factors: bool = False  # llama3's rope_freqs.weight is read (gguf/rope.py)
+    yarn_keys: bool = False  # rope.scaling.yarn_beta_fast / _slow / _log_multiplier are read (Mistral 3)
     # The sliding-window layers' rope where it differs from the global layers' (gguf/rope.py
     # rope_from_gguf): (the base without rope.freq_base_swa, None for rope.freq_base; whether the frequency
     # scaling applies); None: the local layers rotate as the global ones

@@ -105,7 +105,15 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
         sliding_window = get_int(g, p + "attention.sliding_window", lo=0, hi=INT32_MAX, **default_kw)
     neox = rope_type == ROPE_NEOX
     rope, rope_swa = rope_from_gguf(
-        g, arch, rope_dim, neox, n_ctx_train, sliding_window > 0, spec.rope_freq_factors, spec.swa_rope
+        g,
+        arch,
+        rope_dim,
+        neox,
+        n_ctx_train,
+        sliding_window > 0,
+        spec.rope_freq_factors,
+        spec.swa_rope,
+        spec.yarn_keys,
     )
     cfg = ModelConfig(
         arch=arch,

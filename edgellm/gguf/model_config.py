@@ -90,6 +90,12 @@ class ModelConfig:
     moe_gating: str = "softmax"  # arch/spec.py Experts.gating
     # gpt-oss: each head's learned logit in its softmax's denominator (blk.N.attn_sinks.weight [H])
     attn_sinks: bool = False
+    # Attention temperature tuning (Llama 4's, Ministral 3's {arch}.attention.temperature_scale): Q at
+    # position p times 1 + attn_temp_scale * ln(floor((p + attn_temp_offset) / attn_temp_floor) + 1);
+    # 0: off
+    attn_temp_scale: float = 0.0
+    attn_temp_floor: int = 1
+    attn_temp_offset: float = 0.0
 
     @property
     def kv_dim(self) -> int:

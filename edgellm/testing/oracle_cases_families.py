@@ -269,3 +269,32 @@ def gpt_oss_cases() -> dict[str, OracleCase]:
         "gpt_oss_mxfp4": case(GPT_OSS_QTYPES, "gpt-oss, MXFP4 experts, Q8_0 / F16 elsewhere"),
     }
 
+
+
+# ---- issue 56's families (Ministral 3, Seed-OSS, GLM-4.5 MoE, DeepSeek 2/3 MLA): a block of its own -----
+# Ministral 3's YaRN as its files carry it (factor 16, beta_fast / beta_slow read from the file, log
+# multiplier 1: HF's mscale_all_dim) and its temperature tuning, with an original context of 256 so that
+# the 1,100 scored positions cover four temperature steps and YaRN's long-range rotation.
+MISTRAL3_YARN = {
+    "mistral3.rope.scaling.type": "yarn",
+    "mistral3.rope.scaling.factor": Typed(16.0, F32_),
+    "mistral3.rope.scaling.original_context_length": Typed(256, U32),
+    "mistral3.rope.scaling.yarn_beta_fast": Typed(16.0, F32_),
+    "mistral3.rope.scaling.yarn_beta_slow": Typed(2.0, F32_),
+    "mistral3.rope.scaling.yarn_log_multiplier": Typed(1.0, F32_),
+    "mistral3.attention.temperature_scale": Typed(0.1, F32_),
+}
+
+
+def issue56_cases() -> dict[str, OracleCase]:
+    return {
+        "mistral3_f32": OracleCase("mistral3", metadata=MISTRAL3_YARN,
+                                   note="mistral3, YaRN x16 (betas 16/2, log mul 1), temperature 0.1/256"),
+        "mistral3_mix": OracleCase("mistral3", DEFAULT_QTYPES, metadata=MISTRAL3_YARN,
+                                   note="mistral3, YaRN + temperature, block-32 mix"),
+        "mistral3_q8_0": OracleCase("mistral3", "Q8_0", metadata=MISTRAL3_YARN,
+                                    note="mistral3, YaRN + temperature, Q8_0"),
+        "mistral3_plain": OracleCase("mistral3", note="mistral3 without YaRN or temperature, F32"),
+        "seed_oss_f32": OracleCase("seed_oss", note="seed_oss (QKV biases, FFN norm post_attention_norm)"),
+        "seed_oss_mix": OracleCase("seed_oss", DEFAULT_QTYPES, note="seed_oss, block-32 mix"),
+    }  # fmt: skip

@@ -52,6 +52,8 @@ T = GGMLQuantizationType
 ARCHS = (
     "llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2", "starcoder2", "gpt2", "phi3",
     "smollm3", "qwen3moe", "olmoe", "qwen2moe", "lfm2", "gpt-oss",
+    # issue 56's families
+    "mistral3", "seed_oss",
 )
 # always with experts (llama: with n_expert > 0, as Mixtral)
 MOE_ARCHS = ("qwen3moe", "olmoe", "qwen2moe", "gpt-oss")

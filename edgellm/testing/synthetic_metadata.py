@@ -15,7 +15,7 @@ from edgellm.testing.tiny_vocab import CONTROL, bpe_vocab, spm_vocab
 
 GEMMA_ARCHS = ("gemma2", "gemma3")  # SentencePiece vocabulary, head size always written
 # written by llama.cpp's LlamaModel converter (and its subclasses)
-LLAMA_ROPE_ARCHS = ("llama", "granite", "smollm3")
+LLAMA_ROPE_ARCHS = ("llama", "granite", "smollm3", "mistral3")
 BPE_PRE = {
     "llama": "default", "granite": "default", "smollm3": "default", "starcoder2": "starcoder",
     "gpt2": "gpt-2", "lfm2": "lfm2", "gpt-oss": "gpt-4o",

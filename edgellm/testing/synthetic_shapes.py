@@ -39,7 +39,7 @@ def tensor_shapes(
             shapes[p + "attn_q.weight"] = (q_rows, n_embd)
             shapes[p + "attn_k.weight"] = (kv_rows, n_embd)
             shapes[p + "attn_v.weight"] = (kv_rows, n_embd)
-        if arch in ("qwen2", "qwen2moe", "gpt-oss"):
+        if arch in ("qwen2", "qwen2moe", "gpt-oss", "seed_oss"):
             shapes[p + "attn_q.bias"] = (q_rows,)
             shapes[p + "attn_k.bias"] = (kv_rows,)
             shapes[p + "attn_v.bias"] = (kv_rows,)
@@ -53,9 +53,10 @@ def tensor_shapes(
         if arch == "gpt-oss":  # the output bias (required there) and the attention sinks
             shapes[p + "attn_output.bias"] = (n_embd,)
             shapes[p + "attn_sinks.weight"] = (n_heads,)
-        if arch in POST_NORM_ARCHS or arch == "gpt-oss":  # gpt-oss: the FFN's pre-norm has this name
+        # gpt-oss, Seed-OSS: the FFN's pre-norm has this name
+        if arch in POST_NORM_ARCHS or arch in ("gpt-oss", "seed_oss"):
             shapes[p + "post_attention_norm.weight"] = (n_embd,)
-        if arch not in ("olmo2", "gpt-oss"):
+        if arch not in ("olmo2", "gpt-oss", "seed_oss"):
             shapes[p + "ffn_norm.weight"] = (n_embd,)
         if arch in FUSED_ARCHS:
             shapes[p + "ffn_up.weight"] = (2 * n_ff, n_embd)
