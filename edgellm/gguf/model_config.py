@@ -88,6 +88,10 @@ class ModelConfig:
         return self.n_layers - sum(self.conv_layers)
 
     moe_gating: str = "softmax"  # arch/spec.py Experts.gating
+    moe_weights_scale: float = 1.0  # the selected experts' weights times this ({arch}.expert_weights_scale)
+    shared_expert_gate: bool = True  # the shared expert gated by sigmoid(ffn_gate_inp_shexp . h); else 1
+    # the first n layers have a dense FFN of feed_forward_length in place of the experts (GLM-4.5, DeepSeek)
+    n_layer_dense_lead: int = 0
     # gpt-oss: each head's learned logit in its softmax's denominator (blk.N.attn_sinks.weight [H])
     attn_sinks: bool = False
     # Attention temperature tuning (Llama 4's, Ministral 3's {arch}.attention.temperature_scale): Q at

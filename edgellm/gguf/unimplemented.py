@@ -37,12 +37,6 @@ ARCHITECTURES: dict[str, tuple[str, ...]] = {
         "YaRN with a log-multiplied attention scale (rope.scaling.yarn_log_multiplier)",
     ),
     "deepseek": ("shared experts and leading dense layers",),
-    "glm4moe": (
-        "sigmoid expert gating with a selection bias (exp_probs_b)",
-        "shared experts and leading dense layers (leading_dense_block_count)",
-        "partial rotary embedding beside Q/K biases",
-        "multi-token prediction layers (nextn_predict_layers)",
-    ),
     "llama4": (
         "chunked attention (attention.sliding_window as chunks on three layers of four)",
         "iRoPE: no rotary embedding on every fourth layer, with attention temperature tuning there",

@@ -288,6 +288,7 @@ MISTRAL3_YARN = {
 
 def issue56_cases() -> dict[str, OracleCase]:
     return {
+        **glm4moe_cases(),
         "mistral3_f32": OracleCase("mistral3", metadata=MISTRAL3_YARN,
                                    note="mistral3, YaRN x16 (betas 16/2, log mul 1), temperature 0.1/256"),
         "mistral3_mix": OracleCase("mistral3", DEFAULT_QTYPES, metadata=MISTRAL3_YARN,
@@ -297,4 +298,28 @@ def issue56_cases() -> dict[str, OracleCase]:
         "mistral3_plain": OracleCase("mistral3", note="mistral3 without YaRN or temperature, F32"),
         "seed_oss_f32": OracleCase("seed_oss", note="seed_oss (QKV biases, FFN norm post_attention_norm)"),
         "seed_oss_mix": OracleCase("seed_oss", DEFAULT_QTYPES, note="seed_oss, block-32 mix"),
+    }  # fmt: skip
+
+
+# GLM-4.5 MoE: 3 layers (1 dense, 2 of 8 experts 32 wide, top 2, 1 shared expert), half of each head
+# rotated, sigmoid gating with a selection bias, weights renormalised and scaled by 2.5 (the writer's
+# defaults: synthetic_metadata.py); a wide selection bias so that it changes which experts are chosen.
+GLM4MOE_MODEL: dict[str, int] = dict(SMALL, n_layers=3)
+GLM4MOE_WRITER = {
+    "n_expert": 8, "n_expert_used": 2, "n_ff_exp": 32, "weight_scale": {"exp_probs_b.bias": 10.0}
+}  # fmt: skip
+
+
+def glm4moe_cases() -> dict[str, OracleCase]:
+    def case(qtypes: Any, note: str, metadata: Mapping[str, Any] | None = None) -> OracleCase:
+        return OracleCase("glm4moe", qtypes, model=GLM4MOE_MODEL, writer=GLM4MOE_WRITER,
+                          metadata=metadata or {}, note=note)  # fmt: skip
+
+    return {
+        "glm4moe_f32": case("F32", "glm4moe, 1 dense + 2 MoE layers, sigmoid + exp_probs_b, shared expert"),
+        "glm4moe_mix": case(MOE_QTYPES, "glm4moe, experts Q4_0/Q8_0/Q5_1, block-32 mix"),
+        "glm4moe_softmax_plain": case(
+            "F32", "glm4moe, softmax gating, no renormalisation or scale",
+            {"glm4moe.expert_gating_func": Typed(1, U32), "glm4moe.expert_weights_norm": False,
+             "glm4moe.expert_weights_scale": Typed(1.0, F32_)}),
     }  # fmt: skip

@@ -96,6 +96,13 @@ def model_metadata(
         md.update(lfm2_metadata(n_layers, n_kv_heads))
     if arch == "gpt-oss":
         md[p + "attention.sliding_window"] = (sliding_window, U32, None)
+    if arch == "glm4moe":  # GLM-4.5-Air's settings: half the head rotated, 1 dense layer, 1 shared expert
+        md[p + "rope.dimension_count"] = (head_dim // 2, U32, None)
+        md[p + "leading_dense_block_count"] = (1, U32, None)
+        md[p + "expert_shared_count"] = (1, U32, None)
+        md[p + "expert_weights_norm"] = (True, BOOL, None)
+        md[p + "expert_weights_scale"] = (2.5, F32, None)
+        md[p + "expert_gating_func"] = (2, U32, None)
     if arch in GEMMA_ARCHS:
         md[p + "attention.sliding_window"] = (sliding_window, U32, None)
         tokens, types, scores = spm_vocab()

@@ -39,7 +39,7 @@ def tensor_shapes(
             shapes[p + "attn_q.weight"] = (q_rows, n_embd)
             shapes[p + "attn_k.weight"] = (kv_rows, n_embd)
             shapes[p + "attn_v.weight"] = (kv_rows, n_embd)
-        if arch in ("qwen2", "qwen2moe", "gpt-oss", "seed_oss"):
+        if arch in ("qwen2", "qwen2moe", "gpt-oss", "seed_oss", "glm4moe"):
             shapes[p + "attn_q.bias"] = (q_rows,)
             shapes[p + "attn_k.bias"] = (kv_rows,)
             shapes[p + "attn_v.bias"] = (kv_rows,)
@@ -54,9 +54,9 @@ def tensor_shapes(
             shapes[p + "attn_output.bias"] = (n_embd,)
             shapes[p + "attn_sinks.weight"] = (n_heads,)
         # gpt-oss, Seed-OSS: the FFN's pre-norm has this name
-        if arch in POST_NORM_ARCHS or arch in ("gpt-oss", "seed_oss"):
+        if arch in POST_NORM_ARCHS or arch in ("gpt-oss", "seed_oss", "glm4moe"):
             shapes[p + "post_attention_norm.weight"] = (n_embd,)
-        if arch not in ("olmo2", "gpt-oss", "seed_oss"):
+        if arch not in ("olmo2", "gpt-oss", "seed_oss", "glm4moe"):
             shapes[p + "ffn_norm.weight"] = (n_embd,)
         if arch in FUSED_ARCHS:
             shapes[p + "ffn_up.weight"] = (2 * n_ff, n_embd)
@@ -133,4 +133,30 @@ def with_experts(
                 out[p + "ffn_gate_shexp.weight"] = (n_ff_shexp, n_embd)
                 out[p + "ffn_up_shexp.weight"] = (n_ff_shexp, n_embd)
                 out[p + "ffn_down_shexp.weight"] = (n_embd, n_ff_shexp)
+    return out
+
+
+def glm4moe_layers(
+    shapes: dict[str, tuple[int, ...]], n_embd: int, n_ff: int, n_ff_shexp: int, n_expert: int, n_lead: int
+) -> dict[str, tuple[int, ...]]:
+    """with_experts' `shapes` made GLM-4.5's (convert_hf_to_gguf.py Glm4MoeModel): the first n_lead layers
+    keep a dense FFN n_ff wide in the experts' place; the others add exp_probs_b.bias [E] after the router
+    and an ungated shared expert n_ff_shexp wide after the experts (0: none)."""
+    out: dict[str, tuple[int, ...]] = {}
+    for name, shape in shapes.items():
+        il, _, role = name.removeprefix("blk.").partition(".")
+        p = f"blk.{il}."
+        dense = name.startswith("blk.") and int(il) < n_lead
+        if dense and (role.endswith("_exps.weight") or role == "ffn_gate_inp.weight"):
+            if role == "ffn_gate_inp.weight":
+                out.update({p + "ffn_gate.weight": (n_ff, n_embd), p + "ffn_up.weight": (n_ff, n_embd),
+                            p + "ffn_down.weight": (n_embd, n_ff)})  # fmt: skip
+            continue
+        out[name] = shape
+        if role == "ffn_gate_inp.weight":
+            out[p + "exp_probs_b.bias"] = (n_expert,)
+        if role == "ffn_down_exps.weight" and n_ff_shexp:
+            out.update({p + "ffn_gate_shexp.weight": (n_ff_shexp, n_embd),
+                        p + "ffn_up_shexp.weight": (n_ff_shexp, n_embd),
+                        p + "ffn_down_shexp.weight": (n_embd, n_ff_shexp)})  # fmt: skip
     return out
