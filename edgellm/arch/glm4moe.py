@@ -33,6 +33,7 @@ from edgellm.arch.llama import LlamaModel
 from edgellm.arch.moe import MoeFeedForwardWeights, load_moe_feed_forward, moe_feed_forward_block
 from edgellm.arch.spec import (
     DENSE_FFN,
+    EXPERT_GROUP_KEYS,
     EXPERT_KEYS,
     EXPERT_TENSORS,
     LLAMA_BLOCK,
@@ -111,6 +112,7 @@ SPEC = ArchSpec(
     | SHARED_EXPERT
     | DENSE_FFN,
     keys=EXPERT_KEYS
+    | EXPERT_GROUP_KEYS
     | {
         "expert_feed_forward_length",
         "expert_shared_count",
@@ -121,7 +123,7 @@ SPEC = ArchSpec(
     },
     fused_qkv=True,
     # the gating, the norm and the scale: read_glm4moe (from keys); the width key is required
-    experts=Experts(renormalise=False, gating="sigmoid", width_key=True),
+    experts=Experts(renormalise=False, gating="sigmoid", width_key=True, groups=True),
     read=read_glm4moe,
     tensor_shapes=glm4moe_shapes,
 )

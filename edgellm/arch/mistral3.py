@@ -35,6 +35,7 @@ from edgellm.arch.spec import (
 from edgellm.gguf.metadata import get_float
 from edgellm.gguf.model_config import ROPE_NORM, ModelConfig
 from edgellm.gguf.reader import GGUFFile
+from edgellm.gguf.rope import YARN_READ_KEYS
 
 if TYPE_CHECKING:
     from edgellm.backends.base import Backend
@@ -55,7 +56,7 @@ SPEC = ArchSpec(
     fused_qkv=True,
     rope_type=ROPE_NORM,
     rope_freq_factors=True,
-    yarn_keys=True,
+    yarn_keys=YARN_READ_KEYS,  # beta_fast, beta_slow, log_multiplier
     experts=Experts(renormalise=True, optional=True),  # build_moe_ffn's norm_w: true
     read=read_mistral3,
 )

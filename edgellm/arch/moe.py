@@ -216,23 +216,38 @@ def route_top_k(logits: np.ndarray, k: int, renormalise: bool) -> tuple[np.ndarr
     return experts.astype(np.int64), np.ascontiguousarray(weights, np.float32)
 
 
-def route_sigmoid(
-    logits: np.ndarray, k: int, renormalise: bool, selection_bias: np.ndarray | None, scale: float
+def route_biased(
+    logits: np.ndarray, k: int, cfg: ModelConfig, selection_bias: np.ndarray | None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """llama.cpp's SIGMOID gating (GLM-4.5, DeepSeek V3): p = sigmoid(logits) in float32; the k experts of
-    largest p + selection_bias (exp_probs_b; ties to the lower id); weights p of those, divided by their
-    sum (clamped below at 2^-14, as build_moe_ffn) when `renormalise`, times `scale` (expert_weights_scale;
-    0 or 1: none). logits: [T, n_expert] float32 -> (experts [T, k] int64, weights [T, k] float32)."""
-    one = np.float32(1.0)
-    probs = (one / (one + np.exp(-logits.astype(np.float32)))).astype(np.float32)  # [T, n_expert]
+    """build_moe_ffn's routing with what route_top_k lacks (GLM-4.5, DeepSeek V2/V3): p = sigmoid(logits)
+    in float32 (cfg.moe_gating "sigmoid") or their softmax; the choice by p + selection_bias (exp_probs_b)
+    where given, restricted to the cfg.n_group_used expert groups of largest top-2 sum where the experts
+    come in cfg.n_expert_groups > 1 groups; weights p of the chosen (ties to the lower id), divided by their
+    sum (clamped below at 2^-14) when cfg.moe_norm_weights, times cfg.moe_weights_scale (0 or 1: none).
+    logits: [T, n_expert] float32 -> (experts [T, k] int64, weights [T, k] float32)."""
+    if cfg.moe_gating == "sigmoid":
+        one = np.float32(1.0)
+        probs = (one / (one + np.exp(-logits.astype(np.float32)))).astype(np.float32)  # [T, n_expert]
+    else:
+        probs = _softmax_rows(logits)
     chooser = probs if selection_bias is None else probs + selection_bias.astype(np.float32)
+    T, E = chooser.shape
+    G = cfg.n_expert_groups
+    if G > 1:  # DeepSeek V3's group-limited choice
+        groups = chooser.reshape(T, G, E // G)
+        top2 = -np.sort(-groups, axis=2)[:, :, :2]
+        scores = top2[:, :, 0] + top2[:, :, 1]  # [T, G], float32 as ggml_sum_rows of two
+        kept = np.argsort(-scores, axis=1, kind="stable")[:, : cfg.n_group_used]
+        mask = np.full((T, G), True)
+        np.put_along_axis(mask, kept, False, axis=1)
+        chooser = np.where(np.repeat(mask, E // G, axis=1), np.float32(-np.inf), chooser)
     experts = np.argsort(-chooser, axis=1, kind="stable")[:, :k]
     weights = np.take_along_axis(probs, experts, axis=1)  # [T, k]
-    if renormalise:
+    if cfg.moe_norm_weights:
         total = np.cumsum(weights, axis=1, dtype=np.float64)[:, -1:].astype(np.float32)
         weights = weights / np.maximum(total, np.float32(6.103515625e-5))
-    if scale not in (0.0, 1.0):
-        weights = weights * np.float32(scale)
+    if cfg.moe_weights_scale not in (0.0, 1.0):
+        weights = weights * np.float32(cfg.moe_weights_scale)
     return experts.astype(np.int64), np.ascontiguousarray(weights, np.float32)
 
 
@@ -300,9 +315,9 @@ def moe_feed_forward_block(be: Backend, cfg: ModelConfig, w: MoeFeedForwardWeigh
     routed = np.ascontiguousarray(host_logits[:, :E])  # [T, n_expert]
     if w.router_b is not None:
         routed = routed + w.router_b  # float32, as ggml_add
-    if cfg.moe_gating == "sigmoid":  # the selection bias is the layer's: numpy's routing
-        sel = route_sigmoid(routed, k, cfg.moe_norm_weights, w.selection_bias, cfg.moe_weights_scale)
-        route = group_by_expert(*sel)
+    biased = w.selection_bias is not None or cfg.n_expert_groups > 1 or cfg.moe_weights_scale not in (0, 1)
+    if cfg.moe_gating == "sigmoid" or biased:  # numpy's routing (the backends' has none of these)
+        route = group_by_expert(*route_biased(routed, k, cfg, w.selection_bias))
     else:
         route = be.moe_route(routed, k, cfg.moe_gating, cfg.moe_norm_weights)
     if route is None:

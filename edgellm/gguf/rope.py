@@ -180,7 +180,8 @@ def longrope_from_gguf(g: GGUFFile, arch: str, rope: RopeParams, n_ctx_train: in
     return LongRope(replace(rope, freq_factors=short), replace(rope, freq_factors=long), n_ctx_orig)
 
 
-# The rope.scaling.yarn_* keys an architecture's llama.cpp loader reads (ArchSpec.yarn_keys: Mistral 3)
+# The rope.scaling.yarn_* keys an architecture's llama.cpp loader may read (ArchSpec.yarn_keys: Mistral 3
+# all three, DeepSeek 2 the log multiplier)
 YARN_READ_KEYS = ("yarn_beta_fast", "yarn_beta_slow", "yarn_log_multiplier")
 
 
@@ -231,7 +232,7 @@ def rope_from_gguf(
     swa: bool,
     freq_factors: bool = False,
     swa_rope: tuple[float | None, bool] | None = None,
-    yarn_keys: bool = False,
+    yarn_keys: tuple[str, ...] = (),
 ) -> tuple[RopeParams, RopeParams]:
     """(the global layers' rope, the sliding-window layers' rope), each key type- and range-checked.
     freq_factors: the architecture reads rope_freqs.weight (understood.py refuses it elsewhere). swa_rope:
@@ -239,8 +240,8 @@ def rope_from_gguf(
     rope_freq_base_train_swa / rope_freq_scale_train_swa: (the base when rope.freq_base_swa is missing, None
     for rope.freq_base; whether the frequency scaling applies), as the architecture's spec gives it (Gemma
     3's local layers are never scaled, Gemma 2's are); None: the local layers rotate as the global ones
-    (OLMo 2). yarn_keys: the architecture reads rope.scaling.yarn_beta_fast / yarn_beta_slow /
-    yarn_log_multiplier (YARN_READ_KEYS; elsewhere they are accepted only at llama.cpp's own values)."""
+    (OLMo 2). yarn_keys: which of YARN_READ_KEYS (rope.scaling.yarn_beta_fast / yarn_beta_slow /
+    yarn_log_multiplier) the architecture reads; the others are accepted only at llama.cpp's own values."""
     p = f"{arch}."
     scaling_key = p + "rope.scaling.type"
     scaling = get_str(g, scaling_key, "linear")
@@ -258,12 +259,15 @@ def rope_from_gguf(
     freq_scale = 1.0 if scaling == "none" or factor == 0.0 else float(np.float32(1.0) / np.float32(factor))
     ext_factor = 1.0 if scaling == "yarn" else 0.0
     rope_attn = get_float(g, p + "rope.scaling.attn_factor", 1.0, lo=0.0, lo_open=True)
-    _check_unread_yarn_keys(g, p, ext_factor, YARN_READ_KEYS if yarn_keys else ())
-    beta_fast, beta_slow, log_mul = YARN_BETA_FAST, YARN_BETA_SLOW, 0.0
-    if yarn_keys:
-        beta_fast = get_float(g, p + "rope.scaling.yarn_beta_fast", YARN_BETA_FAST)
-        beta_slow = get_float(g, p + "rope.scaling.yarn_beta_slow", YARN_BETA_SLOW)
-        log_mul = get_float(g, p + "rope.scaling.yarn_log_multiplier", 0.0)
+    _check_unread_yarn_keys(g, p, ext_factor, yarn_keys)
+    read = {
+        name: get_float(g, f"{p}rope.scaling.{name}", default)
+        for name, default in zip(YARN_READ_KEYS, (YARN_BETA_FAST, YARN_BETA_SLOW, 0.0), strict=True)
+        if name in yarn_keys
+    }
+    beta_fast = read.get("yarn_beta_fast", YARN_BETA_FAST)
+    beta_slow = read.get("yarn_beta_slow", YARN_BETA_SLOW)
+    log_mul = read.get("yarn_log_multiplier", 0.0)
     alpha_key = p + "rope.scaling.alpha"
     if alpha_key in g.metadata and get_float(g, alpha_key) != 0.0:
         raise GGUFError(

@@ -30,12 +30,6 @@ ARCHITECTURES: dict[str, tuple[str, ...]] = {
         "shared-KV layers",
         "activation sparsity (Gaussian top-k on the FFN gate)",
     ),
-    "deepseek2": (
-        "multi-head latent attention (MLA: attn_kv_a_mqa, attn_kv_b / attn_k_b, attn_v_b, q-LoRA)",
-        "sigmoid expert gating with a selection bias (exp_probs_b)",
-        "shared experts and leading dense layers",
-        "YaRN with a log-multiplied attention scale (rope.scaling.yarn_log_multiplier)",
-    ),
     "deepseek": ("shared experts and leading dense layers",),
     "llama4": (
         "chunked attention (attention.sliding_window as chunks on three layers of four)",
@@ -84,7 +78,7 @@ TENSOR_FEATURES: dict[str, str] = {
     "attn_q_a*": "multi-head latent attention (q-LoRA)",
     "attn_q_b.weight": "multi-head latent attention (q-LoRA)",
     "attn_kv_a*": "multi-head latent attention (MLA)",
-    "attn_kv_b.weight": "multi-head latent attention (MLA)",
+    "attn_kv_b.weight": "multi-head latent attention in the legacy unsplit attn_kv_b form (re-convert)",
     "attn_k_b.weight": "multi-head latent attention (MLA)",
     "attn_v_b.weight": "multi-head latent attention (MLA)",
     "exp_probs_b.bias": "an expert-selection bias (exp_probs_b, sigmoid gating)",

@@ -289,6 +289,7 @@ MISTRAL3_YARN = {
 def issue56_cases() -> dict[str, OracleCase]:
     return {
         **glm4moe_cases(),
+        **deepseek2_cases(),
         "mistral3_f32": OracleCase("mistral3", metadata=MISTRAL3_YARN,
                                    note="mistral3, YaRN x16 (betas 16/2, log mul 1), temperature 0.1/256"),
         "mistral3_mix": OracleCase("mistral3", DEFAULT_QTYPES, metadata=MISTRAL3_YARN,
@@ -322,4 +323,34 @@ def glm4moe_cases() -> dict[str, OracleCase]:
             "F32", "glm4moe, softmax gating, no renormalisation or scale",
             {"glm4moe.expert_gating_func": Typed(1, U32), "glm4moe.expert_weights_norm": False,
              "glm4moe.expert_weights_scale": Typed(1.0, F32_)}),
+    }  # fmt: skip
+
+
+# DeepSeek 2 / 3 with multi-head latent attention at head_dim 16 (the writer's sizes: latent 32, rope 16,
+# nope 16, value 16, q-LoRA 24): 3 layers (1 dense, 2 of 8 experts 32 wide, top 2, 1 shared expert);
+# V3's sigmoid gating with exp_probs_b, groups and YaRN with the log multiplier; V2-Lite's plain form.
+DEEPSEEK2_MODEL: dict[str, int] = dict(SMALL, n_layers=3, n_kv_heads=1)
+DEEPSEEK2_YARN = {
+    "deepseek2.rope.scaling.type": "yarn",
+    "deepseek2.rope.scaling.factor": Typed(40.0, F32_),
+    "deepseek2.rope.scaling.original_context_length": Typed(256, U32),
+    "deepseek2.rope.scaling.yarn_log_multiplier": Typed(0.1, F32_),
+    "deepseek2.expert_group_count": Typed(4, U32),
+    "deepseek2.expert_group_used_count": Typed(2, U32),
+}
+DEEPSEEK2_LITE = {"deepseek2.attention.q_lora_rank": None, "deepseek2.expert_gating_func": Typed(1, U32),
+                  "deepseek2.expert_weights_norm": False, "deepseek2.expert_weights_scale": Typed(1.0, F32_)}
+
+
+def deepseek2_cases() -> dict[str, OracleCase]:
+    def case(qtypes: Any, note: str, metadata: Mapping[str, Any], **writer: Any) -> OracleCase:
+        return OracleCase("deepseek2", qtypes, model=DEEPSEEK2_MODEL, writer={**GLM4MOE_WRITER, **writer},
+                          metadata=metadata, note=note)  # fmt: skip
+
+    return {
+        "deepseek2_v3_f32": case("F32", "deepseek2 MLA + q-LoRA, V3 sigmoid/bias/groups, YaRN x40 log mul",
+                                 DEEPSEEK2_YARN),
+        "deepseek2_v3_q8_0": case("Q8_0", "deepseek2 V3 form, Q8_0", DEEPSEEK2_YARN),
+        "deepseek2_lite_f32": case("F32", "deepseek2 MLA without q-LoRA (V2-Lite), softmax gating",
+                                   DEEPSEEK2_LITE),
     }  # fmt: skip

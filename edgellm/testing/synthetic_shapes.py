@@ -160,3 +160,31 @@ def glm4moe_layers(
                         p + "ffn_up_shexp.weight": (n_ff_shexp, n_embd),
                         p + "ffn_down_shexp.weight": (n_embd, n_ff_shexp)})  # fmt: skip
     return out
+
+
+def mla_layers(
+    shapes: dict[str, tuple[int, ...]], n_embd: int, n_heads: int, head_dim: int, q_lora: int
+) -> dict[str, tuple[int, ...]]:
+    """`shapes` with each layer's attn_q/k/v made DeepSeek 2's multi-head latent attention (convert_hf_to_
+    gguf.py DeepseekV2Model, the split attn_k_b / attn_v_b form), sizes from head_dim d as
+    synthetic_metadata.py writes them: latent r = 2d, rope d, nope d, value d (q-LoRA rank q_lora, 0:
+    attn_q)."""
+    r, rope, nope, dv = 2 * head_dim, head_dim, head_dim, head_dim
+    out: dict[str, tuple[int, ...]] = {}
+    for name, shape in shapes.items():
+        il, _, role = name.removeprefix("blk.").partition(".")
+        p = f"blk.{il}."
+        if role in ("attn_k.weight", "attn_v.weight"):
+            continue
+        if role == "attn_q.weight":
+            if q_lora:
+                out.update({p + "attn_q_a.weight": (q_lora, n_embd), p + "attn_q_a_norm.weight": (q_lora,),
+                            p + "attn_q_b.weight": (n_heads * (nope + rope), q_lora)})  # fmt: skip
+            else:
+                out[name] = (n_heads * (nope + rope), n_embd)
+            out.update({p + "attn_kv_a_mqa.weight": (r + rope, n_embd), p + "attn_kv_a_norm.weight": (r,),
+                        p + "attn_k_b.weight": (n_heads, r, nope),
+                        p + "attn_v_b.weight": (n_heads, dv, r)})  # fmt: skip
+            continue
+        out[name] = (n_embd, n_heads * dv) if role == "attn_output.weight" else shape
+    return out
