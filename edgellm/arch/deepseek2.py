@@ -27,7 +27,8 @@ mscale: llama.cpp's YaRN pre-scaling, attn_factor (1 + 0.1 ln s)(1 + 0.1 m ln s)
 and m rope.scaling.yarn_log_multiplier / 0.1 (the converter's 0.1 cancelled). What remains (issue 56): the
 cache holds V beside K although V is K's first r columns (llama.cpp caches K only: 2r + n_rot values a
 token here against r + n_rot), and the expanded (non-absorbed) form for long prefills; the legacy unsplit
-attn_kv_b files, multi-token-prediction layers and Mistral Large's temperature keys are refused.
+attn_kv_b files and Mistral Large's temperature keys are refused; multi-token-prediction layers are
+skipped, as llama.cpp skips them.
 """
 
 from __future__ import annotations
@@ -183,7 +184,9 @@ SPEC = ArchSpec(
         "expert_weights_norm",
         "expert_weights_scale",
         "expert_gating_func",
+        "nextn_predict_layers",
     },
+    nextn_layers=True,  # GLM-4.5's and DeepSeek V3's released files carry one
     rope_type=ROPE_NORM,
     yarn_keys=("yarn_log_multiplier",),  # read_deepseek2 applies it (llama.cpp's DeepSeek case)
     experts=Experts(renormalise=False, width_key=True, groups=True),

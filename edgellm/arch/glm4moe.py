@@ -20,8 +20,8 @@ attn_{q,k}_norm.weight [d] (optional: GLM-4.5 355B), post_attention_norm.weight 
 ffn_{gate,up}.weight [n_ff, n_embd], ffn_down.weight [n_embd, n_ff]; expert layers ffn_gate_inp.weight
 [E, n_embd], exp_probs_b.bias [E], ffn_{gate,up}_exps.weight [E, n_ff_exp, n_embd], ffn_down_exps.weight
 [E, n_embd, n_ff_exp], ffn_{gate,up}_shexp.weight [n_ff_exp * n_shared, n_embd], ffn_down_shexp.weight
-[n_embd, n_ff_exp * n_shared]. Multi-token-prediction layers (nextn_predict_layers > 0) and M-RoPE
-sections (GLM-4.5V) are refused at load (gguf/unimplemented.py names them).
+[n_embd, n_ff_exp * n_shared]. Multi-token-prediction layers (the last nextn_predict_layers of
+block_count) are skipped as llama.cpp skips them; M-RoPE sections (GLM-4.5V) are refused at load.
 """
 
 from __future__ import annotations
@@ -120,7 +120,9 @@ SPEC = ArchSpec(
         "expert_weights_norm",
         "expert_weights_scale",
         "expert_gating_func",
+        "nextn_predict_layers",
     },
+    nextn_layers=True,  # GLM-4.5's and DeepSeek V3's released files carry one
     fused_qkv=True,
     # the gating, the norm and the scale: read_glm4moe (from keys); the width key is required
     experts=Experts(renormalise=False, gating="sigmoid", width_key=True, groups=True),

@@ -209,6 +209,9 @@ class ArchSpec:
     # the rope.scaling.yarn_* keys (suffixes: "yarn_beta_fast", ...) the architecture reads (Mistral 3's
     # three, DeepSeek 2's log multiplier); the others are accepted only at llama.cpp's own values
     yarn_keys: tuple[str, ...] = ()
+    # {name}.nextn_predict_layers is read: that many layers after the model's are multi-token prediction
+    # layers, skipped (their tensors accepted, never read) as llama.cpp does unless asked to load them
+    nextn_layers: bool = False
     # The sliding-window layers' rope where it differs from the global layers' (gguf/rope.py
     # rope_from_gguf): (the base without rope.freq_base_swa, None for rope.freq_base; whether the frequency
     # scaling applies); None: the local layers rotate as the global ones

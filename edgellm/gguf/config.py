@@ -60,6 +60,10 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
     n_layers = get_int(
         g, p + "block_count", lo=1, hi=max(1, n_tensors), why=f"{n_tensors} tensors in the file"
     )
+    n_nextn = 0
+    if spec.nextn_layers:  # the last block_count layers: multi-token prediction, which llama.cpp skips
+        n_nextn = get_int(g, p + "nextn_predict_layers", 0, lo=0, hi=n_layers - 1)
+        n_layers -= n_nextn
     n_embd = get_int(g, p + "embedding_length", lo=1, hi=size, why="bounded by the file size")
     n_heads = get_int(g, p + "attention.head_count", lo=1, hi=size, why="bounded by the file size")
     if spec.head_counts is not None:  # LFM2: a per-layer array whose zeros mark the short-conv layers
@@ -139,6 +143,7 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
         conv_layers=conv_layers,
     )
     cfg.sliding_window = sliding_window
+    cfg.n_nextn_layers = n_nextn
     for name, value in spec.flags.items():
         setattr(cfg, name, value)
     if spec.experts is not None:

@@ -96,6 +96,7 @@ class ModelConfig:
     # largest top-2 sum (0 or 1 group: no restriction)
     n_expert_groups: int = 0
     n_group_used: int = 0
+    n_nextn_layers: int = 0  # multi-token prediction layers after the n_layers (ArchSpec.nextn_layers)
     # Multi-head latent attention (DeepSeek 2, arch/deepseek2.py): the q-LoRA rank (0: none), the latent's
     # width r, and a head's K (nope + rope) and V widths before absorption
     mla_q_lora_rank: int = 0

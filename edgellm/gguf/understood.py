@@ -138,7 +138,7 @@ def check_understood(g: GGUFFile, cfg: ModelConfig, spec: ArchSpec) -> None:
     arch = cfg.arch
     global_tensors = spec.global_tensors | (ROPE_TENSORS if spec.rope_freq_factors else frozenset())
     for name in g.tensors:
-        _check_tensor_name(g, arch, cfg.n_layers, name, global_tensors, spec.layer_tensors)
+        _check_tensor_name(g, arch, cfg, name, global_tensors, spec.layer_tensors)
     arch_keys = COMMON_KEYS | spec.keys | ROPE_KEYS
     harmless = {**HARMLESS_AT, **ROPE_HARMLESS_AT}
     for key, value in g.metadata.items():
@@ -153,8 +153,9 @@ def check_understood(g: GGUFFile, cfg: ModelConfig, spec: ArchSpec) -> None:
 
 
 def _check_tensor_name(
-    g: GGUFFile, arch: str, n_layers: int, name: str, global_tensors: frozenset[str], layer: frozenset[str]
+    g: GGUFFile, arch: str, cfg: ModelConfig, name: str, global_tensors: frozenset[str], layer: frozenset[str]
 ) -> None:
+    n_layers = cfg.n_layers
     m = _BLOCK_TENSOR.fullmatch(name)
     if m is None:
         if name in global_tensors:
@@ -166,6 +167,8 @@ def _check_tensor_name(
             f"logits if applied and cannot be ignored; global tensors implemented: {', '.join(known)})"
         )
     il, role = int(m.group(1)), m.group(2)
+    if n_layers <= il < n_layers + cfg.n_nextn_layers and (role in layer or role.startswith("nextn.")):
+        return  # a multi-token prediction layer's: never read (ArchSpec.nextn_layers)
     if il >= n_layers:
         raise GGUFError(
             f"{g.path}: tensor {name!r} belongs to layer {il}, but {arch}.block_count is {n_layers} "

@@ -290,6 +290,7 @@ def issue56_cases() -> dict[str, OracleCase]:
     return {
         **glm4moe_cases(),
         **deepseek2_cases(),
+        **nextn_cases(),
         "mistral3_f32": OracleCase("mistral3", metadata=MISTRAL3_YARN,
                                    note="mistral3, YaRN x16 (betas 16/2, log mul 1), temperature 0.1/256"),
         "mistral3_mix": OracleCase("mistral3", DEFAULT_QTYPES, metadata=MISTRAL3_YARN,
@@ -353,4 +354,27 @@ def deepseek2_cases() -> dict[str, OracleCase]:
         "deepseek2_v3_q8_0": case("Q8_0", "deepseek2 V3 form, Q8_0", DEEPSEEK2_YARN),
         "deepseek2_lite_f32": case("F32", "deepseek2 MLA without q-LoRA (V2-Lite), softmax gating",
                                    DEEPSEEK2_LITE),
+    }  # fmt: skip
+
+
+def nextn_layer(il: int, n_embd: int = 64) -> dict[str, Any]:
+    """A multi-token prediction layer's own tensors at layer il (GLM-4.5's, DeepSeek V3's converters);
+    with block_count il + 1 and nextn_predict_layers 1, llama.cpp skips the whole layer."""
+    p = f"blk.{il}.nextn."
+    return {p + "eh_proj.weight": (n_embd, 2 * n_embd), p + "enorm.weight": (n_embd,),
+            p + "hnorm.weight": (n_embd,), p + "shared_head_norm.weight": (n_embd,)}  # fmt: skip
+
+
+def nextn_cases() -> dict[str, OracleCase]:
+    """GLM-4.5 and DeepSeek V3 files as released: one more layer, a multi-token prediction one, skipped."""
+    glm = dict(GLM4MOE_MODEL, n_layers=4)
+    deepseek = dict(DEEPSEEK2_MODEL, n_layers=4)
+    mtp = {"glm4moe.nextn_predict_layers": Typed(1, U32)}
+    ds_mtp = {**DEEPSEEK2_YARN, "deepseek2.nextn_predict_layers": Typed(1, U32)}
+    return {
+        "glm4moe_nextn": OracleCase("glm4moe", model=glm, writer=GLM4MOE_WRITER, extra_tensors=nextn_layer(3),
+                                    metadata=mtp, note="glm4moe, block_count 4, the last an MTP layer"),
+        "deepseek2_nextn": OracleCase("deepseek2", model=deepseek, writer=GLM4MOE_WRITER,
+                                      extra_tensors=nextn_layer(3), metadata=ds_mtp,
+                                      note="deepseek2 V3 form with an MTP layer (skipped)"),
     }  # fmt: skip
