@@ -82,7 +82,10 @@ def read_deepseek2(g: GGUFFile, cfg: ModelConfig) -> None:
     experts' weight norm / scale / gating (0: softmax, sigmoid for GLM-4.7-Flash's shape), and the YaRN
     pre-scaling of Q.K."""
     p = "deepseek2."
-    cfg.mla_q_lora_rank = get_int(g, p + "attention.q_lora_rank", 0, lo=0, hi=g.file_size)
+    # llama.cpp requires the q-LoRA rank (0: attn_q) except of the Lite shapes, which may omit it
+    lite = cfg.n_layers in (26, 27) or (cfg.n_layers == 48 and cfg.n_vocab == 128256)
+    q_lora_default = {"default": 0} if lite else {}
+    cfg.mla_q_lora_rank = get_int(g, p + "attention.q_lora_rank", lo=0, hi=g.file_size, **q_lora_default)
     r = cfg.mla_kv_lora_rank = get_int(g, p + "attention.kv_lora_rank", lo=1, hi=g.file_size)
     dk = cfg.mla_head_dim_k = get_int(g, p + "attention.key_length_mla", lo=1, hi=g.file_size)
     cfg.mla_head_dim_v = get_int(g, p + "attention.value_length_mla", lo=1, hi=g.file_size)

@@ -328,7 +328,7 @@ def glm4moe_cases() -> dict[str, OracleCase]:
 
 
 # DeepSeek 2 / 3 with multi-head latent attention at head_dim 16 (the writer's sizes: latent 32, rope 16,
-# nope 16, value 16, q-LoRA 24): 3 layers (1 dense, 2 of 8 experts 32 wide, top 2, 1 shared expert);
+# nope 32, value 16, q-LoRA 32): 3 layers (1 dense, 2 of 8 experts 32 wide, top 2, 1 shared expert);
 # V3's sigmoid gating with exp_probs_b, groups and YaRN with the log multiplier; V2-Lite's plain form.
 DEEPSEEK2_MODEL: dict[str, int] = dict(SMALL, n_layers=3, n_kv_heads=1)
 DEEPSEEK2_YARN = {
@@ -339,8 +339,9 @@ DEEPSEEK2_YARN = {
     "deepseek2.expert_group_count": Typed(4, U32),
     "deepseek2.expert_group_used_count": Typed(2, U32),
 }
-DEEPSEEK2_LITE = {"deepseek2.attention.q_lora_rank": None, "deepseek2.expert_gating_func": Typed(1, U32),
-                  "deepseek2.expert_weights_norm": False, "deepseek2.expert_weights_scale": Typed(1.0, F32_)}
+DEEPSEEK2_LITE = {"deepseek2.attention.q_lora_rank": Typed(0, U32),
+                  "deepseek2.expert_gating_func": Typed(1, U32), "deepseek2.expert_weights_norm": False,
+                  "deepseek2.expert_weights_scale": Typed(1.0, F32_)}  # fmt: skip
 
 
 def deepseek2_cases() -> dict[str, OracleCase]:

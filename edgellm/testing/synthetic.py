@@ -236,7 +236,7 @@ def write_tiny_model(
         lead, n_shared = md[arch + ".leading_dense_block_count"][0], md[arch + ".expert_shared_count"][0]
         standard = glm4moe_layers(standard, n_embd, n_ff, n_ff_exp * n_shared, n_expert, lead)
     if arch == "deepseek2":  # the latent attention's tensors in place of Q/K/V (synthetic_shapes.py)
-        q_lora = md.get("deepseek2.attention.q_lora_rank", (0,))[0]
+        q_lora = md.get("deepseek2.attention.q_lora_rank", (0,))[0]  # 0: attn_q (V2-Lite)
         standard = mla_layers(standard, n_embd, n_heads, head_dim, q_lora)
     shapes: dict[str, tuple[int, ...] | np.ndarray] = dict(standard)
     if arch == "gpt2":  # learned positions, after the token embedding as GPT-2's converter writes them

@@ -96,15 +96,15 @@ def model_metadata(
         md.update(lfm2_metadata(n_layers, n_kv_heads))
     if arch == "gpt-oss":
         md[p + "attention.sliding_window"] = (sliding_window, U32, None)
-    if arch == "deepseek2":  # DeepSeek V3's layout at head_dim d: latent 2d, rope d, nope d, value d
+    if arch == "deepseek2":  # DeepSeek V3's layout at head_dim d: latent 2d, rope d, nope 2d, value d
         r = 2 * head_dim
         md[p + "attention.head_count_kv"] = (1, U32, None)
         md[p + "attention.key_length"] = (r + head_dim, U32, None)
         md[p + "attention.value_length"] = (r, U32, None)
-        md[p + "attention.key_length_mla"] = (2 * head_dim, U32, None)
+        md[p + "attention.key_length_mla"] = (3 * head_dim, U32, None)
         md[p + "attention.value_length_mla"] = (head_dim, U32, None)
         md[p + "rope.dimension_count"] = (head_dim, U32, None)
-        md[p + "attention.q_lora_rank"] = (3 * head_dim // 2, U32, None)
+        md[p + "attention.q_lora_rank"] = (2 * head_dim, U32, None)
         md[p + "attention.kv_lora_rank"] = (r, U32, None)
         md[p + "leading_dense_block_count"] = (1, U32, None)
         md[p + "expert_shared_count"] = (1, U32, None)

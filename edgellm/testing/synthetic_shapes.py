@@ -167,9 +167,9 @@ def mla_layers(
 ) -> dict[str, tuple[int, ...]]:
     """`shapes` with each layer's attn_q/k/v made DeepSeek 2's multi-head latent attention (convert_hf_to_
     gguf.py DeepseekV2Model, the split attn_k_b / attn_v_b form), sizes from head_dim d as
-    synthetic_metadata.py writes them: latent r = 2d, rope d, nope d, value d (q-LoRA rank q_lora, 0:
-    attn_q)."""
-    r, rope, nope, dv = 2 * head_dim, head_dim, head_dim, head_dim
+    synthetic_metadata.py writes them: latent r = 2d, rope d, nope 2d, value d (q-LoRA rank q_lora, 0:
+    attn_q); every row 32-aligned at d = 16, so each matrix takes the block-32 types."""
+    r, rope, nope, dv = 2 * head_dim, head_dim, 2 * head_dim, head_dim
     out: dict[str, tuple[int, ...]] = {}
     for name, shape in shapes.items():
         il, _, role = name.removeprefix("blk.").partition(".")
