@@ -106,7 +106,10 @@ def load_attention(be: Backend, src: TensorSource, cfg: ModelConfig, il: int) ->
     return w
 
 
-def load_feed_forward(be: Backend, src: TensorSource, cfg: ModelConfig, il: int) -> FeedForwardWeights:
+def load_feed_forward(
+    be: Backend, src: TensorSource, cfg: ModelConfig, il: int, norm: str = "ffn_norm.weight"
+) -> FeedForwardWeights:
+    """Layer il's dense FFN; `norm`: its pre-norm's name (Seed-OSS: post_attention_norm.weight)."""
     p = f"blk.{il}."
     e, f = cfg.n_embd, cfg.n_ff
     if cfg.gate_up_fused:  # ffn_up holds gate|up, gate first (llama.cpp's swiglu of the two halves)
@@ -114,7 +117,7 @@ def load_feed_forward(be: Backend, src: TensorSource, cfg: ModelConfig, il: int)
     else:
         gate_up = [src.get(p + "ffn_gate.weight", (f, e)), src.get(p + "ffn_up.weight", (f, e))]
     w = FeedForwardWeights(
-        norm=be.load_vector(src.get(p + "ffn_norm.weight", (e,))) if cfg.pre_norms else None,
+        norm=be.load_vector(src.get(p + norm, (e,))) if cfg.pre_norms else None,
         w_gate_up=be.load_matrix(gate_up),
         w_down=be.load_matrix([src.get(p + "ffn_down.weight", (e, f))]),
     )
@@ -195,6 +198,8 @@ def attention_block(
         be.rope(q, positions, rope)
         be.rope(k, positions, rope)
     be.write_kv(kv, kl, k, v, slots)
+    if cfg.attn_temp_scale:  # after rope and the K/V write: only the queries are scaled (llama.cpp's order)
+        q = temperature_scaled(be, cfg, q, batch.positions)
     attn = be.empty((T, H, dv))
     window = cfg.sliding_window if cfg.swa_layers[il] else 0
     scale, cap = cfg.attn_scale, cfg.attn_softcap
@@ -208,6 +213,17 @@ def attention_block(
     if cfg.residual_scale != 1.0:
         o = be.scale(o, cfg.residual_scale)
     be.add(x, o)
+
+
+def temperature_scaled(be: Backend, cfg: ModelConfig, q: Any, positions: np.ndarray) -> Any:
+    """q [T, H, d] with each token's row times llama.cpp's attention temperature at its position
+    (llm_graph_input_attn_temp: the float32 position, the rest in double, stored as float32). A host round
+    trip: the scale is per token, which no backend kernel takes (a few KB per layer)."""
+    pos = positions.astype(np.float32) + np.float32(cfg.attn_temp_offset)
+    steps = np.floor(pos / np.float32(cfg.attn_temp_floor)).astype(np.float64)
+    scale = (np.log(steps + 1.0) * np.float64(np.float32(cfg.attn_temp_scale)) + 1.0).astype(np.float32)
+    host = be.to_host(q) * scale[:, None, None]
+    return be.from_host(np.ascontiguousarray(host, np.float32))
 
 
 def feed_forward_block(be: Backend, cfg: ModelConfig, w: FeedForwardWeights, x: Any, T: int) -> None:

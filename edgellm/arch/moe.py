@@ -120,6 +120,9 @@ class MoeFeedForwardWeights:
     shared_down: Any = None  # [n_embd, n_ff_shexp]
     post_norm: Any = None  # no MoE architecture here has one
     router_b: np.ndarray | None = None  # [n_expert] host float32, added to the router's logits (gpt-oss)
+    # [n_expert] host float32 (exp_probs_b.bias, GLM-4.5 / DeepSeek V3): added to the sigmoid gating's
+    # probabilities to choose the experts, not to weight them
+    selection_bias: np.ndarray | None = None
 
     @property
     def active_bytes(self) -> int:
@@ -157,10 +160,13 @@ def load_moe_feed_forward(
         )
         w.experts.bias_gate_up = np.ascontiguousarray(np.concatenate([gb, ub], axis=1), np.float32)
         w.experts.bias_down = np.ascontiguousarray(db, np.float32)
+    if src.has(p + "exp_probs_b.bias"):
+        w.selection_bias = be.to_host(be.load_vector(src.get(p + "exp_probs_b.bias", (E,)))).copy()  # [E]
     if cfg.n_ff_shexp:
         fs = cfg.n_ff_shexp
-        shared_gate = src.get(p + "ffn_gate_inp_shexp.weight", (e,))  # [n_embd]: one more router row
-        router.append(dataclasses.replace(shared_gate, shape=(1, e)))
+        if cfg.shared_expert_gate:
+            shared_gate = src.get(p + "ffn_gate_inp_shexp.weight", (e,))  # [n_embd]: one more router row
+            router.append(dataclasses.replace(shared_gate, shape=(1, e)))
         w.shared_gate_up = be.load_matrix(
             [src.get(p + "ffn_gate_shexp.weight", (fs, e)), src.get(p + "ffn_up_shexp.weight", (fs, e))]
         )
@@ -207,6 +213,41 @@ def route_top_k(logits: np.ndarray, k: int, renormalise: bool) -> tuple[np.ndarr
     weights = np.take_along_axis(probs, experts, axis=1)  # [T, k]
     if renormalise:
         weights = weights / np.cumsum(weights, axis=1, dtype=np.float64)[:, -1:].astype(np.float32)
+    return experts.astype(np.int64), np.ascontiguousarray(weights, np.float32)
+
+
+def route_biased(
+    logits: np.ndarray, k: int, cfg: ModelConfig, selection_bias: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """build_moe_ffn's routing with what route_top_k lacks (GLM-4.5, DeepSeek V2/V3): p = sigmoid(logits)
+    in float32 (cfg.moe_gating "sigmoid") or their softmax; the choice by p + selection_bias (exp_probs_b)
+    where given, restricted to the cfg.n_group_used expert groups of largest top-2 sum where the experts
+    come in cfg.n_expert_groups > 1 groups; weights p of the chosen (ties to the lower id), divided by their
+    sum (clamped below at 2^-14) when cfg.moe_norm_weights, times cfg.moe_weights_scale (0 or 1: none).
+    logits: [T, n_expert] float32 -> (experts [T, k] int64, weights [T, k] float32)."""
+    if cfg.moe_gating == "sigmoid":
+        one = np.float32(1.0)
+        probs = (one / (one + np.exp(-logits.astype(np.float32)))).astype(np.float32)  # [T, n_expert]
+    else:
+        probs = _softmax_rows(logits)
+    chooser = probs if selection_bias is None else probs + selection_bias.astype(np.float32)
+    T, E = chooser.shape
+    G = cfg.n_expert_groups
+    if G > 1:  # DeepSeek V3's group-limited choice
+        groups = chooser.reshape(T, G, E // G)
+        top2 = -np.sort(-groups, axis=2)[:, :, :2]
+        scores = top2[:, :, 0] + top2[:, :, 1]  # [T, G], float32 as ggml_sum_rows of two
+        kept = np.argsort(-scores, axis=1, kind="stable")[:, : cfg.n_group_used]
+        mask = np.full((T, G), True)
+        np.put_along_axis(mask, kept, False, axis=1)
+        chooser = np.where(np.repeat(mask, E // G, axis=1), np.float32(-np.inf), chooser)
+    experts = np.argsort(-chooser, axis=1, kind="stable")[:, :k]
+    weights = np.take_along_axis(probs, experts, axis=1)  # [T, k]
+    if cfg.moe_norm_weights:
+        total = np.cumsum(weights, axis=1, dtype=np.float64)[:, -1:].astype(np.float32)
+        weights = weights / np.maximum(total, np.float32(6.103515625e-5))
+    if cfg.moe_weights_scale not in (0.0, 1.0):
+        weights = weights * np.float32(cfg.moe_weights_scale)
     return experts.astype(np.int64), np.ascontiguousarray(weights, np.float32)
 
 
@@ -266,14 +307,19 @@ def moe_feed_forward_block(be: Backend, cfg: ModelConfig, w: MoeFeedForwardWeigh
         return
     E, k = cfg.n_expert, cfg.n_expert_used
     shared = w.shared_down is not None
+    gated = shared and cfg.shared_expert_gate  # the shared expert's gate: one more router row
     h = pre_norm(be, cfg, w.norm, x, T)  # [T, n_embd]
-    logits = be.empty((T, E + shared))
+    logits = be.empty((T, E + gated))
     be.matmul(h, w.router, logits)  # [T, n_expert (+1: the shared expert's gate)]
     host_logits = be.to_host(logits)
     routed = np.ascontiguousarray(host_logits[:, :E])  # [T, n_expert]
     if w.router_b is not None:
         routed = routed + w.router_b  # float32, as ggml_add
-    route = be.moe_route(routed, k, cfg.moe_gating, cfg.moe_norm_weights)
+    biased = w.selection_bias is not None or cfg.n_expert_groups > 1 or cfg.moe_weights_scale not in (0, 1)
+    if cfg.moe_gating == "sigmoid" or biased:  # numpy's routing (the backends' has none of these)
+        route = group_by_expert(*route_biased(routed, k, cfg, w.selection_bias))
+    else:
+        route = be.moe_route(routed, k, cfg.moe_gating, cfg.moe_norm_weights)
     if route is None:
         route = group_by_expert(*ROUTERS[cfg.moe_gating](routed, k, cfg.moe_norm_weights))
     where, weights = route.where, route.weights  # [T, k]
@@ -282,11 +328,14 @@ def moe_feed_forward_block(be: Backend, cfg: ModelConfig, w: MoeFeedForwardWeigh
         for e, start, end in route.runs:
             xe = be.take_rows(h, route.tokens[start:end])  # [n, n_embd]: the expert's tokens
             _expert_ffn(be, cfg, xe, w.experts.get(e), cfg.n_ff_exp, outs[start:end], w.experts.biases(e))
-    if shared:  # every token, as a last slot weighted by sigmoid(gate) (llama.cpp: silu(g) / g)
+    if shared:  # every token, as a last slot weighted by sigmoid(gate) (llama.cpp: silu(g) / g), or 1
         _expert_ffn(be, cfg, h, (w.shared_gate_up, w.shared_down), cfg.n_ff_shexp, outs[T * k :])
-        g = host_logits[:, E]  # [T]
-        with np.errstate(invalid="ignore"):  # g = 0: sigmoid 1/2, where llama.cpp's 0 / 0 is NaN
-            gate = np.where(g == 0, np.float32(0.5), (g / (np.float32(1) + np.exp(-g))) / g)  # [T]
+        if gated:
+            g = host_logits[:, E]  # [T]
+            with np.errstate(invalid="ignore"):  # g = 0: sigmoid 1/2, where llama.cpp's 0 / 0 is NaN
+                gate = np.where(g == 0, np.float32(0.5), (g / (np.float32(1) + np.exp(-g))) / g)  # [T]
+        else:  # GLM-4.5, DeepSeek: the shared expert's output added as it is
+            gate = np.ones(T, np.float32)
         where = np.concatenate([where, T * k + np.arange(T, dtype=np.int64)[:, None]], axis=1)
         weights = np.concatenate([weights, gate.astype(np.float32)[:, None]], axis=1)  # [T, k + 1]
     out = be.moe_combine(outs, where, weights)  # [T, n_embd]

@@ -56,6 +56,7 @@ GLOBAL_TENSORS = frozenset({"token_embd.weight", "output_norm.weight", "output.w
 
 # ---- {arch}.* keys several architectures share (the suffix after "{arch}.") -----------------------------
 EXPERT_KEYS = frozenset({"expert_count", "expert_used_count"})  # Experts.read
+EXPERT_GROUP_KEYS = frozenset({"expert_group_count", "expert_group_used_count"})  # Experts.groups
 SLIDING_WINDOW_KEYS = frozenset({"attention.sliding_window", "attention.sliding_window_pattern"})
 
 MAX_EXPERTS = 1 << 16  # a bound for the metadata check: real files have up to a few hundred
@@ -75,6 +76,8 @@ class Experts:
     width_key: bool | None = None
     shared: bool = False  # a shared expert, {arch}.expert_shared_feed_forward_length wide (Qwen 2 MoE)
     optional: bool = False  # a dense model when expert_count is missing or 0 (llama; Mixtral has experts)
+    # {arch}.expert_group_count / expert_group_used_count are read (DeepSeek V3's group-limited choice)
+    groups: bool = False
 
     def read(self, g: GGUFFile, cfg: ModelConfig) -> None:
         """The experts' counts and width as llama.cpp reads them: {arch}.expert_count (required, or absent / 0
@@ -104,6 +107,18 @@ class Experts:
             )
         cfg.moe_norm_weights = self.renormalise
         cfg.moe_gating = self.gating
+        if self.groups:
+            groups = get_int(g, p + "expert_group_count", 0, lo=0, hi=n_expert)
+            if groups > 1 and n_expert % groups:
+                raise GGUFError(f"{g.path}: {n_expert} experts do not split into {groups} groups")
+            cfg.n_expert_groups = groups
+            used_hi = max(groups, 1)
+            cfg.n_group_used = get_int(g, p + "expert_group_used_count", used_hi, lo=0, hi=used_hi)
+            if groups > 1 and cfg.n_group_used * (n_expert // groups) < cfg.n_expert_used:
+                raise GGUFError(
+                    f"{g.path}: {cfg.n_group_used} of {groups} expert groups hold fewer than the "
+                    f"{cfg.n_expert_used} experts a token uses"
+                )
 
 
 def llama_family_shapes(
@@ -191,6 +206,12 @@ class ArchSpec:
     fused_qkv: bool = False  # a layer's Q|K|V may come as attn_qkv.weight (+ .bias): FUSED_QKV
     rope_type: int = ROPE_NEOX  # model_config.ROPE_*: llama.cpp's llama_model_rope_type
     rope_freq_factors: bool = False  # llama3's rope_freqs.weight is read (gguf/rope.py)
+    # the rope.scaling.yarn_* keys (suffixes: "yarn_beta_fast", ...) the architecture reads (Mistral 3's
+    # three, DeepSeek 2's log multiplier); the others are accepted only at llama.cpp's own values
+    yarn_keys: tuple[str, ...] = ()
+    # {name}.nextn_predict_layers is read: that many layers after the model's are multi-token prediction
+    # layers, skipped (their tensors accepted, never read) as llama.cpp does unless asked to load them
+    nextn_layers: bool = False
     # The sliding-window layers' rope where it differs from the global layers' (gguf/rope.py
     # rope_from_gguf): (the base without rope.freq_base_swa, None for rope.freq_base; whether the frequency
     # scaling applies); None: the local layers rotate as the global ones

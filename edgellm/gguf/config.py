@@ -18,6 +18,7 @@ from edgellm.gguf.model_config import (
 )
 from edgellm.gguf.reader import GGUFError, GGUFFile
 from edgellm.gguf.rope import rope_from_gguf
+from edgellm.gguf.unimplemented import features_in_file
 
 if TYPE_CHECKING:
     from edgellm.arch.spec import ArchSpec
@@ -59,6 +60,10 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
     n_layers = get_int(
         g, p + "block_count", lo=1, hi=max(1, n_tensors), why=f"{n_tensors} tensors in the file"
     )
+    n_nextn = 0
+    if spec.nextn_layers:  # the last block_count layers: multi-token prediction, which llama.cpp skips
+        n_nextn = get_int(g, p + "nextn_predict_layers", 0, lo=0, hi=n_layers - 1)
+        n_layers -= n_nextn
     n_embd = get_int(g, p + "embedding_length", lo=1, hi=size, why="bounded by the file size")
     n_heads = get_int(g, p + "attention.head_count", lo=1, hi=size, why="bounded by the file size")
     if spec.head_counts is not None:  # LFM2: a per-layer array whose zeros mark the short-conv layers
@@ -104,7 +109,15 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
         sliding_window = get_int(g, p + "attention.sliding_window", lo=0, hi=INT32_MAX, **default_kw)
     neox = rope_type == ROPE_NEOX
     rope, rope_swa = rope_from_gguf(
-        g, arch, rope_dim, neox, n_ctx_train, sliding_window > 0, spec.rope_freq_factors, spec.swa_rope
+        g,
+        arch,
+        rope_dim,
+        neox,
+        n_ctx_train,
+        sliding_window > 0,
+        spec.rope_freq_factors,
+        spec.swa_rope,
+        spec.yarn_keys,
     )
     cfg = ModelConfig(
         arch=arch,
@@ -130,6 +143,7 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
         conv_layers=conv_layers,
     )
     cfg.sliding_window = sliding_window
+    cfg.n_nextn_layers = n_nextn
     for name, value in spec.flags.items():
         setattr(cfg, name, value)
     if spec.experts is not None:
@@ -153,13 +167,19 @@ def _dense_width(g: GGUFFile, spec: ArchSpec, size: int) -> int:
 
 def arch_spec_of(g: GGUFFile) -> ArchSpec:
     """The spec of the file's architecture (edgellm/arch/<name>.py); UnsupportedArchitectureError naming
-    the ones implemented when it has none."""
+    what the file needs that edgellm lacks (gguf/unimplemented.py: the architecture's features, then those
+    its tensors and keys mark) and the architectures implemented, when it has none."""
     from edgellm.arch.registry import arch_spec, supported_architectures  # arch/ imports this package
 
-    spec = arch_spec(g.architecture)
+    arch = g.architecture
+    spec = arch_spec(arch)
     if spec is None:
+        roles = [name.split(".", 2)[2] if name.startswith("blk.") else name for name in g.tensors]
+        suffixes = [key[len(arch) + 1 :] for key in g.metadata if key.startswith(arch + ".")]
+        features = features_in_file(arch, roles, suffixes)
+        missing = f"; not implemented: {arch}: {', '.join(features)}" if features else ""
         raise UnsupportedArchitectureError(
-            f"{g.path}: unsupported architecture {g.architecture!r} "
-            f"(supported: {', '.join(supported_architectures())})"
+            f"{g.path}: unsupported architecture {arch!r} (supported: {', '.join(supported_architectures())})"
+            f"{missing}"
         )
     return spec

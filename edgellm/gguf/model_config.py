@@ -88,8 +88,29 @@ class ModelConfig:
         return self.n_layers - sum(self.conv_layers)
 
     moe_gating: str = "softmax"  # arch/spec.py Experts.gating
+    moe_weights_scale: float = 1.0  # the selected experts' weights times this ({arch}.expert_weights_scale)
+    shared_expert_gate: bool = True  # the shared expert gated by sigmoid(ffn_gate_inp_shexp . h); else 1
+    # the first n layers have a dense FFN of feed_forward_length in place of the experts (GLM-4.5, DeepSeek)
+    n_layer_dense_lead: int = 0
+    # DeepSeek V3: the experts in n_expert_groups groups, a token's chosen from the n_group_used groups of
+    # largest top-2 sum (0 or 1 group: no restriction)
+    n_expert_groups: int = 0
+    n_group_used: int = 0
+    n_nextn_layers: int = 0  # multi-token prediction layers after the n_layers (ArchSpec.nextn_layers)
+    # Multi-head latent attention (DeepSeek 2, arch/deepseek2.py): the q-LoRA rank (0: none), the latent's
+    # width r, and a head's K (nope + rope) and V widths before absorption
+    mla_q_lora_rank: int = 0
+    mla_kv_lora_rank: int = 0
+    mla_head_dim_k: int = 0
+    mla_head_dim_v: int = 0
     # gpt-oss: each head's learned logit in its softmax's denominator (blk.N.attn_sinks.weight [H])
     attn_sinks: bool = False
+    # Attention temperature tuning (Llama 4's, Ministral 3's {arch}.attention.temperature_scale): Q at
+    # position p times 1 + attn_temp_scale * ln(floor((p + attn_temp_offset) / attn_temp_floor) + 1);
+    # 0: off
+    attn_temp_scale: float = 0.0
+    attn_temp_floor: int = 1
+    attn_temp_offset: float = 0.0
 
     @property
     def kv_dim(self) -> int:

@@ -180,9 +180,15 @@ def longrope_from_gguf(g: GGUFFile, arch: str, rope: RopeParams, n_ctx_train: in
     return LongRope(replace(rope, freq_factors=short), replace(rope, freq_factors=long), n_ctx_orig)
 
 
-def _check_unread_yarn_keys(g: GGUFFile, p: str, ext_factor: float) -> None:
+# The rope.scaling.yarn_* keys an architecture's llama.cpp loader may read (ArchSpec.yarn_keys: Mistral 3
+# all three, DeepSeek 2 the log multiplier)
+YARN_READ_KEYS = ("yarn_beta_fast", "yarn_beta_slow", "yarn_log_multiplier")
+
+
+def _check_unread_yarn_keys(g: GGUFFile, p: str, ext_factor: float, read: tuple[str, ...] = ()) -> None:
     """rope.scaling.yarn_* keys: llama.cpp ignores them for these architectures and uses its own values,
-    so a file is accepted only where they agree (otherwise it would mean two different models)."""
+    so a file is accepted only where they agree (otherwise it would mean two different models); `read`:
+    those the architecture reads (rope_from_gguf's yarn_keys)."""
     used = {
         "yarn_beta_fast": YARN_BETA_FAST,
         "yarn_beta_slow": YARN_BETA_SLOW,
@@ -191,6 +197,8 @@ def _check_unread_yarn_keys(g: GGUFFile, p: str, ext_factor: float) -> None:
         "yarn_log_multiplier": 0.0,
     }
     for name, value in used.items():
+        if name in read:
+            continue
         key = f"{p}rope.scaling.{name}"
         if key in g.metadata and get_float(g, key) != value:
             raise GGUFError(
@@ -199,12 +207,20 @@ def _check_unread_yarn_keys(g: GGUFFile, p: str, ext_factor: float) -> None:
             )
 
 
-def _yarn_attn_factor(freq_scale: float) -> float:
+def _yarn_attn_factor(freq_scale: float, log_mul: float = 0.0) -> float:
     """llama-context.cpp's yarn_attn_factor under YaRN (before rope.scaling.attn_factor): get_mscale(factor)
-    divided by the 1 + 0.1 ln(factor) that ggml's rope_yarn multiplies back in, in float32."""
+    (with rope.scaling.yarn_log_multiplier m != 0: get_mscale(factor, 1) / get_mscale(factor, m), HF's
+    mscale / mscale_all_dim) divided by the 1 + 0.1 ln(factor) that ggml's rope_yarn multiplies back in,
+    in float32."""
     f = np.float32(1.0) / np.float32(freq_scale)
-    get_mscale = np.float32(1.0) if f <= 1 else np.float32(0.1) * np.log(f) + np.float32(1.0)
-    return float(get_mscale * (np.float32(1.0) / (np.float32(1.0) + np.float32(0.1) * np.log(f))))
+
+    def get_mscale(mscale: float) -> np.float32:
+        if f <= 1:
+            return np.float32(1.0)
+        return np.float32(0.1) * np.float32(mscale) * np.log(f) + np.float32(1.0)
+
+    ratio = get_mscale(1.0) / get_mscale(log_mul) if log_mul != 0.0 else get_mscale(1.0)
+    return float(np.float32(ratio) * (np.float32(1.0) / (np.float32(1.0) + np.float32(0.1) * np.log(f))))
 
 
 def rope_from_gguf(
@@ -216,6 +232,7 @@ def rope_from_gguf(
     swa: bool,
     freq_factors: bool = False,
     swa_rope: tuple[float | None, bool] | None = None,
+    yarn_keys: tuple[str, ...] = (),
 ) -> tuple[RopeParams, RopeParams]:
     """(the global layers' rope, the sliding-window layers' rope), each key type- and range-checked.
     freq_factors: the architecture reads rope_freqs.weight (understood.py refuses it elsewhere). swa_rope:
@@ -223,7 +240,8 @@ def rope_from_gguf(
     rope_freq_base_train_swa / rope_freq_scale_train_swa: (the base when rope.freq_base_swa is missing, None
     for rope.freq_base; whether the frequency scaling applies), as the architecture's spec gives it (Gemma
     3's local layers are never scaled, Gemma 2's are); None: the local layers rotate as the global ones
-    (OLMo 2)."""
+    (OLMo 2). yarn_keys: which of YARN_READ_KEYS (rope.scaling.yarn_beta_fast / yarn_beta_slow /
+    yarn_log_multiplier) the architecture reads; the others are accepted only at llama.cpp's own values."""
     p = f"{arch}."
     scaling_key = p + "rope.scaling.type"
     scaling = get_str(g, scaling_key, "linear")
@@ -241,20 +259,34 @@ def rope_from_gguf(
     freq_scale = 1.0 if scaling == "none" or factor == 0.0 else float(np.float32(1.0) / np.float32(factor))
     ext_factor = 1.0 if scaling == "yarn" else 0.0
     rope_attn = get_float(g, p + "rope.scaling.attn_factor", 1.0, lo=0.0, lo_open=True)
-    _check_unread_yarn_keys(g, p, ext_factor)
+    _check_unread_yarn_keys(g, p, ext_factor, yarn_keys)
+    read = {
+        name: get_float(g, f"{p}rope.scaling.{name}", default)
+        for name, default in zip(YARN_READ_KEYS, (YARN_BETA_FAST, YARN_BETA_SLOW, 0.0), strict=True)
+        if name in yarn_keys
+    }
+    beta_fast = read.get("yarn_beta_fast", YARN_BETA_FAST)
+    beta_slow = read.get("yarn_beta_slow", YARN_BETA_SLOW)
+    log_mul = read.get("yarn_log_multiplier", 0.0)
     alpha_key = p + "rope.scaling.alpha"
     if alpha_key in g.metadata and get_float(g, alpha_key) != 0.0:
         raise GGUFError(
             f"{g.path}: metadata {alpha_key} = {g.metadata[alpha_key]} (NTK-aware alpha) is not supported"
         )
     attn_factor = float(
-        np.float32(_yarn_attn_factor(freq_scale) if ext_factor else 1.0) * np.float32(rope_attn)
+        np.float32(_yarn_attn_factor(freq_scale, log_mul) if ext_factor else 1.0) * np.float32(rope_attn)
     )
     # 0, as a missing key, means the training context (llama-context.cpp)
     n_ctx_orig = get_int(g, p + "rope.scaling.original_context_length", 0, hi=INT32_MAX) or n_ctx_train
     base = get_float(g, p + "rope.freq_base", 10000.0, lo=0.0, lo_open=True)
     common = dict(
-        n_rot=n_rot, neox=neox, ext_factor=ext_factor, attn_factor=attn_factor, n_ctx_orig=n_ctx_orig
+        n_rot=n_rot,
+        neox=neox,
+        ext_factor=ext_factor,
+        attn_factor=attn_factor,
+        n_ctx_orig=n_ctx_orig,
+        beta_fast=beta_fast,
+        beta_slow=beta_slow,
     )
     factors = _factor_tensor(g, FREQ_FACTORS_TENSOR, n_rot) if freq_factors else ()
     rope = RopeParams(base=base, freq_scale=freq_scale, freq_factors=factors, **common)

@@ -24,6 +24,7 @@ from edgellm.gguf.metadata import describe
 from edgellm.gguf.model_config import ModelConfig
 from edgellm.gguf.reader import GGUFError, GGUFFile
 from edgellm.gguf.rope import FREQ_FACTORS_TENSOR
+from edgellm.gguf.unimplemented import key_feature, tensor_feature
 
 if TYPE_CHECKING:
     from edgellm.arch.spec import ArchSpec
@@ -137,7 +138,7 @@ def check_understood(g: GGUFFile, cfg: ModelConfig, spec: ArchSpec) -> None:
     arch = cfg.arch
     global_tensors = spec.global_tensors | (ROPE_TENSORS if spec.rope_freq_factors else frozenset())
     for name in g.tensors:
-        _check_tensor_name(g, arch, cfg.n_layers, name, global_tensors, spec.layer_tensors)
+        _check_tensor_name(g, arch, cfg, name, global_tensors, spec.layer_tensors)
     arch_keys = COMMON_KEYS | spec.keys | ROPE_KEYS
     harmless = {**HARMLESS_AT, **ROPE_HARMLESS_AT}
     for key, value in g.metadata.items():
@@ -145,24 +146,29 @@ def check_understood(g: GGUFFile, cfg: ModelConfig, spec: ArchSpec) -> None:
             suffix = key[len(arch) + 1 :]
             if suffix in arch_keys:
                 continue
-            _check_value(g, key, value, harmless, suffix, f"architecture {arch}")
+            missing = _missing(arch, key_feature(suffix))
+            _check_value(g, key, value, harmless, suffix, f"architecture {arch}", missing)
         elif not key.startswith(OTHER_PREFIXES):
             _check_value(g, key, value, OTHER_KEYS, key, "a model file")
 
 
 def _check_tensor_name(
-    g: GGUFFile, arch: str, n_layers: int, name: str, global_tensors: frozenset[str], layer: frozenset[str]
+    g: GGUFFile, arch: str, cfg: ModelConfig, name: str, global_tensors: frozenset[str], layer: frozenset[str]
 ) -> None:
+    n_layers = cfg.n_layers
     m = _BLOCK_TENSOR.fullmatch(name)
     if m is None:
         if name in global_tensors:
             return
         known = sorted(global_tensors)
         raise GGUFError(
-            f"{g.path}: tensor {name!r} is not one edgellm implements for {arch} (it would change the "
+            f"{g.path}: {_missing(arch, tensor_feature(name))}tensor {name!r} is not one edgellm implements "
+            f"for {arch} (it would change the "
             f"logits if applied and cannot be ignored; global tensors implemented: {', '.join(known)})"
         )
     il, role = int(m.group(1)), m.group(2)
+    if n_layers <= il < n_layers + cfg.n_nextn_layers and (role in layer or role.startswith("nextn.")):
+        return  # a multi-token prediction layer's: never read (ArchSpec.nextn_layers)
     if il >= n_layers:
         raise GGUFError(
             f"{g.path}: tensor {name!r} belongs to layer {il}, but {arch}.block_count is {n_layers} "
@@ -170,18 +176,32 @@ def _check_tensor_name(
         )
     if role not in layer:
         raise GGUFError(
-            f"{g.path}: tensor {name!r} ({role}) is not one edgellm implements for {arch} layers (it would "
+            f"{g.path}: {_missing(arch, tensor_feature(role))}tensor {name!r} ({role}) is not one edgellm "
+            f"implements for {arch} layers (it would "
             f"change the logits if applied and cannot be ignored; layer tensors implemented: "
             f"{', '.join(sorted(layer))})"
         )
 
 
+def _missing(arch: str, feature: str | None) -> str:
+    """'arch: feature not implemented; ' to open a refusal, where unimplemented.py names the feature the
+    tensor or key carries (what a user looks up), '' where it does not."""
+    return "" if feature is None else f"{arch}: {feature} not implemented; "
+
+
 def _check_value(
-    g: GGUFFile, key: str, value: Any, table: Mapping[str, tuple[Any, ...] | None], entry: str, what: str
+    g: GGUFFile,
+    key: str,
+    value: Any,
+    table: Mapping[str, tuple[Any, ...] | None],
+    entry: str,
+    what: str,
+    missing: str = "",
 ) -> None:
     if entry not in table:
         raise GGUFError(
-            f"{g.path}: metadata key {key!r} (= {_show(value)}) is not one edgellm implements for {what}: "
+            f"{g.path}: {missing}metadata key {key!r} (= {_show(value)}) is not one edgellm implements for "
+            f"{what}: "
             "it may change how the model computes, so the file is refused rather than run differently "
             "from llama.cpp"
         )
@@ -189,7 +209,7 @@ def _check_value(
     if allowed is None or any(_same(value, a) for a in allowed):
         return
     raise GGUFError(
-        f"{g.path}: metadata key {key!r} = {_show(value)} is not implemented (accepted only as "
+        f"{g.path}: {missing}metadata key {key!r} = {_show(value)} is not implemented (accepted only as "
         f"{' or '.join(_show(a) for a in allowed)}, where it changes nothing)"
     )
 

@@ -62,6 +62,7 @@ from edgellm.testing.oracle_cases_families import (  # noqa: F401
     bias_tensors,
     fused_qkv,
     gpt_oss_cases,
+    issue56_cases,
     lfm2_cases,
     llama3_rope_factors,
     moe_cases,
@@ -146,5 +147,7 @@ CASES: dict[str, OracleCase] = {
     **lfm2_cases(),
     # ---- gpt-oss: attention sinks, alternating windows, YaRN, biased experts with swiglu_oai, MXFP4
     **gpt_oss_cases(),
+    # ---- issue 56: Ministral 3 (YaRN keys, temperature tuning), Seed-OSS, GLM-4.5 MoE, DeepSeek 2 (MLA)
+    **issue56_cases(),
 }
 # fmt: on

@@ -269,3 +269,113 @@ def gpt_oss_cases() -> dict[str, OracleCase]:
         "gpt_oss_mxfp4": case(GPT_OSS_QTYPES, "gpt-oss, MXFP4 experts, Q8_0 / F16 elsewhere"),
     }
 
+
+
+# ---- issue 56's families (Ministral 3, Seed-OSS, GLM-4.5 MoE, DeepSeek 2/3 MLA): a block of its own -----
+# Ministral 3's YaRN as its files carry it (factor 16, beta_fast / beta_slow read from the file, log
+# multiplier 1: HF's mscale_all_dim) and its temperature tuning, with an original context of 256 so that
+# the 1,100 scored positions cover four temperature steps and YaRN's long-range rotation.
+MISTRAL3_YARN = {
+    "mistral3.rope.scaling.type": "yarn",
+    "mistral3.rope.scaling.factor": Typed(16.0, F32_),
+    "mistral3.rope.scaling.original_context_length": Typed(256, U32),
+    "mistral3.rope.scaling.yarn_beta_fast": Typed(16.0, F32_),
+    "mistral3.rope.scaling.yarn_beta_slow": Typed(2.0, F32_),
+    "mistral3.rope.scaling.yarn_log_multiplier": Typed(1.0, F32_),
+    "mistral3.attention.temperature_scale": Typed(0.1, F32_),
+}
+
+
+def issue56_cases() -> dict[str, OracleCase]:
+    return {
+        **glm4moe_cases(),
+        **deepseek2_cases(),
+        **nextn_cases(),
+        "mistral3_f32": OracleCase("mistral3", metadata=MISTRAL3_YARN,
+                                   note="mistral3, YaRN x16 (betas 16/2, log mul 1), temperature 0.1/256"),
+        "mistral3_mix": OracleCase("mistral3", DEFAULT_QTYPES, metadata=MISTRAL3_YARN,
+                                   note="mistral3, YaRN + temperature, block-32 mix"),
+        "mistral3_q8_0": OracleCase("mistral3", "Q8_0", metadata=MISTRAL3_YARN,
+                                    note="mistral3, YaRN + temperature, Q8_0"),
+        "mistral3_plain": OracleCase("mistral3", note="mistral3 without YaRN or temperature, F32"),
+        "seed_oss_f32": OracleCase("seed_oss", note="seed_oss (QKV biases, FFN norm post_attention_norm)"),
+        "seed_oss_mix": OracleCase("seed_oss", DEFAULT_QTYPES, note="seed_oss, block-32 mix"),
+    }  # fmt: skip
+
+
+# GLM-4.5 MoE: 3 layers (1 dense, 2 of 8 experts 32 wide, top 2, 1 shared expert), half of each head
+# rotated, sigmoid gating with a selection bias, weights renormalised and scaled by 2.5 (the writer's
+# defaults: synthetic_metadata.py); a wide selection bias so that it changes which experts are chosen.
+GLM4MOE_MODEL: dict[str, int] = dict(SMALL, n_layers=3)
+GLM4MOE_WRITER = {
+    "n_expert": 8, "n_expert_used": 2, "n_ff_exp": 32, "weight_scale": {"exp_probs_b.bias": 10.0}
+}  # fmt: skip
+
+
+def glm4moe_cases() -> dict[str, OracleCase]:
+    def case(qtypes: Any, note: str, metadata: Mapping[str, Any] | None = None) -> OracleCase:
+        return OracleCase("glm4moe", qtypes, model=GLM4MOE_MODEL, writer=GLM4MOE_WRITER,
+                          metadata=metadata or {}, note=note)  # fmt: skip
+
+    return {
+        "glm4moe_f32": case("F32", "glm4moe, 1 dense + 2 MoE layers, sigmoid + exp_probs_b, shared expert"),
+        "glm4moe_mix": case(MOE_QTYPES, "glm4moe, experts Q4_0/Q8_0/Q5_1, block-32 mix"),
+        "glm4moe_softmax_plain": case(
+            "F32", "glm4moe, softmax gating, no renormalisation or scale",
+            {"glm4moe.expert_gating_func": Typed(1, U32), "glm4moe.expert_weights_norm": False,
+             "glm4moe.expert_weights_scale": Typed(1.0, F32_)}),
+    }  # fmt: skip
+
+
+# DeepSeek 2 / 3 with multi-head latent attention at head_dim 16 (the writer's sizes: latent 32, rope 16,
+# nope 32, value 16, q-LoRA 32): 3 layers (1 dense, 2 of 8 experts 32 wide, top 2, 1 shared expert);
+# V3's sigmoid gating with exp_probs_b, groups and YaRN with the log multiplier; V2-Lite's plain form.
+DEEPSEEK2_MODEL: dict[str, int] = dict(SMALL, n_layers=3, n_kv_heads=1)
+DEEPSEEK2_YARN = {
+    "deepseek2.rope.scaling.type": "yarn",
+    "deepseek2.rope.scaling.factor": Typed(40.0, F32_),
+    "deepseek2.rope.scaling.original_context_length": Typed(256, U32),
+    "deepseek2.rope.scaling.yarn_log_multiplier": Typed(0.1, F32_),
+    "deepseek2.expert_group_count": Typed(4, U32),
+    "deepseek2.expert_group_used_count": Typed(2, U32),
+}
+DEEPSEEK2_LITE = {"deepseek2.attention.q_lora_rank": Typed(0, U32),
+                  "deepseek2.expert_gating_func": Typed(1, U32), "deepseek2.expert_weights_norm": False,
+                  "deepseek2.expert_weights_scale": Typed(1.0, F32_)}  # fmt: skip
+
+
+def deepseek2_cases() -> dict[str, OracleCase]:
+    def case(qtypes: Any, note: str, metadata: Mapping[str, Any], **writer: Any) -> OracleCase:
+        return OracleCase("deepseek2", qtypes, model=DEEPSEEK2_MODEL, writer={**GLM4MOE_WRITER, **writer},
+                          metadata=metadata, note=note)  # fmt: skip
+
+    return {
+        "deepseek2_v3_f32": case("F32", "deepseek2 MLA + q-LoRA, V3 sigmoid/bias/groups, YaRN x40 log mul",
+                                 DEEPSEEK2_YARN),
+        "deepseek2_v3_q8_0": case("Q8_0", "deepseek2 V3 form, Q8_0", DEEPSEEK2_YARN),
+        "deepseek2_lite_f32": case("F32", "deepseek2 MLA without q-LoRA (V2-Lite), softmax gating",
+                                   DEEPSEEK2_LITE),
+    }  # fmt: skip
+
+
+def nextn_layer(il: int, n_embd: int = 64) -> dict[str, Any]:
+    """A multi-token prediction layer's own tensors at layer il (GLM-4.5's, DeepSeek V3's converters);
+    with block_count il + 1 and nextn_predict_layers 1, llama.cpp skips the whole layer."""
+    p = f"blk.{il}.nextn."
+    return {p + "eh_proj.weight": (n_embd, 2 * n_embd), p + "enorm.weight": (n_embd,),
+            p + "hnorm.weight": (n_embd,), p + "shared_head_norm.weight": (n_embd,)}  # fmt: skip
+
+
+def nextn_cases() -> dict[str, OracleCase]:
+    """GLM-4.5 and DeepSeek V3 files as released: one more layer, a multi-token prediction one, skipped."""
+    glm = dict(GLM4MOE_MODEL, n_layers=4)
+    deepseek = dict(DEEPSEEK2_MODEL, n_layers=4)
+    mtp = {"glm4moe.nextn_predict_layers": Typed(1, U32)}
+    ds_mtp = {**DEEPSEEK2_YARN, "deepseek2.nextn_predict_layers": Typed(1, U32)}
+    return {
+        "glm4moe_nextn": OracleCase("glm4moe", model=glm, writer=GLM4MOE_WRITER, extra_tensors=nextn_layer(3),
+                                    metadata=mtp, note="glm4moe, block_count 4, the last an MTP layer"),
+        "deepseek2_nextn": OracleCase("deepseek2", model=deepseek, writer=GLM4MOE_WRITER,
+                                      extra_tensors=nextn_layer(3), metadata=ds_mtp,
+                                      note="deepseek2 V3 form with an MTP layer (skipped)"),
+    }  # fmt: skip

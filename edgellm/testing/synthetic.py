@@ -42,7 +42,9 @@ from edgellm.testing.encode import encode_tensor
 from edgellm.testing.synthetic_metadata import model_metadata
 from edgellm.testing.synthetic_shapes import (  # noqa: F401 - importable from here
     LAYER_NORM_ARCHS,
+    glm4moe_layers,
     layer_norm_shapes,
+    mla_layers,
     tensor_shapes,
     with_experts,
 )
@@ -52,10 +54,13 @@ T = GGMLQuantizationType
 ARCHS = (
     "llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2", "starcoder2", "gpt2", "phi3",
     "smollm3", "qwen3moe", "olmoe", "qwen2moe", "lfm2", "gpt-oss",
+    # issue 56's families
+    "mistral3", "seed_oss", "glm4moe", "deepseek2",
 )
 # always with experts (llama: with n_expert > 0, as Mixtral)
-MOE_ARCHS = ("qwen3moe", "olmoe", "qwen2moe", "gpt-oss")
-EXPERT_WIDTH_ARCHS = ("qwen3moe", "qwen2moe", "gpt-oss")  # expert_feed_forward_length (llama, OLMoE: n_ff)
+MOE_ARCHS = ("qwen3moe", "olmoe", "qwen2moe", "gpt-oss", "glm4moe", "deepseek2")
+# expert_feed_forward_length (llama, OLMoE: n_ff)
+EXPERT_WIDTH_ARCHS = ("qwen3moe", "qwen2moe", "gpt-oss", "glm4moe", "deepseek2")
 DEFAULT_N_EXPERT = 4
 
 # A mix of the block-32 types (n_embd=64 rows cannot hold the 256-wide k-quant blocks). Keys are tensor
@@ -227,6 +232,12 @@ def write_tiny_model(
     standard = tensor_shapes(arch, n_layers, n_embd, n_heads, n_kv_heads, head_dim, n_ff, n_vocab, tied)
     if n_expert:
         standard = with_experts(standard, n_embd, n_expert, n_ff_exp, n_ff_shexp, arch == "gpt-oss")
+    if arch in ("glm4moe", "deepseek2"):  # leading dense layers, the selection bias, ungated shared experts
+        lead, n_shared = md[arch + ".leading_dense_block_count"][0], md[arch + ".expert_shared_count"][0]
+        standard = glm4moe_layers(standard, n_embd, n_ff, n_ff_exp * n_shared, n_expert, lead)
+    if arch == "deepseek2":  # the latent attention's tensors in place of Q/K/V (synthetic_shapes.py)
+        q_lora = md.get("deepseek2.attention.q_lora_rank", (0,))[0]  # 0: attn_q (V2-Lite)
+        standard = mla_layers(standard, n_embd, n_heads, head_dim, q_lora)
     shapes: dict[str, tuple[int, ...] | np.ndarray] = dict(standard)
     if arch == "gpt2":  # learned positions, after the token embedding as GPT-2's converter writes them
         shapes = {"token_embd.weight": shapes.pop("token_embd.weight"),

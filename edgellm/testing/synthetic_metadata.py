@@ -15,7 +15,7 @@ from edgellm.testing.tiny_vocab import CONTROL, bpe_vocab, spm_vocab
 
 GEMMA_ARCHS = ("gemma2", "gemma3")  # SentencePiece vocabulary, head size always written
 # written by llama.cpp's LlamaModel converter (and its subclasses)
-LLAMA_ROPE_ARCHS = ("llama", "granite", "smollm3")
+LLAMA_ROPE_ARCHS = ("llama", "granite", "smollm3", "mistral3")
 BPE_PRE = {
     "llama": "default", "granite": "default", "smollm3": "default", "starcoder2": "starcoder",
     "gpt2": "gpt-2", "lfm2": "lfm2", "gpt-oss": "gpt-4o",
@@ -96,6 +96,28 @@ def model_metadata(
         md.update(lfm2_metadata(n_layers, n_kv_heads))
     if arch == "gpt-oss":
         md[p + "attention.sliding_window"] = (sliding_window, U32, None)
+    if arch == "deepseek2":  # DeepSeek V3's layout at head_dim d: latent 2d, rope d, nope 2d, value d
+        r = 2 * head_dim
+        md[p + "attention.head_count_kv"] = (1, U32, None)
+        md[p + "attention.key_length"] = (r + head_dim, U32, None)
+        md[p + "attention.value_length"] = (r, U32, None)
+        md[p + "attention.key_length_mla"] = (3 * head_dim, U32, None)
+        md[p + "attention.value_length_mla"] = (head_dim, U32, None)
+        md[p + "rope.dimension_count"] = (head_dim, U32, None)
+        md[p + "attention.q_lora_rank"] = (2 * head_dim, U32, None)
+        md[p + "attention.kv_lora_rank"] = (r, U32, None)
+        md[p + "leading_dense_block_count"] = (1, U32, None)
+        md[p + "expert_shared_count"] = (1, U32, None)
+        md[p + "expert_weights_norm"] = (True, BOOL, None)
+        md[p + "expert_weights_scale"] = (2.5, F32, None)
+        md[p + "expert_gating_func"] = (2, U32, None)
+    if arch == "glm4moe":  # GLM-4.5-Air's settings: half the head rotated, 1 dense layer, 1 shared expert
+        md[p + "rope.dimension_count"] = (head_dim // 2, U32, None)
+        md[p + "leading_dense_block_count"] = (1, U32, None)
+        md[p + "expert_shared_count"] = (1, U32, None)
+        md[p + "expert_weights_norm"] = (True, BOOL, None)
+        md[p + "expert_weights_scale"] = (2.5, F32, None)
+        md[p + "expert_gating_func"] = (2, U32, None)
     if arch in GEMMA_ARCHS:
         md[p + "attention.sliding_window"] = (sliding_window, U32, None)
         tokens, types, scores = spm_vocab()

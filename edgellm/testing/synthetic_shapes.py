@@ -39,7 +39,7 @@ def tensor_shapes(
             shapes[p + "attn_q.weight"] = (q_rows, n_embd)
             shapes[p + "attn_k.weight"] = (kv_rows, n_embd)
             shapes[p + "attn_v.weight"] = (kv_rows, n_embd)
-        if arch in ("qwen2", "qwen2moe", "gpt-oss"):
+        if arch in ("qwen2", "qwen2moe", "gpt-oss", "seed_oss", "glm4moe"):
             shapes[p + "attn_q.bias"] = (q_rows,)
             shapes[p + "attn_k.bias"] = (kv_rows,)
             shapes[p + "attn_v.bias"] = (kv_rows,)
@@ -53,9 +53,10 @@ def tensor_shapes(
         if arch == "gpt-oss":  # the output bias (required there) and the attention sinks
             shapes[p + "attn_output.bias"] = (n_embd,)
             shapes[p + "attn_sinks.weight"] = (n_heads,)
-        if arch in POST_NORM_ARCHS or arch == "gpt-oss":  # gpt-oss: the FFN's pre-norm has this name
+        # gpt-oss, Seed-OSS: the FFN's pre-norm has this name
+        if arch in POST_NORM_ARCHS or arch in ("gpt-oss", "seed_oss", "glm4moe"):
             shapes[p + "post_attention_norm.weight"] = (n_embd,)
-        if arch not in ("olmo2", "gpt-oss"):
+        if arch not in ("olmo2", "gpt-oss", "seed_oss", "glm4moe"):
             shapes[p + "ffn_norm.weight"] = (n_embd,)
         if arch in FUSED_ARCHS:
             shapes[p + "ffn_up.weight"] = (2 * n_ff, n_embd)
@@ -132,4 +133,58 @@ def with_experts(
                 out[p + "ffn_gate_shexp.weight"] = (n_ff_shexp, n_embd)
                 out[p + "ffn_up_shexp.weight"] = (n_ff_shexp, n_embd)
                 out[p + "ffn_down_shexp.weight"] = (n_embd, n_ff_shexp)
+    return out
+
+
+def glm4moe_layers(
+    shapes: dict[str, tuple[int, ...]], n_embd: int, n_ff: int, n_ff_shexp: int, n_expert: int, n_lead: int
+) -> dict[str, tuple[int, ...]]:
+    """with_experts' `shapes` made GLM-4.5's (convert_hf_to_gguf.py Glm4MoeModel): the first n_lead layers
+    keep a dense FFN n_ff wide in the experts' place; the others add exp_probs_b.bias [E] after the router
+    and an ungated shared expert n_ff_shexp wide after the experts (0: none)."""
+    out: dict[str, tuple[int, ...]] = {}
+    for name, shape in shapes.items():
+        il, _, role = name.removeprefix("blk.").partition(".")
+        p = f"blk.{il}."
+        dense = name.startswith("blk.") and int(il) < n_lead
+        if dense and (role.endswith("_exps.weight") or role == "ffn_gate_inp.weight"):
+            if role == "ffn_gate_inp.weight":
+                out.update({p + "ffn_gate.weight": (n_ff, n_embd), p + "ffn_up.weight": (n_ff, n_embd),
+                            p + "ffn_down.weight": (n_embd, n_ff)})  # fmt: skip
+            continue
+        out[name] = shape
+        if role == "ffn_gate_inp.weight":
+            out[p + "exp_probs_b.bias"] = (n_expert,)
+        if role == "ffn_down_exps.weight" and n_ff_shexp:
+            out.update({p + "ffn_gate_shexp.weight": (n_ff_shexp, n_embd),
+                        p + "ffn_up_shexp.weight": (n_ff_shexp, n_embd),
+                        p + "ffn_down_shexp.weight": (n_embd, n_ff_shexp)})  # fmt: skip
+    return out
+
+
+def mla_layers(
+    shapes: dict[str, tuple[int, ...]], n_embd: int, n_heads: int, head_dim: int, q_lora: int
+) -> dict[str, tuple[int, ...]]:
+    """`shapes` with each layer's attn_q/k/v made DeepSeek 2's multi-head latent attention (convert_hf_to_
+    gguf.py DeepseekV2Model, the split attn_k_b / attn_v_b form), sizes from head_dim d as
+    synthetic_metadata.py writes them: latent r = 2d, rope d, nope 2d, value d (q-LoRA rank q_lora, 0:
+    attn_q); every row 32-aligned at d = 16, so each matrix takes the block-32 types."""
+    r, rope, nope, dv = 2 * head_dim, head_dim, 2 * head_dim, head_dim
+    out: dict[str, tuple[int, ...]] = {}
+    for name, shape in shapes.items():
+        il, _, role = name.removeprefix("blk.").partition(".")
+        p = f"blk.{il}."
+        if role in ("attn_k.weight", "attn_v.weight"):
+            continue
+        if role == "attn_q.weight":
+            if q_lora:
+                out.update({p + "attn_q_a.weight": (q_lora, n_embd), p + "attn_q_a_norm.weight": (q_lora,),
+                            p + "attn_q_b.weight": (n_heads * (nope + rope), q_lora)})  # fmt: skip
+            else:
+                out[name] = (n_heads * (nope + rope), n_embd)
+            out.update({p + "attn_kv_a_mqa.weight": (r + rope, n_embd), p + "attn_kv_a_norm.weight": (r,),
+                        p + "attn_k_b.weight": (n_heads, r, nope),
+                        p + "attn_v_b.weight": (n_heads, dv, r)})  # fmt: skip
+            continue
+        out[name] = (n_embd, n_heads * dv) if role == "attn_output.weight" else shape
     return out
