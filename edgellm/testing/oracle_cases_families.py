@@ -245,6 +245,33 @@ def lfm2_cases() -> dict[str, OracleCase]:
     }
 
 
+# Qwen 3.5 (arch/qwen35.py): 6 layers, DeltaNet x3, full attention, DeltaNet x2 (synthetic_qwen35.py: 2 key
+# heads tiled over 4 value heads of 16, conv 4); attention heads of 32 (Q twice that: q | gate), rope on half
+# the head in sections [3, 3, 2, 0]. 1,100 tokens cross the scorer's 512-token prefill chunks twice, each
+# carrying the DeltaNet state across.
+QWEN35: dict[str, int] = dict(SMALL, head_dim=32, n_layers=6)
+QWEN35MOE = {"n_expert": 8, "n_expert_used": 2, "n_ff_exp": 64, "n_ff_shexp": 96}
+# sections whose fourth part has pairs (position 0 for text: not rotated)
+QWEN35_SECTIONS = {
+    "qwen35.rope.dimension_sections": Typed([2, 2, 2, 2], GGUFValueType.ARRAY, GGUFValueType.INT32)
+}
+
+
+def qwen35_cases() -> dict[str, OracleCase]:
+    return {
+        "qwen35_f32": OracleCase("qwen35", model=QWEN35,
+                                 note="qwen35, 5 Gated DeltaNet and 1 gated attention layers, F32"),
+        "qwen35_tied_q8_0": OracleCase("qwen35", "Q8_0", model=QWEN35, writer={"tied": True},
+                                       note="qwen35, Q8_0, output tied to token_embd"),
+        "qwen35_rope_sections": OracleCase("qwen35", model=QWEN35, metadata=QWEN35_SECTIONS,
+                                           note="qwen35, rope sections [2, 2, 2, 2]: 2 of 8 pairs unrotated"),
+        "qwen35moe_f32": OracleCase("qwen35moe", model=QWEN35, writer=QWEN35MOE,
+                                    note="qwen35moe, top 2 of 8 experts of 64, shared expert of 96, F32"),
+        "qwen35moe_mix": OracleCase("qwen35moe", MOE_QTYPES, model=QWEN35, writer=QWEN35MOE,
+                                    note="qwen35moe, experts Q4_0/Q8_0/Q5_1, block-32 mix"),
+    }  # fmt: skip
+
+
 # gpt-oss (arch/gpt_oss.py): 3 layers (0 and 2 local, 1 global) with its real window of 128 tokens, rope
 # base 150000 and YaRN x32 from 4096; 8 experts of 64, top 2; gate / up weights 4x the default spread so
 # that the clamp at 7 bites (a few % of values), sinks ~N(2, 1) (synthetic.py) so that they take a share.
