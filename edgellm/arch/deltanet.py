@@ -7,7 +7,7 @@ u_t = silu(sum_i conv[:, i] * mixed_{t - (K-1) + i}),  i = 0..K-1    # causal de
 q | k | v = u                                                        # [Hk, S], [Hk, S], [Hv, S] per token
 q, k = q / sqrt(|q|^2 + eps), k / sqrt(|k|^2 + eps)                  # per head (build_gdn_l2_norm)
 beta = sigmoid(b), g = softplus(a + ssm_dt.bias) * ssm_a             # [T, Hv]; ssm_a = -exp(A_log) < 0
-per value head h (its key head h % Hk: ggml repeats the key heads, it does not interleave them):
+per value head h (its key head h % Hk: ggml repeats the key heads; Qwen3-Next's h // (Hv / Hk)):
     M = exp(g_t) M                                                    # M [S (value), S (key)]
     M += beta_t (v_t - M k_t) k_t^T                                   # the delta rule
     o_t = M q_t / sqrt(S)
@@ -23,6 +23,7 @@ delta rule: dot products over the key dim). CPU only: the recurrence runs on hos
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +57,7 @@ DELTANET_KEYS = frozenset(
     {"ssm.conv_kernel", "ssm.inner_size", "ssm.state_size", "ssm.time_step_rank", "ssm.group_count"}
 )
 CONV_TENSOR = "ssm_conv1d.weight"
+BETA_ALPHA = "ssm_ba.weight"  # Qwen3-Next: beta and alpha in one matrix, grouped by key head
 # ggml's ssm_conv reads an F32 kernel only (llama.cpp's quantizer leaves it F32)
 CONV_TYPES = (GGMLQuantizationType.F32,)
 MAX_CONV_KERNEL = 64  # real files have 4; a bound for the metadata check
@@ -92,9 +94,14 @@ def state_size(cfg: ModelConfig) -> int:
     return (cfg.ssm_conv_kernel - 1) * conv_channels(cfg) + cfg.ssm_dt_rank * S * S
 
 
-def deltanet_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """A DeltaNet layer's tensors (after "blk.N.", its pre-norm apart) -> numpy-order shape."""
+def deltanet_shapes(cfg: ModelConfig, beta_alpha_fused: bool = False) -> dict[str, tuple[int, ...]]:
+    """A DeltaNet layer's tensors (after "blk.N.", its pre-norm apart) -> numpy-order shape; with
+    beta_alpha_fused Qwen3-Next's one ssm_ba in place of ssm_beta and ssm_alpha."""
     e, S, Hv = cfg.n_embd, cfg.ssm_d_state, cfg.ssm_dt_rank
+    if beta_alpha_fused:
+        shapes = deltanet_shapes(cfg)
+        del shapes["ssm_beta.weight"], shapes["ssm_alpha.weight"]
+        return shapes | {BETA_ALPHA: (2 * Hv, e)}
     return {
         "attn_qkv.weight": (conv_channels(cfg), e),
         "attn_gate.weight": (Hv * S, e),
@@ -126,33 +133,54 @@ class DeltaNetWeights:
     a: np.ndarray  # [Hv] float32 (-exp(A_log))
     ssm_norm: np.ndarray  # [S] float32
     out_proj: Any  # [n_embd, Hv*S]
+    # which key head value head h reads: h % Hk (False: ggml's repeat, Qwen 3.5's converter reorders the
+    # value heads for it) or h // (Hv / Hk) (True: Qwen3-Next's repeat-interleave)
+    grouped_heads: bool = False
 
     @property
     def matrices(self) -> list[Any]:
         return [self.in_proj, self.out_proj]
 
 
-def load_deltanet(be: Backend, src: TensorSource, cfg: ModelConfig, il: int) -> DeltaNetWeights:
+def load_deltanet(
+    be: Backend, src: TensorSource, cfg: ModelConfig, il: int, qwen3next: bool = False
+) -> DeltaNetWeights:
+    """Layer il's DeltaNet weights; qwen3next: ssm_ba (its rows regrouped into betas, then alphas) and the
+    value heads grouped by key head."""
     p, e = f"blk.{il}.", cfg.n_embd
-    shapes = deltanet_shapes(cfg)
+    shapes = deltanet_shapes(cfg, qwen3next)
 
     def host(name: str) -> np.ndarray:
         v = be.to_host(be.load_vector(src.get(p + name, shapes[name])))
         return np.ascontiguousarray(v, np.float32).reshape(shapes[name])
 
-    parts = ["attn_qkv.weight", "attn_gate.weight", "ssm_beta.weight", "ssm_alpha.weight"]
+    parts = [src.get(p + n, shapes[n]) for n in ("attn_qkv.weight", "attn_gate.weight")]
+    if qwen3next:  # ssm_ba rows: per key head g, its r betas then its r alphas (r = Hv / Hk)
+        ba, Hk, r = (
+            src.get(p + BETA_ALPHA, shapes[BETA_ALPHA]),
+            cfg.ssm_n_group,
+            cfg.ssm_dt_rank // cfg.ssm_n_group,
+        )
+        betas = [g * 2 * r + j for g in range(Hk) for j in range(r)]
+        rows = np.asarray(betas + [b + r for b in betas])
+        parts.append(
+            dataclasses.replace(ba, name=ba.name + "[regrouped]", data=np.ascontiguousarray(ba.data[rows]))
+        )
+    else:
+        parts += [src.get(p + n, shapes[n]) for n in ("ssm_beta.weight", "ssm_alpha.weight")]
     return DeltaNetWeights(
         norm=be.load_vector(src.get(p + "attn_norm.weight", (e,))),
-        in_proj=be.load_matrix([src.get(p + n, shapes[n]) for n in parts]),
+        in_proj=be.load_matrix(parts),
         conv=host(CONV_TENSOR),
         dt_bias=host("ssm_dt.bias"),
         a=host("ssm_a"),
         ssm_norm=host("ssm_norm.weight"),
         out_proj=be.load_matrix([src.get(p + "ssm_out.weight", shapes["ssm_out.weight"])]),
+        grouped_heads=qwen3next,
     )
 
 
-def _delta_net_run(mixed, conv_w, state, beta, g, n_k_heads, n_v_heads, head, eps, out):  # noqa: ANN001
+def _delta_net_run(mixed, conv_w, state, beta, g, n_k_heads, n_v_heads, head, eps, grouped, out):  # noqa: ANN001
     """One sequence's tokens through the conv and the delta rule (module doc), in float32.
     mixed [n, C]; conv_w [C, K]; state [(K-1)*C + Hv*S*S] advanced in place; beta, g [n, Hv];
     out [n, Hv, S]."""
@@ -192,7 +220,7 @@ def _delta_net_run(mixed, conv_w, state, beta, g, n_k_heads, n_v_heads, head, ep
                 kn[hk, i] = u[(n_k_heads + hk) * S + i] * fk
         v0 = 2 * n_k_heads * S
         for h in range(n_v_heads):
-            hk = h % n_k_heads
+            hk = h // (n_v_heads // n_k_heads) if grouped else h % n_k_heads
             m0 = nw + h * S * S  # M[h][value j][key i] at state[m0 + j * S + i]
             decay = np.exp(g[t, h])
             b = beta[t, h]
@@ -256,7 +284,7 @@ def deltanet_block(
     for r0, r1 in zip(starts, np.r_[starts[1:], T], strict=True):
         s = int(seq[r0])
         delta_net_run(mixed[r0:r1], w.conv, state[s], beta[r0:r1], g[r0:r1], Hk, Hv, S, cfg.rms_eps,
-                      o[r0:r1])  # fmt: skip
+                      w.grouped_heads, o[r0:r1])  # fmt: skip
     # gated norm: rmsnorm over each head's S values, times ssm_norm and silu(z)
     ms = (o.astype(np.float64) ** 2).mean(axis=-1, keepdims=True)
     y = o * (f32(1) / np.sqrt(ms + cfg.rms_eps)).astype(f32) * w.ssm_norm

@@ -20,8 +20,8 @@ sector = i % sum(sections) by sector % 3 (t, h, w) while sector < 3 * that secti
 fourth; a pair of the fourth section is not rotated (its frequency factor is infinite here, its angle 0).
 
 The KV cache holds the attention layers only (cfg.n_kv_layers; kv_index maps a layer to its place there);
-the DeltaNet layers keep a per-sequence state (cfg.conv_layers marks them; engine/conv_state.py). Files
-with multi-token-prediction layers (nextn_predict_layers > 0) are refused (understood.py HARMLESS_AT).
+the DeltaNet layers keep a per-sequence state (cfg.conv_layers marks them; engine/conv_state.py). A file's
+multi-token-prediction layers (the last nextn_predict_layers) are skipped, as llama.cpp's main graph does.
 """
 
 from __future__ import annotations
@@ -75,18 +75,28 @@ def _int_array(g: GGUFFile, key: str, n_max: int) -> list[int] | None:
     return [int(v) for v in value]
 
 
+def skip_mtp_layers(g: GGUFFile, cfg: ModelConfig) -> None:
+    """The last nextn_predict_layers layers are multi-token-prediction heads, which llama.cpp's main graph
+    never runs (it skips their tensors unless asked for MTP drafting): the trunk is the layers before."""
+    n_all = cfg.n_layers
+    nextn = get_int(g, cfg.arch + ".nextn_predict_layers", 0, lo=0, hi=n_all - 1)
+    if nextn:
+        cfg.n_layers, cfg.n_layers_skipped = n_all - nextn, nextn
+        cfg.swa_layers, cfg.qkv_fused = cfg.swa_layers[: cfg.n_layers], cfg.qkv_fused[: cfg.n_layers]
+
+
 def read_hybrid_layers(g: GGUFFile, cfg: ModelConfig) -> None:
-    """Which layers are DeltaNet (recurrent): attention.recurrent_layers when the file has it, else every
-    layer but each full_attention_interval-th (default 4), as llama.cpp's load_arch_hparams."""
-    p = cfg.arch + "."
-    flags = _int_array(g, p + "attention.recurrent_layers", cfg.n_layers)
+    """Which layers are DeltaNet (recurrent): attention.recurrent_layers when the file has it (one flag per
+    layer, MTP heads included), else every layer but each full_attention_interval-th (default 4), as
+    llama.cpp's load_arch_hparams."""
+    p, n_all = cfg.arch + ".", cfg.n_layers + cfg.n_layers_skipped
+    flags = _int_array(g, p + "attention.recurrent_layers", n_all)
     if flags is not None:
-        if len(flags) != cfg.n_layers:
+        if len(flags) != n_all:
             raise GGUFError(
-                f"{g.path}: metadata {p}attention.recurrent_layers has {len(flags)} flags for "
-                f"{cfg.n_layers} layers"
+                f"{g.path}: metadata {p}attention.recurrent_layers has {len(flags)} flags for {n_all} layers"
             )
-        cfg.conv_layers = [bool(f) for f in flags]
+        cfg.conv_layers = [bool(f) for f in flags[: cfg.n_layers]]
     else:
         interval = get_int(g, p + "full_attention_interval", 4, lo=1, hi=INT32_MAX)
         cfg.conv_layers = [(il + 1) % interval != 0 for il in range(cfg.n_layers)]
@@ -123,6 +133,7 @@ def read_qwen35(g: GGUFFile, cfg: ModelConfig) -> None:
             "(as llama.cpp's qwen35 asserts)"
         )
     read_deltanet(g, cfg)
+    skip_mtp_layers(g, cfg)
     read_hybrid_layers(g, cfg)
     imrope_factors(g, cfg)
 
@@ -160,6 +171,8 @@ def hybrid_layer_check(shapes: Callable[[ModelConfig], Shapes]) -> Callable[[GGU
     def check(g: GGUFFile, cfg: ModelConfig) -> None:
         expected = shapes(cfg)
         for name in g.tensors:
+            if name.startswith("blk.") and int(name.split(".")[1]) >= cfg.n_layers:
+                continue  # an MTP head's (skip_mtp_layers; understood.py checks their names)
             if name.startswith("blk.") and name not in expected:
                 kind = "DeltaNet" if cfg.conv_layers[int(name.split(".")[1])] else "full-attention"
                 raise GGUFError(
@@ -172,14 +185,20 @@ def hybrid_layer_check(shapes: Callable[[ModelConfig], Shapes]) -> Callable[[GGU
     return check
 
 
+# A multi-token-prediction head's own tensors (beside a full-attention layer's), which no pass here reads
+MTP_TENSORS = frozenset(
+    f"nextn.{n}.weight"
+    for n in ("eh_proj", "enorm", "hnorm", "embed_tokens", "shared_head_head", "shared_head_norm")
+)
 HYBRID_KEYS = DELTANET_KEYS | {
+    "nextn_predict_layers",
     "full_attention_interval",
     "attention.recurrent_layers",
     "rope.dimension_sections",
 }
 SPEC = ArchSpec(
     name="qwen35",
-    block_tensors=LAYER_TENSORS | ATTENTION_TENSORS | DELTANET_TENSORS,
+    block_tensors=LAYER_TENSORS | ATTENTION_TENSORS | DELTANET_TENSORS | MTP_TENSORS,
     keys=HYBRID_KEYS,
     global_tensors=GLOBAL_TENSORS,
     read=read_qwen35,

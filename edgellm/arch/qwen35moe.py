@@ -24,6 +24,7 @@ from edgellm.arch.qwen35 import (
     ATTENTION_TENSORS,
     HYBRID_KEYS,
     LAYER_TENSORS,
+    MTP_TENSORS,
     Qwen35Model,
     hybrid_layer_check,
     hybrid_shapes,
@@ -54,7 +55,8 @@ SPEC = ArchSpec(
     | EXPERT_TENSORS
     | SHARED_EXPERT
     | ATTENTION_TENSORS
-    | DELTANET_TENSORS,
+    | DELTANET_TENSORS
+    | MTP_TENSORS,
     keys=HYBRID_KEYS | EXPERT_KEYS | {"expert_feed_forward_length", "expert_shared_feed_forward_length"},
     experts=Experts(renormalise=True, width_key=False, shared=True),
     read=read_qwen35,

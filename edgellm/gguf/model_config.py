@@ -77,6 +77,9 @@ class ModelConfig:
     # state beside its KV blocks (engine/conv_state.py)
     conv_layers: list[bool] = field(default_factory=list)
     conv_l_cache: int = 0
+    # Layers after these n_layers that the file carries and no forward pass runs: multi-token-prediction
+    # heads ({arch}.nextn_predict_layers), which llama.cpp's main graph skips too
+    n_layers_skipped: int = 0
     # Gated DeltaNet (arch/deltanet.py; llama.cpp's ssm_* hparams): conv width, key/value head size,
     # key heads (ssm.group_count), value heads (ssm.time_step_rank); 0: none
     ssm_conv_kernel: int = 0

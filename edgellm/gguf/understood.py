@@ -136,8 +136,9 @@ def check_understood(g: GGUFFile, cfg: ModelConfig, spec: ArchSpec) -> None:
     architecture (see the module doc); `spec`: the architecture's (edgellm/arch/<name>.py)."""
     arch = cfg.arch
     global_tensors = spec.global_tensors | (ROPE_TENSORS if spec.rope_freq_factors else frozenset())
+    n_blocks = cfg.n_layers + cfg.n_layers_skipped  # the file's layers, any the forward pass skips included
     for name in g.tensors:
-        _check_tensor_name(g, arch, cfg.n_layers, name, global_tensors, spec.layer_tensors)
+        _check_tensor_name(g, arch, n_blocks, name, global_tensors, spec.layer_tensors)
     arch_keys = COMMON_KEYS | spec.keys | ROPE_KEYS
     harmless = {**HARMLESS_AT, **ROPE_HARMLESS_AT}
     for key, value in g.metadata.items():

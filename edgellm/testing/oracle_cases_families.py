@@ -257,7 +257,21 @@ QWEN35_SECTIONS = {
 }
 
 
+def qwen35_mtp_layer(n_layers: int, e: int = 64, d: int = 32, ff: int = 128) -> dict[str, tuple[int, ...]]:
+    """A multi-token-prediction head as layer n_layers (after the trunk), as the converter writes Qwen 3.5's
+    mtp.* weights: a full-attention layer (4 heads, 2 KV heads) with the nextn projections and norms."""
+    layer = {
+        "attn_norm": (e,), "attn_q": (2 * 4 * d, e), "attn_k": (2 * d, e), "attn_v": (2 * d, e),
+        "attn_q_norm": (d,), "attn_k_norm": (d,), "attn_output": (e, 4 * d), "post_attention_norm": (e,),
+        "ffn_gate": (ff, e), "ffn_up": (ff, e), "ffn_down": (e, ff),
+        "nextn.eh_proj": (e, 2 * e), "nextn.enorm": (e,), "nextn.hnorm": (e,),
+    }  # fmt: skip
+    return {f"blk.{n_layers}.{name}.weight": shape for name, shape in layer.items()}
+
+
 def qwen35_cases() -> dict[str, OracleCase]:
+    n = QWEN35["n_layers"]
+    mtp = {"qwen35.block_count": n + 1, "qwen35.nextn_predict_layers": Typed(1, GGUFValueType.UINT32)}
     return {
         "qwen35_f32": OracleCase("qwen35", model=QWEN35,
                                  note="qwen35, 5 Gated DeltaNet and 1 gated attention layers, F32"),
@@ -265,10 +279,15 @@ def qwen35_cases() -> dict[str, OracleCase]:
                                        note="qwen35, Q8_0, output tied to token_embd"),
         "qwen35_rope_sections": OracleCase("qwen35", model=QWEN35, metadata=QWEN35_SECTIONS,
                                            note="qwen35, rope sections [2, 2, 2, 2]: 2 of 8 pairs unrotated"),
+        "qwen35_mtp_layer": OracleCase("qwen35", model=QWEN35, metadata=mtp,
+                                       extra_tensors=qwen35_mtp_layer(n),
+                                       note="qwen35 with an MTP layer (skipped, as llama.cpp)"),
         "qwen35moe_f32": OracleCase("qwen35moe", model=QWEN35, writer=QWEN35MOE,
                                     note="qwen35moe, top 2 of 8 experts of 64, shared expert of 96, F32"),
         "qwen35moe_mix": OracleCase("qwen35moe", MOE_QTYPES, model=QWEN35, writer=QWEN35MOE,
                                     note="qwen35moe, experts Q4_0/Q8_0/Q5_1, block-32 mix"),
+        "qwen3next_f32": OracleCase("qwen3next", model=QWEN35, writer=QWEN35MOE,
+                                    note="qwen3next, ssm_ba, key heads interleaved, plain NEOX rope, F32"),
     }  # fmt: skip
 
 

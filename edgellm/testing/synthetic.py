@@ -52,12 +52,13 @@ T = GGMLQuantizationType
 ARCHS = (
     "llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2", "starcoder2", "gpt2", "phi3",
     "smollm3", "qwen3moe", "olmoe", "qwen2moe", "lfm2", "gpt-oss", "qwen35", "qwen35moe",
+    "qwen3next",
 )
 # always with experts (llama: with n_expert > 0, as Mixtral)
-MOE_ARCHS = ("qwen3moe", "olmoe", "qwen2moe", "gpt-oss", "qwen35moe")
+MOE_ARCHS = ("qwen3moe", "olmoe", "qwen2moe", "gpt-oss", "qwen35moe", "qwen3next")
 # expert_feed_forward_length written (llama, OLMoE: n_ff wide)
-EXPERT_WIDTH_ARCHS = ("qwen3moe", "qwen2moe", "gpt-oss", "qwen35moe")
-SHARED_EXPERT_ARCHS = ("qwen2moe", "qwen35moe")  # a shared expert n_ff_shexp wide
+EXPERT_WIDTH_ARCHS = ("qwen3moe", "qwen2moe", "gpt-oss", "qwen35moe", "qwen3next")
+SHARED_EXPERT_ARCHS = ("qwen2moe", "qwen35moe", "qwen3next")  # a shared expert n_ff_shexp wide
 DEFAULT_N_EXPERT = 4
 
 # A mix of the block-32 types (n_embd=64 rows cannot hold the 256-wide k-quant blocks). Keys are tensor

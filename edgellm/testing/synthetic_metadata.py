@@ -96,7 +96,7 @@ def model_metadata(
         md.update({p + k: (v, F32, None) for k, v in GRANITE_SCALES.items()})
     if arch == "lfm2":
         md.update(lfm2_metadata(n_layers, n_kv_heads))
-    if arch in ("qwen35", "qwen35moe"):
+    if arch in ("qwen35", "qwen35moe", "qwen3next"):
         md.update(qwen35_metadata(arch, head_dim))
     if arch == "gpt-oss":
         md[p + "attention.sliding_window"] = (sliding_window, U32, None)

@@ -1,6 +1,6 @@
-"""Qwen 3.5's part of the synthetic writer (synthetic.py): its layer kinds (Gated DeltaNet, gated full
-attention), tensors and extra metadata keys as llama.cpp's Qwen3.5 converter writes them and its
-llama_model_qwen35 reads them (src/models/qwen35.cpp)."""
+"""Qwen 3.5's (and Qwen3-Next's) part of the synthetic writer (synthetic.py): its layer kinds (Gated
+DeltaNet, gated full attention), tensors and extra metadata keys as llama.cpp's Qwen3.5 converter writes
+them and its llama_model_qwen35 reads them (src/models/qwen35.cpp)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ def qwen35_recurrent_layers(n_layers: int) -> list[bool]:
 
 
 def qwen35_shapes(
+    arch: str,
     n_layers: int,
     n_embd: int,
     n_heads: int,
@@ -32,7 +33,8 @@ def qwen35_shapes(
     n_vocab: int,
     tied: bool,
 ) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> numpy-order shape (ggml's ne reversed), in layer order."""
+    """Tensor name -> numpy-order shape (ggml's ne reversed), in layer order (the experts replace the dense
+    FFN after: synthetic.with_experts); qwen3next: one ssm_ba in place of ssm_beta and ssm_alpha."""
     e, S, Hk, Hv = n_embd, SSM_STATE, SSM_K_HEADS, SSM_V_HEADS
     conv = 2 * Hk * S + Hv * S  # q | k | v channels
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (n_vocab, e)}
@@ -45,8 +47,11 @@ def qwen35_shapes(
             shapes[p + "ssm_conv1d.weight"] = (conv, CONV_KERNEL)
             shapes[p + "ssm_dt.bias"] = (Hv,)
             shapes[p + "ssm_a"] = (Hv,)
-            shapes[p + "ssm_beta.weight"] = (Hv, e)
-            shapes[p + "ssm_alpha.weight"] = (Hv, e)
+            if arch == "qwen3next":
+                shapes[p + "ssm_ba.weight"] = (2 * Hv, e)
+            else:
+                shapes[p + "ssm_beta.weight"] = (Hv, e)
+                shapes[p + "ssm_alpha.weight"] = (Hv, e)
             shapes[p + "ssm_norm.weight"] = (S,)
             shapes[p + "ssm_out.weight"] = (e, Hv * S)
         else:
@@ -81,7 +86,8 @@ def qwen35_metadata(arch: str, head_dim: int) -> Metadata:
         p + "ssm.inner_size": (SSM_STATE * SSM_V_HEADS, U32, None),
         p + "full_attention_interval": (FULL_ATTENTION_INTERVAL, U32, None),
         p + "rope.dimension_count": (head_dim // 2, U32, None),
-        p + "rope.dimension_sections": (ROPE_SECTIONS, GGUFValueType.ARRAY, GGUFValueType.INT32),
         p + "attention.key_length": (head_dim, U32, None),
         p + "attention.value_length": (head_dim, U32, None),
-    }
+    } | ({} if arch == "qwen3next" else {  # Qwen3-Next's rope has no sections
+        p + "rope.dimension_sections": (ROPE_SECTIONS, GGUFValueType.ARRAY, GGUFValueType.INT32),
+    })  # fmt: skip

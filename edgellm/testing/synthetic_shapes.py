@@ -28,8 +28,8 @@ def tensor_shapes(
         return layer_norm_shapes(arch, n_layers, n_embd, n_kv_heads * head_dim, n_ff, n_vocab, tied)
     if arch == "lfm2":
         return lfm2_shapes(n_layers, n_embd, n_kv_heads, head_dim, n_ff, n_vocab, tied)
-    if arch in ("qwen35", "qwen35moe"):
-        return qwen35_shapes(n_layers, n_embd, n_heads, n_kv_heads, head_dim, n_ff, n_vocab, tied)
+    if arch in ("qwen35", "qwen35moe", "qwen3next"):
+        return qwen35_shapes(arch, n_layers, n_embd, n_heads, n_kv_heads, head_dim, n_ff, n_vocab, tied)
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (n_vocab, n_embd)}
     q_rows, kv_rows = n_heads * head_dim, n_kv_heads * head_dim
     for il in range(n_layers):
