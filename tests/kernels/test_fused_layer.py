@@ -25,9 +25,12 @@ pytestmark = pytest.mark.skipif(
 # ungated MLP), OLMoE (whole-projection Q/K norms): the blocks run (qwen3moe, qwen2moe, gpt-oss: the attention
 # fused, sinks, biases and sliding window included, the experts after it)
 UNFUSED_ARCHS = ("olmo2", "starcoder2", "gpt2", "olmoe")
+# layers with a recurrent state beside attention: LFM2 (test_lfm2_fuses_its_attention_layers_only); the
+# Qwen 3.5 family's gated attention (q | gate, sigmoid-gated output) has no fused form
+STATE_ARCHS = ("lfm2", "qwen35", "qwen35moe", "qwen3next")
 
 
-@pytest.mark.parametrize("arch", [a for a in ARCHS if a not in UNFUSED_ARCHS + ("lfm2",)])
+@pytest.mark.parametrize("arch", [a for a in ARCHS if a not in UNFUSED_ARCHS + STATE_ARCHS])
 def test_fused_layer_matches_blocks_bit_for_bit(tmp_path, arch: str) -> None:
     path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, QTYPES, n_layers=7 if arch == "gemma3" else 2)
     fused_model, fused = _load(path, True)
