@@ -284,8 +284,11 @@ def qwen35_cases() -> dict[str, OracleCase]:
                                        note="qwen35 with an MTP layer (skipped, as llama.cpp)"),
         "qwen35moe_f32": OracleCase("qwen35moe", model=QWEN35, writer=QWEN35MOE,
                                     note="qwen35moe, top 2 of 8 experts of 64, shared expert of 96, F32"),
-        "qwen35moe_mix": OracleCase("qwen35moe", MOE_QTYPES, model=QWEN35, writer=QWEN35MOE,
-                                    note="qwen35moe, experts Q4_0/Q8_0/Q5_1, block-32 mix"),
+        # Q8_0 throughout: with the block-32 mix (Q4_0 experts) a near-tie in the routing flips between
+        # llama.cpp's own batched and token-by-token runs (NMSE 1.8e-3 between them), and the DeltaNet state
+        # carries the flip on to every later token
+        "qwen35moe_q8_0": OracleCase("qwen35moe", "Q8_0", model=QWEN35, writer=QWEN35MOE,
+                                     note="qwen35moe, Q8_0 experts and shared expert"),
         "qwen3next_f32": OracleCase("qwen3next", model=QWEN35, writer=QWEN35MOE,
                                     note="qwen3next, ssm_ba, key heads interleaved, plain NEOX rope, F32"),
     }  # fmt: skip
