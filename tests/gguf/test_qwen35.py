@@ -160,3 +160,19 @@ def test_layer_kinds_and_state_shape_follow_the_metadata(qwen35_path: Path) -> N
     cfg = config_from_gguf(load_gguf(str(qwen35_path)))
     assert cfg.conv_layers == [True, True, True, False, True, True] and cfg.n_kv_layers == 1
     assert cfg.recurrent and state_shape(cfg) == (5, 3 * 128 + 4 * 16 * 16)
+
+
+def test_qwen35_pre_tokenizer_keeps_combining_marks_in_words() -> None:
+    """tokenizer.ggml.pre 'qwen35' is llama.cpp's LLAMA_VOCAB_PRE_TYPE_QWEN35 regex: Qwen 2's, with
+    combining marks (\\p{M}) part of a word rather than of a punctuation run (its ids on a real vocabulary:
+    tests/gguf/test_tokenizer.py's pre-variant fixture)."""
+    from edgellm.tokenizer.bpe import BpeModel
+
+    def spans(pre: str, text: str) -> list[tuple[int, int]]:
+        model = BpeModel(["a"], [], pre)
+        return [span for _, span in model._hf.pre_tokenizer.pre_tokenize_str(text)]
+
+    text = "cafe\u0301! nai\u0308ve"
+    assert spans("qwen35", text) == [(0, 5), (5, 6), (6, 13)]  # "café", "!", " naïve"
+    # "cafe", "\u0301!", " nai", "\u0308ve"
+    assert spans("qwen2", text) == [(0, 4), (4, 6), (6, 10), (10, 13)]
