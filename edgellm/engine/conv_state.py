@@ -1,4 +1,5 @@
-"""Per-sequence recurrent state beside the paged KV cache (LFM2's short-conv layers: cfg.recurrent).
+"""Per-sequence recurrent state beside the paged KV cache (cfg.recurrent: LFM2's short-conv layers, Qwen 3.5's
+Gated DeltaNet layers).
 
 A sequence's KV blocks say what attention layers need of its past; a conv layer needs the last l_cache - 1
 inputs instead, which no block holds. The store keeps one [conv layers, l_cache - 1, n_embd] float32 array
@@ -25,8 +26,13 @@ import numpy as np
 ANONYMOUS = None  # the key of items without a sequence id
 
 
-def state_shape(cfg) -> tuple[int, int, int]:  # noqa: ANN001 - gguf.config.ModelConfig
-    """One sequence's state: [conv layers, l_cache - 1 past inputs, n_embd] float32."""
+def state_shape(cfg) -> tuple[int, ...]:  # noqa: ANN001 - gguf.config.ModelConfig
+    """One sequence's state, float32: LFM2's [conv layers, l_cache - 1 past inputs, n_embd]; a Gated
+    DeltaNet model's [DeltaNet layers, its conv window and matrices flat] (arch/deltanet.py state_size)."""
+    if cfg.ssm_d_state:
+        from edgellm.arch.deltanet import state_size
+
+        return (sum(cfg.conv_layers), state_size(cfg))
     return (sum(cfg.conv_layers), max(0, cfg.conv_l_cache - 1), cfg.n_embd)
 
 

@@ -72,10 +72,17 @@ class ModelConfig:
     n_ff_exp: int = 0
     moe_norm_weights: bool = False  # renormalise the selected experts' probabilities to sum to 1
     n_ff_shexp: int = 0  # a shared expert every token runs, gated by sigmoid(w . h) (Qwen 2 MoE); 0: none
-    # LFM2: layers marked True are short convolutions instead of attention, over the last conv_l_cache
-    # tokens; each sequence then carries a recurrent state beside its KV blocks (engine/conv_state.py)
+    # Layers marked True keep a per-sequence recurrent state instead of K/V (LFM2's short convolutions over
+    # the last conv_l_cache tokens; Qwen 3.5's Gated DeltaNet layers): each sequence then carries that
+    # state beside its KV blocks (engine/conv_state.py)
     conv_layers: list[bool] = field(default_factory=list)
     conv_l_cache: int = 0
+    # Gated DeltaNet (arch/deltanet.py; llama.cpp's ssm_* hparams): conv width, key/value head size,
+    # key heads (ssm.group_count), value heads (ssm.time_step_rank); 0: none
+    ssm_conv_kernel: int = 0
+    ssm_d_state: int = 0
+    ssm_n_group: int = 0
+    ssm_dt_rank: int = 0
 
     @property
     def recurrent(self) -> bool:

@@ -68,6 +68,7 @@ from edgellm.testing.oracle_cases_families import (  # noqa: F401
     moe_cases,
     phi3_smollm3_cases,
     quant_cases,
+    qwen35_cases,
     rope_cases,
 )
 from edgellm.testing.synthetic import DEFAULT_QTYPES, Typed
@@ -145,6 +146,8 @@ CASES: dict[str, OracleCase] = {
     **moe_cases(),
     # ---- LFM2: short convolutions (a per-sequence conv state) beside attention
     **lfm2_cases(),
+    # ---- Qwen 3.5: Gated DeltaNet (a per-sequence conv window and matrix state) beside gated attention
+    **qwen35_cases(),
     # ---- gpt-oss: attention sinks, alternating windows, YaRN, biased experts with swiglu_oai, MXFP4
     **gpt_oss_cases(),
     # ---- issue 56: Ministral 3 (YaRN keys, temperature tuning), Seed-OSS, GLM-4.5 MoE, DeepSeek 2 (MLA)

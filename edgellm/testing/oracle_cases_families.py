@@ -245,6 +245,55 @@ def lfm2_cases() -> dict[str, OracleCase]:
     }
 
 
+# Qwen 3.5 (arch/qwen35.py): 6 layers, DeltaNet x3, full attention, DeltaNet x2 (synthetic_qwen35.py: 2 key
+# heads tiled over 4 value heads of 16, conv 4); attention heads of 32 (Q twice that: q | gate), rope on half
+# the head in sections [3, 3, 2, 0]. 1,100 tokens cross the scorer's 512-token prefill chunks twice, each
+# carrying the DeltaNet state across.
+QWEN35: dict[str, int] = dict(SMALL, head_dim=32, n_layers=6)
+QWEN35MOE = {"n_expert": 8, "n_expert_used": 2, "n_ff_exp": 64, "n_ff_shexp": 96}
+# sections whose fourth part has pairs (position 0 for text: not rotated)
+QWEN35_SECTIONS = {
+    "qwen35.rope.dimension_sections": Typed([2, 2, 2, 2], GGUFValueType.ARRAY, GGUFValueType.INT32)
+}
+
+
+def qwen35_mtp_layer(n_layers: int, e: int = 64, d: int = 32, ff: int = 128) -> dict[str, tuple[int, ...]]:
+    """A multi-token-prediction head as layer n_layers (after the trunk), as the converter writes Qwen 3.5's
+    mtp.* weights: a full-attention layer (4 heads, 2 KV heads) with the nextn projections and norms."""
+    layer = {
+        "attn_norm": (e,), "attn_q": (2 * 4 * d, e), "attn_k": (2 * d, e), "attn_v": (2 * d, e),
+        "attn_q_norm": (d,), "attn_k_norm": (d,), "attn_output": (e, 4 * d), "post_attention_norm": (e,),
+        "ffn_gate": (ff, e), "ffn_up": (ff, e), "ffn_down": (e, ff),
+        "nextn.eh_proj": (e, 2 * e), "nextn.enorm": (e,), "nextn.hnorm": (e,),
+    }  # fmt: skip
+    return {f"blk.{n_layers}.{name}.weight": shape for name, shape in layer.items()}
+
+
+def qwen35_cases() -> dict[str, OracleCase]:
+    n = QWEN35["n_layers"]
+    mtp = {"qwen35.block_count": n + 1, "qwen35.nextn_predict_layers": Typed(1, GGUFValueType.UINT32)}
+    return {
+        "qwen35_f32": OracleCase("qwen35", model=QWEN35,
+                                 note="qwen35, 5 Gated DeltaNet and 1 gated attention layers, F32"),
+        "qwen35_tied_q8_0": OracleCase("qwen35", "Q8_0", model=QWEN35, writer={"tied": True},
+                                       note="qwen35, Q8_0, output tied to token_embd"),
+        "qwen35_rope_sections": OracleCase("qwen35", model=QWEN35, metadata=QWEN35_SECTIONS,
+                                           note="qwen35, rope sections [2, 2, 2, 2]: 2 of 8 pairs unrotated"),
+        "qwen35_mtp_layer": OracleCase("qwen35", model=QWEN35, metadata=mtp,
+                                       extra_tensors=qwen35_mtp_layer(n),
+                                       note="qwen35 with an MTP layer (skipped, as llama.cpp)"),
+        "qwen35moe_f32": OracleCase("qwen35moe", model=QWEN35, writer=QWEN35MOE,
+                                    note="qwen35moe, top 2 of 8 experts of 64, shared expert of 96, F32"),
+        # Q8_0 throughout: with the block-32 mix (Q4_0 experts) a near-tie in the routing flips between
+        # llama.cpp's own batched and token-by-token runs (NMSE 1.8e-3 between them), and the DeltaNet state
+        # carries the flip on to every later token
+        "qwen35moe_q8_0": OracleCase("qwen35moe", "Q8_0", model=QWEN35, writer=QWEN35MOE,
+                                     note="qwen35moe, Q8_0 experts and shared expert"),
+        "qwen3next_f32": OracleCase("qwen3next", model=QWEN35, writer=QWEN35MOE,
+                                    note="qwen3next, ssm_ba, key heads interleaved, plain NEOX rope, F32"),
+    }  # fmt: skip
+
+
 # gpt-oss (arch/gpt_oss.py): 3 layers (0 and 2 local, 1 global) with its real window of 128 tokens, rope
 # base 150000 and YaRN x32 from 4096; 8 experts of 64, top 2; gate / up weights 4x the default spread so
 # that the clamp at 7 bites (a few % of values), sinks ~N(2, 1) (synthetic.py) so that they take a share.

@@ -53,14 +53,16 @@ from edgellm.testing.tiny_vocab import spm_vocab  # noqa: F401 - importable from
 T = GGMLQuantizationType
 ARCHS = (
     "llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2", "starcoder2", "gpt2", "phi3",
-    "smollm3", "qwen3moe", "olmoe", "qwen2moe", "lfm2", "gpt-oss",
+    "smollm3", "qwen3moe", "olmoe", "qwen2moe", "lfm2", "gpt-oss", "qwen35", "qwen35moe",
+    "qwen3next",
     # issue 56's families
     "mistral3", "seed_oss", "glm4moe", "deepseek2",
 )
 # always with experts (llama: with n_expert > 0, as Mixtral)
-MOE_ARCHS = ("qwen3moe", "olmoe", "qwen2moe", "gpt-oss", "glm4moe", "deepseek2")
-# expert_feed_forward_length (llama, OLMoE: n_ff)
-EXPERT_WIDTH_ARCHS = ("qwen3moe", "qwen2moe", "gpt-oss", "glm4moe", "deepseek2")
+MOE_ARCHS = ("qwen3moe", "olmoe", "qwen2moe", "gpt-oss", "qwen35moe", "qwen3next", "glm4moe", "deepseek2")
+# expert_feed_forward_length written (llama, OLMoE: n_ff wide)
+EXPERT_WIDTH_ARCHS = ("qwen3moe", "qwen2moe", "gpt-oss", "qwen35moe", "qwen3next", "glm4moe", "deepseek2")
+SHARED_EXPERT_ARCHS = ("qwen2moe", "qwen35moe", "qwen3next")  # a shared expert n_ff_shexp wide
 DEFAULT_N_EXPERT = 4
 
 # A mix of the block-32 types (n_embd=64 rows cannot hold the 256-wide k-quant blocks). Keys are tensor
@@ -105,7 +107,8 @@ def pick_qtype(
     """The type of one tensor: 1-D tensors (norms, biases) are always F32, as llama.cpp writes them."""
     role = tensor_role(name)
     # the MoE router and LFM2's conv kernel too: llama.cpp's quantizer leaves them unquantized
-    if role.endswith("norm") or role.endswith(".bias") or role in ("ffn_gate_inp", "shortconv.conv"):
+    conv = ("shortconv.conv", "ssm_conv1d")
+    if role.endswith("norm") or role.endswith(".bias") or role == "ffn_gate_inp" or role in conv:
         return T.F32
     if qtypes is None:
         qtypes = DEFAULT_QTYPES
@@ -163,7 +166,7 @@ def write_tiny_model(
     n_expert, n_expert_used, n_ff_exp: a mixture-of-experts FFN (qwen3moe, olmoe always, default
         DEFAULT_N_EXPERT experts; llama with n_expert > 0, as Mixtral): n_expert experts of width n_ff_exp
         (default n_ff; qwen3moe and qwen2moe write it as expert_feed_forward_length), n_expert_used per
-        token. n_ff_shexp: qwen2moe's shared expert width (default n_ff).
+        token. n_ff_shexp: qwen2moe's and qwen35moe's shared expert width (default n_ff).
     metadata_overrides: key -> value replacing or adding metadata (None deletes the key); the value type is
         the replaced key's, else inferred (a `Typed` value sets it). "general.architecture" can be overridden.
     extra_tensors: name -> array (written as F32, values as given) or numpy-order shape (random weights of
@@ -206,7 +209,7 @@ def write_tiny_model(
         md[arch + ".expert_used_count"] = (n_expert_used, GGUFValueType.UINT32, None)
         if arch in EXPERT_WIDTH_ARCHS:
             md[arch + ".expert_feed_forward_length"] = (n_ff_exp, GGUFValueType.UINT32, None)
-    n_ff_shexp = (n_ff_shexp or n_ff) if arch == "qwen2moe" else 0
+    n_ff_shexp = (n_ff_shexp or n_ff) if arch in SHARED_EXPERT_ARCHS else 0
     if n_ff_shexp:
         md[arch + ".expert_shared_feed_forward_length"] = (n_ff_shexp, GGUFValueType.UINT32, None)
     md = {"general.architecture": (arch, GGUFValueType.STRING, None), **md}
@@ -258,7 +261,9 @@ def write_tiny_model(
         role = tensor_role(name)
         # Norm weights near 1 (Gemma's files store 1 + w), small biases, embeddings ~N(0, 1), matrices
         # ~N(0, 1/cols) so activations stay O(1) through the layers.
-        if role.endswith("norm"):
+        if role == "ssm_a":  # -exp(A_log): negative, a decay per token of exp(softplus(.) * a)
+            mean, std = -0.5, 0.05
+        elif role.endswith("norm"):
             mean, std = 1.0, 0.1
         elif role == "attn_sinks":  # logits a little above Q.K's: each takes a visible share of its softmax
             mean, std = 2.0, 1.0

@@ -10,6 +10,7 @@ from gguf import GGUFValueType
 
 from edgellm.testing.harmony import HARMONY_SPECIALS, HARMONY_TEMPLATE
 from edgellm.testing.synthetic_lfm2 import lfm2_metadata
+from edgellm.testing.synthetic_qwen35 import qwen35_metadata
 from edgellm.testing.synthetic_shapes import LAYER_NORM_ARCHS
 from edgellm.testing.tiny_vocab import CONTROL, bpe_vocab, spm_vocab
 
@@ -18,7 +19,8 @@ GEMMA_ARCHS = ("gemma2", "gemma3")  # SentencePiece vocabulary, head size always
 LLAMA_ROPE_ARCHS = ("llama", "granite", "smollm3", "mistral3")
 BPE_PRE = {
     "llama": "default", "granite": "default", "smollm3": "default", "starcoder2": "starcoder",
-    "gpt2": "gpt-2", "lfm2": "lfm2", "gpt-oss": "gpt-4o",
+    "gpt2": "gpt-2", "lfm2": "lfm2", "gpt-oss": "gpt-4o", "qwen35": "qwen35",
+    "qwen35moe": "qwen35",
 }  # fmt: skip
 # Granite's four multipliers (the real 3.x 2B has 12, 0.22, 1/64 and 8: with tiny random weights those
 # leave the embedding so dominant that a wrong attention scale moves the logits by NMSE 1e-5 only). These
@@ -94,6 +96,8 @@ def model_metadata(
         md.update({p + k: (v, F32, None) for k, v in GRANITE_SCALES.items()})
     if arch == "lfm2":
         md.update(lfm2_metadata(n_layers, n_kv_heads))
+    if arch in ("qwen35", "qwen35moe", "qwen3next"):
+        md.update(qwen35_metadata(arch, head_dim))
     if arch == "gpt-oss":
         md[p + "attention.sliding_window"] = (sliding_window, U32, None)
     if arch == "deepseek2":  # DeepSeek V3's layout at head_dim d: latent 2d, rope d, nope 2d, value d

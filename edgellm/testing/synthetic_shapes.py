@@ -4,6 +4,7 @@ converters lay them out (LFM2's: synthetic_lfm2.py)."""
 from __future__ import annotations
 
 from edgellm.testing.synthetic_lfm2 import lfm2_shapes
+from edgellm.testing.synthetic_qwen35 import qwen35_shapes
 
 LAYER_NORM_ARCHS = ("starcoder2", "gpt2")  # LayerNorm with biases, biased ungated MLP (layer_norm_shapes)
 POST_NORM_ARCHS = ("gemma2", "gemma3", "olmo2")  # post_attention_norm and post_ffw_norm
@@ -27,6 +28,8 @@ def tensor_shapes(
         return layer_norm_shapes(arch, n_layers, n_embd, n_kv_heads * head_dim, n_ff, n_vocab, tied)
     if arch == "lfm2":
         return lfm2_shapes(n_layers, n_embd, n_kv_heads, head_dim, n_ff, n_vocab, tied)
+    if arch in ("qwen35", "qwen35moe", "qwen3next"):
+        return qwen35_shapes(arch, n_layers, n_embd, n_heads, n_kv_heads, head_dim, n_ff, n_vocab, tied)
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (n_vocab, n_embd)}
     q_rows, kv_rows = n_heads * head_dim, n_kv_heads * head_dim
     for il in range(n_layers):

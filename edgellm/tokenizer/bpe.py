@@ -20,6 +20,11 @@ _LLAMA3 = (
     _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _QWEN2 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+# Qwen 3.5: Qwen 2's with combining marks (\p{M}) part of a word, not of a punctuation run
+_QWEN35 = (
+    _CONTRACTIONS
+    + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 # GPT-4o / o200k (gpt-oss, Llama 4): llama.cpp's form of tokenizer.json's regex (LLAMA_VOCAB_PRE_TYPE_GPT4O),
 # which spells the case runs [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]* / [\p{Ll}\p{Lm}\p{Lo}\p{M}]+ as "letters
@@ -37,6 +42,7 @@ PRE_TOKENIZER_REGEXES: dict[str, tuple[str, ...]] = {
     "llama3": (_LLAMA3,),
     "gpt2": (_GPT2_WORDS,),
     "qwen2": (_QWEN2,),
+    "qwen35": (_QWEN35,),
     "smollm": (r"\p{N}", _GPT2_WORDS),
     "gpt4o": (_GPT4O,),
 }
@@ -53,6 +59,7 @@ PRE_TYPES: dict[str, tuple[str, bool, bool]] = {
     "phi-2": ("gpt2", False, False),
     "qwen2": ("qwen2", False, False),
     "deepseek-r1-qwen": ("qwen2", False, False),
+    "qwen35": ("qwen35", False, False),
     "smollm": ("smollm", False, False),
     "starcoder": ("smollm", False, False),
     "refact": ("smollm", False, False),

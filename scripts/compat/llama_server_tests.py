@@ -114,6 +114,8 @@ def main() -> int:
     ap.add_argument("--sdist", required=True, type=Path, help="llama_cpp_python-0.3.36.tar.gz")
     ap.add_argument("--tests", nargs="*", default=None, help="unit/test_*.py files (default: DEFAULT_FILES)")
     ap.add_argument("--junit", type=Path, default=None, help="also write the junit XML here")
+    ap.add_argument("--timeout", type=int, default=600, help="seconds a server may take to start, and a "
+                    "request to answer (the suite's 60 s, too short on a busy machine)")  # fmt: skip
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="llama-server-tests-"))
     with tarfile.open(args.sdist) as tar:
@@ -121,6 +123,9 @@ def main() -> int:
         tar.extractall(work, members=members, filter="data")
     [tests] = {Path(m.name.split(TESTS_DIR)[0]) for m in members}
     root = work / tests / TESTS_DIR
+    utils = root / "utils.py"
+    timeout = f"DEFAULT_HTTP_TIMEOUT = {args.timeout}"
+    utils.write_text(utils.read_text().replace("DEFAULT_HTTP_TIMEOUT = 60", timeout))
     shim_path = work / "llama-server"
     shim_path.write_text(f"#!/bin/sh\nexec {sys.executable} {Path(__file__).resolve()} --shim \"$@\"\n")
     shim_path.chmod(0o755)

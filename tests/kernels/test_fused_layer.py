@@ -26,9 +26,12 @@ pytestmark = pytest.mark.skipif(
 # fused, sinks, biases and sliding window included, the experts after it); GLM-4.5 MoE (its partial rope
 # not checked against the fused kernel yet) and DeepSeek 2 (latent attention: no fused form)
 UNFUSED_ARCHS = ("olmo2", "starcoder2", "gpt2", "olmoe", "glm4moe", "deepseek2")
+# layers with a recurrent state beside attention: LFM2 (test_lfm2_fuses_its_attention_layers_only); the
+# Qwen 3.5 family's gated attention (q | gate, sigmoid-gated output) has no fused form
+STATE_ARCHS = ("lfm2", "qwen35", "qwen35moe", "qwen3next")
 
 
-@pytest.mark.parametrize("arch", [a for a in ARCHS if a not in UNFUSED_ARCHS + ("lfm2",)])
+@pytest.mark.parametrize("arch", [a for a in ARCHS if a not in UNFUSED_ARCHS + STATE_ARCHS])
 def test_fused_layer_matches_blocks_bit_for_bit(tmp_path, arch: str) -> None:
     path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, QTYPES, n_layers=7 if arch == "gemma3" else 2)
     fused_model, fused = _load(path, True)

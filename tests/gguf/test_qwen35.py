@@ -1,0 +1,178 @@
+"""Qwen 3.5's per-sequence Gated DeltaNet state (conv window + matrices) through the runner and the engine:
+decode steps and prefill chunks continue each sequence's state (llama.cpp's logits token by token; the
+same logits in any chunking), sequences batched together keep their own, the state is required where it
+matters, and the engine turns off what would need a state it does not keep (prefix-cache hits,
+speculative decoding); preempted sequences recompute from a fresh state. The logits over 1,100 tokens:
+tests/gguf/test_oracle_cases.py, cases qwen35_* and qwen35moe_*."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from edgellm.engine.conv_state import ConvStates
+from edgellm.engine.model_runner import RunItem
+from edgellm.testing.oracle_cases import CASES, nmse
+from tests.gguf.test_lfm2 import BLOCK, FIXTURES, make_runner, score
+
+VOCAB = 288
+
+
+@pytest.fixture(scope="module")
+def qwen35_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return CASES["qwen35_f32"].write(tmp_path_factory.mktemp("qwen35") / "qwen35_f32.gguf")
+
+
+@pytest.mark.parametrize("case", ["qwen35_f32", "qwen35moe_f32"])
+def test_token_by_token_matches_llamacpp_and_needs_the_state(tmp_path: Path, case: str, monkeypatch) -> None:
+    """Every token its own step (the decode path: the state carries each DeltaNet layer's conv window and
+    matrices from step to step) gives llama.cpp's logits; starting each step from a zero state does not."""
+    ref = np.load(FIXTURES / f"{case}.npz")
+    n = 200
+    keep = ref["positions"] < n
+    ids, pos, want = ref["tokens"][:n].tolist(), ref["positions"][keep], ref["logits"][keep]
+    runner = make_runner(CASES[case].write(tmp_path / f"{case}.gguf"))
+    table = list(range(-(-n // BLOCK)))
+    got = score(runner, ids, [], table)[pos]
+    assert nmse(got, want) < 1e-5
+    real_gather = ConvStates.gather
+    monkeypatch.setattr(ConvStates, "gather", lambda self, k, s: np.zeros_like(real_gather(self, k, s)))
+    dropped = score(runner, ids, [], table)[pos]
+    assert nmse(dropped[:1], want[:1]) < 1e-5  # the first token has no past either way
+    assert nmse(dropped, want) > 1e-2
+
+
+def test_prefill_chunks_then_decode_equal_one_pass(qwen35_path: Path) -> None:
+    runner = make_runner(qwen35_path)
+    ids = np.random.default_rng(3).integers(0, VOCAB, 120).tolist()
+    table = list(range(8))
+    whole = score(runner, ids, [len(ids)], table)
+    pieces = score(runner, ids, [5, 1, 2, 64, 17], table)  # then token by token from 89 on
+    np.testing.assert_allclose(pieces, whole, rtol=0, atol=2e-5)
+
+
+def test_batched_sequences_keep_their_own_state(qwen35_path: Path) -> None:
+    """Two prompts prefilled in one batch and decoded together give each one's logits alone."""
+    runner = make_runner(qwen35_path)
+    rng = np.random.default_rng(5)
+    a, b = rng.integers(0, VOCAB, 40).tolist(), rng.integers(0, VOCAB, 23).tolist()
+    ta, tb = list(range(0, 4)), list(range(4, 8))
+    alone = [score(runner, a, [30], ta, seq_id=1), score(runner, b, [18], tb, seq_id=2)]
+    got: list[list[np.ndarray]] = [[], []]
+    steps = [(30, 18)] + [(1, 1)] * 10  # a: 30 tokens, then 10 decodes; b: 18, then 5 decodes beside a
+    ca = cb = 0
+    for na, nb in steps:
+        items, owners = [], []
+        if ca < len(a):
+            items.append(RunItem(ta, a[ca : ca + na], ca, all_logits=True, seq_id=11))
+            owners.append(0)
+        if cb < len(b):
+            items.append(RunItem(tb, b[cb : cb + nb], cb, all_logits=True, seq_id=12))
+            owners.append(1)
+        for who, rows in zip(owners, runner.run(items), strict=True):
+            got[who].append(rows)
+        ca, cb = min(len(a), ca + na), min(len(b), cb + nb)
+    for who, want in enumerate(alone):
+        np.testing.assert_allclose(np.concatenate(got[who]), want, rtol=0, atol=2e-5)
+
+
+def _engine(path: Path, kv_cache_memory: int):  # noqa: ANN202 - EngineCoreProc
+    from edgellm.engine.config import EngineConfig
+    from edgellm.engine.core_process import EngineCoreProc
+
+    return EngineCoreProc(EngineConfig(str(path), n_ctx=128, kv_cache_memory=kv_cache_memory, threads=2))
+
+
+def _generate(eng, batch: list[list[int]], params) -> list[list[int]]:  # noqa: ANN001
+    rids = [eng.add_request(p, params) for p in batch]
+    toks: dict[tuple[str, int], list[int]] = {}
+    while eng.has_unfinished():
+        for out in eng.step():
+            toks.setdefault((out.request_id, out.index), []).extend(out.new_token_ids)
+    return [toks[(r, i)] for r in rids for i in range(params.n)]
+
+
+def test_engine_turns_off_prefix_hits_and_refuses_speculation(qwen35_path: Path) -> None:
+    """Through the engine: the prefix cache is off (a repeated prompt recomputes its prefix rather than
+    continuing blocks without their state), concurrent requests (and the n=2 completions of one, forked
+    from its state) generate exactly what each does alone, finished sequences leave no state, and
+    speculative decoding is refused naming why."""
+    from edgellm import SamplingParams
+    from edgellm.engine.config import EngineConfig
+    from edgellm.engine.core_process import EngineCoreProc
+    from edgellm.engine.spec.config import SpeculativeConfig
+
+    core = _engine(qwen35_path, 1 << 20)
+    eng = core.engine_core
+    assert eng.scheduler.block_manager.cache is None
+    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    shared = [5, 17, 42, 99, 7, 5, 17, 42] * 3
+    prompts = [shared, [1, 2, 3, 4, 5], shared + [8]]
+    alone = [_generate(eng, [p], greedy)[0] for p in prompts]
+    assert len({tuple(t) for t in alone}) == 3
+    assert _generate(eng, prompts, greedy) == alone
+    two = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, n=2)
+    assert _generate(eng, [prompts[0]], two) == [alone[0], alone[0]]
+    eng.step()  # an empty step frees the states of the sequences that finished
+    assert len(core.runner.conv_states) <= 1  # the anonymous one (warm-up) at most
+    spec = SpeculativeConfig("ngram", num_tokens=3, ngram_min=1)
+    with pytest.raises(ValueError, match=r"speculative decoding is not supported for qwen35"):
+        EngineCoreProc(EngineConfig(str(qwen35_path), n_ctx=128, kv_cache_memory=1 << 20, speculative=spec))
+
+
+def test_preempted_sequences_recompute_from_a_fresh_state(qwen35_path: Path) -> None:
+    """A KV pool too small for both sequences at once: one is preempted and recomputes from position 0
+    (its DeltaNet state restarts from zeros), and both generate what each does alone."""
+    from edgellm import SamplingParams
+
+    eng = _engine(qwen35_path, 0).engine_core  # the smallest pool: 9 blocks of 16
+    greedy = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    rng = np.random.default_rng(9)
+    prompts = [rng.integers(0, VOCAB, 50).tolist(), rng.integers(0, VOCAB, 55).tolist()]
+    alone = [_generate(eng, [p], greedy)[0] for p in prompts]
+    before = eng.stats().num_preemptions
+    assert _generate(eng, prompts, greedy) == alone
+    assert eng.stats().num_preemptions > before
+
+
+def test_other_backends_refuse_qwen35_at_load(qwen35_path: Path) -> None:
+    """The recurrence runs on host arrays: a device backend refuses the architecture by name."""
+    from edgellm.arch.qwen35 import Qwen35Model
+    from edgellm.gguf.config import UnsupportedArchitectureError, config_from_gguf
+    from edgellm.gguf.load import load_gguf
+
+    g = load_gguf(str(qwen35_path))
+    with pytest.raises(UnsupportedArchitectureError, match=r"'qwen35' .* not implemented on the cuda"):
+        Qwen35Model(config_from_gguf(g), g, SimpleNamespace(name="cuda"))
+
+
+def test_layer_kinds_and_state_shape_follow_the_metadata(qwen35_path: Path) -> None:
+    """full_attention_interval 4 over 6 layers: layer 3 attention (the KV cache's one layer), the rest
+    DeltaNet; a sequence's state is each DeltaNet layer's conv window (3 x 128 channels) and 4 matrices of
+    16 x 16."""
+    from edgellm.engine.conv_state import state_shape
+    from edgellm.gguf.config import config_from_gguf
+    from edgellm.gguf.load import load_gguf
+
+    cfg = config_from_gguf(load_gguf(str(qwen35_path)))
+    assert cfg.conv_layers == [True, True, True, False, True, True] and cfg.n_kv_layers == 1
+    assert cfg.recurrent and state_shape(cfg) == (5, 3 * 128 + 4 * 16 * 16)
+
+
+def test_qwen35_pre_tokenizer_keeps_combining_marks_in_words() -> None:
+    """tokenizer.ggml.pre 'qwen35' is llama.cpp's LLAMA_VOCAB_PRE_TYPE_QWEN35 regex: Qwen 2's, with
+    combining marks (\\p{M}) part of a word rather than of a punctuation run (its ids on a real vocabulary:
+    tests/gguf/test_tokenizer.py's pre-variant fixture)."""
+    from edgellm.tokenizer.bpe import BpeModel
+
+    def spans(pre: str, text: str) -> list[tuple[int, int]]:
+        model = BpeModel(["a"], [], pre)
+        return [span for _, span in model._hf.pre_tokenizer.pre_tokenize_str(text)]
+
+    text = "cafe\u0301! nai\u0308ve"
+    assert spans("qwen35", text) == [(0, 5), (5, 6), (6, 13)]  # "café", "!", " naïve"
+    # "cafe", "\u0301!", " nai", "\u0308ve"
+    assert spans("qwen2", text) == [(0, 4), (4, 6), (6, 10), (10, 13)]
