@@ -82,17 +82,21 @@ class EncoderLayer:
     wo: Any  # [n_embd, n_embd]
     bo: Any  # [n_embd] or None
     attn_norm: tuple[Any, Any]  # attn_output_norm (weight, bias) [n_embd] each
-    w_up: Any  # [n_ff, n_embd] (bert); [2 * n_ff, n_embd] gate|up (nomic)
-    b_up: Any  # [n_ff] or None
+    ffn: str  # "gelu": gelu(W_up x); "swiglu" / "geglu": act(gate) * up of W_up = [gate | up]
+    w_up: Any  # [n_ff, n_embd] (gelu); [2 * n_ff, n_embd] gate|up (swiglu, geglu)
+    b_up: Any  # [n_ff] / [2 * n_ff] or None
     w_down: Any  # [n_embd, n_ff]
     b_down: Any  # [n_embd] or None
     out_norm: tuple[Any, Any]  # layer_output_norm (weight, bias)
+    q_norm: tuple[Any, Any] | None = None  # LayerNorm of Q, of K over the whole [n_embd] (jina-bert-v2)
+    k_norm: tuple[Any, Any] | None = None
+    norm_2: tuple[Any, Any] | None = None  # attn_norm_2: x = norm2(x + layer input) after attn_output_norm
 
 
 class EncoderModel:
-    gated_ffn = False  # nomic: silu(gate) * up, no FFN biases applied (llama.cpp's graph has none there)
     rope = False  # nomic: rope on Q and K
     position_embd = True  # bert: learned absolute positions
+    alibi_max_bias = 0.0  # jina-bert-v2: ALiBi, each head's bias slope * -|i - j| (llama.cpp's max_bias 8)
 
     def __init__(self, cfg: ModelConfig, gguf: GGUFFile, be: Backend, progress=None) -> None:
         from edgellm.backends.base import StepIndex  # arch files import no backend at load (registry.py)
@@ -122,9 +126,11 @@ class EncoderModel:
                 progress(il + 1, cfg.n_layers)
         # the classification head (pooling "rank"), each part optional as llama.cpp reads it
         self.cls = self.cls_b = self.cls_out = self.cls_out_b = None
+        self.cls_rows = e  # cls [n_embd, n_embd] (jina-bert-v2's rerankers: [1, n_embd], no cls.output)
         if src.has("cls.weight"):
-            self.cls = be.load_matrix([src.get("cls.weight", (e, e))])  # [n_embd, n_embd]
-            self.cls_b = load_biases(be, src, [("cls.bias", e)])
+            self.cls_rows = gguf.tensors["cls.weight"].shape[0]
+            self.cls = be.load_matrix([src.get("cls.weight", (self.cls_rows, e))])
+            self.cls_b = load_biases(be, src, [("cls.bias", self.cls_rows)])
         if src.has("cls.output.weight"):
             self.cls_out = be.load_matrix(
                 [src.get("cls.output.weight", (cfg.n_cls_out, e))]
@@ -146,27 +152,36 @@ class EncoderModel:
         else:
             wqkv = be.load_matrix([src.get(p + f"attn_{n}.weight", (e, e)) for n in "qkv"])
             bqkv = load_biases(be, src, [(p + f"attn_{n}.bias", e) for n in "qkv"])
-        if self.gated_ffn:
-            w_up = be.load_matrix(
-                [src.get(p + "ffn_gate.weight", (f, e)), src.get(p + "ffn_up.weight", (f, e))]
+        ffn, w_up, b_up, b_down = self.load_ffn(src, il)
+        optional = {
+            field: self._norm(src, p + name) if src.has(p + name + ".weight") else None
+            for field, name in (
+                ("q_norm", "attn_q_norm"),
+                ("k_norm", "attn_k_norm"),
+                ("norm_2", "attn_norm_2"),
             )
-            b_up = b_down = None
-        else:
-            w_up = be.load_matrix([src.get(p + "ffn_up.weight", (f, e))])
-            b_up = load_biases(be, src, [(p + "ffn_up.bias", f)])
-            b_down = load_biases(be, src, [(p + "ffn_down.bias", e)])
+        }  # the spec lists them where the architecture has them (jina-bert-v2)
         return EncoderLayer(
+            **optional,
             wqkv=wqkv,
             bqkv=bqkv,
             wo=be.load_matrix([src.get(p + "attn_output.weight", (e, e))]),
             bo=load_biases(be, src, [(p + "attn_output.bias", e)]),
             attn_norm=self._norm(src, p + "attn_output_norm"),
+            ffn=ffn,
             w_up=w_up,
             b_up=b_up,
             w_down=be.load_matrix([src.get(p + "ffn_down.weight", (e, f))]),
             b_down=b_down,
             out_norm=self._norm(src, p + "layer_output_norm"),
         )
+
+    def load_ffn(self, src: TensorSource, il: int) -> tuple[str, Any, Any, Any]:
+        """(kind, W_up, its bias, W_down's bias) of layer il's MLP: bert's gelu(W_up x + b_up), biased."""
+        be, p, e, f = self.be, f"blk.{il}.", self.cfg.n_embd, self.cfg.n_ff
+        w_up = be.load_matrix([src.get(p + "ffn_up.weight", (f, e))])
+        b_up = load_biases(be, src, [(p + "ffn_up.bias", f)])
+        return "gelu", w_up, b_up, load_biases(be, src, [(p + "ffn_down.bias", e)])
 
     def weight_matrices(self) -> list[Any]:
         """Every matrix one pass reads (arch/common.py weight_bytes_per_token)."""
@@ -190,11 +205,16 @@ class EncoderModel:
             hidden = self._head(hidden)
         return np.zeros((len(batch.logits_index), self.cfg.n_vocab), np.float32), hidden
 
+    def _host_layernorm(self, x: np.ndarray, norm: tuple[Any, Any]) -> np.ndarray:
+        h = self.be.from_host(np.ascontiguousarray(x, np.float32))
+        self.be.layernorm(h, *norm, self.cfg.layer_norm_eps, h)
+        return self.be.to_host(h)
+
     def _head(self, h: Any) -> Any:
         """llama.cpp's build_pooling RANK: tanh(cls @ h + cls_b), then cls_out @ . + cls_out_b."""
         be = self.be
         if self.cls is not None:
-            t = be.empty((h.shape[0], self.cfg.n_embd))
+            t = be.empty((h.shape[0], self.cls_rows))
             be.matmul(h, self.cls, t)
             if self.cls_b is not None:
                 be.add_bias(t, self.cls_b)
@@ -229,24 +249,35 @@ class EncoderModel:
             q = np.ascontiguousarray(host[:, :e]).reshape(T, cfg.n_heads, cfg.head_dim)  # [T, H, d]
             k = np.ascontiguousarray(host[:, e : 2 * e]).reshape(T, cfg.n_heads, cfg.head_dim)
             v = host[:, 2 * e :].reshape(T, cfg.n_heads, cfg.head_dim)
+            if w.q_norm is not None:  # over each token's whole Q (K): [T, n_embd]
+                q = self._host_layernorm(q.reshape(T, e), w.q_norm).reshape(T, cfg.n_heads, cfg.head_dim)
+            if w.k_norm is not None:
+                k = self._host_layernorm(k.reshape(T, e), w.k_norm).reshape(T, cfg.n_heads, cfg.head_dim)
             if self.rope:
                 q, k = be.from_host(q), be.from_host(k)
                 be.rope(q, inp.positions, cfg.rope)
                 be.rope(k, inp.positions, cfg.rope)
                 q, k = be.to_host(q), be.to_host(k)
-            attn = be.from_host(bidirectional_attention(q, k, v, spans, cfg.attn_scale).reshape(T, e))
+            slopes = alibi_slopes(cfg.n_heads, self.alibi_max_bias) if self.alibi_max_bias else None
+            attn = bidirectional_attention(q, k, v, spans, cfg.attn_scale, slopes)
+            attn = be.from_host(attn.reshape(T, e))
             a = be.empty((T, e))
             be.matmul(attn, w.wo, a)
             if w.bo is not None:
                 be.add_bias(a, w.bo)
             be.add(a, x)
             be.layernorm(a, *w.attn_norm, cfg.layer_norm_eps, a)  # x = norm(attention + x)
+            if w.norm_2 is not None:
+                be.add(a, x)
+                be.layernorm(a, *w.norm_2, cfg.layer_norm_eps, a)
             x = a
-            if self.gated_ffn:
+            if w.ffn != "gelu":
                 gate_up = be.empty((T, 2 * cfg.n_ff))
                 be.matmul(x, w.w_up, gate_up)
+                if w.b_up is not None:
+                    be.add_bias(gate_up, w.b_up)
                 h = be.empty((T, cfg.n_ff))
-                be.gated_act(gate_up, h, "silu")
+                be.gated_act(gate_up, h, "silu" if w.ffn == "swiglu" else "gelu")
             else:
                 h = be.empty((T, cfg.n_ff))
                 be.matmul(x, w.w_up, h)
@@ -261,6 +292,15 @@ class EncoderModel:
             be.layernorm(out, *w.out_norm, cfg.layer_norm_eps, out)  # x = norm(ffn + x)
             x = out
         return x
+
+
+def alibi_slopes(n_heads: int, max_bias: float) -> np.ndarray:
+    """Each head's ALiBi slope as ggml_soft_max_ext computes it: [n_heads] float32."""
+    n_log2 = 1 << int(np.floor(np.log2(n_heads)))
+    m0 = 2.0 ** (-max_bias / n_log2)
+    m1 = 2.0 ** (-(max_bias / 2.0) / n_log2)
+    h = np.arange(n_heads)
+    return np.where(h < n_log2, m0 ** (h + 1), m1 ** (2 * (h - n_log2) + 1)).astype(np.float32)
 
 
 def sequence_spans(batch: ForwardBatch) -> list[tuple[int, int]]:
@@ -280,12 +320,21 @@ def sequence_spans(batch: ForwardBatch) -> list[tuple[int, int]]:
 
 
 def bidirectional_attention(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, spans: list[tuple[int, int]], scale: float
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    spans: list[tuple[int, int]],
+    scale: float,
+    slopes: np.ndarray | None = None,
 ) -> np.ndarray:
-    """softmax(scale * Q K^T) V within each span, no mask inside it: q, k, v [T, H, d] -> [T, H, d]."""
+    """softmax(scale * Q K^T (+ ALiBi: slope_h * -|i - j|)) V within each span, no mask inside it:
+    q, k, v [T, H, d] -> [T, H, d]."""
     out = np.empty_like(q, dtype=np.float32)
     for s, t in spans:
         scores = np.einsum("qhd,khd->hqk", q[s:t], k[s:t]).astype(np.float32) * np.float32(scale)  # [H, n, n]
+        if slopes is not None:
+            n = np.arange(t - s)
+            scores -= slopes[:, None, None] * np.abs(n[:, None] - n[None, :]).astype(np.float32)
         scores -= scores.max(axis=-1, keepdims=True)
         np.exp(scores, out=scores)
         scores /= scores.sum(axis=-1, keepdims=True)

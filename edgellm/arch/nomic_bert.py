@@ -10,7 +10,10 @@ ffn_gate / ffn_up [f, e], ffn_down [e, f], layer_output_norm [e] x2.
 
 from __future__ import annotations
 
+from typing import Any
+
 from edgellm.arch.bert import BERT_BLOCK, encoder_shapes
+from edgellm.arch.common import TensorSource
 from edgellm.arch.encoder import ENCODER_GLOBALS, ENCODER_KEYS, EncoderModel, read_encoder
 from edgellm.arch.spec import ArchSpec, Shapes
 from edgellm.gguf.model_config import ROPE_NEOX, ModelConfig
@@ -43,9 +46,14 @@ SPEC = ArchSpec(
 
 
 class NomicBertModel(EncoderModel):
-    gated_ffn = True
     rope = True
     position_embd = False
+
+    def load_ffn(self, src: TensorSource, il: int) -> tuple[str, Any, Any, Any]:
+        """silu(W_gate x) * W_up x, no biases (llama.cpp's graph passes none for nomic-bert)."""
+        p, e, f = f"blk.{il}.", self.cfg.n_embd, self.cfg.n_ff
+        gate_up = [src.get(p + "ffn_gate.weight", (f, e)), src.get(p + "ffn_up.weight", (f, e))]
+        return "swiglu", self.be.load_matrix(gate_up), None, None
 
 
 MODEL = NomicBertModel

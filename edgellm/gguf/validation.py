@@ -121,6 +121,8 @@ def validate_model(g: GGUFFile, cfg: ModelConfig) -> None:
         spec.check(g, cfg)
     shapes = spec.tensor_shapes(cfg)
     shapes.update({n: s for n, s in optional_tensors(cfg).items() if n in g.tensors and n not in shapes})
+    for name in [n for n in shapes if n.split(".", 2)[-1] in spec.checked_shapes and n.startswith("blk.")]:
+        del shapes[name]  # spec.check checked it
     for name, shape in shapes.items():
         _check_tensor(g, name, shape)
     _check_tokenizer_metadata(g, cfg)

@@ -44,12 +44,13 @@ class EncoderCase:
     pooling: int  # llama.cpp's llama_pooling_type: 0 none, 1 mean, 2 cls, 3 last, 4 rank
     qtype: GGMLQuantizationType = T.F32
     fused_qkv: bool | None = None
+    gate_in_up: bool = False
     seed: int = 0
 
     def write(self, path: str | Path) -> Path:
         return write_tiny_encoder(
             path, self.arch, pooling=self.pooling, reranker=self.pooling == 4, context_length=N_CTX,
-            qtype=self.qtype, fused_qkv=self.fused_qkv, seed=self.seed,
+            qtype=self.qtype, fused_qkv=self.fused_qkv, gate_in_up=self.gate_in_up, seed=self.seed,
         )  # fmt: skip
 
 
@@ -61,6 +62,8 @@ CASES = {
     "bert_rerank": EncoderCase("bert", 4, seed=4),
     "nomic_bert_mean": EncoderCase("nomic-bert", 1, seed=5),
     "nomic_bert_cls_q8_0": EncoderCase("nomic-bert", 2, T.Q8_0, seed=6),
+    "jina_bert_v2_mean": EncoderCase("jina-bert-v2", 1, seed=7),
+    "jina_bert_v2_mean_gate_in_up": EncoderCase("jina-bert-v2", 1, gate_in_up=True, seed=8),
 }
 
 

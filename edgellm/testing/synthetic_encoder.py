@@ -20,7 +20,11 @@ from gguf import GGMLQuantizationType
 from edgellm.testing.encode import encode_tensor
 
 T = GGMLQuantizationType
-ENCODER_ARCHS = ("bert", "nomic-bert")  # tests/gguf/test_encoders.py's, apart from the decoders' oracle cases
+ENCODER_ARCHS = (
+    "bert",
+    "nomic-bert",
+    "jina-bert-v2",
+)  # tests/gguf/test_encoders.py's, apart from the decoders' oracle cases
 PHANTOM = "\u2581"
 WORDS = (
     "the",
@@ -86,12 +90,14 @@ def write_tiny_encoder(
     context_length: int = 128,
     qtype: GGMLQuantizationType = T.F32,
     fused_qkv: bool | None = None,
+    gate_in_up: bool = False,
     seed: int = 0,
 ) -> Path:
     """A tiny `arch` encoder (bert or nomic-bert) with {arch}.pooling_type `pooling` (0 none, 1 mean,
     2 cls, 3 last, 4 rank); `reranker`: with the classification head (cls, cls.output: one label) and
     pooling rank. Matrices in `qtype`; norms, biases and embeddings F32. nomic-bert: fused Q|K|V by
-    default, as its converter writes it."""
+    default, as its converter writes it. jina-bert-v2: Q and K norms, attn_norm_2, and a separate ffn_gate,
+    or with `gate_in_up` the gate as the first half of a 2 * n_ff ffn_up."""
     if arch not in ENCODER_ARCHS:
         raise ValueError(f"unknown encoder {arch!r}")
     if reranker:
@@ -136,13 +142,18 @@ def write_tiny_encoder(
                 shapes.update({b + f"attn_{n}.weight": (e, e), b + f"attn_{n}.bias": (e,)})
         shapes.update({b + "attn_output.weight": (e, e), b + "attn_output.bias": (e,),
                        b + "attn_output_norm.weight": (e,), b + "attn_output_norm.bias": (e,)})  # fmt: skip
-        if arch == "nomic-bert":
+        if arch == "jina-bert-v2":
+            for n in ("attn_q_norm", "attn_k_norm", "attn_norm_2"):
+                shapes.update({b + n + ".weight": (e,), b + n + ".bias": (e,)})
+        if arch == "nomic-bert" or (arch == "jina-bert-v2" and not gate_in_up):
             shapes[b + "ffn_gate.weight"] = (f, e)
         shapes.update({b + "ffn_up.weight": (f, e), b + "ffn_up.bias": (f,), b + "ffn_down.weight": (e, f),
                        b + "ffn_down.bias": (e,), b + "layer_output_norm.weight": (e,),
                        b + "layer_output_norm.bias": (e,)})  # fmt: skip
         if arch == "nomic-bert":  # its converter writes no FFN biases (llama.cpp would ignore them)
             del shapes[b + "ffn_up.bias"], shapes[b + "ffn_down.bias"]
+        if gate_in_up:
+            shapes.update({b + "ffn_up.weight": (2 * f, e), b + "ffn_up.bias": (2 * f,)})
     if reranker:
         shapes.update({"cls.weight": (e, e), "cls.bias": (e,), "cls.output.weight": (1, e),
                        "cls.output.bias": (1,)})  # fmt: skip
