@@ -134,3 +134,35 @@ def test_rerank_bad_requests(rerank_server: str, body: dict, needle: str) -> Non
 def test_embeddings_on_a_reranker_is_a_400(rerank_server: str) -> None:
     r = httpx.post(f"{rerank_server}/v1/embeddings", json={"input": "hello"}, timeout=120)
     assert r.status_code == 400 and "reranker" in r.text, r.text
+
+
+def test_encoders_beside_a_chat_model_in_a_multi_model_server(
+    tmp_path: Path, bert_model: Path, rerank_model: Path
+) -> None:
+    from edgellm.testing.synthetic import write_tiny_model
+
+    chat = str(write_tiny_model(tmp_path / "chat.gguf", "llama", seed=1))
+    emb, rr = str(bert_model), str(rerank_model)
+    router, url = start_server(
+        None, "--models", f"{chat},{emb},{rr}", "--ctx", "128", "--kv-cache-memory", "1M"
+    )
+    try:
+        e = httpx.post(f"{url}/v1/embeddings", json={"model": emb, "input": TEXTS}, timeout=300)
+        assert e.status_code == 200, e.text
+        assert len(e.json()["data"]) == len(TEXTS)
+        r = httpx.post(f"{url}/rerank", json={"model": rr, "query": QUERY, "documents": DOCS}, timeout=300)
+        assert r.status_code == 200 and len(r.json()["results"]) == len(DOCS), r.text
+        c = httpx.post(
+            f"{url}/v1/completions", json={"model": chat, "prompt": "hi", "max_tokens": 2}, timeout=300
+        )
+        assert c.status_code == 200, c.text
+        bad = httpx.post(
+            f"{url}/v1/completions", json={"model": emb, "prompt": "hi", "max_tokens": 2}, timeout=300
+        )
+        assert bad.status_code == 400 and "embedding-only" in bad.text, bad.text
+        bad = httpx.post(
+            f"{url}/v1/rerank", json={"model": chat, "query": QUERY, "documents": DOCS}, timeout=300
+        )
+        assert bad.status_code == 400 and "not a reranker" in bad.text, bad.text
+    finally:
+        stop_server(router)
