@@ -122,38 +122,41 @@ def embed_edgellm(path: str | Path, inputs: list[list[int]], n_ctx: int = N_CTX)
 
 
 def embed_llamacpp(path: str | Path, inputs: list[list[int]], pooling: int, n_ctx: int = N_CTX) -> list[Any]:
-    """llama.cpp's vectors for each input, one decode with every input as its own sequence (as
+    """llama.cpp's vectors for each input, every input its own sequence of a batched decode (as
     llama-server batches them): pooled [n_embd] (rank: [n_cls_out]), or per token [n, n_embd] with
-    pooling 0 (none). Unnormalised."""
+    pooling 0 (none). Unnormalised. Mean pooling decodes two sequences at a time: llama.cpp 0.3.36 fails
+    ggml_can_mul_mat in its mean pooling with three or more sequences in one decode."""
     import llama_cpp
 
     from edgellm.testing.llamacpp_oracle import without_extra_buffer_types
 
     without_extra_buffer_types()  # SIGILL in llama.cpp's AMX matmul on this VM otherwise
+    per_decode = 2 if pooling == 1 else len(inputs)
+    total = n_ctx * per_decode  # llama-cpp-python caps n_batch at n_ctx: one decode holds its inputs
     llm = llama_cpp.Llama(
-        str(path), embedding=True, pooling_type=pooling, n_ctx=n_ctx, n_batch=n_ctx * len(inputs),
-        n_ubatch=n_ctx * len(inputs), n_seq_max=len(inputs), verbose=False,
+        str(path), embedding=True, pooling_type=pooling, n_ctx=total, n_batch=total, n_ubatch=total,
+        n_seq_max=per_decode, verbose=False,
     )  # fmt: skip
     n_embd = llm.n_embd()
     n_out = llama_cpp.llama_model_n_cls_out(llm.model) if pooling == 4 else n_embd
-    llm._batch.reset()
-    for i, ids in enumerate(inputs):
-        llm._batch.add_sequence(ids, i, True)
-    llm._ctx.kv_cache_clear()
-    llm._ctx.decode(llm._batch)
     out: list[Any] = []
-    if pooling == 0:
-        ptr = llama_cpp.llama_get_embeddings(llm._ctx.ctx)
-        pos = 0
-        for ids in inputs:
-            out.append(
-                np.array(ptr[pos * n_embd : (pos + len(ids)) * n_embd], np.float32).reshape(len(ids), n_embd)
-            )
-            pos += len(ids)
-    else:
-        for i in range(len(inputs)):
-            ptr = llama_cpp.llama_get_embeddings_seq(llm._ctx.ctx, i)
-            out.append(np.array(ptr[:n_out], np.float32))
+    for start in range(0, len(inputs), per_decode):
+        group = inputs[start : start + per_decode]
+        llm._batch.reset()
+        for i, ids in enumerate(group):
+            llm._batch.add_sequence(ids, i, True)
+        llm._ctx.kv_cache_clear()
+        llm._ctx.decode(llm._batch)
+        if pooling == 0:
+            ptr = llama_cpp.llama_get_embeddings(llm._ctx.ctx)
+            pos = 0
+            for ids in group:
+                rows = np.array(ptr[pos * n_embd : (pos + len(ids)) * n_embd], np.float32)
+                out.append(rows.reshape(len(ids), n_embd))
+                pos += len(ids)
+        else:
+            for i in range(len(group)):
+                out.append(np.array(llama_cpp.llama_get_embeddings_seq(llm._ctx.ctx, i)[:n_out], np.float32))
     llm.close()
     return out
 

@@ -72,6 +72,7 @@ def wordpiece_vocab() -> tuple[list[str], list[int]]:
     letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [str(d) for d in range(10)]
     normal = [PHANTOM + w for w in WORDS] + [PHANTOM + c for c in letters] + list(letters)
     normal += list(SUFFIXES) + [PHANTOM + p for p in PUNCT] + [PHANTOM + "\u4e2d", PHANTOM + "\u6587"]
+    normal = list(dict.fromkeys(normal))  # each text once: llama.cpp asserts a one-to-one vocabulary
     tokens += normal
     types += [1] * len(normal)
     return tokens, types
@@ -164,6 +165,8 @@ def write_tiny_encoder(
         elif role.endswith("bias"):
             mean, std = 0.0, 0.1
         elif name in ("token_embd.weight", "token_types.weight", "position_embd.weight"):
+            mean, std = 0.0, 1.0
+        elif name == "cls.output.weight":  # scores spread over a few units: their order is clear
             mean, std = 0.0, 1.0
         else:
             mean, std = 0.0, 1.0 / math.sqrt(shape[-1])

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import unicodedata
 
+from edgellm.tokenizer.vocab import TokenizerError
+
 PHANTOM_SPACE = "\u2581"
 # llama.cpp's unicode whitespace table (scripts/gen-unicode-data.py: Unicode's White_Space property)
 WHITESPACE = frozenset(
@@ -86,6 +88,8 @@ def split_words(text: str, lowercase: bool, strip_accents: bool) -> list[str]:
 class WpmModel:
     def __init__(self, tokens: list[str], unknown_id: int, lowercase: bool, strip_accents: bool) -> None:
         self._ids = {t.encode("utf-8"): i for i, t in enumerate(tokens)}
+        if len(self._ids) != len(tokens):  # llama.cpp asserts id_to_token.size() == token_to_id.size()
+            raise TokenizerError(f"the vocabulary has {len(tokens) - len(self._ids)} duplicate token texts")
         self._tokens = tokens
         self.max_token_len = max(len(t) for t in self._ids)  # bytes, as llama.cpp's max_token_len
         self.unknown_id, self.lowercase, self.strip_accents = unknown_id, lowercase, strip_accents
