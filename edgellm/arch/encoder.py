@@ -27,7 +27,7 @@ import numpy as np
 
 from edgellm.arch.common import ForwardBatch, TensorSource, load_biases
 from edgellm.gguf.metadata import get_float, get_int
-from edgellm.gguf.model_config import ModelConfig
+from edgellm.gguf.model_config import ModelConfig, UnsupportedArchitectureError
 from edgellm.gguf.reader import GGUFError, GGUFFile
 
 if TYPE_CHECKING:
@@ -101,6 +101,11 @@ class EncoderModel:
     def __init__(self, cfg: ModelConfig, gguf: GGUFFile, be: Backend, progress=None) -> None:
         from edgellm.backends.base import StepIndex  # arch files import no backend at load (registry.py)
 
+        if be.name != "cpu":  # the pass is generic backend calls, but no device run has checked it
+            raise UnsupportedArchitectureError(
+                f"{cfg.arch} (an encoder) runs on the CPU backend only: not yet checked on {be.name} "
+                "(use --backend cpu)"
+            )
         self.cfg, self.be = cfg, be
         src = TensorSource(gguf)
         e, V = cfg.n_embd, cfg.n_vocab

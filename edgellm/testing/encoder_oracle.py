@@ -27,6 +27,7 @@ TEXTS = (
     "中文 embed-rank (query; document)",
     " ".join(["the cat sat on the mat and the dog played"] * 10),
     "a",
+    "query: Paris[SEP]document: [MASK] is the capital",  # special-token text parsed, as llama-server does
 )
 QUERY = "What is the capital of France?"
 DOCUMENTS = (

@@ -124,3 +124,17 @@ def test_the_match_depends_on_the_feature(
     monkeypatch.setattr(model_classes()[CASES[name].arch], feature, off)
     got = embed_edgellm(path, fx["ids"])
     assert max(1 - cosine(g, r) for g, r in zip(got, fx["vectors"], strict=True)) > 10 * STRICT
+
+
+def test_rerank_prompt_from_the_gguf_template(tmp_path: Path) -> None:
+    """tokenizer.chat_template.rerank, where the GGUF has one: {query} and {document} put in, special-token
+    text in it parsed, no [CLS]/[SEP] added (llama-server's format_prompt_rerank)."""
+    from edgellm.llm_inputs import InputRequestsMixin
+
+    g = load_gguf(str(_write("bert_rerank", tmp_path)))
+    front = InputRequestsMixin()
+    front.tokenizer, front.n_ctx = Tokenizer.from_metadata(g.metadata), 128
+    front.metadata = {**g.metadata, "tokenizer.chat_template.rerank": "[CLS]{query}[SEP]{document}[SEP]"}
+    tok = front.tokenizer
+    q, d = tok.encode("the cat", add_special=True)[1:-1], tok.encode("a dog", add_special=True)[1:-1]
+    assert front.rerank_ids("the cat", "a dog") == [101, *q, 102, *d, 102]

@@ -76,6 +76,17 @@ def test_ollama_embed(bert_server: str, bert_model: Path) -> None:
     assert min(cosine(g, x) for g, x in zip(got, ref, strict=True)) > 0.99999
 
 
+def test_langchain_ollama_embeddings(bert_server: str, bert_model: Path) -> None:
+    from langchain_ollama import OllamaEmbeddings
+
+    emb = OllamaEmbeddings(model="bert", base_url=bert_server)
+    docs = emb.embed_documents(TEXTS)
+    query = emb.embed_query(TEXTS[0])
+    ref = embed_edgellm(bert_model, _ids(bert_model, TEXTS))
+    assert min(cosine(g, r) for g, r in zip(docs, ref, strict=True)) > 0.99999
+    assert cosine(query, ref[0]) > 0.99999
+
+
 @pytest.mark.parametrize(
     ("path", "body"),
     [
