@@ -28,6 +28,7 @@ TEXTS = (
     " ".join(["the cat sat on the mat and the dog played"] * 10),
     "a",
     "query: Paris[SEP]document: [MASK] is the capital",  # special-token text parsed, as llama-server does
+    "Ωmega costs 5€, the €uro",  # words with a character no entry covers: one [UNK] each
 )
 QUERY = "What is the capital of France?"
 DOCUMENTS = (
