@@ -24,6 +24,7 @@ from typing import Any
 from edgellm.catalog import resolve_model
 from edgellm.engine.checks import (
     PromptTooLongError,
+    check_generative,
     check_prompt,
     check_request,
     encode_within,
@@ -208,6 +209,7 @@ class LLM(InputRequestsMixin):
         for a generated token, logit_bias names ids of the vocabulary, and a grammar was compiled for this
         tokenizer. Raises ValueError naming the problem (PromptTooLongError, TokenIdError); the engine
         core guards its kernels with the same checks. `group`: as submit's."""
+        check_generative(self.config)  # an encoder embeds only: EmbeddingOnlyError, a ValueError
         ids = self.encode_prompt(prompt)
         check_request(ids, params, self.n_ctx, self.tokenizer.vocab_size)
         check_for_vocabulary(params, (self.tokenizer, self.config.n_vocab))  # compiled in a worker, not here

@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edgellm.engine.checks import PromptTooLongError, check_embedding_input, check_score_input, encode_within
+from edgellm.engine.checks import (
+    PromptTooLongError,
+    check_embedding_input,
+    check_pooling,
+    check_score_input,
+    encode_within,
+)
 from edgellm.engine.protocol import EngineCoreRequest, RequestKind
 
 if TYPE_CHECKING:
@@ -27,6 +33,7 @@ class InputRequestsMixin:
     config: ModelConfig
     tokenizer: Tokenizer
     n_ctx: int
+    metadata: dict[str, Any]
     _rids: itertools.count
 
     def _new_group(self) -> str:
@@ -84,10 +91,47 @@ class InputRequestsMixin:
         """Embeddings: float32 [len(inputs), n_embd], each row the input's final hidden states (after the
         output norm) pooled as the model's GGUF says (mean unless its pooling_type says cls or last) and
         L2-normalized. An input is text or token ids; a single one gives one row."""
+        check_embedding_model(self.config)
+        ids = [self.embedding_ids(x) for x in as_list(inputs)]
+        return self._pooled(ids, self.config.n_embd)
+
+    def rerank(self, query: str, documents: Sequence[str]) -> np.ndarray:
+        """A reranker's relevance score of each document for the query, in the documents' order: float32
+        [len(documents)], the classification head's first output for the prompt llama-server builds
+        (rerank_ids), as llama-server's /v1/rerank scores it (unnormalised)."""
+        check_reranker(self.config)
+        ids = [self.rerank_ids(query, d) for d in documents]
+        return self._pooled(ids, self.config.n_cls_out)[:, 0] if ids else np.empty(0, np.float32)
+
+    def rerank_ids(self, query: str, document: str) -> list[int]:
+        """The query/document pair as llama-server's format_prompt_rerank builds it: the GGUF's
+        tokenizer.chat_template.rerank with {query} and {document} put in (special tokens parsed), else
+        BOS query (EOS) (SEP) document (EOS), each part tokenized without specials. Checked as an input
+        to embed."""
+        tok = self.tokenizer
+        template = self.metadata.get("tokenizer.chat_template.rerank")
+        if isinstance(template, str):
+            text = template.replace("{query}", query).replace("{document}", document)
+            return self.embedding_ids(tok.encode(text, add_special=False, parse_special=True))
+        q = tok.encode(query, add_special=False, parse_special=False)
+        d = tok.encode(document, add_special=False, parse_special=False)
+        eos = tok.eos_id if tok.eos_id is not None else tok.sep_id
+        ids = [tok.bos_id] if tok.add_bos and tok.bos_id is not None else []
+        ids += q
+        if tok.add_eos and eos is not None:
+            ids.append(eos)
+        if tok.add_sep and tok.sep_id is not None:
+            ids.append(tok.sep_id)
+        ids += d
+        if tok.add_eos and eos is not None:
+            ids.append(eos)
+        return self.embedding_ids(ids)
+
+    def _pooled(self, ids: list[list[int]], width: int) -> np.ndarray:
+        """The engine's pooled vectors [len(ids), width] for checked inputs, as one group."""
         import queue
 
-        ids = [self.embedding_ids(x) for x in as_list(inputs)]
-        out = np.empty((len(ids), self.config.n_embd), np.float32)
+        out = np.empty((len(ids), width), np.float32)
         q: queue.Queue = queue.Queue()
         rids, group = [], self._new_group()
         try:
@@ -123,6 +167,27 @@ class InputRequestsMixin:
             if not done:
                 self.core.abort_all(rids)
         return np.stack(vecs) if vecs else np.empty((0, self.config.n_embd), np.float32)
+
+
+def check_embedding_model(cfg: ModelConfig) -> None:
+    """ValueError unless the model gives one vector per input: not a reranker, not pooling none."""
+    if cfg.pooling == "rank":
+        raise ValueError(
+            f"this model ({cfg.arch}) is a reranker (pooling_type rank): it scores query/document pairs "
+            "(rerank, /v1/rerank), it gives no embeddings"
+        )
+    check_pooling(cfg.pooling)
+
+
+def check_reranker(cfg: ModelConfig) -> None:
+    """ValueError unless the model is a reranker (pooling_type rank, a classification head)."""
+    if cfg.pooling == "rank":
+        check_pooling(cfg.pooling, head=not cfg.causal)  # a decoder reranker: not implemented
+    else:
+        raise ValueError(
+            f"this model ({cfg.arch}, pooling {cfg.pooling!r}) is not a reranker: reranking needs a model "
+            "whose GGUF pooling_type is rank (a cross-encoder with a classification head)"
+        )
 
 
 def _embedding(item: Any) -> Any:

@@ -145,6 +145,8 @@ def warm_up(runner, log: Callable[[str], None] | None, watch: CompileWatch | Non
     try:
         # Block 0 is free at start-up; whatever is written there is overwritten before anyone reads it.
         phases = [("prefill kernels", [0, 1]), ("decode kernels", [1])]
+        if not runner.cfg.causal:  # an encoder runs whole inputs only (arch/encoder.py)
+            phases = phases[:1]
         for i, (name, toks) in enumerate(phases, 1):
             start = 0 if len(toks) == 2 else 2
             runner.run([RunItem([0], toks, start)])

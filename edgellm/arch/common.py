@@ -256,7 +256,7 @@ def weight_bytes_per_token(model: Any, all_experts: bool = False) -> int:
     mixture of experts the router, any shared expert and the n_expert_used experts a token selects (their
     file bytes), or every expert with all_experts (what the model holds)."""
     seen, total = set(), 0
-    mats = [model.output]
+    mats = model.weight_matrices() if hasattr(model, "weight_matrices") else [model.output]  # an encoder
     for attn, ffn in model.layers:
         mats += attn.matrices if hasattr(attn, "matrices") else [attn.wqkv, attn.wo]  # LFM2's short conv
         if hasattr(ffn, "experts"):  # arch/moe.py

@@ -234,6 +234,9 @@ class ArchSpec:
     # Every tensor the model code reads -> its shape (gguf/validation.py checks each)
     tensor_shapes: Callable[[ModelConfig], Shapes] = llama_family_shapes
     check: Callable[[GGUFFile, ModelConfig], None] | None = None  # what the tables above cannot say
+    # Per-layer tensors (after "blk.N.") of more than one allowed shape, which `check` checks instead of
+    # validation's one shape per name (jina-bert-v2's ffn_up and its bias, with or without the gate in it)
+    checked_shapes: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         unknown = set(self.flags) - {f.name for f in fields(ModelConfig)}

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from edgellm.tokenizer import TextTooLongError
 
 if TYPE_CHECKING:
+    from edgellm.gguf.model_config import ModelConfig
     from edgellm.sampling import SamplingParams
     from edgellm.tokenizer import Tokenizer
 
@@ -76,6 +77,42 @@ def encode_within(tokenizer: Tokenizer, text: str, n_ctx: int, most: int) -> lis
         return tokenizer.encode(text, add_special=True, max_tokens=most)
     except TextTooLongError as e:
         raise PromptTooLongError(e.num_tokens, n_ctx, at_least=True) from None
+
+
+POOLABLE = ("mean", "cls", "last", "rank")  # engine/pooling.py's ways
+
+
+def check_pooling(pooling: str, head: bool = False) -> None:
+    """ValueError unless the engine can pool this way; `head`: the model applies a classification head to
+    the pooled row (an encoder: arch/encoder.py), which pooling "rank" needs."""
+    if pooling == "rank" and not head:
+        raise ValueError(
+            "this model's pooling type is 'rank' (a reranker) but it is a decoder: a decoder reranker "
+            "(Qwen3-Reranker style) is not implemented"
+        )
+    if pooling == "none":
+        raise ValueError(
+            "this model's pooling type is 'none' (its GGUF's pooling_type: one vector per token), which "
+            "gives no one vector per input; use a model file whose pooling_type is mean, cls or last"
+        )
+    if pooling not in POOLABLE:
+        raise ValueError(
+            f"this model's pooling type is {pooling!r} (its GGUF's pooling_type); embeddings support "
+            f"{', '.join(POOLABLE)}"
+        )
+
+
+class EmbeddingOnlyError(ValueError):
+    """Generation or scoring asked of a model that has no vocabulary projection (an encoder)."""
+
+
+def check_generative(cfg: ModelConfig) -> None:
+    """EmbeddingOnlyError for an encoder (arch/encoder.py): it embeds (and ranks), it cannot generate."""
+    if not cfg.causal:
+        raise EmbeddingOnlyError(
+            f"this model ({cfg.arch}) is an embedding-only encoder: it cannot generate text or score "
+            "tokens; use it for embeddings" + (" or reranking" if cfg.pooling == "rank" else "")
+        )
 
 
 def check_embedding_input(ids: Sequence[int], n_ctx: int, vocab_size: int) -> None:

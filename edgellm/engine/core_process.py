@@ -11,6 +11,7 @@ The messages in and out are protocol.py's dataclasses.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import signal
@@ -110,6 +111,8 @@ class EngineCoreProc:
             enable_prefix_caching=spec.enable_prefix_caching,
             max_model_len=self.n_ctx,
         )
+        if not cfg.causal:
+            sched = encoder_scheduling(sched, self.n_ctx)
         speculator = build_speculator(spec.speculative_config(), self, log)
         self.engine_core = EngineCore(
             self.runner,
@@ -229,6 +232,19 @@ _HANDLERS: dict[type, Callable[[EngineCoreProc, Any, Callable[[Any], None]], Non
     AbortRequests: EngineCoreProc._abort,
     UtilityCall: EngineCoreProc._call,
 }
+
+
+def encoder_scheduling(sched: SchedulerConfig, n_ctx: int) -> SchedulerConfig:
+    """An encoder's scheduling: every input whole in one step (a step holds the longest, n_ctx), no
+    cap on embedding tokens per step (there are no prompts to yield to), no prefix cache (its KV blocks
+    hold nothing: the attention runs on the step's own Q/K/V)."""
+    return dataclasses.replace(
+        sched,
+        max_num_batched_tokens=max(sched.max_num_batched_tokens, n_ctx),
+        max_pooled_tokens_per_step=None,
+        enable_prefix_caching=False,
+        whole_inputs=True,
+    )
 
 
 def _first_or_last(out: EngineCoreOutput) -> bool:

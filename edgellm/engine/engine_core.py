@@ -6,7 +6,13 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
-from edgellm.engine.checks import PromptTooLongError, check_embedding_input, check_prompt, check_score_input
+from edgellm.engine.checks import (
+    PromptTooLongError,
+    check_embedding_input,
+    check_generative,
+    check_prompt,
+    check_score_input,
+)
 from edgellm.engine.guidance import GuidedDecoding
 from edgellm.engine.inputs import InputRequests
 from edgellm.engine.model_runner import ModelRunner, RunItem
@@ -71,6 +77,7 @@ class EngineCore:
         """`group`: the client request this one belongs to, sharing its part of each step (see
         Scheduler._prefill_shares); None: a group of its own."""
         ids = list(prompt)
+        check_generative(self.runner.cfg)
         check_prompt(ids, self.n_ctx, self.runner.cfg.n_vocab)  # the front-end checked; this guards kernels
         rid = self._new_id(request_id)
         seq_ids = [next(self._seq_ids) for _ in range(params.n)]
@@ -94,7 +101,7 @@ class EngineCore:
     ) -> str:
         """An input to embed: computed like a prompt, its hidden states pooled (pooling.py); its
         EngineCoreOutput carries the vector. `group`: as add_request's (the inputs of one client request)."""
-        check_pooling(self.runner.cfg.pooling)
+        check_pooling(self.runner.cfg.pooling, head=not self.runner.cfg.causal)
         return self._add_input(ids, check_embedding_input, request_id, priority, group, pooled=True)
 
     def add_score_request(
@@ -102,6 +109,7 @@ class EngineCore:
     ) -> str:
         """A sequence to score: computed like a prompt, the logits of every position kept (scoring.py);
         its EngineCoreOutput carries them ([len(ids), n_vocab], row t predicting token t+1)."""
+        check_generative(self.runner.cfg)
         return self._add_input(ids, check_score_input, request_id, priority, group, scored=True)
 
     def _add_input(self, ids, check, request_id, priority, group, **kind) -> str:  # noqa: ANN001

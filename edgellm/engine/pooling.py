@@ -14,18 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from edgellm.engine.checks import check_pooling  # noqa: F401 - re-exported: the engine checks with it
 from edgellm.engine.protocol import EngineCoreOutput, FinishReason
 from edgellm.engine.sequence import Sequence
-
-POOLABLE = ("mean", "cls", "last")
-
-
-def check_pooling(pooling: str) -> None:
-    if pooling not in POOLABLE:
-        raise ValueError(
-            f"this model's pooling type is {pooling!r} (its GGUF's pooling_type); embeddings support "
-            f"{', '.join(POOLABLE)}"
-        )
 
 
 def hidden_rows(pooling: str, start: int, n: int, total: int) -> np.ndarray:
@@ -33,7 +24,7 @@ def hidden_rows(pooling: str, start: int, n: int, total: int) -> np.ndarray:
     tokens whose hidden states the pooling needs: [n|1|0] int32."""
     if pooling == "mean":
         return np.arange(n, dtype=np.int32)
-    if pooling == "cls":
+    if pooling in ("cls", "rank"):  # rank: the classification head reads the first token (encoder.py)
         return np.zeros(1 if start == 0 else 0, np.int32)
     return np.full(1 if start + n == total else 0, n - 1, np.int32)  # last
 
@@ -69,10 +60,14 @@ class Pooler:
         self.n += len(rows)
 
     def result(self) -> np.ndarray:
-        """The pooled vector, L2-normalized: [n_embd] float32."""
+        """The pooled vector, L2-normalized: [n_embd] float32 (llama-server's default embd_normalize);
+        with pooling "rank" the classification head's outputs as they are ([n_cls_out]: a reranker's
+        score first)."""
         if self.acc is None or not self.n:
             raise RuntimeError(f"{self.request_id}: finished without hidden states to pool")
         v = self.acc / self.n
+        if self.pooling == "rank":
+            return v.astype(np.float32)
         norm = float(np.linalg.norm(v))
         return (v / norm if norm > 0 else v).astype(np.float32)
 

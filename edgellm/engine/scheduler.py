@@ -148,6 +148,8 @@ class Scheduler:
             else:
                 seq.spec_token_ids = []  # drafts ride on a decode only
                 cap = shares.get(group, 0)  # a prefill chunk: within its request's share
+            if self.config.whole_inputs:
+                cap = budget  # a whole input or nothing (_chunk)
             num_new = self._chunk(remaining + len(seq.spec_token_ids), min(cap, budget - pending_decodes))
             del seq.spec_token_ids[max(0, num_new - remaining) :]  # drafts past the budget are dropped
             if num_new <= 0:
@@ -265,7 +267,8 @@ class Scheduler:
             seq = queues[group][0]
             match = bm.lookup_prefix(seq)
             computed = match.num_tokens if match.block_ids else seq.num_computed_tokens
-            num_new = self._chunk(seq.num_tokens - computed, min(budget, shares.get(group, 0)))
+            share = budget if self.config.whole_inputs else shares.get(group, 0)
+            num_new = self._chunk(seq.num_tokens - computed, min(budget, share))
             if num_new <= 0:
                 continue  # this group had its share of the step
             if not bm.can_allocate(seq, num_new, match if match.block_ids else None):
@@ -286,7 +289,8 @@ class Scheduler:
 
     def _chunk(self, remaining: int, budget: int) -> int:
         cap = self.config.long_prefill_chunk
-        return min(remaining, budget, cap) if cap is not None else min(remaining, budget)
+        n = min(remaining, budget, cap) if cap is not None else min(remaining, budget)
+        return 0 if self.config.whole_inputs and n < remaining else n
 
     def _schedule_seq(self, seq: Sequence, num_new: int, plan: SchedulerPlan) -> None:
         plan.block_copies.extend(self.block_manager.allocate(seq, num_new))

@@ -21,6 +21,9 @@ class SchedulerConfig:
     # alone: see _prefill_shares).
     max_pooled_tokens_per_step: int | None = 64
     enable_prefix_caching: bool = True
+    # An encoder's inputs (arch/encoder.py): each runs whole in one step or waits, whatever its group's
+    # share (its attention needs every key at once); max_num_batched_tokens must hold the longest input.
+    whole_inputs: bool = False
     max_model_len: int | None = None  # longest sequence (prompt + max_tokens) accepted by add()
 
     def __post_init__(self) -> None:

@@ -59,7 +59,9 @@ class ModelConfig:
     layer_norm: bool = False  # LayerNorm (x - mean) / sqrt(var + eps) * w + b everywhere RMSNorm would be
     layer_norm_eps: float = 1e-5
     gated_ffn: bool = True  # False: W_down @ act(W_up h) (StarCoder 2, GPT-2), no ffn_gate
-    pooling: str = "mean"  # how an embedding pools the final hidden states (engine/pooling.py POOLABLE)
+    causal: bool = True  # False: an encoder (arch/encoder.py): bidirectional attention, embeddings only
+    n_cls_out: int = 1  # a classification head's outputs ({arch}.classifier.output_labels; rerankers: 1)
+    pooling: str = "mean"  # how an embedding pools the final hidden states (engine/checks.py POOLABLE)
     # layers whose Q|K|V come as one attn_qkv.weight (Phi-3; any architecture may, as llama.cpp reads it)
     qkv_fused: list[bool] = field(default_factory=list)
     gate_up_fused: bool = False  # gate|up as one ffn_up.weight of 2 * n_ff rows, no ffn_gate (Phi-3)

@@ -129,6 +129,15 @@ OTHER_KEYS: dict[str, tuple[Any, ...] | None] = {
     "split.tensors.count": None,
 }
 
+# WordPiece's normalizer options (tokenizer/wpm.py), and add_sep (it always adds [SEP], as llama.cpp's WPM)
+WORDPIECE_KEYS = frozenset(
+    {
+        "tokenizer.ggml.normalizer.lowercase",
+        "tokenizer.ggml.normalizer.strip_accents",
+        "tokenizer.ggml.add_sep_token",
+    }
+)
+
 _BLOCK_TENSOR = re.compile(r"blk\.(\d+)\.(.+)")
 
 
@@ -149,6 +158,8 @@ def check_understood(g: GGUFFile, cfg: ModelConfig, spec: ArchSpec) -> None:
             missing = _missing(arch, key_feature(suffix))
             _check_value(g, key, value, harmless, suffix, f"architecture {arch}", missing)
         elif not key.startswith(OTHER_PREFIXES):
+            if key in WORDPIECE_KEYS and g.get("tokenizer.ggml.model") == "bert":
+                continue  # tokenizer/wpm.py implements them
             _check_value(g, key, value, OTHER_KEYS, key, "a model file")
 
 

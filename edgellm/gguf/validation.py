@@ -38,7 +38,7 @@ from edgellm.tokenizer import Tokenizer
 from edgellm.tokenizer.bpe import PRE_TYPES
 from edgellm.tokenizer.vocab import TYPE_BYTE, TokenizerError
 
-TOKENIZER_MODELS = ("llama", "gpt2")
+TOKENIZER_MODELS = ("llama", "gpt2", "bert")
 # Token ids the tokenizer emits (BOS/EOS are added to prompts); others only feed the EOG set or the SPM
 # model, which ignore ids outside the vocabulary as llama.cpp does.
 _USED_TOKEN_IDS = ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id")
@@ -121,6 +121,8 @@ def validate_model(g: GGUFFile, cfg: ModelConfig) -> None:
         spec.check(g, cfg)
     shapes = spec.tensor_shapes(cfg)
     shapes.update({n: s for n, s in optional_tensors(cfg).items() if n in g.tensors and n not in shapes})
+    for name in [n for n in shapes if n.split(".", 2)[-1] in spec.checked_shapes and n.startswith("blk.")]:
+        del shapes[name]  # spec.check checked it
     for name, shape in shapes.items():
         _check_tensor(g, name, shape)
     _check_tokenizer_metadata(g, cfg)
@@ -244,3 +246,10 @@ def _check_tokenizer_metadata(g: GGUFFile, cfg: ModelConfig) -> None:
     for key in _TOKENIZER_FLAGS:
         if key in md:
             get_bool(g, key)
+    if model == "bert":  # WordPiece adds [CLS] and [SEP] and emits [UNK]: llama.cpp's defaults 101, 102, 100
+        for key, default in (("bos", 101), ("seperator", 102), ("unknown", 100)):
+            value = md.get(f"tokenizer.ggml.{key}_token_id", default)
+            if not (is_int(value) and 0 <= value < n):
+                raise _tokenizer_error(
+                    g, f"tokenizer.ggml.{key}_token_id = {value} is outside the vocabulary of {n} tokens"
+                )

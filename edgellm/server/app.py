@@ -36,6 +36,7 @@ from edgellm.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from edgellm.server.ollama_api import ollama_routes
 from edgellm.server.protocol import GenerationRequest, constrain, parse_chat, parse_completion
 from edgellm.server.request_fields import CHAT_FIELDS, COMPLETION_FIELDS, check_fields
+from edgellm.server.rerank import rerank_routes
 from edgellm.server.responses_api import responses_routes
 from edgellm.server.state import ServerState, render_chat_prompt
 from edgellm.server.thinking import reasoning_setup, thinking_options
@@ -200,6 +201,7 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
     ]
+    routes += rerank_routes(state, endpoint, lambda request: read_json(request, limit))
     front = Frontend(
         state, lambda request: read_json(request, limit), lambda **kw: endpoint(state, **kw), prompt_ids
     )

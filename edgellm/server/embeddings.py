@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 
 from edgellm.engine.checks import PromptTooLongError
 from edgellm.engine.core_client import EngineDeadError
+from edgellm.llm_inputs import check_embedding_model
 from edgellm.server.errors import ApiError, bad_value
 from edgellm.server.generate import _until_disconnect
 
@@ -78,6 +79,10 @@ async def embed(
     """Every API's way to the engine's embeddings: the inputs (none truncated) -> their vectors and the
     number of tokens they were."""
     llm = state.llm
+    try:
+        check_embedding_model(llm.config)  # a reranker, or pooling none: no vector per input
+    except ValueError as e:
+        raise ApiError(400, str(e), param="model", code="model_not_embedding") from None
 
     def checked_ids() -> list[list[int]]:  # on a work thread: tokenizing is proportional to the input
         ids = []

@@ -54,6 +54,7 @@ RELAYED = (
     "/v1/messages", "/v1/messages/count_tokens",
     "/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/show",
     "/tokenize", "/detokenize", "/infill", "/completion", "/apply-template",
+    "/v1/rerank", "/v1/reranking",  # a reranker's (server/rerank.py)
 )  # fmt: skip
 # Not relayed: the connection's own headers, and Origin (the router's guard has judged it; the model's
 # server, on loopback with no --cors-origin, would refuse what the router allowed).

@@ -20,6 +20,7 @@ from edgellm.tokenizer.vocab import (
     TokenizerError,
     find_eog_ids,
 )
+from edgellm.tokenizer.wpm import WpmModel
 
 # Token types whose piece is their raw text (llama.cpp's token_to_piece with special=true).
 _RAW_TEXT_TYPES = (TYPE_CONTROL, TYPE_UNKNOWN, TYPE_USER_DEFINED)
@@ -45,15 +46,19 @@ class Tokenizer:
         kind: str,
         tokens: list[str],
         token_types: np.ndarray,
-        model: SpmModel | BpeModel,
+        model: SpmModel | BpeModel | WpmModel,
         bos_id: int | None,
         eos_id: int | None,
         eog_ids: set[int],
         add_bos: bool,
         add_eos: bool,
         add_space_prefix: bool,
+        sep_id: int | None = None,
     ) -> None:
         self.kind = kind
+        # WordPiece ('bert'): [CLS] text [SEP] with add_special, whatever add_bos says (llama.cpp's WPM)
+        self.sep_id = sep_id
+        self.add_sep = kind == "bert"  # llama_vocab_get_add_sep: a rerank prompt's query-document separator
         self._tokens = tokens
         self._types = token_types.tolist()
         self._model = model
@@ -101,8 +106,16 @@ class Tokenizer:
             pre = metadata.get("tokenizer.ggml.pre") or "default"
             model = BpeModel(tokens, merges, str(pre))
             bos, eos, add_bos, add_space_prefix = 11, 11, model.default_add_bos, False
+        elif model_name == "bert":  # llama.cpp's WPM defaults: [CLS] 101, [UNK] 100, [SEP] 102, no EOS
+            lowercase = _optional_bool(metadata, "tokenizer.ggml.normalizer.lowercase", True)
+            strip = _optional_bool(metadata, "tokenizer.ggml.normalizer.strip_accents", lowercase)
+            unknown_id = _optional_int(metadata, "tokenizer.ggml.unknown_token_id", 100)
+            model = WpmModel(tokens, unknown_id if unknown_id is not None else 100, lowercase, strip)
+            bos, eos, add_bos, add_space_prefix = 101, None, True, False
         else:
-            raise TokenizerError(f"unsupported tokenizer.ggml.model '{model_name}' (supported: llama, gpt2)")
+            raise TokenizerError(
+                f"unsupported tokenizer.ggml.model '{model_name}' (supported: llama, gpt2, bert)"
+            )
         bos_id = _optional_int(metadata, "tokenizer.ggml.bos_token_id", bos)
         eos_id = _optional_int(metadata, "tokenizer.ggml.eos_token_id", eos)
         metadata_with_eos = {**metadata, "tokenizer.ggml.eos_token_id": eos_id}
@@ -118,6 +131,9 @@ class Tokenizer:
             add_bos=_optional_bool(metadata, "tokenizer.ggml.add_bos_token", add_bos),
             add_eos=_optional_bool(metadata, "tokenizer.ggml.add_eos_token", False),
             add_space_prefix=_optional_bool(metadata, "tokenizer.ggml.add_space_prefix", add_space_prefix),
+            sep_id=_optional_int(metadata, "tokenizer.ggml.seperator_token_id", 102)
+            if model_name == "bert"
+            else None,
         )
 
     @property
@@ -133,6 +149,8 @@ class Tokenizer:
         is the concatenation of its tokens' pieces, plus a space prefix or BOS/EOS, which only add)."""
         size = len(text.encode("utf-8", "surrogatepass"))
         specials = int(add_special and self.add_bos) + int(add_special and self.add_eos)
+        if self.kind == "bert":  # accent stripping drops characters: the text's size bounds nothing
+            return 2 * int(add_special)
         return -(-size // self.max_token_bytes) + specials
 
     def encode(
@@ -166,7 +184,7 @@ class Tokenizer:
             if least > max_tokens:
                 raise TextTooLongError(least, max_tokens)
         output: list[int] = []
-        if add_special and self.add_bos:
+        if add_special and (self.add_bos or self.kind == "bert"):
             if self.bos_id is None:
                 raise TokenizerError("add_bos is set but the vocabulary has no BOS token")
             output.append(self.bos_id)
@@ -183,7 +201,11 @@ class Tokenizer:
                 fragment = " " + fragment
             output.extend(self._model.encode_fragment(fragment))
             is_prev_special = False
-        if add_special and self.add_eos:
+        if add_special and self.kind == "bert":
+            if self.sep_id is None:
+                raise TokenizerError("a WordPiece vocabulary needs a [SEP] token to add")
+            output.append(self.sep_id)
+        elif add_special and self.add_eos:
             if self.eos_id is None:
                 raise TokenizerError("add_eos is set but the vocabulary has no EOS token")
             output.append(self.eos_id)

@@ -305,7 +305,7 @@ def test_validator_accepts_the_real_models(smollm2_path: Path, gemma3_path: Path
     "key,value,message",
     [
         ("tokenizer.ggml.tokens", [1, 2], "tokenizer.ggml.tokens must be an array of strings"),
-        ("tokenizer.ggml.model", "bert", "unsupported tokenizer.ggml.model 'bert'"),
+        ("tokenizer.ggml.model", "t5", "unsupported tokenizer.ggml.model 't5'"),
         ("tokenizer.ggml.bos_token_id", 100000, "bos_token_id = 100000 is outside the vocabulary of 288"),
         ("tokenizer.ggml.token_type", [1, 1, 1], "token_type has 3 entries for 288 tokens"),
         ("tokenizer.ggml.add_bos_token", "yes", "add_bos_token must be a bool"),

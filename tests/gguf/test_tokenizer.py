@@ -179,8 +179,8 @@ def test_spm_sentencepiece_path_equals_llama_port(metadata: dict[str, dict]) -> 
 
 def test_unsupported_metadata_raises() -> None:
     base = {"tokenizer.ggml.tokens": ["a", "b", "ab"], "tokenizer.ggml.merges": ["a b"]}
-    with pytest.raises(TokenizerError, match="bert"):
-        Tokenizer.from_metadata({**base, "tokenizer.ggml.model": "bert"})
+    with pytest.raises(TokenizerError, match="t5"):  # unigram (llama.cpp's UGM): not implemented
+        Tokenizer.from_metadata({**base, "tokenizer.ggml.model": "t5"})
     with pytest.raises(TokenizerError, match="falcon"):
         Tokenizer.from_metadata({**base, "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "falcon"})
     with pytest.raises(TokenizerError, match="tokenizer.ggml.model"):
