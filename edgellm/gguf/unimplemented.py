@@ -49,8 +49,6 @@ ARCHITECTURES: dict[str, tuple[str, ...]] = {
     "rwkv6": ("RWKV time mixing (time_mix_* tensors, a recurrent state)",),
     "rwkv7": ("RWKV time mixing (time_mix_* tensors, a recurrent state)",),
     "t5": ("an encoder-decoder (cross-attention, relative position buckets)",),
-    "bert": ("a bidirectional encoder with learned absolute positions and token types",),
-    "nomic-bert": ("a bidirectional encoder",),
     "falcon": ("parallel attention and FFN from one norm",),
     "command-r": ("parallel attention and FFN from one LayerNorm", "logit scale"),
     "cohere2": ("parallel attention and FFN from one LayerNorm", "sliding-window layers without rope"),
