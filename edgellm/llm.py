@@ -167,6 +167,16 @@ class LLM(InputRequestsMixin):
     def stats(self) -> EngineStats:
         return self.core.stats()
 
+    # ---- LoRA adapters (LLM(model, lora=[path | (path, scale), ...]); a request's SamplingParams.lora) ----
+    def lora_adapters(self) -> list[dict]:
+        """The loaded adapters as llama-server's GET /lora-adapters lists them: [{id, path, scale}]."""
+        return self.core.call("lora_adapters")
+
+    def set_lora_scales(self, scales: list | dict) -> list[dict]:
+        """New global scales ([{id, scale}] or {id: scale}; an adapter not named is at 0), for requests
+        submitted from now on; returns the new list."""
+        return self.core.call("set_lora_scales", scales)
+
     def shutdown(self) -> None:
         self.core.shutdown()
 

@@ -70,8 +70,15 @@ class SamplingParams:
     reasoning_open_ids: list[int] = field(default_factory=list)  # "tag": THINK_OPEN's ids
     reasoning_end_ids: list[int] = field(default_factory=list)
     reasoning_close_ids: list[int] = field(default_factory=list)
+    # LoRA adapters for this request: {adapter id: scale} (llama-server's "lora" list, which this also
+    # accepts); an adapter it does not name is at 0. None: the loaded adapters at their global scales.
+    lora: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
+        if self.lora is not None:
+            from edgellm.lora.choice import request_lora
+
+            self.lora = request_lora(self.lora)
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if self.max_tokens < 1:
