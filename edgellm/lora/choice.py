@@ -29,7 +29,7 @@ def request_lora(value: Any) -> dict[int, float] | None:
         for entry in value:
             if not isinstance(entry, Mapping) or "id" not in entry:
                 raise ValueError(f"each lora entry must be an object with 'id' and 'scale', got {entry!r}")
-            items.append((entry["id"], entry.get("scale", 1.0)))
+            items.append((entry["id"], entry.get("scale", 0.0)))  # llama-server's default
     else:
         raise ValueError(f"lora must be a list of {{'id', 'scale'}} objects, got {value!r}")
     out: dict[int, float] = {}
