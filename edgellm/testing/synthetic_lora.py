@@ -46,7 +46,8 @@ def write_tiny_lora(
     shape_overrides: Mapping[str, tuple[int, ...]] | None = None,
     metadata_overrides: Mapping[str, Any] | None = None,
 ) -> Path:
-    """A random rank-`rank` adapter on the base matrices of `roles` (in `layers`; default every layer)
+    """A random rank-`rank` adapter on the base matrices of `roles` (in `layers`; default every layer;
+    role "output": output.weight, when the base has one)
     of the base GGUF at `base`; returns `path`. alpha None leaves adapter.lora.alpha out (llama.cpp: the
     scale is then the user's alone). A ~ N(0, 1/n_in), B ~ N(0, b_std^2 / r): each update is of the order
     of the base product, so outputs with and without the adapter differ. arch: the file's architecture
@@ -78,9 +79,12 @@ def write_tiny_lora(
     roles = tuple(roles)
     for name, t in g.tensors.items():
         parts = name.split(".")
-        if len(parts) != 4 or parts[0] != "blk" or parts[2] not in roles or parts[3] != "weight":
+        if name == "output.weight":  # the vocabulary projection (role "output")
+            if "output" not in roles:
+                continue
+        elif len(parts) != 4 or parts[0] != "blk" or parts[2] not in roles or parts[3] != "weight":
             continue
-        if layer_set is not None and int(parts[1]) not in layer_set:
+        elif layer_set is not None and int(parts[1]) not in layer_set:
             continue
         n_out, n_in = t.shape
         a_shape = shape_overrides.get(name + ".lora_a", (rank, n_in))
