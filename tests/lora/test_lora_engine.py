@@ -142,6 +142,17 @@ def test_scale_is_alpha_over_rank_times_the_users(files) -> None:  # noqa: ANN00
         (dict(metadata_overrides={"adapter.type": "ia3"}), r"only 'lora'"),
         (dict(extra_tensors={"blk.7.attn_q.weight.lora_a": np.zeros((4, 64))}), r"missing one of"),
         (dict(qtype_a="Q4_0"), r"is Q4_0; LoRA tensors must be one of"),
+        (
+            dict(
+                extra_tensors={
+                    "token_embd.weight.lora_a": np.zeros((4, 64)),
+                    "token_embd.weight.lora_b": np.zeros((288, 4)),
+                }
+            ),
+            r"LoRA on 'token_embd.weight' is not supported",
+        ),
+        (dict(metadata_overrides={"adapter.alora.invocation_tokens": "x"}), r"activated LoRA"),
+        (dict(extra_tensors={"blk.0.attn_q.weight.lora_c": np.zeros((4, 64))}), r"unexpected suffix"),
     ],
 )
 def test_adapter_that_does_not_fit_is_refused(files, tmp_path, writer: dict, message: str) -> None:  # noqa: ANN001
@@ -150,6 +161,16 @@ def test_adapter_that_does_not_fit_is_refused(files, tmp_path, writer: dict, mes
     g = load_gguf(str(base))
     with pytest.raises(LoraError, match=message):
         load_adapter(bad, g, config_from_gguf(g))
+
+
+def test_lora_config_parses_both_forms_and_refuses_other_backends() -> None:
+    from edgellm.engine.config import EngineConfig
+
+    assert EngineConfig(lora=["a.gguf", ("b.gguf", "0.5")]).lora == (("a.gguf", 1.0), ("b.gguf", 0.5))
+    with pytest.raises(ValueError, match="LoRA scale must be a number"):
+        EngineConfig(lora=[("b.gguf", "half")])
+    with pytest.raises(ValueError, match="run on the CPU backend; not yet on cuda"):
+        EngineConfig(lora=["a.gguf"], backend="cuda")
 
 
 def test_adapter_for_a_wider_base_is_refused(files, tmp_path) -> None:  # noqa: ANN001

@@ -67,3 +67,28 @@ def test_run_command_takes_lora(files) -> None:  # noqa: ANN001
         [*cmd, "--lora", str(base)], capture_output=True, text=True, cwd=ROOT, timeout=HANG_S
     )
     assert bad.returncode != 0 and "general.type is 'model', not 'adapter'" in bad.stderr
+
+
+def test_serve_flags_take_both_lora_scaled_forms() -> None:
+    from edgellm.cli import build_parser
+    from edgellm.config import ServerConfig
+
+    p = build_parser()
+    args = [
+        "serve",
+        "base.gguf",
+        "--lora",
+        "a.gguf",
+        "--lora-scaled",
+        "b.gguf",
+        "0.5",
+        "--lora-scaled",
+        "c.gguf:0.25",
+    ]
+    assert ServerConfig.from_cli_args(p.parse_args(args)).engine.lora == (
+        ("a.gguf", 1.0),
+        ("b.gguf", 0.5),
+        ("c.gguf", 0.25),
+    )
+    with pytest.raises(SystemExit):
+        p.parse_args(["serve", "base.gguf", "--lora-scaled", "b.gguf", "lots"])
