@@ -197,8 +197,6 @@ class EngineConfig(CliConfig):
     def __post_init__(self) -> None:
         self.lora = tuple(lora_files([*self.lora, *self.lora_scaled]))  # a bad entry fails here
         self.lora_scaled = ()
-        if self.lora and self.backend != "cpu":
-            raise ValueError(f"LoRA adapters (--lora) run on the CPU backend; not yet on {self.backend}")
         self.check_bounds()
         self.speculative_config()  # a bad --speculative fails here, before anything loads
 

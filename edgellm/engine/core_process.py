@@ -151,10 +151,8 @@ class EngineCoreProc:
         """Load and bind spec.lora's adapters (refused at start when they do not fit the base)."""
         if not spec.lora:
             return []
-        from edgellm.lora.adapter import LoraError, load_adapter
+        from edgellm.lora.adapter import load_adapter
 
-        if spec.backend != "cpu":  # (EngineConfig refuses it first)
-            raise LoraError(f"LoRA adapters run on the CPU backend; not yet on {spec.backend}")
         adapters = [load_adapter(path, gguf, cfg, self.model) for path, _ in spec.lora]
         self.engine_core.set_lora_adapters(adapters, [scale for _, scale in spec.lora])
         if log:

@@ -109,7 +109,7 @@ class ModelRunner:
                     raise ValueError(f"LoRA choice {it.lora} names an adapter not loaded")
             counts = [len(it.token_ids) for it in items]
             choices = [it.lora for it in items]
-            batch.lora = step_for_batch(self.lora_adapters, choices, counts, batch.logits_index)
+            batch.lora = step_for_batch(self.lora_adapters, choices, counts, batch.logits_index, self.be)
         if self.conv_states is not None:
             keys, starts = [it.seq_id for it in items], [it.start_pos for it in items]
             batch.conv_state = self.conv_states.gather(keys, starts)
