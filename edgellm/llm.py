@@ -40,6 +40,7 @@ from edgellm.gguf.load import load_gguf
 from edgellm.gguf.validation import tokenizer_from_gguf, validate_model
 from edgellm.grammar import check_for_vocabulary
 from edgellm.llm_inputs import InputRequestsMixin, as_list
+from edgellm.lora.choice import resolve_lora
 from edgellm.quants.kv_cache import get_kv_cache_type
 from edgellm.sampling import SamplingParams
 
@@ -148,6 +149,7 @@ class LLM(InputRequestsMixin):
         self.weight_bytes_per_token: int = info["weight_bytes_per_token"]
         # every weight the model holds (more than per token for a mixture of experts)
         self.weight_bytes_total: int = info["weight_bytes_total"]
+        self.n_lora: int = len(info.get("lora", []))  # LoRA adapters loaded (ids 0..n_lora - 1)
         return core
 
     def restart(self) -> None:
@@ -167,6 +169,16 @@ class LLM(InputRequestsMixin):
 
     def stats(self) -> EngineStats:
         return self.core.stats()
+
+    # ---- LoRA adapters (LLM(model, lora=[path | (path, scale), ...]); a request's SamplingParams.lora) ----
+    def lora_adapters(self) -> list[dict]:
+        """The loaded adapters as llama-server's GET /lora-adapters lists them: [{id, path, scale}]."""
+        return self.core.call("lora_adapters")
+
+    def set_lora_scales(self, scales: list | dict) -> list[dict]:
+        """New global scales ([{id, scale}] or {id: scale}; an adapter not named is at 0), for requests
+        submitted from now on; returns the new list."""
+        return self.core.call("set_lora_scales", scales)
 
     def shutdown(self) -> None:
         self.core.shutdown()
@@ -213,6 +225,7 @@ class LLM(InputRequestsMixin):
         ids = self.encode_prompt(prompt)
         check_request(ids, params, self.n_ctx, self.tokenizer.vocab_size)
         check_for_vocabulary(params, (self.tokenizer, self.config.n_vocab))  # compiled in a worker, not here
+        resolve_lora(params.lora, [0.0] * self.n_lora)  # an adapter id that is not loaded
         rid = request_id if request_id is not None else f"req-{next(self._rids)}"
         return EngineCoreRequest(rid, ids, params, priority, group)
 

@@ -74,8 +74,15 @@ class SamplingParams:
     # tokens after this many leading ones (the system prompt's) and goes on, to max_tokens. None: the
     # context ends it ("length").
     context_shift_keep: int | None = None
+    # LoRA adapters for this request: {adapter id: scale} (llama-server's "lora" list, which this also
+    # accepts); an adapter it does not name is at 0. None: the loaded adapters at their global scales.
+    lora: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
+        if self.lora is not None:
+            from edgellm.lora.choice import request_lora
+
+            self.lora = request_lora(self.lora)
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if self.max_tokens < 1:

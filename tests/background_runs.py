@@ -40,7 +40,8 @@ class Run:
 
 def _cuda_tests(workdir: Path) -> tuple[list[str], dict[str, str]]:
     # found wherever they sit below tests/ (a file moved into a subfolder is still run)
-    names = ("backend", "row_ops", "kv_cache", "engine", "fused", "arch_logits", "attention", "real_shapes")
+    names = ("backend", "row_ops", "kv_cache", "engine", "fused", "arch_logits", "attention", "real_shapes",
+             "lora")  # fmt: skip
     files = [str(next((ROOT / "tests").rglob(f"test_cuda_{name}.py")).relative_to(ROOT)) for name in names]
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files]
     return cmd, dict(os.environ, NUMBA_ENABLE_CUDASIM="1")

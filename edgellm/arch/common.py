@@ -30,6 +30,9 @@ class ForwardBatch:
     # [S, conv layers, l_cache - 1, n_embd] float32: each sequence's recurrent state (cfg.recurrent models,
     # LFM2: engine/conv_state.py), read and advanced in place by the forward pass; None without one
     conv_state: np.ndarray | None = None
+    # the LoRA updates of this step (edgellm/lora/apply.py's LoraStep: rows grouped by adapter); None when
+    # no token of the step uses an adapter
+    lora: Any = None
 
     @property
     def n_tokens(self) -> int:
@@ -179,6 +182,8 @@ def attention_block(
     h = pre_norm(be, cfg, w.norm, x, T, w.norm_b)
     qkv = be.empty((T, (H + Hkv) * d + Hkv * dv))
     be.matmul(h, w.wqkv, qkv)  # [T, H*d | Hkv*d | Hkv*dv]
+    if batch.lora is not None:  # beside the matmul, before the bias (llama.cpp's build_lora_mm)
+        batch.lora.add((il, "wqkv"), h, qkv)
     if w.bqkv is not None:
         be.add_bias(qkv, w.bqkv)
     # Contiguous copies (a few KB): one compiled specialization per kernel whatever T is, instead of a
@@ -206,6 +211,8 @@ def attention_block(
     be.attention(q, kv, kl, block_tables, seq_index, positions, window, scale, attn, cap, w.sinks)
     o = be.empty((T, cfg.n_embd))
     be.matmul(attn.reshape(T, H * dv), w.wo, o)  # [T, n_embd]
+    if batch.lora is not None:
+        batch.lora.add((il, "wo"), attn.reshape(T, H * dv), o)
     if w.bo is not None:
         be.add_bias(o, w.bo)
     if w.post_norm is not None:
@@ -226,12 +233,16 @@ def temperature_scaled(be: Backend, cfg: ModelConfig, q: Any, positions: np.ndar
     return be.from_host(np.ascontiguousarray(host, np.float32))
 
 
-def feed_forward_block(be: Backend, cfg: ModelConfig, w: FeedForwardWeights, x: Any, T: int) -> None:
+def feed_forward_block(
+    be: Backend, cfg: ModelConfig, w: FeedForwardWeights, x: Any, T: int, lora: Any = None, il: int = 0
+) -> None:
     """x += FFN(norm(x)): a gated FFN (SwiGLU or GeGLU), or W_down @ gelu(W_up h) without a gate
-    (StarCoder 2, GPT-2). x: [T, n_embd]."""
+    (StarCoder 2, GPT-2). x: [T, n_embd]. lora: the step's LoraStep (il: this layer) or None."""
     h = pre_norm(be, cfg, w.norm, x, T, w.norm_b)
     gate_up = be.empty((T, (2 if cfg.gated_ffn else 1) * cfg.n_ff))
     be.matmul(h, w.w_gate_up, gate_up)  # [T, 2*n_ff] gate|up, or [T, n_ff] up
+    if lora is not None:
+        lora.add((il, "gate_up"), h, gate_up)
     if w.b_gate_up is not None:
         be.add_bias(gate_up, w.b_gate_up)
     if cfg.gated_ffn:
@@ -242,6 +253,8 @@ def feed_forward_block(be: Backend, cfg: ModelConfig, w: FeedForwardWeights, x: 
         be.gelu(act)  # the one ungated activation llama.cpp's StarCoder 2 and GPT-2 use
     out = be.empty((T, cfg.n_embd))
     be.matmul(act, w.w_down, out)
+    if lora is not None:
+        lora.add((il, "down"), act, out)
     if w.b_down is not None:
         be.add_bias(out, w.b_down)
     if w.post_norm is not None:

@@ -122,14 +122,18 @@ class LlamaModel:
         x = self.embed(batch, inp)  # [T, n_embd]
         for il, (attn_w, ffn_w) in enumerate(self.layers):
             fused = self.fused[il]
-            if fused is not None and be.decoder_layer(fused, x, kv, il, inp):
+            # a step with LoRA updates runs the blocks, where the updates sit beside each matmul
+            if fused is not None and batch.lora is None and be.decoder_layer(fused, x, kv, il, inp):
                 if not isinstance(ffn_w, FeedForwardWeights):
                     self.ffn_block(be, cfg, ffn_w, x, batch.n_tokens)
                 continue
             attention_block(
                 be, cfg, attn_w, x, batch, kv, il, inp.positions, inp.seq_index, inp.block_tables, inp.slots
             )
-            self.ffn_block(be, cfg, ffn_w, x, batch.n_tokens)
+            if batch.lora is not None and isinstance(ffn_w, FeedForwardWeights):
+                feed_forward_block(be, cfg, ffn_w, x, batch.n_tokens, batch.lora, il)
+            else:
+                self.ffn_block(be, cfg, ffn_w, x, batch.n_tokens)
         return x, inp
 
 
@@ -151,6 +155,8 @@ def output_logits(
     model_norm(be, cfg, h, norm[0], norm[1], h)
     logits = be.empty((h.shape[0], cfg.n_vocab))  # [L, n_vocab]
     be.matmul(h, w_out, logits)
+    if batch.lora is not None:
+        batch.lora.add((-1, "output"), h, logits, logits_rows=True)
     if cfg.logit_scale != 1.0:
         logits = be.scale(logits, np.float32(1.0) / np.float32(cfg.logit_scale))  # as llama.cpp's Granite
     if cfg.final_logit_softcap > 0:

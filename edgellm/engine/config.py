@@ -15,6 +15,7 @@ from typing import Any
 
 from edgellm.catalog import DEFAULT_MODEL
 from edgellm.engine.spec.config import SpeculativeConfig, parse_speculative
+from edgellm.lora.choice import LoraFlag, lora_files
 from edgellm.quants.kv_cache import DEFAULT_KV_CACHE_DTYPE, KV_CACHE_TYPES
 
 
@@ -182,8 +183,20 @@ class EngineConfig(CliConfig):
     # request's first and last outputs are never held back; only the tokens in between are batched.
     stream_interval: float = option(0.0, lo=0, hi=1)
     core_log: str | Path | None = None  # file for the core process's stdout/stderr (None: inherited)
+    # LoRA adapters (edgellm/lora/): paths (global scale 1) or (path, global scale); ids in this order
+    lora: tuple = option(
+        (), "--lora", "LoRA adapter GGUF, applied at scale 1 (repeatable; ids in the order given)",
+        action=LoraFlag, metavar="FILE",
+    )  # fmt: skip
+    # --lora-scaled appends to `lora` (LoraFlag); this field stays empty from the command line
+    lora_scaled: tuple = option(
+        (), "--lora-scaled", "LoRA adapter with its global scale: FILE SCALE, or FILE:SCALE (repeatable)",
+        action=LoraFlag, nargs="+", metavar="FILE",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
+        self.lora = tuple(lora_files([*self.lora, *self.lora_scaled]))  # a bad entry fails here
+        self.lora_scaled = ()
         self.check_bounds()
         self.speculative_config()  # a bad --speculative fails here, before anything loads
 

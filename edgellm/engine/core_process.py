@@ -122,6 +122,7 @@ class EngineCoreProc:
             speculator,
             guidance=GuidedDecoding(tokenizer, cfg.n_vocab),
         )
+        self.lora_paths = self._load_lora(spec, gguf, cfg, log)
         load_time = time.perf_counter() - t0
         if log:
             log(
@@ -146,17 +147,44 @@ class EngineCoreProc:
             "weight_bytes_total": weight_bytes_per_token(self.model, all_experts=True),
             "pid": os.getpid(),
             "stats": self.stats(),
+            "lora": self.lora_adapters(),
         }
 
+    def _load_lora(self, spec: EngineConfig, gguf, cfg, log) -> list[str]:  # noqa: ANN001
+        """Load and bind spec.lora's adapters (refused at start when they do not fit the base)."""
+        if not spec.lora:
+            return []
+        from edgellm.lora.adapter import load_adapter
+
+        adapters = [load_adapter(path, gguf, cfg, self.model) for path, _ in spec.lora]
+        self.engine_core.set_lora_adapters(adapters, [scale for _, scale in spec.lora])
+        if log:
+            for k, ((path, scale), a) in enumerate(zip(spec.lora, adapters, strict=True)):
+                name, ranks = os.path.basename(path), a.ranks
+                log(f"LoRA {k}: {name}, {a.n_tensors} tensors, rank {ranks}, global scale {scale}")
+        return [path for path, _ in spec.lora]
+
+    def lora_adapters(self) -> list[dict]:
+        """GET /lora-adapters: [{id, path, scale}], the global scales."""
+        scales = self.engine_core.lora_scales
+        return [{"id": k, "path": p, "scale": scales[k]} for k, p in enumerate(self.lora_paths)]
+
+    def set_lora_scales(self, entries: list | dict) -> list[dict]:
+        """POST /lora-adapters: new global scales (an adapter not named is at 0); the new list."""
+        from edgellm.lora.choice import request_lora
+
+        self.engine_core.set_lora_scales(request_lora(entries) or {})
+        return self.lora_adapters()
+
     # ---- in-process use ------------------------------------------------------------------------
-    def score(self, ids: list[int]) -> np.ndarray:
+    def score(self, ids: list[int], lora: dict[int, float] | None = None) -> np.ndarray:
         """Teacher-forced logits: float32 [len(ids), n_vocab], row t predicting token t+1, through the
         engine core as a scoring request (LLM.score sends one). In process, with nothing else in flight:
         the steps it runs would take other requests' outputs with them."""
         eng = self.engine_core
         if eng.has_unfinished():
             raise RuntimeError("EngineCoreProc.score runs the engine alone: other requests are in flight")
-        rid = eng.add_score_request(list(ids))
+        rid = eng.add_score_request(list(ids), lora=lora)
         while eng.has_unfinished():
             for out in eng.step():
                 if out.request_id == rid:
@@ -193,7 +221,12 @@ class EngineCoreProc:
 
     def _call(self, msg: UtilityCall, send: Callable[[Any], None]) -> None:
         try:
-            value = {"stats": self.stats}[msg.name](*msg.args)
+            calls = {
+                "stats": self.stats,
+                "lora_adapters": self.lora_adapters,
+                "set_lora_scales": self.set_lora_scales,
+            }
+            value = calls[msg.name](*msg.args)
             send(UtilityResult(msg.call_id, True, value))
         except Exception as e:
             send(UtilityResult(msg.call_id, False, portable(e)))

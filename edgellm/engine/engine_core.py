@@ -24,6 +24,7 @@ from edgellm.engine.scoring import Scorer
 from edgellm.engine.sequence import Sequence
 from edgellm.engine.spec.speculator import Speculator
 from edgellm.engine.spec.verify import Row, sample_row, verify_drafts
+from edgellm.lora.choice import resolve_lora
 from edgellm.reasoning import forced_token
 from edgellm.sampling import Sampler, SamplingParams, TopCandidates, device_candidates, top_logprobs
 
@@ -64,6 +65,24 @@ class EngineCore:
         self._seq_ids = itertools.count()
         self._req_ids = itertools.count()
         self._totals = {"prompt": 0, "cached": 0, "generated": 0, "finished": 0}
+        self.lora_scales: list[float] = []  # the global scale of each of runner.lora_adapters
+
+    # ---- LoRA adapters -------------------------------------------------------------------------
+    def set_lora_adapters(self, adapters: list, scales: list[float]) -> None:
+        """The adapters (edgellm/lora/adapter.py's, bound to this model) and their global scales."""
+        if len(adapters) != len(scales):
+            raise ValueError(f"{len(adapters)} LoRA adapters but {len(scales)} scales")
+        self.runner.lora_adapters = list(adapters)
+        self.lora_scales = [float(s) for s in scales]
+
+    def set_lora_scales(self, scales: dict[int, float]) -> None:
+        """POST /lora-adapters: new global scales ({id: scale}; an adapter not named is at 0). Requests
+        already admitted keep the choice they were admitted with."""
+        resolve_lora(scales, self.lora_scales)  # unknown ids raise before anything changes
+        self.lora_scales = [float(scales.get(k, 0.0)) for k in range(len(self.lora_scales))]
+
+    def _lora_choice(self, requested: dict[int, float] | None) -> tuple[tuple[int, float], ...]:
+        return resolve_lora(requested, self.lora_scales)
 
     # ---- requests ------------------------------------------------------------------------------
     def add_request(
@@ -88,9 +107,11 @@ class EngineCore:
                 raise ValueError("this engine has no tokenizer for constrained decoding")
             parent.matcher = self.guidance.matcher(params.compiled_grammar)
         group = rid if group is None else group  # its n completions share one
+        lora = self._lora_choice(params.lora)
         seq = Sequence(
             seq_ids[0], ids, priority=priority, max_tokens=req.seq_max_tokens, group=group, owner=parent
         )
+        seq.lora = lora
         self.scheduler.add(seq)  # raises before anything is registered if it can never fit
         self.requests[rid] = req
         self._totals["prompt"] += len(ids)
@@ -105,17 +126,25 @@ class EngineCore:
         return self._add_input(ids, check_embedding_input, request_id, priority, group, pooled=True)
 
     def add_score_request(
-        self, ids: list[int], request_id: str | None = None, priority: int = 0, group: str | None = None
+        self,
+        ids: list[int],
+        request_id: str | None = None,
+        priority: int = 0,
+        group: str | None = None,
+        lora: dict[int, float] | None = None,
     ) -> str:
         """A sequence to score: computed like a prompt, the logits of every position kept (scoring.py);
-        its EngineCoreOutput carries them ([len(ids), n_vocab], row t predicting token t+1)."""
+        its EngineCoreOutput carries them ([len(ids), n_vocab], row t predicting token t+1). lora: as
+        SamplingParams.lora."""
         check_generative(self.runner.cfg)
-        return self._add_input(ids, check_score_input, request_id, priority, group, scored=True)
+        choice = self._lora_choice(lora)
+        return self._add_input(ids, check_score_input, request_id, priority, group, scored=True, lora=choice)
 
     def _add_input(self, ids, check, request_id, priority, group, **kind) -> str:  # noqa: ANN001
         ids = list(ids)
         check(ids, self.n_ctx, self.runner.cfg.n_vocab)  # the front-end checked; this guards the kernels
         rid = self._new_id(request_id)
+        kind.setdefault("lora", self._lora_choice(None))
         seq = Sequence(next(self._seq_ids), ids, priority=priority, max_tokens=0, group=group, **kind)
         self.inputs.add(Pooler(rid, seq, self.runner.cfg.pooling) if seq.pooled else Scorer(rid, seq))
         self._totals["prompt"] += len(ids)
@@ -204,6 +233,7 @@ class EngineCore:
                     num_logits=1 + len(seq.spec_token_ids),
                     hidden_rows=self.inputs.hidden_rows(seq, c, n),
                     seq_id=seq.seq_id,
+                    lora=seq.lora,
                 )
             )
             ids.append(seq.seq_id)
@@ -354,6 +384,7 @@ class EngineCore:
                     max_tokens=req.seq_max_tokens,
                     group=parent.group,
                     owner=c,
+                    lora=parent.lora,
                 )
                 self.scheduler.add(child)
             else:

@@ -12,6 +12,7 @@ from edgellm.arch import ForwardBatch
 from edgellm.backends.base import Backend
 from edgellm.engine.conv_state import ConvStates, state_shape
 from edgellm.gguf.config import ModelConfig
+from edgellm.lora.apply import step_for_batch
 from edgellm.quants.kv_cache import get_kv_cache_type
 
 
@@ -29,6 +30,8 @@ class RunItem:
     # the scheduler's sequence id: a recurrent model's conv state is kept per id (engine/conv_state.py);
     # None: the one anonymous state (one sequence at a time: warm-up, scripts)
     seq_id: int | None = None
+    # the LoRA adapters this item's tokens run with: ((index into runner.lora_adapters, scale), ...)
+    lora: tuple[tuple[int, float], ...] = ()
 
 
 class ModelRunner:
@@ -45,6 +48,8 @@ class ModelRunner:
         self.last_hidden: list[np.ndarray] = []
         # each sequence's state beside its KV blocks, for models that have one (LFM2's short convolutions)
         self.conv_states = ConvStates(state_shape(cfg)) if cfg.recurrent else None
+        # the loaded LoRA adapters (edgellm/lora/), bound to this model; RunItem.lora indexes them
+        self.lora_adapters: list = []
 
     @staticmethod
     def kv_bytes_per_token(cfg: ModelConfig, kv_dtype: str = "f16") -> int:
@@ -98,6 +103,13 @@ class ModelRunner:
             logits_index=np.asarray(logit_rows, dtype=np.int32),
             hidden_index=np.concatenate(hidden) if hidden else np.empty(0, np.int32),
         )
+        if any(it.lora for it in items):
+            for it in items:
+                if any(not 0 <= k < len(self.lora_adapters) for k, _ in it.lora):
+                    raise ValueError(f"LoRA choice {it.lora} names an adapter not loaded")
+            counts = [len(it.token_ids) for it in items]
+            choices = [it.lora for it in items]
+            batch.lora = step_for_batch(self.lora_adapters, choices, counts, batch.logits_index, self.be)
         if self.conv_states is not None:
             keys, starts = [it.seq_id for it in items], [it.start_pos for it in items]
             batch.conv_state = self.conv_states.gather(keys, starts)

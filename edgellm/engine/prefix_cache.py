@@ -17,10 +17,12 @@ BlockKey = tuple[int, tuple[int, ...]]
 _ROOT_HASH = 0  # parent hash of a prompt's first block
 
 
-def block_keys(token_ids: Sequence[int], block_size: int) -> Iterator[BlockKey]:
+def block_keys(token_ids: Sequence[int], block_size: int, salt: tuple = ()) -> Iterator[BlockKey]:
     """The chained keys of the full blocks of token_ids, in order. The request router (server/) hashes
-    prompts with these too, so that "shares a block" means the same there as in the cache."""
-    parent = _ROOT_HASH
+    prompts with these too, so that "shares a block" means the same there as in the cache. salt: what
+    else the KV depends on (a sequence's LoRA adapters and scales): it roots the chain, so blocks computed
+    under different salts never match."""
+    parent = hash(("salt", salt)) if salt else _ROOT_HASH
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         key = (parent, tuple(token_ids[start : start + block_size]))
         yield key
@@ -36,11 +38,11 @@ class PrefixCache(ABC):
         self.queried_tokens = 0  # tokens that were looked up on admission
 
     @abstractmethod
-    def lookup(self, token_ids: Sequence[int]) -> list[int]:
+    def lookup(self, token_ids: Sequence[int], salt: tuple = ()) -> list[int]:
         """Block ids holding the longest cached full-block prefix of `token_ids` (no side effects)."""
 
     @abstractmethod
-    def insert(self, token_ids: Sequence[int], block_ids: Sequence[int]) -> int:
+    def insert(self, token_ids: Sequence[int], block_ids: Sequence[int], salt: tuple = ()) -> int:
         """Register block_ids[i] as holding full block i of token_ids; returns how many were new.
 
         Blocks whose content is already cached under another id are skipped (that id stays canonical).
@@ -90,21 +92,21 @@ class HashPrefixCache(PrefixCache):
         # Insertion order = release order, so the first entry is the least recently used.
         self._evictable: OrderedDict[int, None] = OrderedDict()
 
-    def _keys(self, token_ids: Sequence[int]) -> Iterator[BlockKey]:
-        return block_keys(token_ids, self.block_size)
+    def _keys(self, token_ids: Sequence[int], salt: tuple = ()) -> Iterator[BlockKey]:
+        return block_keys(token_ids, self.block_size, salt)
 
-    def lookup(self, token_ids: Sequence[int]) -> list[int]:
+    def lookup(self, token_ids: Sequence[int], salt: tuple = ()) -> list[int]:
         blocks: list[int] = []
-        for key in self._keys(token_ids):
+        for key in self._keys(token_ids, salt):
             block_id = self._block_by_key.get(key)
             if block_id is None:
                 break  # chained keys: nothing after a miss can match
             blocks.append(block_id)
         return blocks
 
-    def insert(self, token_ids: Sequence[int], block_ids: Sequence[int]) -> int:
+    def insert(self, token_ids: Sequence[int], block_ids: Sequence[int], salt: tuple = ()) -> int:
         num_new = 0
-        for key, block_id in zip(self._keys(token_ids), block_ids, strict=False):
+        for key, block_id in zip(self._keys(token_ids, salt), block_ids, strict=False):
             if key in self._block_by_key or block_id in self._key_by_block:
                 continue
             self._block_by_key[key] = block_id

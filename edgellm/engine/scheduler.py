@@ -107,6 +107,7 @@ class Scheduler:
             priority=parent.priority,
             max_tokens=parent.max_tokens,
             group=parent.group,
+            lora=parent.lora,
         )
         self.block_manager.fork(parent, child)
         child.num_cached_tokens = parent.num_cached_tokens

@@ -61,6 +61,9 @@ class Sequence:
     # What the sequence is to the engine (engine/request.py's Completion: its request, sampler, grammar);
     # opaque to the scheduler. None for an embedding or scoring input (inputs.py keeps those by seq id).
     owner: Any = None
+    # The LoRA adapters its tokens run with ((adapter id, scale), ...: edgellm/lora/choice.py), fixed at
+    # admission; part of its prefix-cache keys (KV computed under other adapters is never reused)
+    lora: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.token_ids)  # own the list: callers often reuse theirs

@@ -32,6 +32,7 @@ from edgellm.server.generate import generate
 from edgellm.server.http_stack import http_stack
 from edgellm.server.infill import completion_prompts, infill_routes
 from edgellm.server.llama_native import native_routes
+from edgellm.server.lora_routes import lora_routes
 from edgellm.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from edgellm.server.ollama_api import ollama_routes
 from edgellm.server.protocol import GenerationRequest, constrain, parse_chat, parse_completion
@@ -206,7 +207,7 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
         state, lambda request: read_json(request, limit), lambda **kw: endpoint(state, **kw), prompt_ids
     )
     routes += ollama_routes(front) + anthropic_routes(front) + responses_routes(front) + infill_routes(front)
-    routes += native_routes(front)
+    routes += native_routes(front) + lora_routes(front)
     routes += asset_routes()  # the chat page's scripts and style (the page itself: ollama_api's /)
 
     def count(e: ApiError) -> None:

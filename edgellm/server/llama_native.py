@@ -44,7 +44,7 @@ STOP_TYPES = {"length": "limit", "abort": "none"}  # llama-server's stop_type fo
 # Passed on to the OpenAI completion body as they are (the same names and meaning there).
 SAME_FIELDS = (
     "temperature", "top_k", "top_p", "min_p", "stop", "presence_penalty", "frequency_penalty",
-    "repeat_penalty", "repeat_last_n", "grammar", "json_schema", "stream", "min_tokens", "n_probs",
+    "repeat_penalty", "repeat_last_n", "grammar", "json_schema", "stream", "min_tokens", "n_probs", "lora",
 )  # fmt: skip
 NO_EFFECT = ("cache_prompt", "n_keep", "n_cache_reuse", "id_slot")  # no context shift; one prefix cache
 # llama-server's samplers edgellm lacks, at their "off" value; their knobs count only while they are on.

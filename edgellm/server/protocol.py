@@ -17,6 +17,7 @@ from typing import Any
 
 from edgellm.grammar import GrammarError, constrain_async
 from edgellm.grammar_worker import default_pool
+from edgellm.lora.choice import request_lora
 from edgellm.sampling import MAX_SEED, PARAM_BOUNDS, SamplingParams
 from edgellm.server.constraints import Constraint, parse_constraint
 from edgellm.server.context_overflow import parse_overflow
@@ -192,7 +193,12 @@ def _common(
     }
     if repeat is not None:
         opt["repetition_penalty"] = repeat
+    try:  # llama-server's per-request adapters (an unknown id: LLM.make_request's 400)
+        lora = request_lora(body.get("lora"))
+    except ValueError as e:
+        raise bad_value("lora", str(e)) from None
     params = SamplingParams(
+        lora=lora,
         max_tokens=max_tokens or max_tokens_default,
         stop=stop,
         logit_bias=logit_bias,

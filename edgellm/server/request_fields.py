@@ -27,6 +27,7 @@ _COMMON = {  # both routes: protocol._common's fields, and the no-effect user an
     "seed", "n", "top_k", *PARAM_BOUNDS, "user", "cache_prompt",
     # llama-server's and vLLM's spellings of what SamplingParams has (protocol.py maps them)
     "repeat_penalty", "repeat_last_n", "n_probs", "min_tokens", *CONSTRAINT_FIELDS,
+    "lora",  # llama-server's per-request LoRA adapters ([{"id", "scale"}])
 }  # fmt: skip
 _NO_EFFECT_CHAT = {"safety_identifier", "prompt_cache_key", "metadata", "service_tier"}
 CHAT_FIELDS = _COMMON | _NO_EFFECT_CHAT | {

@@ -95,13 +95,16 @@ def score_edgellm(
     n_ctx: int,
     chunk: int = 512,
     edit: Callable[[Any], None] | None = None,
+    adapters: tuple[str | Path, ...] = (),
+    lora: dict[int, float] | None = None,
 ) -> np.ndarray:
     """edgellm's logits [len(positions), n_vocab] float32 for the teacher-forced `tokens`, on the CPU
     backend, in process: the file goes through the same checks as LLM() (config, then validate_model), the
     context window is llama.cpp's n_ctx (LongRoPE chooses its factors by it), and the tokens go through the
     engine core as LLM.score sends them: a scoring request that the scheduler computes in prefill chunks of
     `chunk` tokens. edit(model): changes the loaded model before it runs (the tests that take a feature out,
-    to show that the match depends on it)."""
+    to show that the match depends on it). adapters: LoRA files loaded at scale 1 (edgellm/lora/); lora:
+    the request's choice of them (SamplingParams.lora; None: all of them)."""
     from edgellm.arch import ARCHITECTURES
     from edgellm.backends.cpu.backend import CpuBackend
     from edgellm.engine.engine_core import EngineCore
@@ -124,7 +127,11 @@ def score_edgellm(
     runner = ModelRunner(model, cfg, be, n_blocks, block_size)
     sched = SchedulerConfig(1, chunk, block_size, n_blocks, enable_prefix_caching=False)
     engine = EngineCore(runner, frozenset(), max(n_ctx, len(tokens)), sched)
-    rid, logits = engine.add_score_request([int(t) for t in tokens]), None
+    if adapters:
+        from edgellm.lora.adapter import load_adapter
+
+        engine.set_lora_adapters([load_adapter(p, g, cfg, model) for p in adapters], [1.0] * len(adapters))
+    rid, logits = engine.add_score_request([int(t) for t in tokens], lora=lora), None
     while engine.has_unfinished():
         logits = next((out.logits for out in engine.step() if out.request_id == rid), logits)
     assert logits is not None

@@ -4,11 +4,11 @@ end-to-end greedy tokens equal to the CPU's.
 The Numba CUDA simulator must be switched on (NUMBA_ENABLE_CUDASIM=1) before numba is first imported, and
 the rest of the suite imports numba first. So, in a plain `pytest` run, this module defines one test that
 runs this same file and the other CUDA kernel and engine files (test_cuda_row_ops.py, test_cuda_kv_cache.py,
-test_cuda_engine.py, test_cuda_fused.py, test_cuda_arch_logits.py, test_cuda_attention.py and
-test_cuda_real_shapes.py; tests/background_runs.py) in a fresh `python -m pytest` subprocess with the
-simulator on, and fails with the subprocess's report if any case there fails. In that subprocess
-(NUMBA_ENABLE_CUDASIM=1), or on a machine with a GPU when EDGELLM_CUDA_TESTS=gpu (scripts/gpu/gpu_check.sh),
-the cases themselves are defined and run.
+test_cuda_engine.py, test_cuda_fused.py, test_cuda_arch_logits.py, test_cuda_attention.py,
+test_cuda_real_shapes.py and test_cuda_lora.py; tests/background_runs.py) in a fresh `python -m pytest`
+subprocess with the simulator on, and fails with the subprocess's report if any case there fails. In that
+subprocess (NUMBA_ENABLE_CUDASIM=1), or on a machine with a GPU when EDGELLM_CUDA_TESTS=gpu
+(scripts/gpu/gpu_check.sh), the cases themselves are defined and run.
 
 Kernel cases: parametrized over (op, quant type, shape); outputs are written into the interior of a
 NaN-filled device buffer whose guard rows/columns must stay NaN (out-of-bounds writes). Error is NMSE

@@ -1,0 +1,180 @@
+"""LoRA adapters in the engine: requests with different adapters (or none) batched in one step each get
+their solo result; the prefix cache never shares KV across adapter sets; the row-grouped update equals
+the dense one; adapters that do not fit the base are refused naming the mismatch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgellm.gguf.config import config_from_gguf
+from edgellm.gguf.load import load_gguf
+from edgellm.lora.adapter import LoraError, load_adapter
+from edgellm.lora.apply import step_for_batch
+from edgellm.testing.lora_cases import run_greedy, tiny_engine, write_lora_files
+from edgellm.testing.synthetic import write_tiny_model
+from edgellm.testing.synthetic_lora import write_tiny_lora
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):  # noqa: ANN001, ANN201
+    return write_lora_files(tmp_path_factory.mktemp("lora"))
+
+
+CHOICES = {"a1": {0: 1.0}, "a2": {0: 1.0}, "b1": {1: 0.5}, "b2": {1: 0.5}, "n1": {}, "n2": None}
+
+
+def _prompts() -> dict[str, list[int]]:
+    rng = np.random.default_rng(5)
+    return {rid: rng.integers(1, 250, 12 + 3 * i).tolist() for i, rid in enumerate(CHOICES)}
+
+
+def test_six_requests_in_flight_each_match_their_solo_run(files) -> None:  # noqa: ANN001
+    base, adapters = files
+    prompts = _prompts()
+    together = run_greedy(tiny_engine(base, adapters), prompts, CHOICES)
+    for rid in prompts:
+        solo = run_greedy(tiny_engine(base, adapters), {rid: prompts[rid]}, {rid: CHOICES[rid]})
+        assert together[rid] == solo[rid], rid
+    # the adapters matter: the same prompt under A, B and none continues differently
+    same = {rid: prompts["a1"] for rid in ("a1", "b1", "n1")}
+    outs = run_greedy(tiny_engine(base, adapters), same, CHOICES)
+    assert len({tuple(v) for v in outs.values()}) == 3, outs
+
+
+def test_global_scales_apply_when_a_request_names_none(files) -> None:  # noqa: ANN001
+    base, adapters = files
+    prompt = _prompts()["a1"]
+    named = run_greedy(tiny_engine(base, adapters), {"r": prompt}, {"r": {0: 1.0}})
+    by_global = run_greedy(tiny_engine(base, adapters, [1.0, 0.0]), {"r": prompt}, {"r": None})
+    listed_empty = run_greedy(tiny_engine(base, adapters, [1.0, 0.0]), {"r": prompt}, {"r": {}})
+    base_only = run_greedy(tiny_engine(base, adapters), {"r": prompt}, {"r": {}})
+    assert by_global == named
+    assert listed_empty == base_only != named  # a list that leaves an adapter out has it at 0
+
+
+def test_unknown_adapter_id_is_refused(files) -> None:  # noqa: ANN001
+    from edgellm.sampling import SamplingParams
+
+    engine = tiny_engine(*files)
+    with pytest.raises(ValueError, match="unknown LoRA adapter id 2"):
+        engine.add_request([1, 2, 3], SamplingParams(max_tokens=2, lora=[{"id": 2, "scale": 1.0}]))
+    with pytest.raises(ValueError, match="unknown LoRA adapter id 7"):
+        engine.set_lora_scales({7: 1.0})
+
+
+def test_prefix_cache_is_keyed_by_the_adapter_set(files) -> None:  # noqa: ANN001
+    base, adapters = files
+    engine = tiny_engine(base, adapters)
+    prompt = list(range(3, 3 + 40))  # two full blocks and a part
+    first = run_greedy(engine, {"x": prompt}, {"x": {0: 1.0}})
+    hits = {}
+
+    def run(rid: str, choice: dict | None) -> list[int]:
+        from edgellm.sampling import SamplingParams
+
+        engine.add_request(
+            prompt, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, lora=choice), rid
+        )
+        toks = []
+        while engine.has_unfinished():
+            for o in engine.step():
+                toks += o.new_token_ids
+                hits[rid] = o.num_cached_tokens if o.first else hits.get(rid, 0)
+        return toks
+
+    assert run("same", {0: 1.0}) == first["x"] and hits["same"] == 32  # the same set: the blocks are reused
+    other = run("none", {})
+    assert hits["none"] == 0  # another set (here: none) computes its own KV
+    assert other == run_greedy(tiny_engine(base, adapters), {"n": prompt}, {"n": {}})["n"]
+    run("half", {0: 0.5})
+    assert hits["half"] == 0  # another scale is another set
+
+
+def test_grouped_update_equals_dense_reference(files) -> None:  # noqa: ANN001
+    base, adapters = files
+    g = load_gguf(str(base))
+    cfg = config_from_gguf(g)
+    loaded = [load_adapter(p, g, cfg) for p in adapters]
+    rng = np.random.default_rng(0)
+    choices, counts = [((0, 1.0),), (), ((1, 0.5),), ((0, 2.0), (1, -1.0))], [3, 2, 4, 1]
+    T, n_in = sum(counts), cfg.n_embd
+    x = rng.standard_normal((T, n_in)).astype(np.float32)
+    step = step_for_batch(loaded, choices, counts, np.array([2, 4, 8, 9], np.int32))
+    slot = (1, "wqkv")
+    out = np.zeros((T, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim), np.float32)
+    step.add(slot, x, out)
+    want = np.zeros_like(out)
+    row = 0
+    for choice, n in zip(choices, counts, strict=True):
+        for k, s in choice:
+            for p in loaded[k].parts.get(slot, []):
+                want[row : row + n, p.col0 : p.col0 + p.b.shape[0]] += (
+                    s * p.factor * (x[row : row + n] @ p.a.T @ p.b.T)
+                )
+        row += n
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    assert np.abs(want[3:5]).max() == 0 and np.abs(want).max() > 0.1  # the rows without an adapter untouched
+    assert step_for_batch(loaded, [(), ()], [2, 3], np.array([4], np.int32)) is None  # no LoRA: no work
+
+
+def test_scale_is_alpha_over_rank_times_the_users(files) -> None:  # noqa: ANN001
+    base, adapters = files
+    g = load_gguf(str(base))
+    cfg = config_from_gguf(g)
+    a = load_adapter(adapters[0], g, cfg)  # alpha 8, rank 4
+    assert {p.factor for ps in a.parts.values() for p in ps} == {2.0}
+    no_alpha = write_tiny_lora(base.parent / "no_alpha.gguf", base, rank=4, alpha=None)
+    assert {p.factor for ps in load_adapter(no_alpha, g, cfg).parts.values() for p in ps} == {1.0}
+
+
+@pytest.mark.parametrize(
+    ("writer", "message"),
+    [
+        (dict(shape_overrides={"blk.0.attn_q.weight.lora_a": (4, 32)}), r"blk.0.attn_q.weight.*do not fit"),
+        (
+            dict(shape_overrides={"blk.1.ffn_down.weight.lora_b": (32, 4)}),
+            r"blk.1.ffn_down.weight.*do not fit",
+        ),
+        (dict(shape_overrides={"blk.0.attn_v.weight.lora_b": (32, 3)}), r"blk.0.attn_v.weight.*rank"),
+        (dict(arch="qwen2"), r"architecture 'qwen2'.*'llama'"),
+        (dict(metadata_overrides={"general.type": "model"}), r"general.type is 'model'"),
+        (dict(metadata_overrides={"adapter.type": "ia3"}), r"only 'lora'"),
+        (dict(extra_tensors={"blk.7.attn_q.weight.lora_a": np.zeros((4, 64))}), r"missing one of"),
+        (dict(qtype_a="Q4_0"), r"is Q4_0; LoRA tensors must be one of"),
+        (
+            dict(
+                extra_tensors={
+                    "token_embd.weight.lora_a": np.zeros((4, 64)),
+                    "token_embd.weight.lora_b": np.zeros((288, 4)),
+                }
+            ),
+            r"LoRA on 'token_embd.weight' is not supported",
+        ),
+        (dict(metadata_overrides={"adapter.alora.invocation_tokens": "x"}), r"activated LoRA"),
+        (dict(extra_tensors={"blk.0.attn_q.weight.lora_c": np.zeros((4, 64))}), r"unexpected suffix"),
+    ],
+)
+def test_adapter_that_does_not_fit_is_refused(files, tmp_path, writer: dict, message: str) -> None:  # noqa: ANN001
+    base, _ = files
+    bad = write_tiny_lora(tmp_path / "bad.gguf", base, rank=4, **writer)
+    g = load_gguf(str(base))
+    with pytest.raises(LoraError, match=message):
+        load_adapter(bad, g, config_from_gguf(g))
+
+
+def test_lora_config_parses_both_forms() -> None:
+    from edgellm.engine.config import EngineConfig
+
+    assert EngineConfig(lora=["a.gguf", ("b.gguf", "0.5")]).lora == (("a.gguf", 1.0), ("b.gguf", 0.5))
+    with pytest.raises(ValueError, match="LoRA scale must be a number"):
+        EngineConfig(lora=[("b.gguf", "half")])
+
+
+def test_adapter_for_a_wider_base_is_refused(files, tmp_path) -> None:  # noqa: ANN001
+    base, _ = files
+    wide = write_tiny_model(tmp_path / "wide.gguf", "llama", "F32", n_embd=128, n_ff=256)
+    bad = write_tiny_lora(tmp_path / "wide_lora.gguf", wide, rank=4)
+    g = load_gguf(str(base))
+    with pytest.raises(LoraError, match=r"blk.0.attn_k.weight.*\(32, 64\).*wrong base"):
+        load_adapter(bad, g, config_from_gguf(g))
