@@ -10,7 +10,7 @@ import pytest
 from edgellm.gguf.config import config_from_gguf
 from edgellm.gguf.load import load_gguf
 from edgellm.lora.adapter import LoraError, load_adapter
-from edgellm.lora.apply import step_for_batch
+from edgellm.lora.apply import round_input, step_for_batch
 from edgellm.testing.lora_cases import run_greedy, tiny_engine, write_lora_files
 from edgellm.testing.synthetic import write_tiny_model
 from edgellm.testing.synthetic_lora import write_tiny_lora
@@ -109,11 +109,14 @@ def test_grouped_update_equals_dense_reference(files) -> None:  # noqa: ANN001
     for choice, n in zip(choices, counts, strict=True):
         for k, s in choice:
             for p in loaded[k].parts.get(slot, []):
-                want[row : row + n, p.col0 : p.col0 + p.b.shape[0]] += (
-                    s * p.factor * (x[row : row + n] @ p.a.T @ p.b.T)
-                )
+                # llama.cpp rounds each product's input to what the A / B types' dot products take
+                ax = round_input(round_input(x[row : row + n], p.a_dot) @ p.a.T, p.b_dot)
+                want[row : row + n, p.col0 : p.col0 + p.b.shape[0]] += s * p.factor * (ax @ p.b.T)
         row += n
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    assert {p.a_dot for p in loaded[0].parts[slot]} == {"f16"} and {
+        p.a_dot for p in loaded[1].parts[slot]
+    } == {"q8_0"}
     assert np.abs(want[3:5]).max() == 0 and np.abs(want).max() > 0.1  # the rows without an adapter untouched
     assert step_for_batch(loaded, [(), ()], [2, 3], np.array([4], np.int32)) is None  # no LoRA: no work
 
