@@ -181,3 +181,24 @@ def test_adapter_for_a_wider_base_is_refused(files, tmp_path) -> None:  # noqa: 
     g = load_gguf(str(base))
     with pytest.raises(LoraError, match=r"blk.0.attn_k.weight.*\(32, 64\).*wrong base"):
         load_adapter(bad, g, config_from_gguf(g))
+
+
+def test_new_global_scales_never_change_a_running_request(files) -> None:  # noqa: ANN001
+    from edgellm.sampling import SamplingParams
+
+    base, adapters = files
+    prompt = _prompts()["b1"]
+    engine = tiny_engine(base, adapters, [1.0, 0.0])
+    greedy = dict(max_tokens=8, temperature=0.0, ignore_eos=True)
+    engine.add_request(prompt, SamplingParams(**greedy), "before")  # admitted under A at 1
+    out: dict[str, list[int]] = {"before": [], "after": []}
+    for _ in range(3):
+        for o in engine.step():
+            out[o.request_id] += o.new_token_ids
+    engine.set_lora_scales({})  # every adapter at 0 from now on
+    engine.add_request(prompt, SamplingParams(**greedy), "after")
+    while engine.has_unfinished():
+        for o in engine.step():
+            out[o.request_id] += o.new_token_ids
+    solo = run_greedy(tiny_engine(base, adapters), {"a": prompt, "n": prompt}, {"a": {0: 1.0}, "n": {}})
+    assert out["before"] == solo["a"] and out["after"] == solo["n"] and solo["a"] != solo["n"]
