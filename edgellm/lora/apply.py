@@ -58,6 +58,11 @@ class LoraStep:
         self.be = be
         self.tokens = _groups(adapters, token_scales)
         self.logits = _groups(adapters, token_scales[logits_index]) if len(logits_index) else []
+        # the layers some adapter of the step adapts: the others keep the backend's one-call layer
+        self.layers = frozenset(il for g in self.tokens for il, _ in g.adapter.parts if il >= 0)
+
+    def touches(self, il: int) -> bool:
+        return il in self.layers
 
     def add(self, slot: SlotKey, x: Any, out: Any, logits_rows: bool = False) -> None:
         """out [n, n_cols] += the updates of every adapter with a tensor in matmul `slot`; x [n, n_in] the

@@ -202,3 +202,27 @@ def test_new_global_scales_never_change_a_running_request(files) -> None:  # noq
             out[o.request_id] += o.new_token_ids
     solo = run_greedy(tiny_engine(base, adapters), {"a": prompt, "n": prompt}, {"a": {0: 1.0}, "n": {}})
     assert out["before"] == solo["a"] and out["after"] == solo["n"] and solo["a"] != solo["n"]
+
+
+def test_layers_no_adapter_touches_keep_the_fused_layer(files, tmp_path) -> None:  # noqa: ANN001
+    base, adapters = files
+    one_layer = write_tiny_lora(tmp_path / "layer1.gguf", base, rank=4, layers=[1], seed=7)
+    g = load_gguf(str(base))
+    cfg = config_from_gguf(g)
+    loaded = [load_adapter(p, g, cfg) for p in (*adapters, one_layer)]
+    step = step_for_batch(loaded, [((2, 1.0),), ()], [2, 1], np.array([1, 2], np.int32))
+    assert step.layers == {1} and not step.touches(0)
+    both = step_for_batch(loaded, [((2, 1.0),), ((0, 1.0),)], [2, 1], np.array([1, 2], np.int32))
+    assert both.layers == {0, 1}
+    # and the tokens of a request on the one-layer adapter are its solo ones beside others
+    engine = tiny_engine(base, [*adapters, one_layer])
+    prompts = {"l1": _prompts()["a1"], "n": _prompts()["n1"], "a": _prompts()["a2"]}
+    choices = {"l1": {2: 1.0}, "n": {}, "a": {0: 1.0}}
+    together = run_greedy(engine, prompts, choices)
+    for rid in prompts:
+        assert (
+            together[rid]
+            == run_greedy(
+                tiny_engine(base, [*adapters, one_layer]), {rid: prompts[rid]}, {rid: choices[rid]}
+            )[rid]
+        )
