@@ -226,3 +226,20 @@ def test_layers_no_adapter_touches_keep_the_fused_layer(files, tmp_path) -> None
                 tiny_engine(base, [*adapters, one_layer]), {rid: prompts[rid]}, {rid: choices[rid]}
             )[rid]
         )
+
+
+def test_parallel_completions_keep_the_parents_adapter(files) -> None:  # noqa: ANN001
+    from edgellm.sampling import SamplingParams
+
+    base, adapters = files
+    prompt = _prompts()["b2"]
+    engine = tiny_engine(base, adapters)
+    engine.add_request(
+        prompt, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, n=3, lora={1: 0.5}), "r"
+    )
+    out: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    while engine.has_unfinished():
+        for o in engine.step():
+            out[o.index] += o.new_token_ids
+    solo = run_greedy(tiny_engine(base, adapters), {"b": prompt, "n": prompt}, {"b": {1: 0.5}, "n": {}})
+    assert out[0] == out[1] == out[2] == solo["b"] != solo["n"]
