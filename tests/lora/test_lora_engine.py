@@ -243,3 +243,19 @@ def test_parallel_completions_keep_the_parents_adapter(files) -> None:  # noqa: 
             out[o.index] += o.new_token_ids
     solo = run_greedy(tiny_engine(base, adapters), {"b": prompt, "n": prompt}, {"b": {1: 0.5}, "n": {}})
     assert out[0] == out[1] == out[2] == solo["b"] != solo["n"]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_base_rows_in_a_lora_step_are_bit_identical_to_a_step_without(tmp_path, arch: str) -> None:  # noqa: ANN001
+    """A Q8_0 base, whose layers the CPU runs as one call: a step with an adapter runs them kernel by kernel,
+    and the rows without one come out bit for bit as without LoRA."""
+    from edgellm.engine.model_runner import RunItem
+
+    base = write_tiny_model(tmp_path / "q8.gguf", arch, "Q8_0", n_layers=3)
+    adapter = write_tiny_lora(tmp_path / "q8_lora.gguf", base, rank=4, seed=3)
+    runner = tiny_engine(base, [adapter]).runner
+    assert all(f is not None for f in runner.model.fused)  # the one-call layers exist for this file
+    toks = list(range(5, 25))
+    solo = runner.run([RunItem([0, 1], toks, 0)])[0]
+    base_row, adapted = runner.run([RunItem([2, 3], toks, 0), RunItem([4, 5], toks, 0, lora=((0, 1.0),))])
+    assert np.array_equal(solo, base_row) and np.abs(adapted - solo).max() > 0.1
