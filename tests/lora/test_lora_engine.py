@@ -259,3 +259,16 @@ def test_base_rows_in_a_lora_step_are_bit_identical_to_a_step_without(tmp_path, 
     solo = runner.run([RunItem([0, 1], toks, 0)])[0]
     base_row, adapted = runner.run([RunItem([2, 3], toks, 0), RunItem([4, 5], toks, 0, lora=((0, 1.0),))])
     assert np.array_equal(solo, base_row) and np.abs(adapted - solo).max() > 0.1
+
+
+def test_architecture_with_its_own_layer_loop_is_refused(tmp_path) -> None:  # noqa: ANN001
+    from edgellm.arch import ARCHITECTURES
+    from edgellm.backends.cpu.backend import CpuBackend
+
+    base = write_tiny_model(tmp_path / "lfm2.gguf", "lfm2", "F32")
+    adapter = write_tiny_lora(tmp_path / "lfm2_lora.gguf", base, rank=4, roles=("ffn_up", "ffn_down"))
+    g = load_gguf(str(base))
+    cfg = config_from_gguf(g)
+    model = ARCHITECTURES[cfg.arch](cfg, g, CpuBackend())
+    with pytest.raises(LoraError, match="not supported for lfm2 models"):
+        load_adapter(adapter, g, cfg, model)
