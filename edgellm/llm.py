@@ -175,6 +175,13 @@ class LLM(InputRequestsMixin):
         """The loaded adapters as llama-server's GET /lora-adapters lists them: [{id, path, scale}]."""
         return self.core.call("lora_adapters")
 
+    def load_lora(self, path: str | Path, scale: float = 1.0) -> int:
+        """Load one more adapter while running, at global scale `scale` (0: only for requests that name
+        it); returns its id. Requests already running are unchanged. LoraError if it does not fit."""
+        listed = self.core.call("load_lora", str(path), scale)
+        self.n_lora = len(listed)
+        return listed[-1]["id"]
+
     def set_lora_scales(self, scales: list | dict) -> list[dict]:
         """New global scales ([{id, scale}] or {id: scale}; an adapter not named is at 0), for requests
         submitted from now on; returns the new list."""

@@ -144,12 +144,16 @@ def warm_up(runner, log: Callable[[str], None] | None, watch: CompileWatch | Non
     t0 = time.perf_counter()
     try:
         # Block 0 is free at start-up; whatever is written there is overwritten before anyone reads it.
-        phases = [("prefill kernels", [0, 1]), ("decode kernels", [1])]
+        phases = [("prefill kernels", [0, 1], ()), ("decode kernels", [1], ())]
         if not runner.cfg.causal:  # an encoder runs whole inputs only (arch/encoder.py)
             phases = phases[:1]
-        for i, (name, toks) in enumerate(phases, 1):
+        # a step with an adapter runs its layers kernel by kernel (arch/llama.py): compile those too
+        if getattr(runner, "lora_adapters", None):
+            first = ((0, 1.0),)
+            phases += [("LoRA prefill kernels", [0, 1], first), ("LoRA decode kernels", [1], first)]
+        for i, (name, toks, lora) in enumerate(phases, 1):
             start = 0 if len(toks) == 2 else 2
-            runner.run([RunItem([0], toks, start)])
+            runner.run([RunItem([0], toks, start, lora=lora)])
             if log and watch.compiled > before:
                 log(f"  [{i}/{len(phases)}] {name} compiled ({time.perf_counter() - t0:.1f} s)")
     finally:

@@ -122,16 +122,17 @@ class LlamaModel:
         x = self.embed(batch, inp)  # [T, n_embd]
         for il, (attn_w, ffn_w) in enumerate(self.layers):
             fused = self.fused[il]
-            # a step with LoRA updates runs the blocks, where the updates sit beside each matmul
-            if fused is not None and batch.lora is None and be.decoder_layer(fused, x, kv, il, inp):
+            # a layer with LoRA updates this step runs the blocks, where the updates sit beside each matmul
+            lora = batch.lora if batch.lora is not None and batch.lora.touches(il) else None
+            if fused is not None and lora is None and be.decoder_layer(fused, x, kv, il, inp):
                 if not isinstance(ffn_w, FeedForwardWeights):
                     self.ffn_block(be, cfg, ffn_w, x, batch.n_tokens)
                 continue
             attention_block(
                 be, cfg, attn_w, x, batch, kv, il, inp.positions, inp.seq_index, inp.block_tables, inp.slots
             )
-            if batch.lora is not None and isinstance(ffn_w, FeedForwardWeights):
-                feed_forward_block(be, cfg, ffn_w, x, batch.n_tokens, batch.lora, il)
+            if lora is not None and isinstance(ffn_w, FeedForwardWeights):
+                feed_forward_block(be, cfg, ffn_w, x, batch.n_tokens, lora, il)
             else:
                 self.ffn_block(be, cfg, ffn_w, x, batch.n_tokens)
         return x, inp

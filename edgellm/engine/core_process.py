@@ -122,6 +122,7 @@ class EngineCoreProc:
             speculator,
             guidance=GuidedDecoding(tokenizer, cfg.n_vocab),
         )
+        self._gguf = gguf  # its tensor table binds adapters loaded later (load_lora)
         self.lora_paths = self._load_lora(spec, gguf, cfg, log)
         load_time = time.perf_counter() - t0
         if log:
@@ -168,6 +169,19 @@ class EngineCoreProc:
         """GET /lora-adapters: [{id, path, scale}], the global scales."""
         scales = self.engine_core.lora_scales
         return [{"id": k, "path": p, "scale": scales[k]} for k, p in enumerate(self.lora_paths)]
+
+    def load_lora(self, path: str, scale: float = 1.0) -> list[dict]:
+        """Load one more adapter (the next id) at global scale `scale`; the new list. Requests in flight
+        keep their adapters (ids only grow)."""
+        from edgellm.lora.adapter import load_adapter
+        from edgellm.lora.choice import parse_lora_arg
+
+        path, scale = parse_lora_arg(str(path), scale)
+        adapter = load_adapter(path, self._gguf, self.config, self.model)
+        eng = self.engine_core
+        eng.set_lora_adapters([*self.runner.lora_adapters, adapter], [*eng.lora_scales, scale])
+        self.lora_paths.append(path)
+        return self.lora_adapters()
 
     def set_lora_scales(self, entries: list | dict) -> list[dict]:
         """POST /lora-adapters: new global scales (an adapter not named is at 0); the new list."""
@@ -225,6 +239,7 @@ class EngineCoreProc:
                 "stats": self.stats,
                 "lora_adapters": self.lora_adapters,
                 "set_lora_scales": self.set_lora_scales,
+                "load_lora": self.load_lora,
             }
             value = calls[msg.name](*msg.args)
             send(UtilityResult(msg.call_id, True, value))

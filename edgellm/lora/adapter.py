@@ -25,6 +25,7 @@ from gguf import quants as gguf_quants
 from edgellm.gguf.load import load_gguf
 from edgellm.gguf.model_config import ModelConfig
 from edgellm.gguf.reader import GGUFError, GGUFFile
+from edgellm.quants.traits import get_traits
 
 T = GGMLQuantizationType
 # A and B types read (llama.cpp runs any; these are what convert_lora_to_gguf.py writes: --outtype)
@@ -44,6 +45,10 @@ class LoraPart:
     b: np.ndarray  # [n_cols, r] float32
     factor: float  # alpha / r (1 when alpha is 0): the user's scale times this is llama.cpp's scale
     col0: int  # the output columns of the fused matmul this tensor fills: [col0, col0 + n_cols)
+    # what llama.cpp's CPU rounds each product's input to for A's and B's types (their vec_dot: "f32",
+    # "f16", "bf16", "q8_0"): apply.py rounds the same, so F16 / BF16 / Q8_0 adapters match it to ~1e-9
+    a_dot: str = "f32"
+    b_dot: str = "f32"
 
     @property
     def rank(self) -> int:
@@ -94,6 +99,10 @@ def base_slots(cfg: ModelConfig, base: GGUFFile) -> dict[str, tuple[SlotKey, int
     if "output.weight" in base.tensors:
         slots["output.weight"] = ((-1, "output"), 0)
     return {name: slot for name, slot in slots.items() if name in base.tensors}
+
+
+def _vec_dot(g: GGUFFile, name: str) -> str:
+    return get_traits(g.tensors[name].qtype).vec_dot
 
 
 def _read(g: GGUFFile, name: str) -> np.ndarray:
@@ -171,7 +180,9 @@ def load_adapter(path: str | Path, base: GGUFFile, cfg: ModelConfig, model: Any 
         rank = b.shape[1]
         slot, col0 = slots[target]
         factor = alpha / rank if alpha else 1.0
-        adapter.parts.setdefault(slot, []).append(LoraPart(target, a, np.ascontiguousarray(b), factor, col0))
+        dots = _vec_dot(g, pair[".lora_a"]), _vec_dot(g, pair[".lora_b"])
+        part = LoraPart(target, a, np.ascontiguousarray(b), factor, col0, *dots)
+        adapter.parts.setdefault(slot, []).append(part)
     return adapter
 
 

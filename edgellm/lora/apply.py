@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 
 from edgellm.lora.adapter import LoraAdapter, SlotKey
+from edgellm.quants.activations import quantize_act_ref
+from edgellm.quants.packing import ACT_ROUNDING
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,11 @@ class LoraStep:
         self.be = be
         self.tokens = _groups(adapters, token_scales)
         self.logits = _groups(adapters, token_scales[logits_index]) if len(logits_index) else []
+        # the layers some adapter of the step adapts: the others keep the backend's one-call layer
+        self.layers = frozenset(il for g in self.tokens for il, _ in g.adapter.parts if il >= 0)
+
+    def touches(self, il: int) -> bool:
+        return il in self.layers
 
     def add(self, slot: SlotKey, x: Any, out: Any, logits_rows: bool = False) -> None:
         """out [n, n_cols] += the updates of every adapter with a tensor in matmul `slot`; x [n, n_in] the
@@ -71,13 +78,28 @@ class LoraStep:
         self.be.add(out, self.be.from_host(delta))
 
 
+def round_input(x: np.ndarray, dot: str) -> np.ndarray:
+    """x as llama.cpp's CPU rounds a matmul's input for a weight whose vec_dot type is `dot`."""
+    if dot == "f32":
+        return x
+    if dot == "q8_0":  # blocks of 32 with an f16 scale: what the int8 dot products see, dequantized
+        xq, xs, _ = quantize_act_ref(x, 32, "q8_0")
+        return (xq.reshape(len(x), -1, 32) * xs[..., None]).reshape(x.shape).astype(np.float32)
+    return ACT_ROUNDING[dot](x)
+
+
 def _add_updates(slot: SlotKey, groups: list[RowGroup], x: np.ndarray, out: np.ndarray) -> None:
+    """As llama.cpp's build_lora_mm: ab = B (A x), rounded per the types, then scaled and added."""
     for g in groups:
         xr = x[g.rows]  # [n_k, n_in]
+        rounded: dict[str, np.ndarray] = {}
         for p in g.adapter.parts[slot]:
-            t = xr @ p.a.T  # [n_k, r]
-            t *= g.scales * np.float32(p.factor)
-            out[g.rows, p.col0 : p.col0 + p.b.shape[0]] += t @ p.b.T  # [n_k, n_cols]
+            if p.a_dot not in rounded:
+                rounded[p.a_dot] = round_input(xr, p.a_dot)
+            t = round_input(rounded[p.a_dot] @ p.a.T, p.b_dot)  # [n_k, r]
+            ab = t @ p.b.T  # [n_k, n_cols]
+            ab *= g.scales * np.float32(p.factor)
+            out[g.rows, p.col0 : p.col0 + p.b.shape[0]] += ab
 
 
 def step_for_batch(

@@ -6,7 +6,8 @@ tests/fixtures/lora/<case>.npz) and by edgellm (tests/lora/).
 (lora_b), rank 4, on every attention and FFN matrix; B is Q8_0 / BF16, rank 8 (Q8_0 rows need n_in a
 multiple of 32), on Q, V, the output projection, gate and down. "phi3": the fused attn_qkv and gate|up
 ffn_up tensors and the vocabulary projection (output.weight). "qwen2": Q/K/V with their biases (the update
-goes before the bias, as llama.cpp's build_lora_mm).
+goes before the bias, as llama.cpp's build_lora_mm). "gemma2", "gemma2_q8_0", "starcoder2", "qwen3moe":
+adapter A alone on other architectures' blocks (see CASES).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ TWO_ADAPTERS: dict[str, tuple[float, ...]] = {
     "AB": (1.0, 0.5),
 }
 ONE_ADAPTER: dict[str, tuple[float, ...]] = {"none": (0.0,), "A": (1.0,), "A_neg": (-0.75,)}
-NMSE_LIMIT = 1e-4  # the float bound (the bases are F32; the adapters' own types are their values exactly)
+ONE_A: dict[str, tuple[float, ...]] = {"none": (0.0,), "A": (1.0,)}
+NMSE_LIMIT = 1e-4  # the float bound; a quantized base: its case's bound (OracleCase.nmse_limit)
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,26 @@ CASES: dict[str, LoraCase] = {
         {"A": dict(rank=6, alpha=None, seed=31, roles=("attn_q", "attn_k", "attn_v"), qtype_b="F16",
                    b_std=0.3)},
         ONE_ADAPTER,
+    ),
+    # more architectures, adapter A alone: Gemma 2's post-norms and soft caps (and its Q8_0 file, whose
+    # layers the CPU runs as one call when no adapter touches them), StarCoder 2's ungated FFN with
+    # biases and LayerNorm, qwen3moe's attention (its experts take no adapter)
+    "gemma2": LoraCase(_small(ORACLE_CASES["gemma2_f32"], 6), {"A": dict(rank=4, alpha=4.0, seed=41)}, ONE_A),
+    "gemma2_q8_0": LoraCase(
+        _small(ORACLE_CASES["gemma2_q8_0"], 7),
+        {"A": dict(rank=8, alpha=8.0, seed=42, qtype_a="F16", qtype_b="F16")},
+        ONE_A,
+    ),
+    "starcoder2": LoraCase(
+        _small(ORACLE_CASES["starcoder2_f32"], 8),
+        {"A": dict(rank=4, alpha=8.0, seed=43,
+                   roles=("attn_q", "attn_v", "attn_output", "ffn_up", "ffn_down"))},
+        ONE_A,
+    ),
+    "qwen3moe": LoraCase(
+        _small(ORACLE_CASES["qwen3moe_f32"], 9),
+        {"A": dict(rank=8, alpha=16.0, seed=44, roles=("attn_q", "attn_k", "attn_v", "attn_output"))},
+        ONE_A,
     ),
 }  # fmt: skip
 

@@ -10,7 +10,7 @@ import pytest
 from edgellm.gguf.config import config_from_gguf
 from edgellm.gguf.load import load_gguf
 from edgellm.lora.adapter import LoraError, load_adapter
-from edgellm.lora.apply import step_for_batch
+from edgellm.lora.apply import round_input, step_for_batch
 from edgellm.testing.lora_cases import run_greedy, tiny_engine, write_lora_files
 from edgellm.testing.synthetic import write_tiny_model
 from edgellm.testing.synthetic_lora import write_tiny_lora
@@ -109,11 +109,14 @@ def test_grouped_update_equals_dense_reference(files) -> None:  # noqa: ANN001
     for choice, n in zip(choices, counts, strict=True):
         for k, s in choice:
             for p in loaded[k].parts.get(slot, []):
-                want[row : row + n, p.col0 : p.col0 + p.b.shape[0]] += (
-                    s * p.factor * (x[row : row + n] @ p.a.T @ p.b.T)
-                )
+                # llama.cpp rounds each product's input to what the A / B types' dot products take
+                ax = round_input(round_input(x[row : row + n], p.a_dot) @ p.a.T, p.b_dot)
+                want[row : row + n, p.col0 : p.col0 + p.b.shape[0]] += s * p.factor * (ax @ p.b.T)
         row += n
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    assert {p.a_dot for p in loaded[0].parts[slot]} == {"f16"} and {
+        p.a_dot for p in loaded[1].parts[slot]
+    } == {"q8_0"}
     assert np.abs(want[3:5]).max() == 0 and np.abs(want).max() > 0.1  # the rows without an adapter untouched
     assert step_for_batch(loaded, [(), ()], [2, 3], np.array([4], np.int32)) is None  # no LoRA: no work
 
@@ -178,3 +181,94 @@ def test_adapter_for_a_wider_base_is_refused(files, tmp_path) -> None:  # noqa: 
     g = load_gguf(str(base))
     with pytest.raises(LoraError, match=r"blk.0.attn_k.weight.*\(32, 64\).*wrong base"):
         load_adapter(bad, g, config_from_gguf(g))
+
+
+def test_new_global_scales_never_change_a_running_request(files) -> None:  # noqa: ANN001
+    from edgellm.sampling import SamplingParams
+
+    base, adapters = files
+    prompt = _prompts()["b1"]
+    engine = tiny_engine(base, adapters, [1.0, 0.0])
+    greedy = dict(max_tokens=8, temperature=0.0, ignore_eos=True)
+    engine.add_request(prompt, SamplingParams(**greedy), "before")  # admitted under A at 1
+    out: dict[str, list[int]] = {"before": [], "after": []}
+    for _ in range(3):
+        for o in engine.step():
+            out[o.request_id] += o.new_token_ids
+    engine.set_lora_scales({})  # every adapter at 0 from now on
+    engine.add_request(prompt, SamplingParams(**greedy), "after")
+    while engine.has_unfinished():
+        for o in engine.step():
+            out[o.request_id] += o.new_token_ids
+    solo = run_greedy(tiny_engine(base, adapters), {"a": prompt, "n": prompt}, {"a": {0: 1.0}, "n": {}})
+    assert out["before"] == solo["a"] and out["after"] == solo["n"] and solo["a"] != solo["n"]
+
+
+def test_layers_no_adapter_touches_keep_the_fused_layer(files, tmp_path) -> None:  # noqa: ANN001
+    base, adapters = files
+    one_layer = write_tiny_lora(tmp_path / "layer1.gguf", base, rank=4, layers=[1], seed=7)
+    g = load_gguf(str(base))
+    cfg = config_from_gguf(g)
+    loaded = [load_adapter(p, g, cfg) for p in (*adapters, one_layer)]
+    step = step_for_batch(loaded, [((2, 1.0),), ()], [2, 1], np.array([1, 2], np.int32))
+    assert step.layers == {1} and not step.touches(0)
+    both = step_for_batch(loaded, [((2, 1.0),), ((0, 1.0),)], [2, 1], np.array([1, 2], np.int32))
+    assert both.layers == {0, 1}
+    # and the tokens of a request on the one-layer adapter are its solo ones beside others
+    engine = tiny_engine(base, [*adapters, one_layer])
+    prompts = {"l1": _prompts()["a1"], "n": _prompts()["n1"], "a": _prompts()["a2"]}
+    choices = {"l1": {2: 1.0}, "n": {}, "a": {0: 1.0}}
+    together = run_greedy(engine, prompts, choices)
+    for rid in prompts:
+        assert (
+            together[rid]
+            == run_greedy(
+                tiny_engine(base, [*adapters, one_layer]), {rid: prompts[rid]}, {rid: choices[rid]}
+            )[rid]
+        )
+
+
+def test_parallel_completions_keep_the_parents_adapter(files) -> None:  # noqa: ANN001
+    from edgellm.sampling import SamplingParams
+
+    base, adapters = files
+    prompt = _prompts()["b2"]
+    engine = tiny_engine(base, adapters)
+    engine.add_request(
+        prompt, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, n=3, lora={1: 0.5}), "r"
+    )
+    out: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    while engine.has_unfinished():
+        for o in engine.step():
+            out[o.index] += o.new_token_ids
+    solo = run_greedy(tiny_engine(base, adapters), {"b": prompt, "n": prompt}, {"b": {1: 0.5}, "n": {}})
+    assert out[0] == out[1] == out[2] == solo["b"] != solo["n"]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_base_rows_in_a_lora_step_are_bit_identical_to_a_step_without(tmp_path, arch: str) -> None:  # noqa: ANN001
+    """A Q8_0 base, whose layers the CPU runs as one call: a step with an adapter runs them kernel by kernel,
+    and the rows without one come out bit for bit as without LoRA."""
+    from edgellm.engine.model_runner import RunItem
+
+    base = write_tiny_model(tmp_path / "q8.gguf", arch, "Q8_0", n_layers=3)
+    adapter = write_tiny_lora(tmp_path / "q8_lora.gguf", base, rank=4, seed=3)
+    runner = tiny_engine(base, [adapter]).runner
+    assert all(f is not None for f in runner.model.fused)  # the one-call layers exist for this file
+    toks = list(range(5, 25))
+    solo = runner.run([RunItem([0, 1], toks, 0)])[0]
+    base_row, adapted = runner.run([RunItem([2, 3], toks, 0), RunItem([4, 5], toks, 0, lora=((0, 1.0),))])
+    assert np.array_equal(solo, base_row) and np.abs(adapted - solo).max() > 0.1
+
+
+def test_architecture_with_its_own_layer_loop_is_refused(tmp_path) -> None:  # noqa: ANN001
+    from edgellm.arch import ARCHITECTURES
+    from edgellm.backends.cpu.backend import CpuBackend
+
+    base = write_tiny_model(tmp_path / "lfm2.gguf", "lfm2", "F32")
+    adapter = write_tiny_lora(tmp_path / "lfm2_lora.gguf", base, rank=4, roles=("ffn_up", "ffn_down"))
+    g = load_gguf(str(base))
+    cfg = config_from_gguf(g)
+    model = ARCHITECTURES[cfg.arch](cfg, g, CpuBackend())
+    with pytest.raises(LoraError, match="not supported for lfm2 models"):
+        load_adapter(adapter, g, cfg, model)

@@ -38,11 +38,17 @@ def test_llm_applies_the_adapter_each_request_names(files) -> None:  # noqa: ANN
             llm.generate([PROMPT], SamplingParams(**greedy, lora={3: 1.0}))
         llm.set_lora_scales({1: 0.5})
         b_global = llm.generate([PROMPT], SamplingParams(**greedy))[0].token_ids
+        # one more adapter while running (A's file again, as id 2 at global scale 0)
+        assert llm.load_lora(adapters[0], 0.0) == 2 and llm.lora_adapters()[2]["scale"] == 0.0
+        as_id2 = llm.generate([PROMPT], SamplingParams(**greedy, lora={2: 1.0}))[0].token_ids
+        assert llm.generate([PROMPT], SamplingParams(**greedy))[0].token_ids == b_global  # still B alone
+        with pytest.raises(Exception, match="general.type is 'model'"):
+            llm.load_lora(base)
     engine = tiny_engine(base, adapters)
     want = run_greedy(engine, {"a": PROMPT, "n": PROMPT, "ab": PROMPT, "b": PROMPT},
                       {"a": {0: 1.0}, "n": {}, "ab": {0: 1.0, 1: 0.5}, "b": {1: 0.5}})  # fmt: skip
     assert only_a == want["a"] and none == want["n"] and default == want["ab"] == both[0].token_ids
-    assert b_global == want["b"]
+    assert b_global == want["b"] and as_id2 == only_a
     assert len({tuple(v) for v in want.values()}) == 4
 
 

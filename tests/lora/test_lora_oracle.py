@@ -37,7 +37,8 @@ def test_logits_match_llamacpp(written, case: str, config: str) -> None:  # noqa
     lora = CASES[case].choice(config)
     got = score_edgellm(base, ref["tokens"], ref["positions"], 512, adapters=tuple(adapters), lora=lora)
     want = ref["logits_" + config]
-    assert nmse(got, want) < NMSE_LIMIT, (case, config, nmse(got, want))
+    limit = max(NMSE_LIMIT, CASES[case].base.nmse_limit)
+    assert nmse(got, want) < limit, (case, config, nmse(got, want))
     agree, counted = top1_agreement(got, want)
     assert agree == counted, (case, config, agree, counted)
     if config != "none":  # the adapter changes the logits far beyond the bound: the match is not vacuous
