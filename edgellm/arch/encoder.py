@@ -61,6 +61,7 @@ def read_encoder(g: GGUFFile, cfg: ModelConfig) -> None:
     raw = get_int(g, p + "pooling_type", 0, lo=0, hi=4)
     cfg.pooling = ENCODER_POOLING[raw]
     cfg.causal = False
+    cfg.rank_head = True
     labels = g.get(p + "classifier.output_labels")
     if labels is not None:
         if not isinstance(labels, list) or not labels:

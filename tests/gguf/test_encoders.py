@@ -138,3 +138,26 @@ def test_rerank_prompt_from_the_gguf_template(tmp_path: Path) -> None:
     tok = front.tokenizer
     q, d = tok.encode("the cat", add_special=True)[1:-1], tok.encode("a dog", add_special=True)[1:-1]
     assert front.rerank_ids("the cat", "a dog") == [101, *q, 102, *d, 102]
+
+
+def test_qwen3_reranker_matches_llamacpp(tmp_path: Path) -> None:
+    """A Qwen3-Reranker-shaped decoder (cls.output, pooling rank): the prompt from the GGUF's rerank
+    template as llama.cpp tokenizes it, P(yes) at the last token within 1e-3 of llama.cpp's and in the same
+    order, each input computed in chunks of 64 tokens."""
+    from edgellm.llm_inputs import InputRequestsMixin
+    from edgellm.testing.encoder_oracle import QWEN3_RERANK_CTX, write_qwen3_reranker
+
+    fx = _fixture("qwen3_rerank")
+    path = write_qwen3_reranker(tmp_path / "qwen3_rerank.gguf")
+    assert sha256(path) == fx["sha256"], "the writer changed; regenerate the fixture"
+    g = load_gguf(str(path))
+    front = InputRequestsMixin()
+    front.tokenizer, front.metadata, front.n_ctx = Tokenizer.from_metadata(g.metadata), g.metadata, 512
+    for doc, ids in zip(fx["documents"], fx["ids"], strict=True):
+        assert front.rerank_ids(fx["query"], doc) == ids
+    got = np.array([v[0] for v in embed_edgellm(path, fx["ids"], QWEN3_RERANK_CTX)])
+    ref = np.array(fx["scores"])
+    print(f"qwen3_rerank: scores {np.round(got, 5).tolist()} llama.cpp {np.round(ref, 5).tolist()}")
+    print(f"qwen3_rerank: max |diff| {np.abs(got - ref).max():.2e}")
+    assert np.abs(got - ref).max() <= MAX_SCORE_DIFF
+    assert np.argsort(-got).tolist() == np.argsort(-ref).tolist()
