@@ -161,3 +161,16 @@ def test_qwen3_reranker_matches_llamacpp(tmp_path: Path) -> None:
     print(f"qwen3_rerank: max |diff| {np.abs(got - ref).max():.2e}")
     assert np.abs(got - ref).max() <= MAX_SCORE_DIFF
     assert np.argsort(-got).tolist() == np.argsort(-ref).tolist()
+
+
+def test_wordpiece_on_llamacpps_bge_vocabulary() -> None:
+    """llama.cpp's own WordPiece test (test-tokenizer-0 on models/ggml-vocab-bert-bge.gguf: bge-small's
+    30,522-token vocabulary): every one of its texts gives the ids it expects."""
+    import gzip
+
+    with gzip.open(FIXTURES / "bge_vocab.json.gz", "rt", encoding="utf-8") as f:
+        data = json.load(f)
+    tok = Tokenizer.from_metadata(data["metadata"])
+    assert len(data["texts"]) > 40
+    for text, ids in zip(data["texts"], data["ids"], strict=True):
+        assert tok.encode(text, add_special=False, parse_special=True) == ids, text
