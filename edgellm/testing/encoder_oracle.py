@@ -124,8 +124,9 @@ def token_states_edgellm(path: str | Path, ids: list[int]) -> np.ndarray:
     return runner.last_hidden[0]
 
 
-def embed_edgellm(path: str | Path, inputs: list[list[int]], n_ctx: int = N_CTX) -> list[np.ndarray]:
-    """Each input's pooled vector (pooling "rank": the head's outputs), after LLM()'s load checks."""
+def engine_core(path: str | Path, n_ctx: int = N_CTX, n_blocks: int = 64) -> Any:
+    """An in-process EngineCore on the CPU backend for the file, after LLM()'s load checks, scheduled as
+    the engine process schedules it: an encoder's inputs whole, a decoder's in chunks of 64 tokens."""
     from edgellm.arch import ARCHITECTURES
     from edgellm.backends.cpu.backend import CpuBackend
     from edgellm.engine.core_process import encoder_scheduling
@@ -140,13 +141,16 @@ def embed_edgellm(path: str | Path, inputs: list[list[int]], n_ctx: int = N_CTX)
     cfg = config_from_gguf(g)
     validate_model(g, cfg)
     be = CpuBackend()
-    block_size = 16
-    n_blocks = sum(-(-len(x) // block_size) for x in inputs) + 1
-    runner = ModelRunner(ARCHITECTURES[cfg.arch](cfg, g, be), cfg, be, n_blocks, block_size)
-    sched = SchedulerConfig(16, 64, block_size, n_blocks, max_pooled_tokens_per_step=64)
-    if not cfg.causal:  # an encoder's inputs whole; a decoder's in chunks of 64 tokens, as LLM runs them
+    runner = ModelRunner(ARCHITECTURES[cfg.arch](cfg, g, be), cfg, be, n_blocks, 16)
+    sched = SchedulerConfig(16, 64, 16, n_blocks, max_pooled_tokens_per_step=64)
+    if not cfg.causal:
         sched = encoder_scheduling(sched, n_ctx)
-    engine = EngineCore(runner, frozenset(), n_ctx, sched)
+    return EngineCore(runner, frozenset(), n_ctx, sched)
+
+
+def embed_edgellm(path: str | Path, inputs: list[list[int]], n_ctx: int = N_CTX) -> list[np.ndarray]:
+    """Each input's pooled vector (pooling "rank": the head's outputs), after LLM()'s load checks."""
+    engine = engine_core(path, n_ctx, sum(-(-len(x) // 16) for x in inputs) + 1)
     rids = [engine.add_embedding_request(list(x), group="all") for x in inputs]
     got: dict[str, np.ndarray] = {}
     while engine.has_unfinished():

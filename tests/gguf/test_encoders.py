@@ -174,3 +174,30 @@ def test_wordpiece_on_llamacpps_bge_vocabulary() -> None:
     assert len(data["texts"]) > 40
     for text, ids in zip(data["texts"], data["ids"], strict=True):
         assert tok.encode(text, add_special=False, parse_special=True) == ids, text
+
+
+def test_an_input_of_the_whole_context_runs_in_one_step(tmp_path: Path) -> None:
+    """128 tokens on a 128-token encoder (its last position embedding): one step, with other inputs."""
+    path = _write("bert_mean", tmp_path)
+    long = [101] + [104] * 126 + [102]
+    got = embed_edgellm(path, [long, [101, 104, 102], long[:64]])
+    alone = embed_edgellm(path, [long])[0]
+    assert cosine(got[0], alone) > 0.99999 and cosine(got[0], got[2]) < 0.9999
+
+
+def test_the_engine_refuses_what_an_encoder_cannot_do(tmp_path: Path) -> None:
+    from edgellm.engine.checks import EmbeddingOnlyError
+    from edgellm.sampling import SamplingParams
+    from edgellm.testing.encoder_oracle import engine_core
+
+    engine = engine_core(_write("bert_mean", tmp_path))
+    with pytest.raises(EmbeddingOnlyError, match="embedding-only encoder"):
+        engine.add_request([101, 104, 102], SamplingParams(max_tokens=2))
+    with pytest.raises(EmbeddingOnlyError):
+        engine.add_score_request([101, 104, 102])
+    with pytest.raises(ValueError, match="input has 129 tokens"):
+        engine.add_embedding_request([101] * 129)
+    none = engine_core(_write("bert_none", tmp_path))
+    with pytest.raises(ValueError, match="pooling type is 'none'"):
+        none.add_embedding_request([101, 104, 102])
+    assert not engine.has_unfinished() and not none.has_unfinished()

@@ -133,6 +133,22 @@ def test_rerank(rerank_server: str, rerank_model: Path) -> None:
     )
 
 
+def test_rerank_tei_and_cohere_shapes(rerank_server: str) -> None:
+    """TEI's body ("texts") gets TEI's answer, a bare list of {index, score, text}; Cohere's documents as
+    {"text": ...} objects score as the strings do."""
+    tei = httpx.post(
+        f"{rerank_server}/rerank", json={"query": QUERY, "texts": DOCS, "return_text": True}, timeout=120
+    )
+    assert tei.status_code == 200, tei.text
+    rows = tei.json()
+    assert isinstance(rows, list) and [r["text"] for r in rows] == [DOCS[r["index"]] for r in rows]
+    objs = [{"text": d} for d in DOCS]
+    cohere = httpx.post(f"{rerank_server}/v1/rerank", json={"query": QUERY, "documents": objs}, timeout=120)
+    assert [(r["index"], r["relevance_score"]) for r in cohere.json()["results"]] == [
+        (r["index"], r["score"]) for r in rows
+    ]
+
+
 @pytest.mark.parametrize(
     ("body", "needle"),
     [({"documents": DOCS}, '\\"query\\" must be provided'), ({"query": QUERY, "documents": []}, "non-empty")],
