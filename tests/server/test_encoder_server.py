@@ -68,6 +68,11 @@ def test_openai_client_embeddings(bert_server: str, bert_model: Path) -> None:
     assert resp.usage.prompt_tokens == sum(len(x) for x in _ids(bert_model, TEXTS))
 
 
+def test_ollama_show_says_embedding(bert_server: str) -> None:
+    r = httpx.post(f"{bert_server}/api/show", json={"model": "bert"}, timeout=60)
+    assert r.status_code == 200 and r.json()["capabilities"] == ["embedding"], r.text
+
+
 def test_ollama_embed(bert_server: str, bert_model: Path) -> None:
     r = httpx.post(f"{bert_server}/api/embed", json={"model": "bert", "input": TEXTS[:2]}, timeout=120)
     assert r.status_code == 200, r.text
