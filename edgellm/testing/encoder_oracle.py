@@ -66,6 +66,7 @@ CASES = {
     "nomic_bert_cls_q8_0": EncoderCase("nomic-bert", 2, T.Q8_0, seed=6),
     "jina_bert_v2_mean": EncoderCase("jina-bert-v2", 1, seed=7),
     "jina_bert_v2_mean_gate_in_up": EncoderCase("jina-bert-v2", 1, gate_in_up=True, seed=8),
+    "jina_bert_v2_rerank": EncoderCase("jina-bert-v2", 4, seed=10),
 }
 
 
