@@ -1,6 +1,8 @@
-"""The BERT-family encoder pass that bert.py and nomic_bert.py declare (llama.cpp's llama_model_bert::graph,
-which nomic-bert runs too): non-causal attention over each whole input, post-norm layers, and the
-classification head of a reranker. Embedding models only: nothing here projects onto a vocabulary.
+"""The BERT-family encoder pass that bert.py, nomic_bert.py and jina_bert_v2.py declare (llama.cpp's
+llama_model_bert::graph, which the other two run too): non-causal attention over each whole input, post-norm
+layers, and the classification head of a reranker. Embedding models only: nothing here projects onto a
+vocabulary. jina-bert-v2 adds ALiBi (alibi_slopes), LayerNorms of Q and K and a second attention norm
+(EncoderLayer's optional fields), and GEGLU MLPs (EncoderLayer.ffn).
 
 x = layernorm(embed(tokens) + token_types[0] (+ position_embd[positions])) * tok_norm + tok_norm_b
 for each layer:
