@@ -182,7 +182,7 @@ def check_embedding_model(cfg: ModelConfig) -> None:
 def check_reranker(cfg: ModelConfig) -> None:
     """ValueError unless the model is a reranker (pooling_type rank, a classification head)."""
     if cfg.pooling == "rank":
-        check_pooling(cfg.pooling, head=not cfg.causal)  # a decoder reranker: not implemented
+        check_pooling(cfg.pooling, head=cfg.rank_head)  # a decoder without a head: not implemented
     else:
         raise ValueError(
             f"this model ({cfg.arch}, pooling {cfg.pooling!r}) is not a reranker: reranking needs a model "

@@ -1,6 +1,8 @@
-"""The BERT-family encoder pass that bert.py and nomic_bert.py declare (llama.cpp's llama_model_bert::graph,
-which nomic-bert runs too): non-causal attention over each whole input, post-norm layers, and the
-classification head of a reranker. Embedding models only: nothing here projects onto a vocabulary.
+"""The BERT-family encoder pass that bert.py, nomic_bert.py and jina_bert_v2.py declare (llama.cpp's
+llama_model_bert::graph, which the other two run too): non-causal attention over each whole input, post-norm
+layers, and the classification head of a reranker. Embedding models only: nothing here projects onto a
+vocabulary. jina-bert-v2 adds ALiBi (alibi_slopes), LayerNorms of Q and K and a second attention norm
+(EncoderLayer's optional fields), and GEGLU MLPs (EncoderLayer.ffn).
 
 x = layernorm(embed(tokens) + token_types[0] (+ position_embd[positions])) * tok_norm + tok_norm_b
 for each layer:
@@ -61,6 +63,7 @@ def read_encoder(g: GGUFFile, cfg: ModelConfig) -> None:
     raw = get_int(g, p + "pooling_type", 0, lo=0, hi=4)
     cfg.pooling = ENCODER_POOLING[raw]
     cfg.causal = False
+    cfg.rank_head = True
     labels = g.get(p + "classifier.output_labels")
     if labels is not None:
         if not isinstance(labels, list) or not labels:
@@ -336,12 +339,15 @@ def bidirectional_attention(
     q, k, v [T, H, d] -> [T, H, d]."""
     out = np.empty_like(q, dtype=np.float32)
     for s, t in spans:
-        scores = np.einsum("qhd,khd->hqk", q[s:t], k[s:t]).astype(np.float32) * np.float32(scale)  # [H, n, n]
+        qh = np.ascontiguousarray(q[s:t].transpose(1, 0, 2), np.float32)  # [H, n, d]
+        kh = np.ascontiguousarray(k[s:t].transpose(1, 2, 0), np.float32)  # [H, d, n]
+        scores = np.matmul(qh, kh) * np.float32(scale)  # [H, n, n]: batched BLAS, not einsum's loops
         if slopes is not None:
             n = np.arange(t - s)
             scores -= slopes[:, None, None] * np.abs(n[:, None] - n[None, :]).astype(np.float32)
         scores -= scores.max(axis=-1, keepdims=True)
         np.exp(scores, out=scores)
         scores /= scores.sum(axis=-1, keepdims=True)
-        out[s:t] = np.einsum("hqk,khd->qhd", scores, v[s:t])
+        vh = np.ascontiguousarray(v[s:t].transpose(1, 0, 2), np.float32)  # [H, n, d]
+        out[s:t] = np.matmul(scores, vh).transpose(1, 0, 2)
     return out

@@ -82,6 +82,10 @@ class LlamaModel:
         ]
         self.output_norm = be.load_vector(src.get(self.output_norm_name, (e,)))
         self.output_norm_b = be.load_vector(src.get("output_norm.bias", (e,))) if cfg.layer_norm else None
+        # A reranker's head (Qwen 3: cls.output [n_cls_out, n_embd]; the specs that may have one say so)
+        self.cls_out = None
+        if src.has("cls.output.weight"):
+            self.cls_out = be.load_matrix([src.get("cls.output.weight", (cfg.n_cls_out, e))])
         # Tied embeddings: without output.weight the embedding matrix is the vocabulary projection.
         self.output = (
             be.load_matrix([src.get("output.weight", (V, e))]) if src.has("output.weight") else self.tok_embd
@@ -112,6 +116,13 @@ class LlamaModel:
         model_norm(self.be, self.cfg, hidden, self.output_norm, self.output_norm_b, hidden)
         norm = (self.output_norm, self.output_norm_b)
         logits = output_logits(self.be, self.cfg, x, batch, inp.logits_index, norm, self.output)
+        if self.cfg.pooling == "rank" and self.cls_out is not None:  # rows: the inputs' last tokens
+            scores = self.be.empty((hidden.shape[0], self.cfg.n_cls_out))
+            self.be.matmul(hidden, self.cls_out, scores)
+            z = self.be.to_host(scores).astype(np.float64)
+            z = np.exp(z - z.max(axis=-1, keepdims=True))
+            z /= z.sum(axis=-1, keepdims=True)  # ggml_soft_max over the labels
+            hidden = self.be.from_host(z.astype(np.float32))
         return logits, hidden
 
     def _layers(self, batch: ForwardBatch, kv: Any) -> tuple[Any, Any]:

@@ -83,12 +83,12 @@ POOLABLE = ("mean", "cls", "last", "rank")  # engine/pooling.py's ways
 
 
 def check_pooling(pooling: str, head: bool = False) -> None:
-    """ValueError unless the engine can pool this way; `head`: the model applies a classification head to
-    the pooled row (an encoder: arch/encoder.py), which pooling "rank" needs."""
+    """ValueError unless the engine can pool this way; `head`: the model runs a classification head on the
+    pooled row (ModelConfig.rank_head), which pooling "rank" needs."""
     if pooling == "rank" and not head:
         raise ValueError(
-            "this model's pooling type is 'rank' (a reranker) but it is a decoder: a decoder reranker "
-            "(Qwen3-Reranker style) is not implemented"
+            "this model's pooling type is 'rank' (a reranker) but it has no classification head edgellm "
+            "runs (encoders' cls / cls.output, Qwen 3's cls.output)"
         )
     if pooling == "none":
         raise ValueError(

@@ -122,7 +122,7 @@ class EngineCore:
     ) -> str:
         """An input to embed: computed like a prompt, its hidden states pooled (pooling.py); its
         EngineCoreOutput carries the vector. `group`: as add_request's (the inputs of one client request)."""
-        check_pooling(self.runner.cfg.pooling, head=not self.runner.cfg.causal)
+        check_pooling(self.runner.cfg.pooling, head=self.runner.cfg.rank_head)
         return self._add_input(ids, check_embedding_input, request_id, priority, group, pooled=True)
 
     def add_score_request(
@@ -146,7 +146,8 @@ class EngineCore:
         rid = self._new_id(request_id)
         kind.setdefault("lora", self._lora_choice(None))
         seq = Sequence(next(self._seq_ids), ids, priority=priority, max_tokens=0, group=group, **kind)
-        self.inputs.add(Pooler(rid, seq, self.runner.cfg.pooling) if seq.pooled else Scorer(rid, seq))
+        cfg = self.runner.cfg
+        self.inputs.add(Pooler(rid, seq, cfg.pooling, cfg.causal) if seq.pooled else Scorer(rid, seq))
         self._totals["prompt"] += len(ids)
         return rid
 

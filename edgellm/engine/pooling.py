@@ -19,12 +19,13 @@ from edgellm.engine.protocol import EngineCoreOutput, FinishReason
 from edgellm.engine.sequence import Sequence
 
 
-def hidden_rows(pooling: str, start: int, n: int, total: int) -> np.ndarray:
+def hidden_rows(pooling: str, start: int, n: int, total: int, causal: bool = True) -> np.ndarray:
     """Offsets, within a chunk of n tokens starting at position `start` of a `total`-token input, of the
-    tokens whose hidden states the pooling needs: [n|1|0] int32."""
+    tokens whose hidden states the pooling needs: [n|1|0] int32. Rank reads the first token of an encoder
+    (arch/encoder.py), the last of a causal model (llama.cpp's build_inp_cls)."""
     if pooling == "mean":
         return np.arange(n, dtype=np.int32)
-    if pooling in ("cls", "rank"):  # rank: the classification head reads the first token (encoder.py)
+    if pooling == "cls" or (pooling == "rank" and not causal):
         return np.zeros(1 if start == 0 else 0, np.int32)
     return np.full(1 if start + n == total else 0, n - 1, np.int32)  # last
 
@@ -36,6 +37,7 @@ class Pooler:
     request_id: str
     seq: Sequence
     pooling: str
+    causal: bool = True  # the model's attention: where pooling "rank" reads (hidden_rows)
     acc: np.ndarray | None = None  # [n_embd] float64: the sum (mean), or the one pooled row (cls, last)
     n: int = 0  # rows in acc
     rows_wanted: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
@@ -44,7 +46,7 @@ class Pooler:
         """The rows of this step's chunk to pool (remembered for add())."""
         if start == 0:  # the first chunk, or a recompute after preemption: start over
             self.acc, self.n = None, 0
-        self.rows_wanted = hidden_rows(self.pooling, start, n, self.seq.num_tokens)
+        self.rows_wanted = hidden_rows(self.pooling, start, n, self.seq.num_tokens, self.causal)
         return self.rows_wanted
 
     def add(self, rows: np.ndarray, logits: np.ndarray) -> None:

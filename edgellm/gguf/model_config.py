@@ -61,6 +61,9 @@ class ModelConfig:
     gated_ffn: bool = True  # False: W_down @ act(W_up h) (StarCoder 2, GPT-2), no ffn_gate
     causal: bool = True  # False: an encoder (arch/encoder.py): bidirectional attention, embeddings only
     n_cls_out: int = 1  # a classification head's outputs ({arch}.classifier.output_labels; rerankers: 1)
+    # pooling "rank" has a head to run: every encoder (its cls / cls.output, each optional as llama.cpp);
+    # Qwen 3 with cls.output (a Qwen3-Reranker: softmax over its labels at the last token)
+    rank_head: bool = False
     pooling: str = "mean"  # how an embedding pools the final hidden states (engine/checks.py POOLABLE)
     # layers whose Q|K|V come as one attn_qkv.weight (Phi-3; any architecture may, as llama.cpp reads it)
     qkv_fused: list[bool] = field(default_factory=list)

@@ -66,7 +66,39 @@ CASES = {
     "nomic_bert_cls_q8_0": EncoderCase("nomic-bert", 2, T.Q8_0, seed=6),
     "jina_bert_v2_mean": EncoderCase("jina-bert-v2", 1, seed=7),
     "jina_bert_v2_mean_gate_in_up": EncoderCase("jina-bert-v2", 1, gate_in_up=True, seed=8),
+    "jina_bert_v2_rerank": EncoderCase("jina-bert-v2", 4, seed=10),
 }
+
+
+QWEN3_RERANK_CTX = 512  # the tiny byte-level vocabulary spends a token on most characters
+# A Qwen3-Reranker-shaped decoder: qwen3 with cls.output ("yes", "no"), pooling rank, and the prompt from
+# its tokenizer.chat_template.rerank (as llama.cpp's converter writes one)
+QWEN3_RERANK_TEMPLATE = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements of the Query. Answer only "
+    '"yes" or "no".<|im_end|>\n<|im_start|>user\n<Query>: {query}\n<Document>: {document}<|im_end|>\n'
+    "<|im_start|>assistant\n"
+)
+
+
+def write_qwen3_reranker(path: str | Path) -> Path:
+    from gguf import GGUFValueType
+
+    from edgellm.testing.synthetic import Typed, write_tiny_model
+
+    return write_tiny_model(
+        path,
+        "qwen3",
+        "F16",  # a score within 1e-3 of llama.cpp's needs more than 4-bit weights' agreement
+        context_length=QWEN3_RERANK_CTX,
+        seed=9,
+        metadata_overrides={
+            "qwen3.pooling_type": Typed(4, GGUFValueType.UINT32),
+            "qwen3.classifier.output_labels": ["yes", "no"],
+            "tokenizer.chat_template.rerank": QWEN3_RERANK_TEMPLATE,
+        },
+        extra_tensors={"cls.output.weight": (2, 64)},
+        weight_scale={"cls.output": 0.5},  # P(yes) spread inside (0, 1), not saturated
+    )
 
 
 def sha256(path: str | Path) -> str:
@@ -93,8 +125,9 @@ def token_states_edgellm(path: str | Path, ids: list[int]) -> np.ndarray:
     return runner.last_hidden[0]
 
 
-def embed_edgellm(path: str | Path, inputs: list[list[int]], n_ctx: int = N_CTX) -> list[np.ndarray]:
-    """Each input's pooled vector (pooling "rank": the head's outputs), after LLM()'s load checks."""
+def engine_core(path: str | Path, n_ctx: int = N_CTX, n_blocks: int = 64) -> Any:
+    """An in-process EngineCore on the CPU backend for the file, after LLM()'s load checks, scheduled as
+    the engine process schedules it: an encoder's inputs whole, a decoder's in chunks of 64 tokens."""
     from edgellm.arch import ARCHITECTURES
     from edgellm.backends.cpu.backend import CpuBackend
     from edgellm.engine.core_process import encoder_scheduling
@@ -109,11 +142,16 @@ def embed_edgellm(path: str | Path, inputs: list[list[int]], n_ctx: int = N_CTX)
     cfg = config_from_gguf(g)
     validate_model(g, cfg)
     be = CpuBackend()
-    block_size = 16
-    n_blocks = sum(-(-len(x) // block_size) for x in inputs) + 1
-    runner = ModelRunner(ARCHITECTURES[cfg.arch](cfg, g, be), cfg, be, n_blocks, block_size)
-    sched = encoder_scheduling(SchedulerConfig(16, 64, block_size, n_blocks), n_ctx)
-    engine = EngineCore(runner, frozenset(), n_ctx, sched)
+    runner = ModelRunner(ARCHITECTURES[cfg.arch](cfg, g, be), cfg, be, n_blocks, 16)
+    sched = SchedulerConfig(16, 64, 16, n_blocks, max_pooled_tokens_per_step=64)
+    if not cfg.causal:
+        sched = encoder_scheduling(sched, n_ctx)
+    return EngineCore(runner, frozenset(), n_ctx, sched)
+
+
+def embed_edgellm(path: str | Path, inputs: list[list[int]], n_ctx: int = N_CTX) -> list[np.ndarray]:
+    """Each input's pooled vector (pooling "rank": the head's outputs), after LLM()'s load checks."""
+    engine = engine_core(path, n_ctx, sum(-(-len(x) // 16) for x in inputs) + 1)
     rids = [engine.add_embedding_request(list(x), group="all") for x in inputs]
     got: dict[str, np.ndarray] = {}
     while engine.has_unfinished():

@@ -95,7 +95,8 @@ def write_tiny_encoder(
     seed: int = 0,
 ) -> Path:
     """A tiny `arch` encoder (bert or nomic-bert) with {arch}.pooling_type `pooling` (0 none, 1 mean,
-    2 cls, 3 last, 4 rank); `reranker`: with the classification head (cls, cls.output: one label) and
+    2 cls, 3 last, 4 rank); `reranker`: with the classification head (cls, cls.output: one label; jina:
+    one cls row) and
     pooling rank. Matrices in `qtype`; norms, biases and embeddings F32. nomic-bert: fused Q|K|V by
     default, as its converter writes it. jina-bert-v2: Q and K norms, attn_norm_2, and a separate ffn_gate,
     or with `gate_in_up` the gate as the first half of a 2 * n_ff ffn_up."""
@@ -155,7 +156,9 @@ def write_tiny_encoder(
             del shapes[b + "ffn_up.bias"], shapes[b + "ffn_down.bias"]
         if gate_in_up:
             shapes.update({b + "ffn_up.weight": (2 * f, e), b + "ffn_up.bias": (2 * f,)})
-    if reranker:
+    if reranker and arch == "jina-bert-v2":  # jina-reranker-v1: one cls row and tanh, no cls.output
+        shapes.update({"cls.weight": (1, e), "cls.bias": (1,)})
+    elif reranker:
         shapes.update({"cls.weight": (e, e), "cls.bias": (e,), "cls.output.weight": (1, e),
                        "cls.output.bias": (1,)})  # fmt: skip
     for name, shape in shapes.items():

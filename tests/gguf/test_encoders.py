@@ -85,13 +85,14 @@ def test_token_vectors_match_llamacpp_with_pooling_none(tmp_path: Path) -> None:
     assert worst >= MIN_COSINE and 1 - worst <= STRICT
 
 
-def test_rerank_scores_match_llamacpp(tmp_path: Path) -> None:
-    fx = _fixture("bert_rerank")
-    path = _write("bert_rerank", tmp_path)
+@pytest.mark.parametrize("name", [n for n, c in CASES.items() if c.pooling == 4])
+def test_rerank_scores_match_llamacpp(name: str, tmp_path: Path) -> None:
+    fx = _fixture(name)
+    path = _write(name, tmp_path)
     got = np.array([v[0] for v in embed_edgellm(path, fx["ids"])])
     ref = np.array(fx["scores"])
-    print(f"bert_rerank: scores {np.round(got, 5).tolist()} llama.cpp {np.round(ref, 5).tolist()}")
-    print(f"bert_rerank: max |diff| {np.abs(got - ref).max():.2e}")
+    print(f"{name}: scores {np.round(got, 5).tolist()} llama.cpp {np.round(ref, 5).tolist()}")
+    print(f"{name}: max |diff| {np.abs(got - ref).max():.2e}")
     assert np.abs(got - ref).max() <= MAX_SCORE_DIFF
     assert np.argsort(-got).tolist() == np.argsort(-ref).tolist()
 
@@ -138,3 +139,80 @@ def test_rerank_prompt_from_the_gguf_template(tmp_path: Path) -> None:
     tok = front.tokenizer
     q, d = tok.encode("the cat", add_special=True)[1:-1], tok.encode("a dog", add_special=True)[1:-1]
     assert front.rerank_ids("the cat", "a dog") == [101, *q, 102, *d, 102]
+
+
+def test_qwen3_reranker_matches_llamacpp(tmp_path: Path) -> None:
+    """A Qwen3-Reranker-shaped decoder (cls.output, pooling rank): the prompt from the GGUF's rerank
+    template as llama.cpp tokenizes it, P(yes) at the last token within 1e-3 of llama.cpp's and in the same
+    order, each input computed in chunks of 64 tokens."""
+    from edgellm.llm_inputs import InputRequestsMixin
+    from edgellm.testing.encoder_oracle import QWEN3_RERANK_CTX, write_qwen3_reranker
+
+    fx = _fixture("qwen3_rerank")
+    path = write_qwen3_reranker(tmp_path / "qwen3_rerank.gguf")
+    assert sha256(path) == fx["sha256"], "the writer changed; regenerate the fixture"
+    g = load_gguf(str(path))
+    front = InputRequestsMixin()
+    front.tokenizer, front.metadata, front.n_ctx = Tokenizer.from_metadata(g.metadata), g.metadata, 512
+    for doc, ids in zip(fx["documents"], fx["ids"], strict=True):
+        assert front.rerank_ids(fx["query"], doc) == ids
+    got = np.array([v[0] for v in embed_edgellm(path, fx["ids"], QWEN3_RERANK_CTX)])
+    ref = np.array(fx["scores"])
+    print(f"qwen3_rerank: scores {np.round(got, 5).tolist()} llama.cpp {np.round(ref, 5).tolist()}")
+    print(f"qwen3_rerank: max |diff| {np.abs(got - ref).max():.2e}")
+    assert np.abs(got - ref).max() <= MAX_SCORE_DIFF
+    assert np.argsort(-got).tolist() == np.argsort(-ref).tolist()
+
+
+def test_wordpiece_on_llamacpps_bge_vocabulary() -> None:
+    """llama.cpp's own WordPiece test (test-tokenizer-0 on models/ggml-vocab-bert-bge.gguf: bge-small's
+    30,522-token vocabulary): every one of its texts gives the ids it expects."""
+    import gzip
+
+    with gzip.open(FIXTURES / "bge_vocab.json.gz", "rt", encoding="utf-8") as f:
+        data = json.load(f)
+    tok = Tokenizer.from_metadata(data["metadata"])
+    assert len(data["texts"]) > 40
+    for text, ids in zip(data["texts"], data["ids"], strict=True):
+        assert tok.encode(text, add_special=False, parse_special=True) == ids, text
+
+
+def test_an_input_of_the_whole_context_runs_in_one_step(tmp_path: Path) -> None:
+    """128 tokens on a 128-token encoder (its last position embedding): one step, with other inputs."""
+    path = _write("bert_mean", tmp_path)
+    long = [101] + [104] * 126 + [102]
+    got = embed_edgellm(path, [long, [101, 104, 102], long[:64]])
+    alone = embed_edgellm(path, [long])[0]
+    assert cosine(got[0], alone) > 0.99999 and cosine(got[0], got[2]) < 0.9999
+
+
+def test_the_engine_refuses_what_an_encoder_cannot_do(tmp_path: Path) -> None:
+    from edgellm.engine.checks import EmbeddingOnlyError
+    from edgellm.sampling import SamplingParams
+    from edgellm.testing.encoder_oracle import engine_core
+
+    engine = engine_core(_write("bert_mean", tmp_path))
+    with pytest.raises(EmbeddingOnlyError, match="embedding-only encoder"):
+        engine.add_request([101, 104, 102], SamplingParams(max_tokens=2))
+    with pytest.raises(EmbeddingOnlyError):
+        engine.add_score_request([101, 104, 102])
+    with pytest.raises(ValueError, match="input has 129 tokens"):
+        engine.add_embedding_request([101] * 129)
+    none = engine_core(_write("bert_none", tmp_path))
+    with pytest.raises(ValueError, match="pooling type is 'none'"):
+        none.add_embedding_request([101, 104, 102])
+    assert not engine.has_unfinished() and not none.has_unfinished()
+
+
+def test_encoders_are_refused_on_other_backends(tmp_path: Path) -> None:
+    """Not yet checked on a device: refused at load naming the backend, never run unchecked."""
+    from edgellm.arch.registry import model_classes
+    from edgellm.backends.cpu.backend import CpuBackend
+    from edgellm.gguf.config import config_from_gguf
+    from edgellm.gguf.model_config import UnsupportedArchitectureError
+
+    g = load_gguf(str(_write("bert_mean", tmp_path)))
+    be = CpuBackend()
+    be.name = "cuda"  # what the model sees of a device backend here
+    with pytest.raises(UnsupportedArchitectureError, match="CPU backend only"):
+        model_classes()["bert"](config_from_gguf(g), g, be)

@@ -68,6 +68,11 @@ def test_openai_client_embeddings(bert_server: str, bert_model: Path) -> None:
     assert resp.usage.prompt_tokens == sum(len(x) for x in _ids(bert_model, TEXTS))
 
 
+def test_ollama_show_says_embedding(bert_server: str) -> None:
+    r = httpx.post(f"{bert_server}/api/show", json={"model": "bert"}, timeout=60)
+    assert r.status_code == 200 and r.json()["capabilities"] == ["embedding"], r.text
+
+
 def test_ollama_embed(bert_server: str, bert_model: Path) -> None:
     r = httpx.post(f"{bert_server}/api/embed", json={"model": "bert", "input": TEXTS[:2]}, timeout=120)
     assert r.status_code == 200, r.text
@@ -131,6 +136,22 @@ def test_rerank(rerank_server: str, rerank_model: Path) -> None:
     assert [x["relevance_score"] for x in plain] == sorted(
         (x["relevance_score"] for x in plain), reverse=True
     )
+
+
+def test_rerank_tei_and_cohere_shapes(rerank_server: str) -> None:
+    """TEI's body ("texts") gets TEI's answer, a bare list of {index, score, text}; Cohere's documents as
+    {"text": ...} objects score as the strings do."""
+    tei = httpx.post(
+        f"{rerank_server}/rerank", json={"query": QUERY, "texts": DOCS, "return_text": True}, timeout=120
+    )
+    assert tei.status_code == 200, tei.text
+    rows = tei.json()
+    assert isinstance(rows, list) and [r["text"] for r in rows] == [DOCS[r["index"]] for r in rows]
+    objs = [{"text": d} for d in DOCS]
+    cohere = httpx.post(f"{rerank_server}/v1/rerank", json={"query": QUERY, "documents": objs}, timeout=120)
+    assert [(r["index"], r["relevance_score"]) for r in cohere.json()["results"]] == [
+        (r["index"], r["score"]) for r in rows
+    ]
 
 
 @pytest.mark.parametrize(
