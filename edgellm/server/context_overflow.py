@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from edgellm.server.errors import ApiError, bad_value
+from edgellm.server.errors import ApiError
 from edgellm.server.state import render_chat_prompt, with_template
 from edgellm.tokenizer import TextTooLongError
 
@@ -29,16 +29,7 @@ if TYPE_CHECKING:
     from edgellm.server.protocol import GenerationRequest
     from edgellm.server.state import ServerState
 
-OVERFLOW_POLICIES = ("error", "truncate-middle", "rolling-window")
 MARKER = "\n\n[... {n} earlier messages were left out here to fit the context window ...]"
-
-
-def parse_overflow(body: dict) -> str | None:
-    """A request's `context_overflow` (None: the server's --context-overflow)."""
-    v = body.get("context_overflow")
-    if v is not None and v not in OVERFLOW_POLICIES:
-        raise bad_value("context_overflow", f"expected one of {', '.join(OVERFLOW_POLICIES)}, got {v!r}")
-    return v
 
 
 def reply_room(n_ctx: int, max_tokens: int) -> int:

@@ -20,15 +20,25 @@ from edgellm.grammar_worker import default_pool
 from edgellm.lora.choice import request_lora
 from edgellm.sampling import MAX_SEED, PARAM_BOUNDS, SamplingParams
 from edgellm.server.constraints import Constraint, parse_constraint
-from edgellm.server.context_overflow import parse_overflow
 from edgellm.server.errors import ApiError, bad_value
-from edgellm.server.thinking import ThinkingAsk, parse_thinking
+from edgellm.server.thinking_fields import ThinkingAsk, parse_thinking
 from edgellm.server.tools import ToolRequest, checked_tool_schema, parse_tools
 
 MAX_N = 16  # completions per request
 MAX_TOP_LOGPROBS = 20
 MAX_STOP = 16
 CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
+
+
+OVERFLOW_POLICIES = ("error", "truncate-middle", "rolling-window")  # context_overflow.py applies them
+
+
+def parse_overflow(body: dict) -> str | None:
+    """A request's `context_overflow` (None: the server's --context-overflow)."""
+    v = body.get("context_overflow")
+    if v is not None and v not in OVERFLOW_POLICIES:
+        raise bad_value("context_overflow", f"expected one of {', '.join(OVERFLOW_POLICIES)}, got {v!r}")
+    return v
 
 
 def _is_int(v: Any) -> bool:

@@ -20,7 +20,7 @@ from typing import Any
 from edgellm.sampling import PARAM_BOUNDS
 from edgellm.server.constraints import CONSTRAINT_FIELDS
 from edgellm.server.errors import bad_value
-from edgellm.server.thinking import BUDGET_FIELDS
+from edgellm.server.thinking_fields import BUDGET_FIELDS
 
 _COMMON = {  # both routes: protocol._common's fields, and the no-effect user and cache_prompt
     "model", "max_tokens", "max_completion_tokens", "stop", "logit_bias", "stream", "stream_options",

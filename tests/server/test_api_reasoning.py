@@ -19,13 +19,8 @@ import pytest
 
 from edgellm.reasoning import REASONING_END
 from edgellm.server.errors import ApiError
-from edgellm.server.thinking import (
-    EFFORT_BUDGETS,
-    ThinkingAsk,
-    effort_budget,
-    parse_thinking,
-    thinking_options,
-)
+from edgellm.server.thinking import thinking_options
+from edgellm.server.thinking_fields import EFFORT_BUDGETS, ThinkingAsk, effort_budget, parse_thinking
 from edgellm.testing.harmony import HARMONY_TEMPLATE
 from edgellm.testing.reasoning import ASK, BUDGET, THINKING_TEMPLATE
 from edgellm.testing.servers import serve as _start
