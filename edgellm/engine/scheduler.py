@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter, deque
+from collections.abc import Callable
 from typing import Any
 
 from edgellm.engine.block_manager import BlockManager, cdiv
@@ -44,6 +45,8 @@ class Scheduler:
         self.seqs: dict[int, Sequence] = {}  # unfinished sequences by id
         self.num_preemptions = 0
         self._next_arrival = 0
+        # Called with a sequence about to be admitted (EngineCore._restore_prefix; None: no prompt cache)
+        self.restore: Callable[[Sequence], None] | None = None
 
     # ---- requests ------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -263,6 +266,8 @@ class Scheduler:
             if running[group] >= cap:
                 continue  # its part of the running set is taken: the slots left are for the others
             seq = queues[group][0]
+            if self.restore is not None and not seq.block_table:
+                self.restore(seq)  # blocks of a prompt cache beyond the pool join the prefix cache
             match = bm.lookup_prefix(seq)
             computed = match.num_tokens if match.block_ids else seq.num_computed_tokens
             num_new = self._chunk(seq.num_tokens - computed, min(budget, shares.get(group, 0)))
