@@ -45,7 +45,7 @@ class Scheduler:
         self.seqs: dict[int, Sequence] = {}  # unfinished sequences by id
         self.num_preemptions = 0
         self._next_arrival = 0
-        # Called with a sequence about to be admitted (EngineCore._restore_prefix; None: no prompt cache)
+        # Called with a sequence about to be admitted (prompt_cache.restore_prefix; None: no prompt cache)
         self.restore: Callable[[Sequence], None] | None = None
 
     # ---- requests ------------------------------------------------------------------------------
@@ -318,8 +318,9 @@ class Scheduler:
         ones, and queue the sequence to recompute the kept window from scratch. llama.cpp keeps the kept
         tokens' KV and re-applies rope to their keys; here the window is re-prefilled (the paged, shared
         KV blocks are position-bound; the kept head is served from the prefix cache), which is correct and
-        costs a prefill of the window per shift. Returns how many tokens were dropped."""
-        keep = max(0, min(keep, seq.num_tokens - 2))
+        costs a prefill of the window per shift. The head kept is at most half the tokens, so that a shift
+        drops at least a quarter of them. Returns how many tokens were dropped."""
+        keep = max(0, min(keep, seq.num_tokens // 2))
         n_discard = (seq.num_tokens - keep) // 2
         from_prompt = min(n_discard, max(0, seq.num_prompt_tokens - keep))
         del seq.token_ids[keep : keep + n_discard]
