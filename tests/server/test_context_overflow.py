@@ -151,3 +151,20 @@ def _fitting(url: str, messages: list[dict], max_tokens: int) -> tuple[int, int]
     first, starts = tail_starts(messages)
     limit = CTX - reply_room(CTX, max_tokens)
     return first, next(s for s in starts if _count(url, cut_middle(messages, first, s)) <= limit)
+
+
+def test_where_the_middle_may_be_cut() -> None:
+    sys_, u, a = {"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant"}
+    tool = {"role": "tool", "content": "42"}
+    msgs = [sys_, u, {**a, "content": "a1"}, {**u, "content": "u2"}, {**a, "tool_calls": []}, tool,
+            {**a, "content": "a3"}, {**u, "content": "u4"}]  # fmt: skip
+    first, starts = tail_starts(msgs)
+    assert first == 1 and starts == [4, 6, 7]  # assistants after the first user turn, then the last message
+    cut = cut_middle(msgs, first, 6)
+    assert cut[:1] == [sys_] and cut[2:] == msgs[6:]
+    assert cut[1]["content"] == "u" + MARKER.format(n=4)
+    parts = cut_middle([{"role": "user", "content": [{"type": "text", "text": "x"}]}, *msgs[2:]], 0, 3)
+    assert parts[0]["content"][-1] == {"type": "text", "text": MARKER.format(n=2)}
+    assert tail_starts([sys_, u]) == (-1, [])  # nothing after the first user turn: nothing to drop
+    assert tail_starts([sys_]) == (-1, [])
+    assert tail_starts([sys_, u, {**a, "tool_calls": []}, tool])[1] == []  # a tool result never starts it
