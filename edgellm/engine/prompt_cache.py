@@ -132,6 +132,10 @@ class PromptCache:
             and data[len(MAGIC) + 72 : _HEADER] == hashlib.sha256(payload).digest()
         )
         if ok:
+            try:
+                os.utime(path)  # its place in the disk's LRU order after a restart (files sort by mtime)
+            except OSError:
+                pass
             return payload
         self.rejected_files += 1
         log.warning("prompt cache: %s failed its check (truncated, corrupt, foreign): recomputed", path.name)

@@ -188,6 +188,16 @@ async def _system_tokens(
     return min(max(shared, bos), len(ids) - 1)
 
 
+def completion_overflow(state: ServerState, req: GenerationRequest) -> None:
+    """A completions request (a raw prompt: no messages to drop) under rolling-window generates past the
+    context, keeping the BOS; a prompt longer than the context is still the 400 (its text is refused by
+    its size before it is tokenized), under truncate-middle too."""
+    if (req.context_overflow or state.config.context_overflow) == "rolling-window" and req.suffix is None:
+        tok = state.llm.tokenizer
+        req.params.context_shift_keep = 1 if tok.add_bos and tok.bos_id is not None else 0
+        req.overflow_report = {"policy": "rolling-window", "dropped_tokens": 0}
+
+
 def note_shifts(req: GenerationRequest, metrics: RequestMetrics) -> None:
     """Add a finished rolling-window request's shifted-out tokens (the engine core's count) to its
     usage report."""

@@ -106,6 +106,18 @@ def test_rolling_window_generates_every_requested_token(client: openai.OpenAI, l
     assert chunks[-1].usage.completion_tokens == want
 
 
+def test_rolling_window_completions(client: openai.OpenAI) -> None:
+    want = 2 * CTX
+    r = client.completions.create(model="tiny", prompt="the cat sat on the mat", max_tokens=want,
+                                  temperature=0, logit_bias=NO_SPECIALS,
+                                  extra_body={"context_overflow": "rolling-window"})  # fmt: skip
+    assert r.usage.completion_tokens == want and r.choices[0].finish_reason == "length"
+    assert r.usage.model_dump()["context_overflow"]["shifted_tokens"] > 0
+    capped = client.completions.create(model="tiny", prompt="the cat sat on the mat", max_tokens=want,
+                                       temperature=0, logit_bias=NO_SPECIALS)  # fmt: skip
+    assert capped.usage.completion_tokens == CTX - capped.usage.prompt_tokens  # the context ends it
+
+
 def test_a_bad_policy_is_a_400_naming_the_field(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="tiny", messages=_conversation(0), max_tokens=4,
