@@ -95,3 +95,25 @@ def test_the_store_checks_bounds_and_survives_a_failed_write(tmp_path: Path) -> 
     assert store.write_errors == 1
     assert store.get(hashlib.sha256(b"late").digest()) == payload  # still served from RAM
     store.close()
+
+
+def test_a_restarted_server_reports_the_cached_prefix(models: tuple[Path, Path], tmp_path: Path) -> None:
+    """`edgellm serve --prompt-cache DIR`, stopped (Ctrl-C) and started again: the same chat's usage
+    counts the prefix as cached_tokens and its reply is the first one."""
+    import openai
+
+    from edgellm.testing.servers import serve
+
+    words = " ".join(f"w{i % 97} x{i % 89}" for i in range(300))
+    chat = [{"role": "system", "content": words}, {"role": "user", "content": "and then?"}]
+    replies = []
+    for _ in range(2):
+        for url in serve(models[0], "--prompt-cache", str(tmp_path), ctx=4096):
+            client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
+            r = client.chat.completions.create(model="tiny", messages=chat, max_tokens=8, temperature=0,
+                                               logit_bias={"0": -100, "1": -100, "2": -100})  # fmt: skip
+            replies.append((r.choices[0].message.content, r.usage.prompt_tokens,
+                            r.usage.prompt_tokens_details.cached_tokens))  # fmt: skip
+    (first, n_prompt, cold), (again, _, warm) = replies
+    assert n_prompt >= 2000 and cold == 0
+    assert warm >= n_prompt - BS and again == first
