@@ -121,13 +121,13 @@ async def render_within_context(
     if best is None:  # even the head and the last message do not fit: the context-length 400
         return await render_chat_prompt(state, messages, tools=tools, template_kwargs=template_kwargs)
     start, fitted = best
-    full = await render_chat_prompt(state, messages, tools=tools, template_kwargs=template_kwargs,
-                                    for_generation=False)  # fmt: skip
-    req.overflow_report = {
-        "policy": policy,
-        "dropped_messages": start - first - 1,
-        "dropped_tokens": len(full.token_ids) - len(fitted.token_ids),
-    }
+    report: dict[str, Any] = {"policy": policy, "dropped_messages": start - first - 1}
+    try:  # the whole conversation's count, unless its size alone says it is huge (not tokenized then)
+        full = await with_template(state, _render(state, messages, True, tools, template_kwargs, 8 * n_ctx))
+        report["dropped_tokens"] = len(full.token_ids) - len(fitted.token_ids)
+    except TextTooLongError as e:
+        report["dropped_tokens_at_least"] = e.num_tokens - len(fitted.token_ids)
+    req.overflow_report = report
     return fitted
 
 

@@ -85,6 +85,17 @@ def test_truncate_middle_keeps_the_head_and_the_latest_turns(
     assert short.usage.model_dump()["context_overflow"]["dropped_messages"] == 0
 
 
+def test_a_huge_middle_message_is_dropped_without_tokenizing_it(
+    client: openai.OpenAI, long_chat: list
+) -> None:
+    huge = [*long_chat[:3], {"role": "user", "content": "cat " * 50_000}, *long_chat[4:]]
+    r = client.chat.completions.create(model="tiny", messages=huge, max_tokens=8,
+                                       extra_body={"context_overflow": "truncate-middle"})  # fmt: skip
+    report = r.usage.model_dump()["context_overflow"]
+    assert report["dropped_messages"] > 0 and report["dropped_tokens_at_least"] > 8 * CTX
+    assert r.usage.prompt_tokens <= CTX
+
+
 def test_rolling_window_generates_every_requested_token(client: openai.OpenAI, long_chat: list) -> None:
     want = 2 * CTX
     r = client.chat.completions.create(model="tiny", messages=long_chat, max_tokens=want, temperature=0,
