@@ -77,6 +77,8 @@ class PromptCache:
         self._ram: OrderedDict[bytes, bytes] = OrderedDict()
         self._ram_bytes = 0
         self._disk: OrderedDict[bytes, int] = OrderedDict()  # digest -> file bytes, oldest first
+        for p in self.dir.glob("*.tmp"):  # a write a killed process left half done
+            p.unlink(missing_ok=True)
         files = []
         for p in self.dir.glob("*.kv"):
             try:
