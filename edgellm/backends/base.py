@@ -165,6 +165,14 @@ class Backend(ABC):
     def copy_blocks(self, kv: Any, pairs: list[tuple[int, int]]) -> None:
         """Copy whole KV blocks src -> dst in every layer (copy-on-write)."""
 
+    def read_kv_block(self, kv: Any, block: int) -> bytes:
+        """One KV block of every layer as bytes (the prompt cache's spill: engine/prompt_cache.py)."""
+        raise NotImplementedError(f"the {type(self).__name__} backend cannot read KV blocks out")
+
+    def write_kv_block(self, kv: Any, block: int, payload: bytes) -> None:
+        """Write read_kv_block's bytes back into a block (the prompt cache's restore)."""
+        raise NotImplementedError(f"the {type(self).__name__} backend cannot write KV blocks in")
+
     @abstractmethod
     def attention(
         self,

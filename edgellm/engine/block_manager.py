@@ -101,6 +101,23 @@ class BlockManager:
             self.cache.record(match.num_tokens, seq.num_tokens)
         return match.num_tokens
 
+    def restore_blocks(self, token_ids: list[int], first: int, count: int) -> list[int]:
+        """Take `count` blocks for full blocks first .. first+count-1 of token_ids (whose first `first`
+        blocks the prefix cache holds) and register them in the prefix cache as unused cached blocks. The
+        caller writes their KV before any step reads them (engine/prompt_cache.py's restore)."""
+        if self.cache is None or count <= 0:
+            return []
+        held = self.cache.lookup(token_ids)[:first]
+        if len(held) != first:
+            raise ValueError(f"restore_blocks: the cache holds {len(held)} leading blocks, not {first}")
+        for block_id in held:  # not evictable while new blocks are taken
+            self._incref(block_id)
+        taken = [self._take_block() for _ in range(count)]
+        self.cache.insert(token_ids[: (first + count) * self.block_size], held + taken)
+        for block_id in [*held, *taken]:
+            self._decref(block_id)
+        return taken
+
     def cache_full_blocks(self, seq: Sequence) -> int:
         """Offer the sequence's newly completed full blocks to the prefix cache; returns how many were new."""
         if self.cache is None:

@@ -154,6 +154,23 @@ class EngineConfig(CliConfig):
         choices=list(KV_CACHE_TYPES),
     )
     enable_prefix_caching: bool = True
+    # KV blocks of finished prompts kept beyond the pool, in RAM and in this directory, across restarts
+    # (engine/prompt_cache.py); None: the prefix cache lives and dies with the KV pool
+    prompt_cache: str | Path | None = option(
+        None,
+        "--prompt-cache",
+        "keep finished prompts' KV blocks in RAM and in DIR (checked, LRU), so a prompt sharing a prefix "
+        "with one computed before a restart or a reload starts from it",
+        metavar="DIR",
+    )
+    prompt_cache_size: int | float = option(
+        4 * 2**30,
+        "--prompt-cache-size",
+        "with --prompt-cache: bytes of KV blocks kept, in RAM and on disk each (default 4G; 512M, 2G, or a "
+        "fraction of RAM)",
+        lo=0,
+        type=kv_memory,
+    )
     lazy_experts: bool = option(
         False,
         "--lazy-experts",

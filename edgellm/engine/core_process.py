@@ -114,6 +114,16 @@ class EngineCoreProc:
         if not cfg.causal:
             sched = encoder_scheduling(sched, self.n_ctx)
         speculator = build_speculator(spec.speculative_config(), self, log)
+        self.prompt_cache = None
+        if spec.prompt_cache is not None:
+            from edgellm.engine.prompt_cache import PromptCache, identity
+
+            kv_shape = {"arch": cfg.arch, "layers": cfg.n_kv_layers, "kv_heads": cfg.n_kv_heads,
+                        "head_dim": cfg.head_dim, "head_dim_v": cfg.head_dim_v, "dtype": spec.kv_cache_dtype,
+                        "block_size": bs, "backend": spec.backend, "adapters": []}  # fmt: skip
+            self.prompt_cache = PromptCache(
+                spec.prompt_cache, kv_budget_bytes(spec.prompt_cache_size), identity(self.path, kv_shape)
+            )
         self.engine_core = EngineCore(
             self.runner,
             eog_ids,
@@ -121,6 +131,7 @@ class EngineCoreProc:
             sched,
             speculator,
             guidance=GuidedDecoding(tokenizer, cfg.n_vocab),
+            prompt_cache=self.prompt_cache,
         )
         self._gguf = gguf  # its tensor table binds adapters loaded later (load_lora)
         self.lora_paths = self._load_lora(spec, gguf, cfg, log)
@@ -340,3 +351,6 @@ def run_core_process(conn: Any, spec: EngineConfig) -> None:
             conn.send(CoreFailed(portable(e)))
         finally:
             raise
+    finally:
+        if core.prompt_cache is not None:
+            core.prompt_cache.close()  # the blocks still queued go to disk before the process ends

@@ -17,6 +17,7 @@ from edgellm.engine.guidance import GuidedDecoding
 from edgellm.engine.inputs import InputRequests
 from edgellm.engine.model_runner import ModelRunner, RunItem
 from edgellm.engine.pooling import Pooler, check_pooling
+from edgellm.engine.prompt_cache import PromptCache, restore_prefix, spill_prompt
 from edgellm.engine.protocol import EngineCoreOutput, EngineStats, FinishReason, TokenLogprob
 from edgellm.engine.request import FINISH_STATUS, Completion, Request, cut_at_stop
 from edgellm.engine.scheduler import Scheduler, SchedulerConfig, SchedulerPlan
@@ -45,6 +46,7 @@ class EngineCore:
         sched: SchedulerConfig,
         speculator: Speculator | None = None,  # speculative decoding (None: off)
         guidance: GuidedDecoding | None = None,  # constrained decoding (None: grammars are refused)
+        prompt_cache: PromptCache | None = None,  # KV blocks beyond the pool (engine/prompt_cache.py)
     ) -> None:
         self.runner, self.eog_ids, self.n_ctx = runner, frozenset(eog_ids), n_ctx
         if runner.cfg.recurrent:
@@ -60,6 +62,10 @@ class EngineCore:
         self.speculator = speculator
         self.guidance = guidance
         self.scheduler = Scheduler(sched)
+        self.prompt_cache = prompt_cache if self.scheduler.block_manager.cache is not None else None
+        if self.prompt_cache is not None:
+            cache, bm = self.prompt_cache, self.scheduler.block_manager
+            self.scheduler.restore = lambda seq: restore_prefix(cache, bm, runner, seq)
         self.requests: dict[str, Request] = {}
         self.inputs = InputRequests(self.scheduler)  # embeddings and scorings
         self._seq_ids = itertools.count()
@@ -406,6 +412,8 @@ class EngineCore:
             c.request.num_preemptions = seq.num_preemptions
 
     def _finish_request(self, req: Request, outs: list[EngineCoreOutput]) -> None:
+        if self.prompt_cache is not None:
+            spill_prompt(self.prompt_cache, self.scheduler.block_manager, self.runner, req.prompt_ids)
         del self.requests[req.request_id]
         if self.speculator is not None:
             for c in req.completions:

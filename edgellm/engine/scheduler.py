@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter, deque
+from collections.abc import Callable
 from typing import Any
 
 from edgellm.engine.block_manager import BlockManager, cdiv
@@ -44,6 +45,8 @@ class Scheduler:
         self.seqs: dict[int, Sequence] = {}  # unfinished sequences by id
         self.num_preemptions = 0
         self._next_arrival = 0
+        # Called with a sequence about to be admitted (prompt_cache.restore_prefix; None: no prompt cache)
+        self.restore: Callable[[Sequence], None] | None = None
 
     # ---- requests ------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -266,6 +269,8 @@ class Scheduler:
             if running[group] >= cap:
                 continue  # its part of the running set is taken: the slots left are for the others
             seq = queues[group][0]
+            if self.restore is not None and not seq.block_table:
+                self.restore(seq)  # blocks of a prompt cache beyond the pool join the prefix cache
             match = bm.lookup_prefix(seq)
             computed = match.num_tokens if match.block_ids else seq.num_computed_tokens
             share = budget if self.config.whole_inputs else shares.get(group, 0)
@@ -318,8 +323,9 @@ class Scheduler:
         ones, and queue the sequence to recompute the kept window from scratch. llama.cpp keeps the kept
         tokens' KV and re-applies rope to their keys; here the window is re-prefilled (the paged, shared
         KV blocks are position-bound; the kept head is served from the prefix cache), which is correct and
-        costs a prefill of the window per shift. Returns how many tokens were dropped."""
-        keep = max(0, min(keep, seq.num_tokens - 2))
+        costs a prefill of the window per shift. The head kept is at most half the tokens, so that a shift
+        drops at least a quarter of them. Returns how many tokens were dropped."""
+        keep = max(0, min(keep, seq.num_tokens // 2))
         n_discard = (seq.num_tokens - keep) // 2
         from_prompt = min(n_discard, max(0, seq.num_prompt_tokens - keep))
         del seq.token_ids[keep : keep + n_discard]

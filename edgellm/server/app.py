@@ -23,7 +23,7 @@ from starlette.routing import Route
 from edgellm.server.anthropic_api import anthropic_routes
 from edgellm.server.auth import has_api_key
 from edgellm.server.compat import with_unprefixed
-from edgellm.server.context_overflow import render_within_context
+from edgellm.server.context_overflow import completion_overflow, render_within_context
 from edgellm.server.embeddings import embeddings
 from edgellm.server.endpoint import endpoint, read_json
 from edgellm.server.errors import ApiError
@@ -68,6 +68,7 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
         await constrain(req, (state.llm.tokenizer, state.llm.config.n_vocab))
         if req.messages is None:  # one prompt (checked in start_generation); with a suffix, FIM's
             assert req.prompts is not None and len(req.prompts) == 1
+            completion_overflow(state, req)
             return (await completion_prompts(state, req))[0]
         template_kwargs, budget = thinking_options(state, req)
         tools = req.tools and req.tools.tools
@@ -93,6 +94,7 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
         check_model(req.model)
         assert req.prompts is not None
         await constrain(req, (state.llm.tokenizer, state.llm.config.n_vocab))
+        completion_overflow(state, req)
         return await generate(state, request, req, await completion_prompts(state, req), chat=False)
 
     @endpoint(state)

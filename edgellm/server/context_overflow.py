@@ -112,13 +112,13 @@ async def render_within_context(
     if best is None:  # even the head and the last message do not fit: the context-length 400
         return await render_chat_prompt(state, messages, tools=tools, template_kwargs=template_kwargs)
     start, fitted = best
-    full = await render_chat_prompt(state, messages, tools=tools, template_kwargs=template_kwargs,
-                                    for_generation=False)  # fmt: skip
-    req.overflow_report = {
-        "policy": policy,
-        "dropped_messages": start - first - 1,
-        "dropped_tokens": len(full.token_ids) - len(fitted.token_ids),
-    }
+    report: dict[str, Any] = {"policy": policy, "dropped_messages": start - first - 1}
+    try:  # the whole conversation's count, unless its size alone says it is huge (not tokenized then)
+        full = await with_template(state, _render(state, messages, True, tools, template_kwargs, 8 * n_ctx))
+        report["dropped_tokens"] = len(full.token_ids) - len(fitted.token_ids)
+    except TextTooLongError as e:
+        report["dropped_tokens_at_least"] = e.num_tokens - len(fitted.token_ids)
+    req.overflow_report = report
     return fitted
 
 
@@ -177,6 +177,16 @@ async def _system_tokens(
             break
         shared += 1
     return min(max(shared, bos), len(ids) - 1)
+
+
+def completion_overflow(state: ServerState, req: GenerationRequest) -> None:
+    """A completions request (a raw prompt: no messages to drop) under rolling-window generates past the
+    context, keeping the BOS; a prompt longer than the context is still the 400 (its text is refused by
+    its size before it is tokenized), under truncate-middle too."""
+    if (req.context_overflow or state.config.context_overflow) == "rolling-window" and req.suffix is None:
+        tok = state.llm.tokenizer
+        req.params.context_shift_keep = 1 if tok.add_bos and tok.bos_id is not None else 0
+        req.overflow_report = {"policy": "rolling-window", "dropped_tokens": 0}
 
 
 def note_shifts(req: GenerationRequest, metrics: RequestMetrics) -> None:

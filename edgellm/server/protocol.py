@@ -403,4 +403,5 @@ def parse_completion(body: dict, defaults: Mapping[str, Any] = MappingProxyType(
         prompts=prompts,
         constraint=constraint,
         suffix=suffix,
+        context_overflow=parse_overflow(body),
     )

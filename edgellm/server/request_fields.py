@@ -37,7 +37,7 @@ CHAT_FIELDS = _COMMON | _NO_EFFECT_CHAT | {
     "context_overflow",
 }  # fmt: skip
 COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs", "echo", "suffix", "tools", "tool_choice",
-                               "best_of"}  # fmt: skip
+                               "best_of", "context_overflow"}  # fmt: skip
 
 # OpenAI fields that ask for what this server does not do, whatever their value (null aside)
 NOT_SUPPORTED = {

@@ -85,6 +85,17 @@ def test_truncate_middle_keeps_the_head_and_the_latest_turns(
     assert short.usage.model_dump()["context_overflow"]["dropped_messages"] == 0
 
 
+def test_a_huge_middle_message_is_dropped_without_tokenizing_it(
+    client: openai.OpenAI, long_chat: list
+) -> None:
+    huge = [*long_chat[:3], {"role": "user", "content": "cat " * 50_000}, *long_chat[4:]]
+    r = client.chat.completions.create(model="tiny", messages=huge, max_tokens=8,
+                                       extra_body={"context_overflow": "truncate-middle"})  # fmt: skip
+    report = r.usage.model_dump()["context_overflow"]
+    assert report["dropped_messages"] > 0 and report["dropped_tokens_at_least"] > 8 * CTX
+    assert r.usage.prompt_tokens <= CTX
+
+
 def test_rolling_window_generates_every_requested_token(client: openai.OpenAI, long_chat: list) -> None:
     want = 2 * CTX
     r = client.chat.completions.create(model="tiny", messages=long_chat, max_tokens=want, temperature=0,
@@ -104,6 +115,18 @@ def test_rolling_window_generates_every_requested_token(client: openai.OpenAI, l
         "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == r.choices[0].message.content
     )
     assert chunks[-1].usage.completion_tokens == want
+
+
+def test_rolling_window_completions(client: openai.OpenAI) -> None:
+    want = 2 * CTX
+    r = client.completions.create(model="tiny", prompt="the cat sat on the mat", max_tokens=want,
+                                  temperature=0, logit_bias=NO_SPECIALS,
+                                  extra_body={"context_overflow": "rolling-window"})  # fmt: skip
+    assert r.usage.completion_tokens == want and r.choices[0].finish_reason == "length"
+    assert r.usage.model_dump()["context_overflow"]["shifted_tokens"] > 0
+    capped = client.completions.create(model="tiny", prompt="the cat sat on the mat", max_tokens=want,
+                                       temperature=0, logit_bias=NO_SPECIALS)  # fmt: skip
+    assert capped.usage.completion_tokens == CTX - capped.usage.prompt_tokens  # the context ends it
 
 
 def test_a_bad_policy_is_a_400_naming_the_field(client: openai.OpenAI) -> None:
@@ -151,3 +174,20 @@ def _fitting(url: str, messages: list[dict], max_tokens: int) -> tuple[int, int]
     first, starts = tail_starts(messages)
     limit = CTX - reply_room(CTX, max_tokens)
     return first, next(s for s in starts if _count(url, cut_middle(messages, first, s)) <= limit)
+
+
+def test_where_the_middle_may_be_cut() -> None:
+    sys_, u, a = {"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant"}
+    tool = {"role": "tool", "content": "42"}
+    msgs = [sys_, u, {**a, "content": "a1"}, {**u, "content": "u2"}, {**a, "tool_calls": []}, tool,
+            {**a, "content": "a3"}, {**u, "content": "u4"}]  # fmt: skip
+    first, starts = tail_starts(msgs)
+    assert first == 1 and starts == [4, 6, 7]  # assistants after the first user turn, then the last message
+    cut = cut_middle(msgs, first, 6)
+    assert cut[:1] == [sys_] and cut[2:] == msgs[6:]
+    assert cut[1]["content"] == "u" + MARKER.format(n=4)
+    parts = cut_middle([{"role": "user", "content": [{"type": "text", "text": "x"}]}, *msgs[2:]], 0, 3)
+    assert parts[0]["content"][-1] == {"type": "text", "text": MARKER.format(n=2)}
+    assert tail_starts([sys_, u]) == (-1, [])  # nothing after the first user turn: nothing to drop
+    assert tail_starts([sys_]) == (-1, [])
+    assert tail_starts([sys_, u, {**a, "tool_calls": []}, tool])[1] == []  # a tool result never starts it

@@ -233,6 +233,19 @@ class CpuBackend(Backend):
             k_cache[dst] = k_cache[src]
             v_cache[dst] = v_cache[src]
 
+    def read_kv_block(self, kv: CpuKvCache, block: int) -> bytes:
+        return b"".join(a[block].tobytes() for layer in kv.layers for a in layer)
+
+    def write_kv_block(self, kv: CpuKvCache, block: int, payload: bytes) -> None:
+        at = 0
+        for layer in kv.layers:
+            for a in layer:
+                n = a[block].nbytes
+                a[block] = np.frombuffer(payload, a.dtype, a[block].size, at).reshape(a.shape[1:])
+                at += n
+        if at != len(payload):
+            raise ValueError(f"a KV block is {at} bytes here, the payload {len(payload)}")
+
     def attention(
         self,
         q: np.ndarray,

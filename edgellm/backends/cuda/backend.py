@@ -342,6 +342,23 @@ class CudaBackend(DeviceSampling, Backend):
                 dv,
             )
 
+    def read_kv_block(self, kv: DeviceKvCache, block: int) -> bytes:
+        self._flush()
+        cuda.synchronize()
+        return b"".join(c[block].copy_to_host().tobytes() for lay in kv.layers for c in lay.blocks)
+
+    def write_kv_block(self, kv: DeviceKvCache, block: int, payload: bytes) -> None:
+        self._flush()
+        at = 0
+        for lay in kv.layers:
+            for c in lay.blocks:
+                shape, dtype = c.shape[1:], np.dtype(c.dtype)
+                n = int(np.prod(shape)) * dtype.itemsize
+                c[block].copy_to_device(np.frombuffer(payload, dtype, n // dtype.itemsize, at).reshape(shape))
+                at += n
+        if at != len(payload):
+            raise ValueError(f"a KV block is {at} bytes here, the payload {len(payload)}")
+
     def copy_blocks(self, kv: DeviceKvCache, pairs: list[tuple[int, int]]) -> None:
         self._flush()
         if not pairs:
