@@ -176,3 +176,24 @@ def test_qwen35_pre_tokenizer_keeps_combining_marks_in_words() -> None:
     assert spans("qwen35", text) == [(0, 5), (5, 6), (6, 13)]  # "café", "!", " naïve"
     # "cafe", "\u0301!", " nai", "\u0308ve"
     assert spans("qwen2", text) == [(0, 4), (4, 6), (6, 10), (10, 13)]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"qwen35.rope.dimension_sections": None}, r"missing metadata qwen35\.rope\.dimension_sections"),
+        ({"qwen35.ssm.inner_size": 65}, r"qwen35\.ssm\.inner_size = 65 must be ssm\.state_size x"),
+        ({"qwen35.ssm.time_step_rank": 3, "qwen35.ssm.inner_size": 48}, r"3 value heads must be a multiple"),
+        ({"qwen35.nextn_predict_layers": 6}, r"qwen35\.nextn_predict_layers"),
+    ],
+)
+def test_bad_metadata_is_refused_naming_the_key(tmp_path: Path, overrides: dict, message: str) -> None:
+    from edgellm.gguf.config import config_from_gguf
+    from edgellm.gguf.load import load_gguf
+    from edgellm.gguf.reader import GGUFError
+    from edgellm.testing.synthetic import write_tiny_model
+
+    model = CASES["qwen35_f32"].model
+    path = write_tiny_model(tmp_path / "bad.gguf", "qwen35", "F32", metadata_overrides=overrides, **model)
+    with pytest.raises(GGUFError, match=message):
+        config_from_gguf(load_gguf(str(path)))
