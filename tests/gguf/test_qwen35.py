@@ -98,7 +98,8 @@ def _generate(eng, batch: list[list[int]], params) -> list[list[int]]:  # noqa: 
 def test_engine_turns_off_prefix_hits_and_refuses_speculation(qwen35_path: Path) -> None:
     """Through the engine: the prefix cache is off (a repeated prompt recomputes its prefix rather than
     continuing blocks without their state), concurrent requests (and the n=2 completions of one, forked
-    from its state) generate exactly what each does alone, finished sequences leave no state, and
+    from its state) generate exactly what each does alone, finished and aborted sequences leave no
+    state, and
     speculative decoding is refused naming why."""
     from edgellm import SamplingParams
     from edgellm.engine.config import EngineConfig
@@ -118,6 +119,14 @@ def test_engine_turns_off_prefix_hits_and_refuses_speculation(qwen35_path: Path)
     assert _generate(eng, [prompts[0]], two) == [alone[0], alone[0]]
     eng.step()  # an empty step frees the states of the sequences that finished
     assert len(core.runner.conv_states) <= 1  # the anonymous one (warm-up) at most
+    before = len(core.runner.conv_states)
+    rid = eng.add_request(prompts[1], SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True))
+    eng.step()
+    eng.step()
+    assert len(core.runner.conv_states) == before + 1  # the running sequence's state
+    eng.abort(rid)
+    eng.step()  # an aborted sequence's state is freed too
+    assert len(core.runner.conv_states) == before
     spec = SpeculativeConfig("ngram", num_tokens=3, ngram_min=1)
     with pytest.raises(ValueError, match=r"speculative decoding is not supported for qwen35"):
         EngineCoreProc(EngineConfig(str(qwen35_path), n_ctx=128, kv_cache_memory=1 << 20, speculative=spec))
