@@ -99,8 +99,7 @@ def test_engine_turns_off_prefix_hits_and_refuses_speculation(qwen35_path: Path)
     """Through the engine: the prefix cache is off (a repeated prompt recomputes its prefix rather than
     continuing blocks without their state), concurrent requests (and the n=2 completions of one, forked
     from its state) generate exactly what each does alone, finished and aborted sequences leave no
-    state, and
-    speculative decoding is refused naming why."""
+    state, and speculative decoding is refused naming why."""
     from edgellm import SamplingParams
     from edgellm.engine.config import EngineConfig
     from edgellm.engine.core_process import EngineCoreProc
