@@ -12,6 +12,7 @@ free-list and evictable blocks, because both can be handed out.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from edgellm.engine.prefix_cache import HashPrefixCache, PrefixCache
@@ -52,6 +53,9 @@ class BlockManager:
         if prefix_cache is None and enable_prefix_caching:
             prefix_cache = HashPrefixCache(block_size)
         self.cache: PrefixCache | None = prefix_cache
+        # A model with a recurrent state resumes only where its state was checkpointed: (tokens, cached
+        # tokens) -> the longest resumable prefix (ModelRunner.resume_point); None: any block boundary
+        self.resume_point: Callable[[list[int], int], int] | None = None
         # seq_id -> how many leading full blocks of that sequence were already offered to the cache.
         self._num_registered: dict[int, int] = {}
 
@@ -77,6 +81,8 @@ class BlockManager:
             return _NO_MATCH  # (an embedding or a scoring needs every token's row: it computes them all)
         blocks = self.cache.lookup(seq.token_ids)
         num_tokens = min(len(blocks) * self.block_size, seq.num_tokens - 1)
+        if self.resume_point is not None and num_tokens > 0:
+            num_tokens = self.resume_point(seq.token_ids, num_tokens)
         if num_tokens <= 0:
             return _NO_MATCH
         # A whole-prompt hit keeps the last (full) block: it is shared and gets copied on write, so only

@@ -3,7 +3,6 @@ only (the front-end detokenizes). `step()` is schedule -> run -> postprocess (na
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 
 from edgellm.engine.checks import PromptTooLongError, check_embedding_input, check_prompt, check_score_input
@@ -40,19 +39,18 @@ class EngineCore:
         guidance: GuidedDecoding | None = None,  # constrained decoding (None: grammars are refused)
     ) -> None:
         self.runner, self.eog_ids, self.n_ctx = runner, frozenset(eog_ids), n_ctx
-        if runner.cfg.recurrent:
-            # A sequence's conv state exists only where its last step left it (engine/conv_state.py): a
-            # cached prefix's blocks come without the state at that prefix, and rejected drafts would need
-            # the state rolled back. Hits are off for such a model; speculation is refused.
-            if speculator is not None:
-                raise ValueError(
-                    f"speculative decoding is not supported for {runner.cfg.arch}: its short-conv layers "
-                    "keep a per-sequence state that rejected draft tokens would corrupt"
-                )
-            sched = dataclasses.replace(sched, enable_prefix_caching=False)
+        if runner.cfg.recurrent and speculator is not None:
+            # A sequence's recurrent state exists only where its last step left it or at a checkpoint
+            # (engine/conv_state.py): rejected drafts would need it rolled back.
+            raise ValueError(
+                f"speculative decoding is not supported for {runner.cfg.arch}: its recurrent layers keep a "
+                "per-sequence state that rejected draft tokens would corrupt"
+            )
         self.speculator = speculator
         self.guidance = guidance
         self.scheduler = Scheduler(sched)
+        if runner.cfg.recurrent:  # prefix hits only as far as a checkpointed state reaches
+            self.scheduler.block_manager.resume_point = runner.resume_point
         self.requests: dict[str, Request] = {}
         self.inputs = InputRequests(self.scheduler)  # embeddings and scorings
         self._seq_ids = itertools.count()
@@ -192,6 +190,7 @@ class EngineCore:
                     num_logits=1 + len(seq.spec_token_ids),
                     hidden_rows=self.inputs.hidden_rows(seq, c, n),
                     seq_id=seq.seq_id,
+                    history=seq.token_ids,
                 )
             )
             ids.append(seq.seq_id)
