@@ -2,14 +2,14 @@
 Gated DeltaNet layers).
 
 A sequence's KV blocks say what attention layers need of its past; a conv layer needs the last l_cache - 1
-inputs instead, which no block holds. The store keeps one [conv layers, l_cache - 1, n_embd] float32 array
-per sequence id, tagged with how many tokens it has consumed:
+inputs instead (a DeltaNet layer its conv window and matrices), which no block holds. The store keeps one
+float32 array of `state_shape` per sequence id, tagged with how many tokens it has consumed:
 
 - a run item starting at position 0 (a new sequence, or a recompute after preemption) starts from zeros;
-- one starting at p > 0 continues the state only if the state has consumed exactly p tokens, else it is
-  refused: the state of a prefix-cache hit, or of drafts rejected after speculative decoding, cannot be
-  restored (the engine turns both off for such models), and silently continuing a wrong state would give
-  wrong logits;
+- one starting at p > 0 continues the state only if the state has consumed exactly p tokens, or resumes
+  from a checkpoint after its first p tokens (below), else it is refused: the state of drafts rejected
+  after speculative decoding cannot be restored (the engine refuses speculation for such models), and
+  silently continuing a wrong state would give wrong logits;
 - `fork` copies a parent's state to a child that shares its blocks (parallel sampling);
 - `retain` frees the states of sequences that are no longer live (finished, aborted);
 - checkpoints make prefix-cache hits possible: whenever a sequence's state has consumed a whole number of
