@@ -51,6 +51,7 @@ class EngineCore:
         self.scheduler = Scheduler(sched)
         if runner.cfg.recurrent:  # prefix hits only as far as a checkpointed state reaches
             self.scheduler.block_manager.resume_point = runner.resume_point
+            self.scheduler.align_prefill_ends = self.scheduler.block_manager.cache is not None
         self.requests: dict[str, Request] = {}
         self.inputs = InputRequests(self.scheduler)  # embeddings and scorings
         self._seq_ids = itertools.count()

@@ -44,6 +44,10 @@ class Scheduler:
         self.seqs: dict[int, Sequence] = {}  # unfinished sequences by id
         self.num_preemptions = 0
         self._next_arrival = 0
+        # A model with a recurrent state checkpoints it only where a step ends on a block boundary
+        # (engine/conv_state.py): a prefill that would end past the last one stops there first, so that
+        # a later prompt sharing the whole prefix resumes from it (the tail follows the next step).
+        self.align_prefill_ends = False
 
     # ---- requests ------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -149,6 +153,7 @@ class Scheduler:
                 seq.spec_token_ids = []  # drafts ride on a decode only
                 cap = shares.get(group, 0)  # a prefill chunk: within its request's share
             num_new = self._chunk(remaining + len(seq.spec_token_ids), min(cap, budget - pending_decodes))
+            num_new = self._aligned(seq, seq.num_computed_tokens, num_new)
             del seq.spec_token_ids[max(0, num_new - remaining) :]  # drafts past the budget are dropped
             if num_new <= 0:
                 continue
@@ -265,7 +270,9 @@ class Scheduler:
             seq = queues[group][0]
             match = bm.lookup_prefix(seq)
             computed = match.num_tokens if match.block_ids else seq.num_computed_tokens
-            num_new = self._chunk(seq.num_tokens - computed, min(budget, shares.get(group, 0)))
+            num_new = self._aligned(
+                seq, computed, self._chunk(seq.num_tokens - computed, min(budget, shares.get(group, 0)))
+            )
             if num_new <= 0:
                 continue  # this group had its share of the step
             if not bm.can_allocate(seq, num_new, match if match.block_ids else None):
@@ -287,6 +294,14 @@ class Scheduler:
     def _chunk(self, remaining: int, budget: int) -> int:
         cap = self.config.long_prefill_chunk
         return min(remaining, budget, cap) if cap is not None else min(remaining, budget)
+
+    def _aligned(self, seq: Sequence, computed: int, num_new: int) -> int:
+        """num_new, or less so that a chunk finishing the sequence's tokens ends on the last block boundary
+        first (align_prefill_ends), where it would end past one."""
+        if not self.align_prefill_ends or num_new <= 1 or computed + num_new != seq.num_tokens:
+            return num_new
+        boundary = seq.num_tokens - seq.num_tokens % self.config.block_size
+        return boundary - computed if computed < boundary < seq.num_tokens else num_new
 
     def _schedule_seq(self, seq: Sequence, num_new: int, plan: SchedulerPlan) -> None:
         plan.block_copies.extend(self.block_manager.allocate(seq, num_new))

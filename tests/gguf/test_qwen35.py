@@ -138,17 +138,17 @@ def test_engine_batches_forks_frees_and_refuses_speculation(qwen35_path: Path) -
 @pytest.mark.parametrize("case", ["qwen35_f32", "lfm2_f32"])
 def test_prefix_hits_resume_from_state_checkpoints(tmp_path: Path, case: str) -> None:
     """A prefix-cache hit on a hybrid model goes only as far as a checkpointed state (a whole number of
-    blocks its state consumed, engine/conv_state.py): a prompt extending a 64-token one hits its 64 tokens
-    (the prefill ended there), a follow-up turn extending prompt + reply hits 80 (a decode step ended
-    there), and each generates exactly what an engine without prefix caching does (Qwen 3.5's DeltaNet
-    state, LFM2's conv state)."""
+    blocks its state consumed, engine/conv_state.py): a prompt extending a 70-token one hits 64 tokens (its
+    prefill stopped at that block boundary first: Scheduler.align_prefill_ends), a follow-up turn
+    extending prompt + 20-token reply hits 80 (a decode step ended there), and each generates exactly what
+    an engine without prefix caching does (Qwen 3.5's DeltaNet state, LFM2's conv state)."""
     from edgellm import SamplingParams
 
     path = CASES[case].write(tmp_path / f"{case}.gguf")
 
     greedy = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
     rng = np.random.default_rng(11)
-    first = rng.integers(0, VOCAB, 64).tolist()
+    first = rng.integers(0, VOCAB, 70).tolist()
     fresh = _engine(path, 1 << 20, prefix_caching=False).engine_core
     reply = _generate(fresh, [first], greedy)[0]
     second = first + rng.integers(0, VOCAB, 10).tolist()
@@ -165,6 +165,12 @@ def test_prefix_hits_resume_from_state_checkpoints(tmp_path: Path, case: str) ->
     eng2.runner.conv_states._checkpoints.clear()
     cached = []
     assert _generate(eng2, [second], greedy, cached) == [want[1]] and cached == [0]
+    # a prefill not stopped at its last block boundary leaves no checkpoint there: no hit either
+    eng3 = _engine(path, 1 << 20).engine_core
+    eng3.scheduler.align_prefill_ends = False
+    cached = []
+    assert [_generate(eng3, [p], greedy, cached)[0] for p in (first, second)] == want[:2]
+    assert cached == [0, 0]
 
 
 def test_preempted_sequences_recompute_from_a_fresh_state(qwen35_path: Path) -> None:
