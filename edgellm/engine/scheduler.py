@@ -296,12 +296,13 @@ class Scheduler:
         return min(remaining, budget, cap) if cap is not None else min(remaining, budget)
 
     def _aligned(self, seq: Sequence, computed: int, num_new: int) -> int:
-        """num_new, or less so that a chunk finishing the sequence's tokens ends on the last block boundary
-        first (align_prefill_ends), where it would end past one."""
+        """num_new, or less so that a chunk finishing the sequence's tokens ends first on the last block
+        boundary before its last token (align_prefill_ends): a prefix hit always leaves the last token to
+        compute, so the same prompt sent again resumes there."""
         if not self.align_prefill_ends or num_new <= 1 or computed + num_new != seq.num_tokens:
             return num_new
-        boundary = seq.num_tokens - seq.num_tokens % self.config.block_size
-        return boundary - computed if computed < boundary < seq.num_tokens else num_new
+        boundary = (seq.num_tokens - 1) // self.config.block_size * self.config.block_size
+        return boundary - computed if boundary > computed else num_new
 
     def _schedule_seq(self, seq: Sequence, num_new: int, plan: SchedulerPlan) -> None:
         plan.block_copies.extend(self.block_manager.allocate(seq, num_new))

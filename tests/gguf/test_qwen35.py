@@ -159,6 +159,11 @@ def test_prefix_hits_resume_from_state_checkpoints(tmp_path: Path, case: str) ->
     got = [_generate(eng, [p], greedy, cached)[0] for p in (first, second, turn)]
     assert cached == [0, 64, 80]
     assert got == want
+    # the same 64-token prompt twice: its prefill stops at 48 first (the last boundary before its last
+    # token, which a hit always leaves to compute), so the second one resumes there
+    cached = []
+    again = [_generate(eng, [first[:64]], greedy, cached)[0] for _ in range(2)]
+    assert cached == [0, 48] and again[0] == again[1] == _generate(fresh, [first[:64]], greedy)[0]
     # without its checkpoints the same blocks are cached, but the hit cannot resume: none is taken
     eng2 = _engine(path, 1 << 20).engine_core
     _generate(eng2, [first], greedy)
