@@ -183,7 +183,8 @@ def load_deltanet(
 def _delta_net_run(mixed, conv_w, state, beta, g, n_k_heads, n_v_heads, head, eps, grouped, out):  # noqa: ANN001
     """One sequence's tokens through the conv and the delta rule (module doc), in float32.
     mixed [n, C]; conv_w [C, K]; state [(K-1)*C + Hv*S*S] advanced in place; beta, g [n, Hv];
-    out [n, Hv, S]."""
+    out [n, Hv, S]. The conv and norms run over the tokens first, then the value heads (independent of
+    each other) in parallel, each over the tokens in order."""
     n, C = mixed.shape
     K = conv_w.shape[1]
     S = head
@@ -195,63 +196,62 @@ def _delta_net_run(mixed, conv_w, state, beta, g, n_k_heads, n_v_heads, head, ep
     for r in range(n):
         for c in range(C):
             window[K - 1 + r, c] = mixed[r, c]
-    u = np.empty(C, np.float32)
-    qn = np.empty((n_k_heads, S), np.float32)
-    kn = np.empty((n_k_heads, S), np.float32)
-    delta = np.empty(S, np.float32)
-    scale = np.float32(1.0) / np.sqrt(np.float32(S))
+    u = np.empty((n, C), np.float32)  # silu(conv), then q and k l2-normalised in place
     one = np.float32(1.0)
     for t in range(n):
         for c in range(C):
             acc = np.float32(0.0)
             for i in range(K):
                 acc += window[t + i, c] * conv_w[c, i]
-            u[c] = acc / (one + np.exp(-acc))  # silu
-        for hk in range(n_k_heads):
-            sq = 0.0
-            sk = 0.0
+            u[t, c] = acc / (one + np.exp(-acc))  # silu
+        for hq in range(2 * n_k_heads):  # q heads, then k heads
+            ss = 0.0
             for i in range(S):
-                sq += np.float64(u[hk * S + i]) ** 2
-                sk += np.float64(u[(n_k_heads + hk) * S + i]) ** 2
-            fq = one / np.sqrt(np.float32(sq / S) + np.float32(eps / S)) / np.sqrt(np.float32(S))
-            fk = one / np.sqrt(np.float32(sk / S) + np.float32(eps / S)) / np.sqrt(np.float32(S))
+                ss += np.float64(u[t, hq * S + i]) ** 2
+            f = one / np.sqrt(np.float32(ss / S) + np.float32(eps / S)) / np.sqrt(np.float32(S))
             for i in range(S):
-                qn[hk, i] = u[hk * S + i] * fq
-                kn[hk, i] = u[(n_k_heads + hk) * S + i] * fk
-        v0 = 2 * n_k_heads * S
-        for h in range(n_v_heads):
-            hk = h // (n_v_heads // n_k_heads) if grouped else h % n_k_heads
-            m0 = nw + h * S * S  # M[h][value j][key i] at state[m0 + j * S + i]
+                u[t, hq * S + i] *= f
+    for r in range(K - 1):
+        for c in range(C):
+            state[r * C + c] = window[n + r, c]
+    scale = np.float32(1.0) / np.sqrt(np.float32(S))
+    v0 = 2 * n_k_heads * S
+    for h in prange(n_v_heads):
+        hk = h // (n_v_heads // n_k_heads) if grouped else h % n_k_heads
+        q0, k0 = hk * S, (n_k_heads + hk) * S
+        m0 = nw + h * S * S  # M[h][value j][key i] at state[m0 + j * S + i]
+        delta = np.empty(S, np.float32)
+        for t in range(n):
             decay = np.exp(g[t, h])
             b = beta[t, h]
             for j in range(S):
                 acc = np.float32(0.0)
                 for i in range(S):
                     state[m0 + j * S + i] *= decay
-                    acc += state[m0 + j * S + i] * kn[hk, i]
-                delta[j] = (u[v0 + h * S + j] - acc) * b
+                    acc += state[m0 + j * S + i] * u[t, k0 + i]
+                delta[j] = (u[t, v0 + h * S + j] - acc) * b
             for j in range(S):
                 dj = delta[j]
                 acc = np.float32(0.0)
                 for i in range(S):
-                    state[m0 + j * S + i] += dj * kn[hk, i]
-                    acc += state[m0 + j * S + i] * qn[hk, i]
+                    state[m0 + j * S + i] += dj * u[t, k0 + i]
+                    acc += state[m0 + j * S + i] * u[t, q0 + i]
                 out[t, h, j] = acc * scale
-    for r in range(K - 1):
-        for c in range(C):
-            state[r * C + c] = window[n + r, c]
 
 
+prange = range  # Numba's parallel range where compiled (delta_net_run); the plain one in Python
 _delta_net_compiled = None
 
 
 def delta_net_run(*args: Any) -> None:
-    """_delta_net_run compiled by Numba on first use (a front-end that reads specs loads no Numba)."""
+    """_delta_net_run compiled by Numba on first use (a front-end that reads specs loads no Numba), its
+    value heads in parallel."""
     global _delta_net_compiled
     if _delta_net_compiled is None:
-        from numba import njit
+        import numba
 
-        _delta_net_compiled = njit(cache=True, nogil=True)(_delta_net_run)
+        globals()["prange"] = numba.prange
+        _delta_net_compiled = numba.njit(cache=True, nogil=True, parallel=True)(_delta_net_run)
     _delta_net_compiled(*args)
 
 

@@ -12,6 +12,7 @@ free-list and evictable blocks, because both can be handed out.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from edgellm.engine.prefix_cache import HashPrefixCache, PrefixCache
@@ -52,6 +53,9 @@ class BlockManager:
         if prefix_cache is None and enable_prefix_caching:
             prefix_cache = HashPrefixCache(block_size)
         self.cache: PrefixCache | None = prefix_cache
+        # A model with a recurrent state resumes only where its state was checkpointed: (tokens, cached
+        # tokens) -> the longest resumable prefix (ModelRunner.resume_point); None: any block boundary
+        self.resume_point: Callable[[list[int], int], int] | None = None
         # seq_id -> how many leading full blocks of that sequence were already offered to the cache.
         self._num_registered: dict[int, int] = {}
 
@@ -77,6 +81,8 @@ class BlockManager:
             return _NO_MATCH  # (an embedding or a scoring needs every token's row: it computes them all)
         blocks = self.cache.lookup(seq.token_ids, seq.lora)
         num_tokens = min(len(blocks) * self.block_size, seq.num_tokens - 1)
+        if self.resume_point is not None and num_tokens > 0:
+            num_tokens = self.resume_point(seq.token_ids, num_tokens)
         if num_tokens <= 0:
             return _NO_MATCH
         # A whole-prompt hit keeps the last (full) block: it is shared and gets copied on write, so only
@@ -101,19 +107,20 @@ class BlockManager:
             self.cache.record(match.num_tokens, seq.num_tokens)
         return match.num_tokens
 
-    def restore_blocks(self, token_ids: list[int], first: int, count: int) -> list[int]:
+    def restore_blocks(self, token_ids: list[int], first: int, count: int, salt: tuple = ()) -> list[int]:
         """Take `count` blocks for full blocks first .. first+count-1 of token_ids (whose first `first`
-        blocks the prefix cache holds) and register them in the prefix cache as unused cached blocks. The
-        caller writes their KV before any step reads them (engine/prompt_cache.py's restore)."""
+        blocks the prefix cache holds under `salt`, the LoRA choice) and register them in the prefix cache
+        as unused cached blocks. The caller writes their KV before any step reads them
+        (engine/prompt_cache.py's restore)."""
         if self.cache is None or count <= 0:
             return []
-        held = self.cache.lookup(token_ids)[:first]
+        held = self.cache.lookup(token_ids, salt)[:first]
         if len(held) != first:
             raise ValueError(f"restore_blocks: the cache holds {len(held)} leading blocks, not {first}")
         for block_id in held:  # not evictable while new blocks are taken
             self._incref(block_id)
         taken = [self._take_block() for _ in range(count)]
-        self.cache.insert(token_ids[: (first + count) * self.block_size], held + taken)
+        self.cache.insert(token_ids[: (first + count) * self.block_size], held + taken, salt)
         for block_id in [*held, *taken]:
             self._decref(block_id)
         return taken

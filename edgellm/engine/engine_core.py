@@ -3,7 +3,6 @@ only (the front-end detokenizes). `step()` is schedule -> run -> postprocess (na
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 
 from edgellm.engine.checks import (
@@ -49,16 +48,13 @@ class EngineCore:
         prompt_cache: PromptCache | None = None,  # KV blocks beyond the pool (engine/prompt_cache.py)
     ) -> None:
         self.runner, self.eog_ids, self.n_ctx = runner, frozenset(eog_ids), n_ctx
-        if runner.cfg.recurrent:
-            # A sequence's conv state exists only where its last step left it (engine/conv_state.py): a
-            # cached prefix's blocks come without the state at that prefix, and rejected drafts would need
-            # the state rolled back. Hits are off for such a model; speculation is refused.
-            if speculator is not None:
-                raise ValueError(
-                    f"speculative decoding is not supported for {runner.cfg.arch}: its short-conv layers "
-                    "keep a per-sequence state that rejected draft tokens would corrupt"
-                )
-            sched = dataclasses.replace(sched, enable_prefix_caching=False)
+        if runner.cfg.recurrent and speculator is not None:
+            # A sequence's recurrent state exists only where its last step left it or at a checkpoint
+            # (engine/conv_state.py): rejected drafts would need it rolled back.
+            raise ValueError(
+                f"speculative decoding is not supported for {runner.cfg.arch}: its recurrent layers keep a "
+                "per-sequence state that rejected draft tokens would corrupt"
+            )
         self.speculator = speculator
         self.guidance = guidance
         self.scheduler = Scheduler(sched)
@@ -66,6 +62,9 @@ class EngineCore:
         if self.prompt_cache is not None:
             cache, bm = self.prompt_cache, self.scheduler.block_manager
             self.scheduler.restore = lambda seq: restore_prefix(cache, bm, runner, seq)
+        if runner.cfg.recurrent:  # prefix hits only as far as a checkpointed state reaches
+            self.scheduler.block_manager.resume_point = runner.resume_point
+            self.scheduler.align_prefill_ends = self.scheduler.block_manager.cache is not None
         self.requests: dict[str, Request] = {}
         self.inputs = InputRequests(self.scheduler)  # embeddings and scorings
         self._seq_ids = itertools.count()
@@ -241,6 +240,7 @@ class EngineCore:
                     hidden_rows=self.inputs.hidden_rows(seq, c, n),
                     seq_id=seq.seq_id,
                     lora=seq.lora,
+                    history=seq.token_ids,
                 )
             )
             ids.append(seq.seq_id)
@@ -412,8 +412,9 @@ class EngineCore:
             c.request.num_preemptions = seq.num_preemptions
 
     def _finish_request(self, req: Request, outs: list[EngineCoreOutput]) -> None:
-        if self.prompt_cache is not None:
-            spill_prompt(self.prompt_cache, self.scheduler.block_manager, self.runner, req.prompt_ids)
+        if self.prompt_cache is not None:  # (the choice may now resolve otherwise: then nothing is found)
+            salt = self._lora_choice(req.params.lora)
+            spill_prompt(self.prompt_cache, self.scheduler.block_manager, self.runner, req.prompt_ids, salt)
         del self.requests[req.request_id]
         if self.speculator is not None:
             for c in req.completions:

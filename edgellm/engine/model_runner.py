@@ -3,7 +3,7 @@ into one ForwardBatch and one forward pass. It knows nothing of scheduling."""
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +32,9 @@ class RunItem:
     seq_id: int | None = None
     # the LoRA adapters this item's tokens run with: ((index into runner.lora_adapters, scale), ...)
     lora: tuple[tuple[int, float], ...] = ()
+    # the sequence's tokens (at least start_pos + len(token_ids) of them): a recurrent model checkpoints
+    # its state at block boundaries under their hash, and resumes a prefix-cache hit from one
+    history: Sequence[int] | None = None
 
 
 class ModelRunner:
@@ -47,7 +50,7 @@ class ModelRunner:
         # item order: the run methods return logits, embeddings read these.
         self.last_hidden: list[np.ndarray] = []
         # each sequence's state beside its KV blocks, for models that have one (LFM2's short convolutions)
-        self.conv_states = ConvStates(state_shape(cfg)) if cfg.recurrent else None
+        self.conv_states = ConvStates(state_shape(cfg), block_size) if cfg.recurrent else None
         # the loaded LoRA adapters (edgellm/lora/), bound to this model; RunItem.lora indexes them
         self.lora_adapters: list = []
 
@@ -112,6 +115,8 @@ class ModelRunner:
             batch.lora = step_for_batch(self.lora_adapters, choices, counts, batch.logits_index, self.be)
         if self.conv_states is not None:
             keys, starts = [it.seq_id for it in items], [it.start_pos for it in items]
+            for it in items:  # a prefix-cache hit starts from the checkpoint at its first uncached token
+                self.conv_states.resume(it.seq_id, it.start_pos, it.history)
             batch.conv_state = self.conv_states.gather(keys, starts)
         return batch, out_slices
 
@@ -132,8 +137,14 @@ class ModelRunner:
 
     def _keep_states(self, items: list[RunItem], batch: ForwardBatch) -> None:
         if self.conv_states is not None:
-            ends = [it.start_pos + len(it.token_ids) for it in items]
-            self.conv_states.store([it.seq_id for it in items], ends, batch.conv_state)
+            keys, ends = [it.seq_id for it in items], [it.start_pos + len(it.token_ids) for it in items]
+            self.conv_states.store(keys, ends, batch.conv_state)
+            self.conv_states.checkpoint(keys, ends, [it.history for it in items])
+
+    def resume_point(self, token_ids: Sequence[int], limit: int) -> int:
+        """How much of a prefix-cache hit of `limit` tokens a recurrent model can resume (a checkpointed
+        prefix of whole blocks); limit itself for a model without state."""
+        return limit if self.conv_states is None else self.conv_states.resume_point(token_ids, limit)
 
     def fork_state(self, parent_id: int, child_id: int) -> None:
         """A child sharing its parent's blocks (parallel sampling) continues from the parent's state."""

@@ -5,7 +5,8 @@ from it instead of prefilling it again.
 
 - What a block is keyed by: a chained SHA-256 of the full blocks of tokens up to it (`block_digests`)
   under a directory named by the model's identity (`identity`: the GGUF file's path, size and mtime, its
-  architecture and KV shapes, the KV cache dtype and block size; edgellm loads no adapters). A file from
+  architecture and KV shapes, the KV cache dtype and block size; the LoRA adapters a block was computed
+  with, by file, chain its digest: `file_salt`). A file from
   another model lives under another identity, and each file repeats the identity and its digest in its
   header, so a foreign file is never read as this model's.
 - Integrity: a file is MAGIC, the identity, the block digest, the payload's length and SHA-256, then the
@@ -48,9 +49,10 @@ _HEADER = len(MAGIC) + 32 + 32 + 8 + 32  # magic, identity, digest, payload leng
 DEFAULT_SIZE = 4 * 2**30
 
 
-def block_digests(token_ids: Sequence[int], block_size: int) -> list[bytes]:
-    """The chained SHA-256 of each full block of token_ids: block i's covers every token up to its end."""
-    out, parent = [], b""
+def block_digests(token_ids: Sequence[int], block_size: int, salt: tuple = ()) -> list[bytes]:
+    """The chained SHA-256 of each full block of token_ids: block i's covers every token up to its end,
+    and the LoRA choice the blocks were computed with (`salt`, as the pool's prefix cache keys them)."""
+    out, parent = [], hashlib.sha256(repr(salt).encode()).digest() if salt else b""
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         block = np.asarray(token_ids[start : start + block_size], dtype="<i8").tobytes()
         parent = hashlib.sha256(parent + block).digest()
@@ -207,32 +209,47 @@ class PromptCache:
         self._writer.join(timeout=30)
 
 
+def file_salt(runner: ModelRunner, salt: tuple) -> tuple:
+    """A LoRA choice ((adapter index, scale), ...) as what it means beyond this process: each adapter's
+    file (real path, size, mtime) and scale, since an index names another file after a restart."""
+    out = []
+    for k, scale in salt:
+        path = os.path.realpath(runner.lora_adapters[k].path)
+        st = os.stat(path)
+        out.append((path, st.st_size, st.st_mtime_ns, scale))
+    return tuple(out)
+
+
 def restore_prefix(cache: PromptCache, bm: BlockManager, runner: ModelRunner, seq: EngineSequence) -> None:
     """The cache's blocks that continue a sequence's in-pool prefix hit, written into free pool blocks and
     registered in the prefix cache (as many as the pool has free blocks for: none is evicted for them)."""
     if bm.cache is None or not seq.samples or seq.num_computed_tokens:
         return
-    first = len(bm.cache.lookup(seq.token_ids))
+    first = len(bm.cache.lookup(seq.token_ids, seq.lora))
     payloads = []
-    for digest in block_digests(seq.token_ids, bm.block_size)[first:][: len(bm.free_list)]:
+    digests = block_digests(seq.token_ids, bm.block_size, file_salt(runner, seq.lora))
+    for digest in digests[first:][: len(bm.free_list)]:
         payload = cache.get(digest)
         if payload is None:
             break
         payloads.append(payload)
     if not payloads:
         return
-    blocks = bm.restore_blocks(seq.token_ids, first, len(payloads))
+    blocks = bm.restore_blocks(seq.token_ids, first, len(payloads), seq.lora)
     for block, payload in zip(blocks, payloads, strict=True):
         runner.be.write_kv_block(runner.kv, block, payload)
     cache.restored_blocks += len(blocks)
 
 
-def spill_prompt(cache: PromptCache, bm: BlockManager, runner: ModelRunner, prompt_ids: list[int]) -> None:
+def spill_prompt(
+    cache: PromptCache, bm: BlockManager, runner: ModelRunner, prompt_ids: list[int], salt: tuple = ()
+) -> None:
     """Copy a finished request's prompt blocks the cache lacks out of the pool (they are still there,
-    cached); the cache's writer thread puts them on disk."""
+    cached under `salt`, its LoRA choice); the cache's writer thread puts them on disk."""
     if bm.cache is None:
         return
-    blocks = bm.cache.lookup(prompt_ids)
-    for block, digest in zip(blocks, block_digests(prompt_ids, bm.block_size), strict=False):
+    blocks = bm.cache.lookup(prompt_ids, salt)
+    digests = block_digests(prompt_ids, bm.block_size, file_salt(runner, salt))
+    for block, digest in zip(blocks, digests, strict=False):
         if digest not in cache:
             cache.put(digest, runner.be.read_kv_block(runner.kv, block))

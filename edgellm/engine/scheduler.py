@@ -47,6 +47,10 @@ class Scheduler:
         self._next_arrival = 0
         # Called with a sequence about to be admitted (prompt_cache.restore_prefix; None: no prompt cache)
         self.restore: Callable[[Sequence], None] | None = None
+        # A model with a recurrent state checkpoints it only where a step ends on a block boundary
+        # (engine/conv_state.py): a prefill that would end past the last one stops there first, so that
+        # a later prompt sharing the whole prefix resumes from it (the tail follows the next step).
+        self.align_prefill_ends = False
 
     # ---- requests ------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -155,6 +159,7 @@ class Scheduler:
             if self.config.whole_inputs:
                 cap = budget  # a whole input or nothing (_chunk)
             num_new = self._chunk(remaining + len(seq.spec_token_ids), min(cap, budget - pending_decodes))
+            num_new = self._aligned(seq, seq.num_computed_tokens, num_new)
             del seq.spec_token_ids[max(0, num_new - remaining) :]  # drafts past the budget are dropped
             if num_new <= 0:
                 continue
@@ -274,7 +279,7 @@ class Scheduler:
             match = bm.lookup_prefix(seq)
             computed = match.num_tokens if match.block_ids else seq.num_computed_tokens
             share = budget if self.config.whole_inputs else shares.get(group, 0)
-            num_new = self._chunk(seq.num_tokens - computed, min(budget, share))
+            num_new = self._aligned(seq, computed, self._chunk(seq.num_tokens - computed, min(budget, share)))
             if num_new <= 0:
                 continue  # this group had its share of the step
             if not bm.can_allocate(seq, num_new, match if match.block_ids else None):
@@ -297,6 +302,15 @@ class Scheduler:
         cap = self.config.long_prefill_chunk
         n = min(remaining, budget, cap) if cap is not None else min(remaining, budget)
         return 0 if self.config.whole_inputs and n < remaining else n
+
+    def _aligned(self, seq: Sequence, computed: int, num_new: int) -> int:
+        """num_new, or less so that a chunk finishing the sequence's tokens ends first on the last block
+        boundary before its last token (align_prefill_ends): a prefix hit always leaves the last token to
+        compute, so the same prompt sent again resumes there."""
+        if not self.align_prefill_ends or num_new <= 1 or computed + num_new != seq.num_tokens:
+            return num_new
+        boundary = (seq.num_tokens - 1) // self.config.block_size * self.config.block_size
+        return boundary - computed if boundary > computed else num_new
 
     def _schedule_seq(self, seq: Sequence, num_new: int, plan: SchedulerPlan) -> None:
         plan.block_copies.extend(self.block_manager.allocate(seq, num_new))

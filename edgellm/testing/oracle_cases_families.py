@@ -251,9 +251,10 @@ def lfm2_cases() -> dict[str, OracleCase]:
 # carrying the DeltaNet state across.
 QWEN35: dict[str, int] = dict(SMALL, head_dim=32, n_layers=6)
 QWEN35MOE = {"n_expert": 8, "n_expert_used": 2, "n_ff_exp": 64, "n_ff_shexp": 96}
-# sections whose fourth part has pairs (position 0 for text: not rotated)
+# sections whose fourth part has pairs (position 0 for text: not rotated): of 8 pairs, sector = i % 4, the
+# pairs of sector 3 (i = 3 and 7, one of them fast enough to matter) are the fourth section's
 QWEN35_SECTIONS = {
-    "qwen35.rope.dimension_sections": Typed([2, 2, 2, 2], GGUFValueType.ARRAY, GGUFValueType.INT32)
+    "qwen35.rope.dimension_sections": Typed([1, 1, 1, 1], GGUFValueType.ARRAY, GGUFValueType.INT32)
 }
 
 
@@ -272,13 +273,19 @@ def qwen35_mtp_layer(n_layers: int, e: int = 64, d: int = 32, ff: int = 128) -> 
 def qwen35_cases() -> dict[str, OracleCase]:
     n = QWEN35["n_layers"]
     mtp = {"qwen35.block_count": n + 1, "qwen35.nextn_predict_layers": Typed(1, GGUFValueType.UINT32)}
+    # the converter's per-layer flags (a BOOL array) win over full_attention_interval, here a wrong 2
+    flags = [(il + 1) % 4 != 0 for il in range(n)]
+    recurrent = {"qwen35.full_attention_interval": 2,
+                 "qwen35.attention.recurrent_layers": Typed(flags, GGUFValueType.ARRAY, GGUFValueType.BOOL)}
     return {
         "qwen35_f32": OracleCase("qwen35", model=QWEN35,
                                  note="qwen35, 5 Gated DeltaNet and 1 gated attention layers, F32"),
         "qwen35_tied_q8_0": OracleCase("qwen35", "Q8_0", model=QWEN35, writer={"tied": True},
                                        note="qwen35, Q8_0, output tied to token_embd"),
         "qwen35_rope_sections": OracleCase("qwen35", model=QWEN35, metadata=QWEN35_SECTIONS,
-                                           note="qwen35, rope sections [2, 2, 2, 2]: 2 of 8 pairs unrotated"),
+                                           note="qwen35, rope sections [1, 1, 1, 1]: pairs 3, 7 unrotated"),
+        "qwen35_recurrent_layers": OracleCase("qwen35", model=QWEN35, metadata=recurrent,
+                                              note="qwen35, layer kinds from attention.recurrent_layers"),
         "qwen35_mtp_layer": OracleCase("qwen35", model=QWEN35, metadata=mtp,
                                        extra_tensors=qwen35_mtp_layer(n),
                                        note="qwen35 with an MTP layer (skipped, as llama.cpp)"),

@@ -122,10 +122,10 @@ def test_conv_states_continue_only_where_they_ended() -> None:
         st.gather([7], [5])
 
 
-def test_engine_turns_off_prefix_hits_and_refuses_speculation(lfm2_path: Path) -> None:
-    """Through the engine: the prefix cache is off, prompts batched together (and the n=2 completions of
-    one, forked from its state) generate what each does alone, finished sequences leave no state, and
-    speculative decoding is refused naming why."""
+def test_engine_batches_forks_and_refuses_speculation(lfm2_path: Path) -> None:
+    """Through the engine: prompts batched together (and the n=2 completions of one, forked from its
+    state) generate what each does alone, finished sequences leave no state, and speculative decoding is
+    refused naming why. Prefix-cache hits from state checkpoints: tests/gguf/test_qwen35.py, for both."""
     from edgellm import SamplingParams
     from edgellm.engine.config import EngineConfig
     from edgellm.engine.core_process import EngineCoreProc
@@ -133,7 +133,6 @@ def test_engine_turns_off_prefix_hits_and_refuses_speculation(lfm2_path: Path) -
 
     core = EngineCoreProc(EngineConfig(str(lfm2_path), n_ctx=128, kv_cache_memory=1 << 20, threads=2))
     eng = core.engine_core
-    assert eng.scheduler.block_manager.cache is None
     greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     prompts = [[5, 17, 42, 99, 7, 5, 17, 42] * 3, [1, 2, 3, 4, 5], [5, 17, 42, 99, 7, 5, 17, 42] * 3 + [8]]
 

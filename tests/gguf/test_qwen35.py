@@ -79,35 +79,39 @@ def test_batched_sequences_keep_their_own_state(qwen35_path: Path) -> None:
         np.testing.assert_allclose(np.concatenate(got[who]), want, rtol=0, atol=2e-5)
 
 
-def _engine(path: Path, kv_cache_memory: int):  # noqa: ANN202 - EngineCoreProc
+def _engine(path: Path, kv_cache_memory: int, prefix_caching: bool = True):  # noqa: ANN202 - EngineCoreProc
     from edgellm.engine.config import EngineConfig
     from edgellm.engine.core_process import EngineCoreProc
 
-    return EngineCoreProc(EngineConfig(str(path), n_ctx=128, kv_cache_memory=kv_cache_memory, threads=2))
+    spec = EngineConfig(str(path), n_ctx=128, kv_cache_memory=kv_cache_memory, threads=2,
+                        enable_prefix_caching=prefix_caching)  # fmt: skip
+    return EngineCoreProc(spec)
 
 
-def _generate(eng, batch: list[list[int]], params) -> list[list[int]]:  # noqa: ANN001
+def _generate(eng, batch: list[list[int]], params, cached: list | None = None) -> list[list[int]]:  # noqa: ANN001
     rids = [eng.add_request(p, params) for p in batch]
     toks: dict[tuple[str, int], list[int]] = {}
+    hits: dict[str, int] = {}
     while eng.has_unfinished():
         for out in eng.step():
             toks.setdefault((out.request_id, out.index), []).extend(out.new_token_ids)
+            hits[out.request_id] = out.num_cached_tokens
+    if cached is not None:
+        cached.extend(hits[r] for r in rids)
     return [toks[(r, i)] for r in rids for i in range(params.n)]
 
 
-def test_engine_turns_off_prefix_hits_and_refuses_speculation(qwen35_path: Path) -> None:
-    """Through the engine: the prefix cache is off (a repeated prompt recomputes its prefix rather than
-    continuing blocks without their state), concurrent requests (and the n=2 completions of one, forked
-    from its state) generate exactly what each does alone, finished sequences leave no state, and
-    speculative decoding is refused naming why."""
+def test_engine_batches_forks_frees_and_refuses_speculation(qwen35_path: Path) -> None:
+    """Through the engine: concurrent requests (and the n=2 completions of one, forked from its state)
+    generate exactly what each does alone, finished and aborted sequences leave no state, and speculative
+    decoding is refused naming why."""
     from edgellm import SamplingParams
     from edgellm.engine.config import EngineConfig
     from edgellm.engine.core_process import EngineCoreProc
     from edgellm.engine.spec.config import SpeculativeConfig
 
-    core = _engine(qwen35_path, 1 << 20)
+    core = _engine(qwen35_path, 1 << 20, prefix_caching=False)
     eng = core.engine_core
-    assert eng.scheduler.block_manager.cache is None
     greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     shared = [5, 17, 42, 99, 7, 5, 17, 42] * 3
     prompts = [shared, [1, 2, 3, 4, 5], shared + [8]]
@@ -118,9 +122,60 @@ def test_engine_turns_off_prefix_hits_and_refuses_speculation(qwen35_path: Path)
     assert _generate(eng, [prompts[0]], two) == [alone[0], alone[0]]
     eng.step()  # an empty step frees the states of the sequences that finished
     assert len(core.runner.conv_states) <= 1  # the anonymous one (warm-up) at most
+    before = len(core.runner.conv_states)
+    rid = eng.add_request(prompts[1], SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True))
+    eng.step()
+    eng.step()
+    assert len(core.runner.conv_states) == before + 1  # the running sequence's state
+    eng.abort(rid)
+    eng.step()  # an aborted sequence's state is freed too
+    assert len(core.runner.conv_states) == before
     spec = SpeculativeConfig("ngram", num_tokens=3, ngram_min=1)
     with pytest.raises(ValueError, match=r"speculative decoding is not supported for qwen35"):
         EngineCoreProc(EngineConfig(str(qwen35_path), n_ctx=128, kv_cache_memory=1 << 20, speculative=spec))
+
+
+@pytest.mark.parametrize("case", ["qwen35_f32", "lfm2_f32"])
+def test_prefix_hits_resume_from_state_checkpoints(tmp_path: Path, case: str) -> None:
+    """A prefix-cache hit on a hybrid model goes only as far as a checkpointed state (a whole number of
+    blocks its state consumed, engine/conv_state.py): a prompt extending a 70-token one hits 64 tokens (its
+    prefill stopped at that block boundary first: Scheduler.align_prefill_ends), a follow-up turn
+    extending prompt + 20-token reply hits 80 (a decode step ended there), and each generates exactly what
+    an engine without prefix caching does (Qwen 3.5's DeltaNet state, LFM2's conv state)."""
+    from edgellm import SamplingParams
+
+    path = CASES[case].write(tmp_path / f"{case}.gguf")
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    rng = np.random.default_rng(11)
+    first = rng.integers(0, VOCAB, 70).tolist()
+    fresh = _engine(path, 1 << 20, prefix_caching=False).engine_core
+    reply = _generate(fresh, [first], greedy)[0]
+    second = first + rng.integers(0, VOCAB, 10).tolist()
+    turn = first + reply + rng.integers(0, VOCAB, 7).tolist()
+    want = [reply] + [_generate(fresh, [p], greedy)[0] for p in (second, turn)]
+    eng = _engine(path, 1 << 20).engine_core
+    cached: list[int] = []
+    got = [_generate(eng, [p], greedy, cached)[0] for p in (first, second, turn)]
+    assert cached == [0, 64, 80]
+    assert got == want
+    # the same 64-token prompt twice: its prefill stops at 48 first (the last boundary before its last
+    # token, which a hit always leaves to compute), so the second one resumes there
+    cached = []
+    again = [_generate(eng, [first[:64]], greedy, cached)[0] for _ in range(2)]
+    assert cached == [0, 48] and again[0] == again[1] == _generate(fresh, [first[:64]], greedy)[0]
+    # without its checkpoints the same blocks are cached, but the hit cannot resume: none is taken
+    eng2 = _engine(path, 1 << 20).engine_core
+    _generate(eng2, [first], greedy)
+    eng2.runner.conv_states._checkpoints.clear()
+    cached = []
+    assert _generate(eng2, [second], greedy, cached) == [want[1]] and cached == [0]
+    # a prefill not stopped at its last block boundary leaves no checkpoint there: no hit either
+    eng3 = _engine(path, 1 << 20).engine_core
+    eng3.scheduler.align_prefill_ends = False
+    cached = []
+    assert [_generate(eng3, [p], greedy, cached)[0] for p in (first, second)] == want[:2]
+    assert cached == [0, 0]
 
 
 def test_preempted_sequences_recompute_from_a_fresh_state(qwen35_path: Path) -> None:
@@ -176,3 +231,44 @@ def test_qwen35_pre_tokenizer_keeps_combining_marks_in_words() -> None:
     assert spans("qwen35", text) == [(0, 5), (5, 6), (6, 13)]  # "café", "!", " naïve"
     # "cafe", "\u0301!", " nai", "\u0308ve"
     assert spans("qwen2", text) == [(0, 4), (4, 6), (6, 10), (10, 13)]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"qwen35.rope.dimension_sections": None}, r"missing metadata qwen35\.rope\.dimension_sections"),
+        ({"qwen35.ssm.inner_size": 65}, r"qwen35\.ssm\.inner_size = 65 must be ssm\.state_size x"),
+        ({"qwen35.ssm.time_step_rank": 3, "qwen35.ssm.inner_size": 48}, r"3 value heads must be a multiple"),
+        ({"qwen35.nextn_predict_layers": 6}, r"qwen35\.nextn_predict_layers"),
+    ],
+)
+def test_bad_metadata_is_refused_naming_the_key(tmp_path: Path, overrides: dict, message: str) -> None:
+    from edgellm.gguf.config import config_from_gguf
+    from edgellm.gguf.load import load_gguf
+    from edgellm.gguf.reader import GGUFError
+    from edgellm.testing.synthetic import write_tiny_model
+
+    model = CASES["qwen35_f32"].model
+    path = write_tiny_model(tmp_path / "bad.gguf", "qwen35", "F32", metadata_overrides=overrides, **model)
+    with pytest.raises(GGUFError, match=message):
+        config_from_gguf(load_gguf(str(path)))
+
+
+def test_checkpoints_at_block_boundaries_lru() -> None:
+    """ConvStates keeps a state copy whenever a sequence's state has consumed whole blocks, under the hash
+    of those tokens; resume_point finds the longest such prefix; a sequence without a state resumes from
+    it; the oldest checkpoints go first past the budget."""
+    tokens = list(range(100, 164))
+    one_state = 2 * 4 * 4  # bytes of a (2, 4) float32 state
+    st = ConvStates((2, 4), block_size=16, checkpoint_bytes=2 * one_state)  # room for 2
+    for end in (10, 16, 32, 48):  # 10: not a block boundary, no checkpoint
+        st.store([1], [end], np.full((1, 2, 4), end, np.float32))
+        st.checkpoint([1], [end], [tokens])
+    assert st.resume_point(tokens, 64) == 48 and st.resume_point(tokens, 47) == 32
+    assert st.resume_point(tokens, 31) == 0  # 16's was evicted (least recently used)
+    assert st.resume_point([7] + tokens[1:], 64) == 0  # other tokens, other states
+    st.resume(2, 32, tokens)
+    assert (st.gather([2], [32]) == 32).all()
+    st.resume(3, 40, tokens)  # no checkpoint after 40 tokens: gather refuses
+    with pytest.raises(ValueError, match=r"sequence 3: computing from position 40, but its conv state is no"):
+        st.gather([3], [40])
