@@ -18,7 +18,6 @@ from edgellm.gguf.model_config import (
 )
 from edgellm.gguf.reader import GGUFError, GGUFFile
 from edgellm.gguf.rope import rope_from_gguf
-from edgellm.gguf.unimplemented import features_in_file
 
 if TYPE_CHECKING:
     from edgellm.arch.spec import ArchSpec
@@ -167,16 +166,20 @@ def _dense_width(g: GGUFFile, spec: ArchSpec, size: int) -> int:
 
 def arch_spec_of(g: GGUFFile) -> ArchSpec:
     """The spec of the file's architecture (edgellm/arch/<name>.py); UnsupportedArchitectureError naming
-    what the file needs that edgellm lacks (gguf/unimplemented.py: the architecture's features, then those
+    what the file needs that edgellm lacks (arch/unsupported.py: the architecture's features, then those
     its tensors and keys mark) and the architectures implemented, when it has none."""
-    from edgellm.arch.registry import arch_spec, supported_architectures  # arch/ imports this package
+    from edgellm.arch.registry import (  # arch/ imports gguf
+        arch_spec,
+        missing_features,
+        supported_architectures,
+    )
 
     arch = g.architecture
     spec = arch_spec(arch)
     if spec is None:
         roles = [name.split(".", 2)[2] if name.startswith("blk.") else name for name in g.tensors]
         suffixes = [key[len(arch) + 1 :] for key in g.metadata if key.startswith(arch + ".")]
-        features = features_in_file(arch, roles, suffixes)
+        features = missing_features(arch, roles, suffixes)
         missing = f"; not implemented: {arch}: {', '.join(features)}" if features else ""
         raise UnsupportedArchitectureError(
             f"{g.path}: unsupported architecture {arch!r} (supported: {', '.join(supported_architectures())})"

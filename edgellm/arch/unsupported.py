@@ -2,7 +2,9 @@
 llama.cpp loads and edgellm refuses (with the features each one needs), and one of the tensors and
 `{arch}.*` keys that mark such a feature in any file. A refusal says which feature is missing (e.g.
 "gemma4: per-layer embeddings, shared-KV layers, ...") instead of only the architecture's or the tensor's
-name: config.arch_spec_of for an architecture, understood.py for a tensor or key of a supported one.
+name: gguf/config.py arch_spec_of for an architecture, gguf/understood.py for a tensor or key of a
+supported one. It lives beside the architecture files (no SPEC: the registry skips it), since gguf/ keeps
+no per-architecture table (tests/test_layering.py).
 
 Only data lives here: tests/gguf/test_unimplemented.py walks every entry (a file of each architecture, a
 llama file with each tensor and each key) and checks that the refusal names the feature. An architecture
