@@ -33,12 +33,6 @@ ARCHITECTURES: dict[str, tuple[str, ...]] = {
         "activation sparsity (Gaussian top-k on the FFN gate)",
     ),
     "deepseek": ("shared experts and leading dense layers",),
-    "llama4": (
-        "chunked attention (attention.sliding_window as chunks on three layers of four)",
-        "iRoPE: no rotary embedding on every fourth layer, with attention temperature tuning there",
-        "mixture of experts with a sigmoid router and a shared expert (interleave_moe_layer_step)",
-        "L2-normalised Q/K",
-    ),
     "qwen3vl": ("multimodal rope sections (rope.dimension_sections, M-RoPE)", "deepstack layers"),
     "qwen3vlmoe": ("multimodal rope sections (rope.dimension_sections, M-RoPE)", "deepstack layers"),
     "qwen2vl": ("multimodal rope sections (rope.dimension_sections, M-RoPE)",),

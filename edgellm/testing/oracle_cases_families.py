@@ -291,6 +291,7 @@ def issue56_cases() -> dict[str, OracleCase]:
         **glm4moe_cases(),
         **deepseek2_cases(),
         **nextn_cases(),
+        **llama4_cases(),
         "mistral3_f32": OracleCase("mistral3", metadata=MISTRAL3_YARN,
                                    note="mistral3, YaRN x16 (betas 16/2, log mul 1), temperature 0.1/256"),
         "mistral3_mix": OracleCase("mistral3", DEFAULT_QTYPES, metadata=MISTRAL3_YARN,
@@ -378,4 +379,20 @@ def nextn_cases() -> dict[str, OracleCase]:
         "deepseek2_nextn": OracleCase("deepseek2", model=deepseek, writer=GLM4MOE_WRITER,
                                       extra_tensors=nextn_layer(3), metadata=ds_mtp,
                                       note="deepseek2 V3 form with an MTP layer (skipped)"),
+    }  # fmt: skip
+
+
+# Llama 4: 4 layers (3 chunked rope layers with the L2 norm, the 4th without rope and with the temperature),
+# the experts (8 of 32 wide, top 2, weight on the input, a shared expert) on layers 1 and 3, rope_freqs
+LLAMA4_MODEL: dict[str, int] = dict(SMALL, n_layers=4)
+LLAMA4_WRITER = {"n_expert": 8, "n_expert_used": 2, "n_ff_exp": 32}
+
+
+def llama4_cases() -> dict[str, OracleCase]:
+    factors = {"rope_freqs.weight": llama3_rope_factors(16, 10000.0, 8.0, orig_ctx=256)}
+    return {
+        "llama4_f32": OracleCase("llama4", model=LLAMA4_MODEL, writer=LLAMA4_WRITER, extra_tensors=factors,
+                                 note="llama4, iRoPE + L2 norm, experts on layers 1/3 (weight before FFN)"),
+        "llama4_mix": OracleCase("llama4", MOE_QTYPES, model=LLAMA4_MODEL, writer=LLAMA4_WRITER,
+                                 note="llama4, block-32 mix, no rope_freqs"),
     }  # fmt: skip
