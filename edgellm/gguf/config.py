@@ -80,8 +80,8 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
             f"{g.path}: head size {p}embedding_length / {p}attention.head_count = {n_embd} / {n_heads} "
             f"= {default_head} is out of range: must be 1..{MAX_HEAD_DIM}"
         )
-    head_dim = get_int(g, p + "attention.key_length", default_head, lo=1, hi=MAX_HEAD_DIM)
-    head_dim_v = get_int(g, p + "attention.value_length", head_dim, lo=1, hi=MAX_HEAD_DIM)
+    head_dim = get_int(g, p + "attention.key_length", default_head, lo=1, hi=spec.max_head_dim)
+    head_dim_v = get_int(g, p + "attention.value_length", head_dim, lo=1, hi=spec.max_head_dim)
     rope_key = p + "rope.dimension_count"
     rope_dim = get_int(g, rope_key, head_dim, hi=2**64)  # the range check below names the head size
     if not (2 <= rope_dim <= head_dim and rope_dim % 2 == 0):

@@ -356,6 +356,12 @@ def deepseek2_cases() -> dict[str, OracleCase]:
         "deepseek2_v3_q8_0": case("Q8_0", "deepseek2 V3 form, Q8_0", DEEPSEEK2_YARN),
         "deepseek2_lite_f32": case("F32", "deepseek2 MLA without q-LoRA (V2-Lite), softmax gating",
                                    DEEPSEEK2_LITE),
+        # the released files' latent of 512 (K 576 there, past the 512 head bound of the other archs);
+        # F32: with Q8_0 weights this file drifts (docs/oracle_cases.md)
+        "deepseek2_wide_latent": OracleCase(
+            "deepseek2", model=dict(DEEPSEEK2_MODEL, n_heads=2, head_dim=256),
+            writer=GLM4MOE_WRITER, metadata=DEEPSEEK2_YARN,
+            note="deepseek2, latent 512 + rope 256: a K head of 768, F32"),
     }  # fmt: skip
 
 

@@ -69,3 +69,23 @@ def test_an_mtp_layer_is_skipped_but_a_tensor_past_it_is_refused(tmp_path: Path)
                             extra_tensors=extra, **case.model, **case.writer)  # fmt: skip
     with pytest.raises(GGUFError, match=r"'blk\.4\.nextn\.enorm\.weight' belongs to layer 4"):
         config(path)
+
+
+def test_deepseek2_latent_past_512_loads_on_the_cpu_only(tmp_path: Path) -> None:
+    """The released files' latent K (576) passes the 512 head bound only for deepseek2, whose attention
+    runs on the CPU backend there (its scratch is sized by the head); another backend refuses it by name,
+    before any kernel could run past the CUDA kernel's shared-memory head."""
+    from types import SimpleNamespace
+
+    from edgellm.arch.deepseek2 import DeepSeek2Model
+
+    path = CASES["deepseek2_wide_latent"].write(tmp_path / "w.gguf")
+    g = load_gguf(str(path))
+    cfg = config_from_gguf(g)
+    validate_model(g, cfg)
+    assert cfg.head_dim == 768 > 512
+    with pytest.raises(UnsupportedArchitectureError, match=r"exceeds the cuda backend's attention bound"):
+        DeepSeek2Model(cfg, g, SimpleNamespace(name="cuda"))
+    llama = write_tiny_model(tmp_path / "l.gguf", "llama", n_heads=1, n_kv_heads=1, head_dim=576, n_embd=64)
+    with pytest.raises(GGUFError, match=r"key_length.* must be 1\.\.512|out of range"):
+        config(llama)
