@@ -202,8 +202,13 @@ def attention_block(
     if rope is not None:  # None: no rotary embedding in this layer (GPT-2; SmolLM3's NoPE layers)
         be.rope(q, positions, rope)
         be.rope(k, positions, rope)
+        if cfg.qk_norm_after_rope:  # Llama 4's L2 norm: an RMS norm of each head, no weight
+            ones = be.from_host(np.ones(d, np.float32))
+            be.rmsnorm_heads(q, ones, cfg.rms_eps)
+            be.rmsnorm_heads(k, ones, cfg.rms_eps)
     be.write_kv(kv, kl, k, v, slots)
-    if cfg.attn_temp_scale:  # after rope and the K/V write: only the queries are scaled (llama.cpp's order)
+    # after rope and the K/V write: only the queries are scaled (llama.cpp's order); Llama 4: NoPE layers only
+    if cfg.attn_temp_scale and (rope is None or not cfg.attn_temp_nope_only):
         q = temperature_scaled(be, cfg, q, batch.positions)
     attn = be.empty((T, H, dv))
     window = cfg.sliding_window if cfg.swa_layers[il] else 0

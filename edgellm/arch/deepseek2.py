@@ -52,7 +52,7 @@ from edgellm.arch.spec import (
     Shapes,
 )
 from edgellm.gguf.metadata import get_float, get_int
-from edgellm.gguf.model_config import ROPE_NORM, ModelConfig
+from edgellm.gguf.model_config import MAX_HEAD_DIM, ROPE_NORM, ModelConfig, UnsupportedArchitectureError
 from edgellm.gguf.reader import GGUFError, GGUFFile
 
 if TYPE_CHECKING:
@@ -193,6 +193,7 @@ SPEC = ArchSpec(
     rope_type=ROPE_NORM,
     yarn_keys=("yarn_log_multiplier",),  # read_deepseek2 applies it (llama.cpp's DeepSeek case)
     experts=Experts(renormalise=False, width_key=True, groups=True),
+    max_head_dim=2 * MAX_HEAD_DIM,  # the latent K: 576 in the released files (CPU only: DeepSeek2Model)
     read=read_deepseek2,
     tensor_shapes=deepseek2_shapes,
 )
@@ -303,6 +304,11 @@ def latent_attention_block(
 
 class DeepSeek2Model(LlamaModel):
     def __init__(self, cfg: ModelConfig, gguf: GGUFFile, be: Backend, progress=None) -> None:
+        if be.name != "cpu" and max(cfg.head_dim, cfg.head_dim_v) > MAX_HEAD_DIM:
+            raise UnsupportedArchitectureError(
+                f"{gguf.path}: deepseek2's latent head of {cfg.head_dim} exceeds the {be.name} backend's "
+                f"attention bound of {MAX_HEAD_DIM}: use --backend cpu"
+            )
         super().__init__(cfg, gguf, be, progress)
         self.ffn_block = glm4moe_ffn_block  # a leading layer's dense FFN, else the experts
         self.fused = [None] * cfg.n_layers  # no backend has a one-call MLA layer

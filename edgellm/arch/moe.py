@@ -231,6 +231,8 @@ def route_biased(
     else:
         probs = _softmax_rows(logits)
     chooser = probs if selection_bias is None else probs + selection_bias.astype(np.float32)
+    if cfg.moe_select_by_logits:  # Llama 4: the top k of the logits, the sigmoid only for the weights
+        chooser = logits
     T, E = chooser.shape
     G = cfg.n_expert_groups
     if G > 1:  # DeepSeek V3's group-limited choice
@@ -316,6 +318,7 @@ def moe_feed_forward_block(be: Backend, cfg: ModelConfig, w: MoeFeedForwardWeigh
     if w.router_b is not None:
         routed = routed + w.router_b  # float32, as ggml_add
     biased = w.selection_bias is not None or cfg.n_expert_groups > 1 or cfg.moe_weights_scale not in (0, 1)
+    biased = biased or cfg.moe_select_by_logits
     if cfg.moe_gating == "sigmoid" or biased:  # numpy's routing (the backends' has none of these)
         route = group_by_expert(*route_biased(routed, k, cfg, w.selection_bias))
     else:
@@ -324,7 +327,15 @@ def moe_feed_forward_block(be: Backend, cfg: ModelConfig, w: MoeFeedForwardWeigh
         route = group_by_expert(*ROUTERS[cfg.moe_gating](routed, k, cfg.moe_norm_weights))
     where, weights = route.where, route.weights  # [T, k]
     outs = be.empty((T * (k + shared), cfg.n_embd))  # each pair's expert output, in expert order
-    if not be.moe_experts(h, route, w.experts, cfg.activation, outs[: T * k]):
+    if cfg.moe_weight_before_ffn:  # Llama 4: each pair's input times its weight, its output summed as is
+        pair_weights = np.empty(T * k, np.float32)
+        pair_weights[where.reshape(-1)] = weights.reshape(-1)  # [T*k] in expert order
+        for e, start, end in route.runs:
+            xe = be.to_host(be.take_rows(h, route.tokens[start:end])) * pair_weights[start:end, None]
+            _expert_ffn(be, cfg, be.from_host(np.ascontiguousarray(xe, np.float32)), w.experts.get(e),
+                        cfg.n_ff_exp, outs[start:end], w.experts.biases(e))  # fmt: skip
+        weights = np.ones_like(weights)
+    elif not be.moe_experts(h, route, w.experts, cfg.activation, outs[: T * k]):
         for e, start, end in route.runs:
             xe = be.take_rows(h, route.tokens[start:end])  # [n, n_embd]: the expert's tokens
             _expert_ffn(be, cfg, xe, w.experts.get(e), cfg.n_ff_exp, outs[start:end], w.experts.biases(e))

@@ -10,6 +10,7 @@ front-end loads no kernel either.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -51,3 +52,24 @@ def arch_spec(arch: str) -> ArchSpec | None:
 def model_classes() -> dict[str, type]:
     """Architecture name -> the class whose (cfg, gguf, backend, progress) builds the model."""
     return {name: module.MODEL for name, module in _arch_modules().items()}
+
+
+def missing_features(arch: str, tensor_roles: Iterable[str], key_suffixes: Iterable[str]) -> list[str]:
+    """What a file of `arch` that edgellm does not implement needs (arch/unsupported.py)."""
+    from edgellm.arch import unsupported
+
+    return unsupported.features_in_file(arch, tensor_roles, key_suffixes)
+
+
+def tensor_feature(role: str) -> str | None:
+    """The unimplemented feature a tensor of this role carries (arch/unsupported.py), None if unknown."""
+    from edgellm.arch import unsupported
+
+    return unsupported.tensor_feature(role)
+
+
+def key_feature(suffix: str) -> str | None:
+    """The unimplemented feature an {arch}.<suffix> key selects (arch/unsupported.py), None if unknown."""
+    from edgellm.arch import unsupported
+
+    return unsupported.key_feature(suffix)

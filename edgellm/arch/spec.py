@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from edgellm.gguf.metadata import INT32_MAX, get_int
-from edgellm.gguf.model_config import ROPE_NEOX, ModelConfig
+from edgellm.gguf.model_config import MAX_HEAD_DIM, ROPE_NEOX, ModelConfig
 from edgellm.gguf.reader import GGUFError, GGUFFile
 
 Shapes = dict[str, tuple[int, ...]]  # tensor name -> numpy-order shape
@@ -209,6 +209,10 @@ class ArchSpec:
     # the rope.scaling.yarn_* keys (suffixes: "yarn_beta_fast", ...) the architecture reads (Mistral 3's
     # three, DeepSeek 2's log multiplier); the others are accepted only at llama.cpp's own values
     yarn_keys: tuple[str, ...] = ()
+    # The largest head size (key_length, value_length) accepted: the CUDA attention kernel's bound, which
+    # one limit for every backend keeps loadable anywhere; DeepSeek 2's latent K (576 in the released
+    # files) passes it, on the CPU backend only (its attention sizes its scratch by the head)
+    max_head_dim: int = MAX_HEAD_DIM
     # {name}.nextn_predict_layers is read: that many layers after the model's are multi-token prediction
     # layers, skipped (their tensors accepted, never read) as llama.cpp does unless asked to load them
     nextn_layers: bool = False

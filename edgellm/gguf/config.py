@@ -18,7 +18,6 @@ from edgellm.gguf.model_config import (
 )
 from edgellm.gguf.reader import GGUFError, GGUFFile
 from edgellm.gguf.rope import rope_from_gguf
-from edgellm.gguf.unimplemented import features_in_file
 
 if TYPE_CHECKING:
     from edgellm.arch.spec import ArchSpec
@@ -81,8 +80,8 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
             f"{g.path}: head size {p}embedding_length / {p}attention.head_count = {n_embd} / {n_heads} "
             f"= {default_head} is out of range: must be 1..{MAX_HEAD_DIM}"
         )
-    head_dim = get_int(g, p + "attention.key_length", default_head, lo=1, hi=MAX_HEAD_DIM)
-    head_dim_v = get_int(g, p + "attention.value_length", head_dim, lo=1, hi=MAX_HEAD_DIM)
+    head_dim = get_int(g, p + "attention.key_length", default_head, lo=1, hi=spec.max_head_dim)
+    head_dim_v = get_int(g, p + "attention.value_length", head_dim, lo=1, hi=spec.max_head_dim)
     rope_key = p + "rope.dimension_count"
     rope_dim = get_int(g, rope_key, head_dim, hi=2**64)  # the range check below names the head size
     if not (2 <= rope_dim <= head_dim and rope_dim % 2 == 0):
@@ -167,16 +166,20 @@ def _dense_width(g: GGUFFile, spec: ArchSpec, size: int) -> int:
 
 def arch_spec_of(g: GGUFFile) -> ArchSpec:
     """The spec of the file's architecture (edgellm/arch/<name>.py); UnsupportedArchitectureError naming
-    what the file needs that edgellm lacks (gguf/unimplemented.py: the architecture's features, then those
+    what the file needs that edgellm lacks (arch/unsupported.py: the architecture's features, then those
     its tensors and keys mark) and the architectures implemented, when it has none."""
-    from edgellm.arch.registry import arch_spec, supported_architectures  # arch/ imports this package
+    from edgellm.arch.registry import (  # arch/ imports gguf
+        arch_spec,
+        missing_features,
+        supported_architectures,
+    )
 
     arch = g.architecture
     spec = arch_spec(arch)
     if spec is None:
         roles = [name.split(".", 2)[2] if name.startswith("blk.") else name for name in g.tensors]
         suffixes = [key[len(arch) + 1 :] for key in g.metadata if key.startswith(arch + ".")]
-        features = features_in_file(arch, roles, suffixes)
+        features = missing_features(arch, roles, suffixes)
         missing = f"; not implemented: {arch}: {', '.join(features)}" if features else ""
         raise UnsupportedArchitectureError(
             f"{g.path}: unsupported architecture {arch!r} (supported: {', '.join(supported_architectures())})"

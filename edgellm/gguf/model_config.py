@@ -101,6 +101,8 @@ class ModelConfig:
 
     moe_gating: str = "softmax"  # arch/spec.py Experts.gating
     moe_weights_scale: float = 1.0  # the selected experts' weights times this ({arch}.expert_weights_scale)
+    moe_select_by_logits: bool = False  # top-k of the router's logits, not of its probabilities (Llama 4)
+    moe_weight_before_ffn: bool = False  # each expert's input times its weight, its output summed (Llama 4)
     shared_expert_gate: bool = True  # the shared expert gated by sigmoid(ffn_gate_inp_shexp . h); else 1
     # the first n layers have a dense FFN of feed_forward_length in place of the experts (GLM-4.5, DeepSeek)
     n_layer_dense_lead: int = 0
@@ -123,6 +125,10 @@ class ModelConfig:
     attn_temp_scale: float = 0.0
     attn_temp_floor: int = 1
     attn_temp_offset: float = 0.0
+    attn_temp_nope_only: bool = False  # the temperature on the layers without rope only (Llama 4)
+    qk_norm_after_rope: bool = False  # Q and K RMS-normalised without a weight after rope (Llama 4's L2 norm)
+    max_n_ctx: int = 0  # the largest context edgellm runs the model at exactly (Llama 4's chunks); 0: any
+    llama4_moe_step: int = 0  # Llama 4: the experts on layers (il + 1) % step == 0, a dense FFN elsewhere
 
     @property
     def kv_dim(self) -> int:
@@ -138,5 +144,10 @@ class ModelConfig:
     def set_context(self, n_ctx: int) -> None:
         """Settle what llama.cpp chooses by the context window (n_ctx tokens per sequence): LongRoPE's long
         frequency factors when it exceeds the original context, else the short ones (the default here)."""
+        if self.max_n_ctx and n_ctx > self.max_n_ctx:
+            raise UnsupportedArchitectureError(
+                f"{self.arch}: a context of {n_ctx} tokens needs chunked attention past {self.max_n_ctx} "
+                f"tokens, which edgellm does not implement: use n_ctx <= {self.max_n_ctx}"
+            )
         if self.longrope is not None:
             self.rope = self.rope_swa = self.longrope.for_context(n_ctx)

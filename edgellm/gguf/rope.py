@@ -300,4 +300,7 @@ def rope_from_gguf(
     default_base, scaled = swa_rope
     default_base = base if default_base is None else default_base
     base_swa = get_float(g, base_swa_key, default_base, lo=0.0, lo_open=True)
-    return rope, RopeParams(base=base_swa, freq_scale=freq_scale if scaled else 1.0, **common)
+    # the frequency factors too: llama.cpp's get_rope_factors gives every layer its rope_freqs (Llama 4's
+    # chunked layers; no other architecture with local layers reads them)
+    swa_scale = freq_scale if scaled else 1.0
+    return rope, RopeParams(base=base_swa, freq_scale=swa_scale, freq_factors=factors, **common)

@@ -24,7 +24,6 @@ from edgellm.gguf.metadata import describe
 from edgellm.gguf.model_config import ModelConfig
 from edgellm.gguf.reader import GGUFError, GGUFFile
 from edgellm.gguf.rope import FREQ_FACTORS_TENSOR
-from edgellm.gguf.unimplemented import key_feature, tensor_feature
 
 if TYPE_CHECKING:
     from edgellm.arch.spec import ArchSpec
@@ -195,9 +194,21 @@ def _check_tensor_name(
 
 
 def _missing(arch: str, feature: str | None) -> str:
-    """'arch: feature not implemented; ' to open a refusal, where unimplemented.py names the feature the
+    """'arch: feature not implemented; ' to open a refusal, where arch/unsupported.py names the feature the
     tensor or key carries (what a user looks up), '' where it does not."""
     return "" if feature is None else f"{arch}: {feature} not implemented; "
+
+
+def tensor_feature(role: str) -> str | None:
+    from edgellm.arch.registry import tensor_feature  # arch/ imports this package
+
+    return tensor_feature(role)
+
+
+def key_feature(suffix: str) -> str | None:
+    from edgellm.arch.registry import key_feature
+
+    return key_feature(suffix)
 
 
 def _check_value(

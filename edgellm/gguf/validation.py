@@ -8,7 +8,7 @@ and checks what the kernels and the model code take for granted:
 - nothing the runtime does not implement: every tensor and metadata key is one understood.py accepts for
   the architecture (its spec in edgellm/arch/ lists them), or a key at a value that changes nothing, so a
   file whose math differs from what runs is refused rather than silently mis-run;
-- heads: head sizes 1..MAX_HEAD_DIM (CUDA holds a query head in shared memory of that size), the rotary
+- heads: head sizes 1..ArchSpec.max_head_dim (CUDA holds a query head in shared memory of 512), the rotary
   width even and within the head (rope_cached_cpu rotates pairs i, i + n_rot/2 of each head), query heads a
   multiple of KV heads (attention groups query heads by KV head);
 - every tensor the architecture reads (its spec's tensor_shapes) exists with exactly the shape the config
@@ -30,7 +30,7 @@ from gguf import GGMLQuantizationType
 
 from edgellm.gguf.config import arch_spec_of
 from edgellm.gguf.metadata import describe, get_bool, get_str, is_int
-from edgellm.gguf.model_config import MAX_HEAD_DIM, ModelConfig
+from edgellm.gguf.model_config import ModelConfig
 from edgellm.gguf.reader import GGUFError, GGUFFile
 from edgellm.gguf.understood import check_understood
 from edgellm.quants.traits import QUANT_TRAITS, UnsupportedQuantError
@@ -141,11 +141,10 @@ def tokenizer_from_gguf(g: GGUFFile) -> Tokenizer:
 
 def _check_heads(g: GGUFFile, cfg: ModelConfig) -> None:
     p = cfg.arch + "."
+    limit = arch_spec_of(g).max_head_dim  # MAX_HEAD_DIM but for DeepSeek 2's latent heads (CPU only)
     for key, value in (("attention.key_length", cfg.head_dim), ("attention.value_length", cfg.head_dim_v)):
-        if not 1 <= value <= MAX_HEAD_DIM:
-            raise GGUFError(
-                f"{g.path}: head size {p}{key} = {value} is out of range: must be 1..{MAX_HEAD_DIM}"
-            )
+        if not 1 <= value <= limit:
+            raise GGUFError(f"{g.path}: head size {p}{key} = {value} is out of range: must be 1..{limit}")
     if not (2 <= cfg.rope_dim <= cfg.head_dim and cfg.rope_dim % 2 == 0):
         raise GGUFError(
             f"{g.path}: {p}rope.dimension_count = {cfg.rope_dim} must be even and within the head size "

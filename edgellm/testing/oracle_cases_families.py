@@ -347,6 +347,7 @@ def issue56_cases() -> dict[str, OracleCase]:
         **glm4moe_cases(),
         **deepseek2_cases(),
         **nextn_cases(),
+        **llama4_cases(),
         "mistral3_f32": OracleCase("mistral3", metadata=MISTRAL3_YARN,
                                    note="mistral3, YaRN x16 (betas 16/2, log mul 1), temperature 0.1/256"),
         "mistral3_mix": OracleCase("mistral3", DEFAULT_QTYPES, metadata=MISTRAL3_YARN,
@@ -411,6 +412,12 @@ def deepseek2_cases() -> dict[str, OracleCase]:
         "deepseek2_v3_q8_0": case("Q8_0", "deepseek2 V3 form, Q8_0", DEEPSEEK2_YARN),
         "deepseek2_lite_f32": case("F32", "deepseek2 MLA without q-LoRA (V2-Lite), softmax gating",
                                    DEEPSEEK2_LITE),
+        # the released files' latent of 512 (K 576 there, past the 512 head bound of the other archs);
+        # F32: with Q8_0 weights this file drifts (docs/oracle_cases.md)
+        "deepseek2_wide_latent": OracleCase(
+            "deepseek2", model=dict(DEEPSEEK2_MODEL, n_heads=2, head_dim=256),
+            writer=GLM4MOE_WRITER, metadata=DEEPSEEK2_YARN,
+            note="deepseek2, latent 512 + rope 256: a K head of 768, F32"),
     }  # fmt: skip
 
 
@@ -434,4 +441,20 @@ def nextn_cases() -> dict[str, OracleCase]:
         "deepseek2_nextn": OracleCase("deepseek2", model=deepseek, writer=GLM4MOE_WRITER,
                                       extra_tensors=nextn_layer(3), metadata=ds_mtp,
                                       note="deepseek2 V3 form with an MTP layer (skipped)"),
+    }  # fmt: skip
+
+
+# Llama 4: 4 layers (3 chunked rope layers with the L2 norm, the 4th without rope and with the temperature),
+# the experts (8 of 32 wide, top 2, weight on the input, a shared expert) on layers 1 and 3, rope_freqs
+LLAMA4_MODEL: dict[str, int] = dict(SMALL, n_layers=4)
+LLAMA4_WRITER = {"n_expert": 8, "n_expert_used": 2, "n_ff_exp": 32}
+
+
+def llama4_cases() -> dict[str, OracleCase]:
+    factors = {"rope_freqs.weight": llama3_rope_factors(16, 10000.0, 8.0, orig_ctx=256)}
+    return {
+        "llama4_f32": OracleCase("llama4", model=LLAMA4_MODEL, writer=LLAMA4_WRITER, extra_tensors=factors,
+                                 note="llama4, iRoPE + L2 norm, experts on layers 1/3 (weight before FFN)"),
+        "llama4_mix": OracleCase("llama4", MOE_QTYPES, model=LLAMA4_MODEL, writer=LLAMA4_WRITER,
+                                 note="llama4, block-32 mix, no rope_freqs"),
     }  # fmt: skip

@@ -56,12 +56,16 @@ ARCHS = (
     "smollm3", "qwen3moe", "olmoe", "qwen2moe", "lfm2", "gpt-oss", "qwen35", "qwen35moe",
     "qwen3next",
     # issue 56's families
-    "mistral3", "seed_oss", "glm4moe", "deepseek2",
+    "mistral3", "seed_oss", "glm4moe", "deepseek2", "llama4",
 )
 # always with experts (llama: with n_expert > 0, as Mixtral)
-MOE_ARCHS = ("qwen3moe", "olmoe", "qwen2moe", "gpt-oss", "qwen35moe", "qwen3next", "glm4moe", "deepseek2")
+MOE_ARCHS = (
+    "qwen3moe", "olmoe", "qwen2moe", "gpt-oss", "qwen35moe", "qwen3next", "glm4moe", "deepseek2", "llama4",
+)  # fmt: skip
 # expert_feed_forward_length written (llama, OLMoE: n_ff wide)
-EXPERT_WIDTH_ARCHS = ("qwen3moe", "qwen2moe", "gpt-oss", "qwen35moe", "qwen3next", "glm4moe", "deepseek2")
+EXPERT_WIDTH_ARCHS = (
+    "qwen3moe", "qwen2moe", "gpt-oss", "qwen35moe", "qwen3next", "glm4moe", "deepseek2", "llama4",
+)  # fmt: skip
 SHARED_EXPERT_ARCHS = ("qwen2moe", "qwen35moe", "qwen3next")  # a shared expert n_ff_shexp wide
 DEFAULT_N_EXPERT = 4
 
@@ -237,7 +241,12 @@ def write_tiny_model(
         standard = with_experts(standard, n_embd, n_expert, n_ff_exp, n_ff_shexp, arch == "gpt-oss")
     if arch in ("glm4moe", "deepseek2"):  # leading dense layers, the selection bias, ungated shared experts
         lead, n_shared = md[arch + ".leading_dense_block_count"][0], md[arch + ".expert_shared_count"][0]
-        standard = glm4moe_layers(standard, n_embd, n_ff, n_ff_exp * n_shared, n_expert, lead)
+        standard = glm4moe_layers(standard, n_embd, n_ff, n_ff_exp * n_shared, n_expert, lambda il: il < lead)
+    if arch == "llama4":  # experts on every step-th layer, with an ungated shared expert as wide
+        step = md["llama4.interleave_moe_layer_step"][0]
+        standard = glm4moe_layers(
+            standard, n_embd, n_ff, n_ff_exp, n_expert, lambda il: (il + 1) % step != 0, selection_bias=False
+        )
     if arch == "deepseek2":  # the latent attention's tensors in place of Q/K/V (synthetic_shapes.py)
         q_lora = md.get("deepseek2.attention.q_lora_rank", (0,))[0]  # 0: attn_q (V2-Lite)
         standard = mla_layers(standard, n_embd, n_heads, head_dim, q_lora)

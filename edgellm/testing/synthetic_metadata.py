@@ -16,7 +16,7 @@ from edgellm.testing.tiny_vocab import CONTROL, bpe_vocab, spm_vocab
 
 GEMMA_ARCHS = ("gemma2", "gemma3")  # SentencePiece vocabulary, head size always written
 # written by llama.cpp's LlamaModel converter (and its subclasses)
-LLAMA_ROPE_ARCHS = ("llama", "granite", "smollm3", "mistral3")
+LLAMA_ROPE_ARCHS = ("llama", "granite", "smollm3", "mistral3", "llama4")
 BPE_PRE = {
     "llama": "default", "granite": "default", "smollm3": "default", "starcoder2": "starcoder",
     "gpt2": "gpt-2", "lfm2": "lfm2", "gpt-oss": "gpt-4o", "qwen35": "qwen35",
@@ -100,6 +100,8 @@ def model_metadata(
         md.update(qwen35_metadata(arch, head_dim))
     if arch == "gpt-oss":
         md[p + "attention.sliding_window"] = (sliding_window, U32, None)
+    if arch == "llama4":  # Maverick's interleave: the experts on every second layer
+        md[p + "interleave_moe_layer_step"] = (2, U32, None)
     if arch == "deepseek2":  # DeepSeek V3's layout at head_dim d: latent 2d, rope d, nope 2d, value d
         r = 2 * head_dim
         md[p + "attention.head_count_kv"] = (1, U32, None)

@@ -3,6 +3,8 @@ converters lay them out (LFM2's: synthetic_lfm2.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from edgellm.testing.synthetic_lfm2 import lfm2_shapes
 from edgellm.testing.synthetic_qwen35 import qwen35_shapes
 
@@ -140,23 +142,30 @@ def with_experts(
 
 
 def glm4moe_layers(
-    shapes: dict[str, tuple[int, ...]], n_embd: int, n_ff: int, n_ff_shexp: int, n_expert: int, n_lead: int
+    shapes: dict[str, tuple[int, ...]],
+    n_embd: int,
+    n_ff: int,
+    n_ff_shexp: int,
+    n_expert: int,
+    is_dense: Callable[[int], bool],
+    selection_bias: bool = True,
 ) -> dict[str, tuple[int, ...]]:
-    """with_experts' `shapes` made GLM-4.5's (convert_hf_to_gguf.py Glm4MoeModel): the first n_lead layers
-    keep a dense FFN n_ff wide in the experts' place; the others add exp_probs_b.bias [E] after the router
+    """with_experts' `shapes` made GLM-4.5's (convert_hf_to_gguf.py Glm4MoeModel; Llama 4's alike): the
+    layers il with is_dense(il) keep a dense FFN n_ff wide in the experts' place (GLM: the leading ones;
+    Llama 4: all but every step-th); the others add exp_probs_b.bias [E] after the router (selection_bias)
     and an ungated shared expert n_ff_shexp wide after the experts (0: none)."""
     out: dict[str, tuple[int, ...]] = {}
     for name, shape in shapes.items():
         il, _, role = name.removeprefix("blk.").partition(".")
         p = f"blk.{il}."
-        dense = name.startswith("blk.") and int(il) < n_lead
+        dense = name.startswith("blk.") and is_dense(int(il))
         if dense and (role.endswith("_exps.weight") or role == "ffn_gate_inp.weight"):
             if role == "ffn_gate_inp.weight":
                 out.update({p + "ffn_gate.weight": (n_ff, n_embd), p + "ffn_up.weight": (n_ff, n_embd),
                             p + "ffn_down.weight": (n_embd, n_ff)})  # fmt: skip
             continue
         out[name] = shape
-        if role == "ffn_gate_inp.weight":
+        if role == "ffn_gate_inp.weight" and selection_bias:
             out[p + "exp_probs_b.bias"] = (n_expert,)
         if role == "ffn_down_exps.weight" and n_ff_shexp:
             out.update({p + "ffn_gate_shexp.weight": (n_ff_shexp, n_embd),

@@ -1,4 +1,4 @@
-"""Refusals name the missing feature: every entry of gguf/unimplemented.py's tables, put in a tiny file, is
+"""Refusals name the missing feature: every entry of arch/unsupported.py's tables, put in a tiny file, is
 refused at load with a message that names the feature (the architecture's list, or the one feature a tensor
 or key carries), not only the architecture or the tensor."""
 
@@ -11,11 +11,11 @@ import pytest
 from gguf import GGUFValueType
 
 from edgellm.arch.registry import supported_architectures
+from edgellm.arch.unsupported import ARCHITECTURES, KEY_FEATURES, TENSOR_FEATURES
 from edgellm.gguf.config import config_from_gguf
 from edgellm.gguf.load import load_gguf
 from edgellm.gguf.model_config import UnsupportedArchitectureError
 from edgellm.gguf.reader import GGUFError
-from edgellm.gguf.unimplemented import ARCHITECTURES, KEY_FEATURES, TENSOR_FEATURES
 from edgellm.gguf.validation import validate_model
 from edgellm.testing.synthetic import Typed, write_tiny_model
 
@@ -34,7 +34,7 @@ def concrete(pattern: str) -> str:
 
 def test_no_architecture_is_both_supported_and_refused() -> None:
     both = set(ARCHITECTURES) & set(supported_architectures())
-    assert not both, f"{sorted(both)}: implemented in edgellm/arch/, still listed in gguf/unimplemented.py"
+    assert not both, f"{sorted(both)}: implemented in edgellm/arch/, still listed in arch/unsupported.py"
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))

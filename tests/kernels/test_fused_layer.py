@@ -24,8 +24,9 @@ pytestmark = pytest.mark.skipif(
 # no fused form: OLMo 2 (no pre-norms, whole-projection Q/K norms), StarCoder 2 and GPT-2 (LayerNorm, the
 # ungated MLP), OLMoE (whole-projection Q/K norms): the blocks run (qwen3moe, qwen2moe, gpt-oss: the attention
 # fused, sinks, biases and sliding window included, the experts after it); GLM-4.5 MoE (its partial rope
-# not checked against the fused kernel yet) and DeepSeek 2 (latent attention: no fused form)
-UNFUSED_ARCHS = ("olmo2", "starcoder2", "gpt2", "olmoe", "glm4moe", "deepseek2")
+# not checked against the fused kernel yet), DeepSeek 2 (latent attention: no fused form), Llama 4 (the L2
+# norm after rope, the temperature)
+UNFUSED_ARCHS = ("olmo2", "starcoder2", "gpt2", "olmoe", "glm4moe", "deepseek2", "llama4")
 # layers with a recurrent state beside attention: LFM2 (test_lfm2_fuses_its_attention_layers_only); the
 # Qwen 3.5 family's gated attention (q | gate, sigmoid-gated output) has no fused form
 STATE_ARCHS = ("lfm2", "qwen35", "qwen35moe", "qwen3next")

@@ -2,7 +2,9 @@
 llama.cpp loads and edgellm refuses (with the features each one needs), and one of the tensors and
 `{arch}.*` keys that mark such a feature in any file. A refusal says which feature is missing (e.g.
 "gemma4: per-layer embeddings, shared-KV layers, ...") instead of only the architecture's or the tensor's
-name: config.arch_spec_of for an architecture, understood.py for a tensor or key of a supported one.
+name: gguf/config.py arch_spec_of for an architecture, gguf/understood.py for a tensor or key of a
+supported one. It lives beside the architecture files (no SPEC: the registry skips it), since gguf/ keeps
+no per-architecture table (tests/test_layering.py).
 
 Only data lives here: tests/gguf/test_unimplemented.py walks every entry (a file of each architecture, a
 llama file with each tensor and each key) and checks that the refusal names the feature. An architecture
@@ -31,12 +33,6 @@ ARCHITECTURES: dict[str, tuple[str, ...]] = {
         "activation sparsity (Gaussian top-k on the FFN gate)",
     ),
     "deepseek": ("shared experts and leading dense layers",),
-    "llama4": (
-        "chunked attention (attention.sliding_window as chunks on three layers of four)",
-        "iRoPE: no rotary embedding on every fourth layer, with attention temperature tuning there",
-        "mixture of experts with a sigmoid router and a shared expert (interleave_moe_layer_step)",
-        "L2-normalised Q/K",
-    ),
     "qwen3vl": ("multimodal rope sections (rope.dimension_sections, M-RoPE)", "deepstack layers"),
     "qwen3vlmoe": ("multimodal rope sections (rope.dimension_sections, M-RoPE)", "deepstack layers"),
     "qwen2vl": ("multimodal rope sections (rope.dimension_sections, M-RoPE)",),
