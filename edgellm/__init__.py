@@ -29,6 +29,6 @@ __version__ = "0.1.0"
 
 from edgellm.engine.config import EngineConfig  # noqa: E402
 from edgellm.llm import LLM, GenerationOutput  # noqa: E402
-from edgellm.sampling import SamplingParams  # noqa: E402
+from edgellm.sampling.sampler import SamplingParams  # noqa: E402
 
 __all__ = ["LLM", "EngineConfig", "GenerationOutput", "SamplingParams", "__version__"]

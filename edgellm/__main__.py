@@ -1,5 +1,5 @@
 import sys
 
-from edgellm.cli import main
+from edgellm.cli.commands import main
 
 sys.exit(main())

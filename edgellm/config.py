@@ -11,11 +11,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgellm.catalog import DEFAULT_MODEL
-from edgellm.cli_args import replicas_arg
+from edgellm.chat.reasoning import REASONING_FORMATS
+from edgellm.cli.args import replicas_arg
 from edgellm.engine.config import CliConfig, EngineConfig, option
-from edgellm.reasoning import REASONING_FORMATS
-from edgellm.sampling_defaults import add_sampling_default_args, check_sampling_defaults, sampling_defaults
+from edgellm.models.catalog import DEFAULT_MODEL
+from edgellm.sampling.defaults import add_sampling_default_args, check_sampling_defaults, sampling_defaults
 
 DEFAULT_MAX_BODY_BYTES = 4 * 2**20
 API_KEY_ENV = "EDGELLM_API_KEY"  # --api-key's form that no `ps` shows
@@ -93,9 +93,9 @@ class ServerConfig(CliConfig):
         "the reply may run past the context); a request's context_overflow field overrides it",
         choices=["error", "truncate-middle", "rolling-window"],
     )
-    # SamplingParams fields for requests that omit them: the flags of sampling_defaults.py's table
+    # SamplingParams fields for requests that omit them: the flags of sampling/defaults.py's table
     sampling_defaults: dict[str, Any] = field(default_factory=dict)
-    # several engines behind one endpoint (Ray Serve: server/replicas/ray_run.py)
+    # several engines behind one endpoint (Ray Serve: server/replicas/launch.py)
     replicas: int | str | None = option(
         None,
         "--replicas",
@@ -106,7 +106,7 @@ class ServerConfig(CliConfig):
     threads_per_replica: int | None = option(
         None, "--threads-per-replica", "with --replicas: CPU threads per engine", lo=1, type=int
     )
-    # several models behind one port (server/multi.py, started by server/multi_run.py)
+    # several models behind one port (server/multi/router.py, started by server/multi/run.py)
     models: str | None = option(
         None,
         "--models",
@@ -120,7 +120,7 @@ class ServerConfig(CliConfig):
     log_level: str = "warning"  # uvicorn's
 
     def __post_init__(self) -> None:
-        from edgellm.server.auth import check_api_key_option
+        from edgellm.server.http.auth import check_api_key_option
 
         self.check_bounds()
         check_api_key_option(self.api_key)

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgellm.catalog import resolve_model
 from edgellm.engine.checks import (
     PromptTooLongError,
     check_generative,
@@ -38,11 +37,12 @@ from edgellm.engine.spec.config import SpeculativeConfig, check_draft_model
 from edgellm.gguf.config import ModelConfig, config_from_gguf
 from edgellm.gguf.load import load_gguf
 from edgellm.gguf.validation import tokenizer_from_gguf, validate_model
-from edgellm.grammar import check_for_vocabulary
+from edgellm.grammar.compile import check_for_vocabulary
 from edgellm.llm_inputs import InputRequestsMixin, as_list
 from edgellm.lora.choice import resolve_lora
+from edgellm.models.catalog import resolve_model
 from edgellm.quants.kv_cache import get_kv_cache_type
-from edgellm.sampling import SamplingParams
+from edgellm.sampling.sampler import SamplingParams
 
 __all__ = ["LLM", "EngineDeadError", "GenerationOutput", "PromptTooLongError", "kv_budget_bytes"]
 

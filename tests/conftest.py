@@ -14,7 +14,7 @@ os.environ.setdefault("EDGELLM_CPU_ALL_TIERS", "1")
 
 import pytest
 
-from edgellm.catalog import resolve_model
+from edgellm.models.catalog import resolve_model
 from edgellm.testing.limits import warm_kernels
 from edgellm.testing.paths import FIXTURES  # noqa: F401  (tests and their helpers read it from here too)
 

@@ -73,7 +73,7 @@ def test_front_ends_load_no_numba() -> None:
     """The model and its kernels live in the engine-core process; LLM, the server and the TUI only talk to
     it. Importing Numba in a front-end would cost its process ~60 MB and half a second for nothing."""
     code = (
-        "import sys, edgellm, edgellm.cli, edgellm.server.app, tui.app\n"
+        "import sys, edgellm, edgellm.cli.commands, edgellm.server.app, tui.app\n"
         "print(sorted(m for m in ('numba', 'llvmlite') if m in sys.modules))"
     )
     out = subprocess.run(
@@ -137,7 +137,7 @@ def test_front_ends_load_no_model_runner_or_backend() -> None:
     """LLM, the server and the TUI reach the engine core through protocol.py's messages: importing them
     loads no model, runner, backend, scheduler or step loop."""
     code = (
-        "import sys, edgellm, edgellm.cli, edgellm.server.app, tui.app\n"
+        "import sys, edgellm, edgellm.cli.commands, edgellm.server.app, tui.app\n"
         f"core = {CORE_MODULES!r}\n"
         "print(sorted(m for m in sys.modules if any(m == c or m.startswith(c + '.') for c in core)))"
     )
@@ -283,7 +283,8 @@ def test_front_ends_load_no_backend() -> None:
     """A front-end names a backend for the engine core to load; the kernels of neither backend (their
     Numba code, CUDA's driver) are loaded where requests are parsed."""
     imports = (
-        "import edgellm, edgellm.cli, edgellm.llm, edgellm.engine.core_client, edgellm.server.app, tui.app"
+        "import edgellm, edgellm.cli.commands, edgellm.llm, edgellm.engine.core_client, edgellm.server.app,"
+        " tui.app"
     )
     assert modules_loaded_by(imports, ("edgellm.backends.cpu", "edgellm.backends.cuda")) == "[]"
 

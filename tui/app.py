@@ -29,8 +29,8 @@ BackendFactory = Callable[[str], ChatBackend]
 def catalog_options() -> list[tuple[str, str]]:
     """(label, name) for every catalog model, saying which still need a download, then every model
     downloaded from Hugging Face (hub.py)."""
-    from edgellm.catalog import CATALOG, local_path
-    from edgellm.hub import cached_models
+    from edgellm.models.catalog import CATALOG, local_path
+    from edgellm.models.hub import cached_models
 
     missing = "  (not downloaded)"
     return [
@@ -381,7 +381,7 @@ def run_chat(
 
         app = ChatApp(factory, model or "")
     else:
-        from edgellm.catalog import DEFAULT_MODEL
+        from edgellm.models.catalog import DEFAULT_MODEL
         from tui.local_backend import LocalBackend
 
         app = ChatApp(functools.partial(LocalBackend, **llm_kwargs), model or DEFAULT_MODEL)

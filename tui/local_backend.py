@@ -91,7 +91,7 @@ def yield_cpu_to_engine() -> None:
 
 
 def readable_load_error(model: str, e: BaseException) -> str:
-    from edgellm.catalog import ModelNotFoundError
+    from edgellm.models.catalog import ModelNotFoundError
 
     if isinstance(e, ModelNotFoundError):
         return f"Model not found: {e}"
@@ -125,8 +125,8 @@ class LocalBackend:
 
         def load_blocking() -> Any:
             from edgellm import LLM, EngineConfig
-            from edgellm.catalog import CATALOG, local_path, resolve_model
-            from edgellm.hub import progress_lines
+            from edgellm.models.catalog import CATALOG, local_path, resolve_model
+            from edgellm.models.hub import progress_lines
 
             entry = CATALOG.get(self.model)
             if entry is not None and local_path(entry) is None:
@@ -141,7 +141,7 @@ class LocalBackend:
             raise BackendError(readable_load_error(self.model, e)) from e
         yield_cpu_to_engine()
         progress(f"ready: {self.model}, context {self.llm.n_ctx} tokens")
-        from edgellm.sampling_defaults import model_sampling_defaults
+        from edgellm.sampling.defaults import model_sampling_defaults
 
         self.recommended = model_sampling_defaults(self.llm.metadata)
         description = f"{self.llm.config.arch}, {self.llm.path.name}"

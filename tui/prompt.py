@@ -1,5 +1,5 @@
 """Chat messages -> prompt token ids for an in-process model: the GGUF chat template (through
-edgellm.chat_template, compiled once per model) and llama.cpp-style prompt tokenization."""
+edgellm.chat.template, compiled once per model) and llama.cpp-style prompt tokenization."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ allow_special_in_content = False
 
 
 def _template_for(llm: Any) -> Any:
-    from edgellm.chat_template import ChatTemplate
+    from edgellm.chat.template import ChatTemplate
 
     tmpl = _templates.get(llm)
     if tmpl is None:
@@ -25,9 +25,9 @@ def _template_for(llm: Any) -> Any:
 
 def render_prompt_ids(llm: Any, messages: Sequence[ChatMessage], params: Any = None) -> list[int]:
     """The conversation's prompt ids; with SamplingParams `params`, they are also set to split the reply's
-    reasoning when the template thinks (edgellm.reasoning, as `--reasoning-format auto`)."""
-    from edgellm.chat_template import ChatTemplateError
-    from edgellm.reasoning import configure, split_mode
+    reasoning when the template thinks (edgellm.chat.reasoning, as `--reasoning-format auto`)."""
+    from edgellm.chat.reasoning import configure, split_mode
+    from edgellm.chat.template import ChatTemplateError
 
     try:
         template = _template_for(llm)

@@ -16,7 +16,7 @@ PROMPTS = [
 
 
 async def _shoot(out: Path) -> None:
-    from edgellm.catalog import DEFAULT_MODEL
+    from edgellm.models.catalog import DEFAULT_MODEL
     from tui.app import ChatApp
     from tui.local_backend import LocalBackend
     from tui.messages import GenerationSettings

@@ -13,7 +13,7 @@ from edgellm.tokenizer import TextTooLongError
 
 if TYPE_CHECKING:
     from edgellm.gguf.model_config import ModelConfig
-    from edgellm.sampling import SamplingParams
+    from edgellm.sampling.sampler import SamplingParams
     from edgellm.tokenizer import Tokenizer
 
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from edgellm.catalog import DEFAULT_MODEL
 from edgellm.engine.spec.config import SpeculativeConfig, parse_speculative
 from edgellm.lora.choice import LoraFlag, lora_files
+from edgellm.models.catalog import DEFAULT_MODEL
 from edgellm.quants.kv_cache import DEFAULT_KV_CACHE_DTYPE, KV_CACHE_TYPES
 
 

@@ -53,7 +53,7 @@ class EngineCoreProc:
     sampler."""
 
     def __init__(self, spec: EngineConfig, log: Callable[[str], None] | None = None) -> None:
-        from edgellm.runtime import CompileWatch
+        from edgellm.engine.runtime import CompileWatch
 
         # from here on, whatever Numba compiles says so at once (importing the kernels may compile some)
         with CompileWatch(log) as watch:
@@ -65,9 +65,9 @@ class EngineCoreProc:
         from edgellm.arch.moe import prepare_experts
         from edgellm.backends import get_backend
         from edgellm.backends.cpu.weight_memory import use_huge_pages
+        from edgellm.engine.runtime import keep_freed_memory, set_threads, warm_up
         from edgellm.gguf.config import config_from_gguf
         from edgellm.gguf.load import load_gguf
-        from edgellm.runtime import keep_freed_memory, set_threads, warm_up
         from edgellm.tokenizer import Tokenizer
 
         self.stream_interval = spec.stream_interval

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 
+from edgellm.chat.reasoning import forced_token
 from edgellm.engine.checks import (
     PromptTooLongError,
     check_embedding_input,
@@ -25,8 +26,7 @@ from edgellm.engine.sequence import Sequence
 from edgellm.engine.spec.speculator import Speculator
 from edgellm.engine.spec.verify import Row, sample_row, verify_drafts
 from edgellm.lora.choice import resolve_lora
-from edgellm.reasoning import forced_token
-from edgellm.sampling import Sampler, SamplingParams, TopCandidates, device_candidates, top_logprobs
+from edgellm.sampling.sampler import Sampler, SamplingParams, TopCandidates, device_candidates, top_logprobs
 
 __all__ = ["EngineCore", "EngineStats", "PromptTooLongError"]
 
@@ -457,6 +457,6 @@ class EngineCore:
 
 
 def _next_token(p: SamplingParams, sampler: Sampler, row: Row, prompt: list[int], output: list[int]) -> int:
-    """The sampled token, or the one the reasoning budget forces (edgellm.reasoning.forced_token)."""
+    """The sampled token, or the one the reasoning budget forces (edgellm.chat.reasoning.forced_token)."""
     forced = forced_token(p, output)
     return sample_row(sampler, row, prompt, output) if forced is None else forced

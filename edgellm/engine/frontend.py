@@ -11,7 +11,7 @@ from typing import Any
 from edgellm.engine.core_client import CoreClient
 from edgellm.engine.outputs import CompletionDelta, RequestMetrics, RequestOutput, TextStream, now
 from edgellm.engine.protocol import EngineCoreOutput
-from edgellm.sampling import SamplingParams
+from edgellm.sampling.sampler import SamplingParams
 from edgellm.tokenizer import Tokenizer
 
 # Receives a RequestOutput per step, or one exception; called on the core client's receiver thread.

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from edgellm.grammar_compile import build_matcher
+from edgellm.grammar.native import build_matcher
 
 MASK_THREADS = 1  # llguidance's own pool: a mask is microseconds, a step's masks well under a millisecond
 
@@ -30,10 +30,10 @@ class GuidedDecoding:
         self._executor: Any = None  # llguidance.LLExecutor
 
     def matcher(self, grammar: str) -> Any:
-        """A matcher for a new constrained completion. `grammar` comes from edgellm.grammar.compile_grammar,
-        and the front-end had a compile worker build this same matcher for this vocabulary first
-        (check_for_vocabulary), so building it here cannot crash the core. n > 1: the other completions
-        take a deep_copy() of it before the first token is consumed."""
+        """A matcher for a new constrained completion. `grammar` comes from
+        edgellm.grammar.compile.compile_grammar, and the front-end had a compile worker build this same
+        matcher for this vocabulary first (check_for_vocabulary), so building it here cannot crash the core. n
+        > 1: the other completions take a deep_copy() of it before the first token is consumed."""
         return build_matcher(grammar, self.tokenizer, self.n_vocab)
 
     # ---- one step ------------------------------------------------------------------------------

@@ -7,9 +7,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from edgellm.chat.reasoning import make_splitter
 from edgellm.engine.protocol import TokenLogprob
-from edgellm.reasoning import make_splitter
-from edgellm.sampling import SamplingParams
+from edgellm.sampling.sampler import SamplingParams
 from edgellm.tokenizer import StreamDecoder, Tokenizer
 
 
@@ -97,7 +97,7 @@ class OutputCollector:
 class TextStream:
     """Front-end side of one completion: turns the core's token ids into text deltas (never half a UTF-8
     character, never part of a stop string) and finds stop strings. With `params.reasoning_split` the
-    safe text then splits into reasoning and answer (edgellm.reasoning): the deltas returned are the
+    safe text then splits into reasoning and answer (edgellm.chat.reasoning): the deltas returned are the
     answer's, the reasoning's are taken with `take_reasoning`."""
 
     def __init__(self, tok: Tokenizer, params: SamplingParams) -> None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
-    from edgellm.sampling import SamplingParams
+    from edgellm.sampling.sampler import SamplingParams
 
 
 class FinishReason(enum.IntEnum):

@@ -13,7 +13,7 @@ from typing import Any
 
 from edgellm.engine.protocol import FinishReason
 from edgellm.engine.sequence import SequenceStatus
-from edgellm.sampling import Sampler, SamplingParams
+from edgellm.sampling.sampler import Sampler, SamplingParams
 
 # The status a completion's sequence finishes with, by why the completion ended.
 FINISH_STATUS = {

@@ -16,7 +16,7 @@ import threading
 import uvicorn
 
 from edgellm.server.app import build_app
-from edgellm.server.http_strict import uvicorn_config
+from edgellm.server.http.strict import uvicorn_config
 from edgellm.server.state import ServerConfig, ServerState
 
 __all__ = ["ServerConfig", "build_app", "run_server", "warn_if_exposed"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from edgellm import cli
+from edgellm.cli import commands as cli
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,6 +1,6 @@
 """The Starlette application: the OpenAI routes, /health, /metrics and (de)tokenize over one ServerState
-(state.py), each wrapped by errors.py's endpoint. The other APIs (ollama_api.py, anthropic_api.py,
-responses_api.py, infill.py) add their routes on the same front-end.
+(state.py), each wrapped by errors.py's endpoint. The other APIs (server/ollama/routes.py,
+server/anthropic/routes.py, server/responses/routes.py, infill.py) add their routes on the same front-end.
 
 The model loads on a background thread after the socket is up, so /health can answer 503 while it
 loads; every model endpoint answers 503 until then too. The engine core runs in its own process (see
@@ -20,25 +20,25 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from edgellm.server.anthropic_api import anthropic_routes
-from edgellm.server.auth import has_api_key
-from edgellm.server.compat import with_unprefixed
+from edgellm.server.anthropic.routes import anthropic_routes
 from edgellm.server.context_overflow import completion_overflow, render_within_context
 from edgellm.server.embeddings import embeddings
-from edgellm.server.endpoint import endpoint, read_json
-from edgellm.server.errors import ApiError
-from edgellm.server.frontend import Frontend
+from edgellm.server.events import Frontend
 from edgellm.server.generate import generate
-from edgellm.server.http_stack import http_stack
+from edgellm.server.http.auth import has_api_key
+from edgellm.server.http.compat import with_unprefixed
+from edgellm.server.http.endpoint import endpoint, read_json
+from edgellm.server.http.errors import ApiError
+from edgellm.server.http.stack import http_stack
 from edgellm.server.infill import completion_prompts, infill_routes
 from edgellm.server.llama_native import native_routes
 from edgellm.server.lora_routes import lora_routes
 from edgellm.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from edgellm.server.ollama_api import ollama_routes
+from edgellm.server.ollama.routes import ollama_routes
 from edgellm.server.protocol import GenerationRequest, constrain, parse_chat, parse_completion
 from edgellm.server.request_fields import CHAT_FIELDS, COMPLETION_FIELDS, check_fields
 from edgellm.server.rerank import rerank_routes
-from edgellm.server.responses_api import responses_routes
+from edgellm.server.responses.routes import responses_routes
 from edgellm.server.state import ServerState, render_chat_prompt
 from edgellm.server.thinking import reasoning_setup, thinking_options
 from edgellm.server.webui import asset_routes

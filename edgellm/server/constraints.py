@@ -1,6 +1,6 @@
 """What a request constrains its output to, in each spelling the clients of the well-known servers send,
-as one `Constraint` the grammar engine compiles (edgellm/grammar.py: a JSON Schema, a Lark/GBNF grammar
-or a regular expression the whole output matches):
+as one `Constraint` the grammar engine compiles (edgellm/grammar/compile.py: a JSON Schema, a Lark/GBNF
+grammar or a regular expression the whole output matches):
 
 | field | server | becomes |
 |---|---|---|
@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from edgellm.server.errors import bad_value
+from edgellm.server.http.errors import bad_value
 from edgellm.server.tools import parse_response_format
 
 # The fields of the table above, each request route takes them all.

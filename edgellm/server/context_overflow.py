@@ -19,12 +19,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from edgellm.server.errors import ApiError
+from edgellm.server.http.errors import ApiError
 from edgellm.server.state import render_chat_prompt, with_template
 from edgellm.tokenizer import TextTooLongError
 
 if TYPE_CHECKING:
-    from edgellm.chat_template import ChatPrompt, ChatTemplate
+    from edgellm.chat.template import ChatPrompt, ChatTemplate
     from edgellm.engine.outputs import RequestMetrics
     from edgellm.server.protocol import GenerationRequest
     from edgellm.server.state import ServerState

@@ -15,8 +15,8 @@ from starlette.responses import JSONResponse, Response
 from edgellm.engine.checks import PromptTooLongError
 from edgellm.engine.core_client import EngineDeadError
 from edgellm.llm_inputs import check_embedding_model
-from edgellm.server.errors import ApiError, bad_value
 from edgellm.server.generate import _until_disconnect
+from edgellm.server.http.errors import ApiError, bad_value
 
 if TYPE_CHECKING:
     from edgellm.server.state import ServerState

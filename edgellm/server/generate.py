@@ -16,7 +16,7 @@ from starlette.types import Receive, Scope, Send
 from edgellm.engine.core_client import EngineDeadError
 from edgellm.engine.outputs import OutputCollector, RequestOutput
 from edgellm.server.context_overflow import note_shifts
-from edgellm.server.errors import ApiError, request_error
+from edgellm.server.http.errors import ApiError, request_error
 from edgellm.server.openai_format import (
     Choice,
     ResponseHead,

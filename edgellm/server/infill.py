@@ -19,9 +19,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from edgellm.engine.checks import PromptTooLongError
-from edgellm.server.errors import ApiError, request_error
-from edgellm.server.frontend import End, Event, Frontend, Reply, Text, respond
+from edgellm.server.events import End, Event, Frontend, Reply, Text, respond
 from edgellm.server.generate import encode_prompts
+from edgellm.server.http.errors import ApiError, request_error
 from edgellm.server.llama_native import final_object
 from edgellm.server.openai_format import sse
 from edgellm.server.protocol import GenerationRequest, parse_completion

@@ -23,8 +23,8 @@ from starlette.routing import Route
 
 from edgellm.engine.checks import PromptTooLongError
 from edgellm.engine.protocol import TokenLogprob
-from edgellm.server.errors import ApiError, bad_value, request_error
-from edgellm.server.frontend import End, Event, Frontend, Probs, Reply, Text, respond
+from edgellm.server.events import End, Event, Frontend, Probs, Reply, Text, respond
+from edgellm.server.http.errors import ApiError, bad_value, request_error
 from edgellm.server.openai_format import llama_probs, sse, timings_of
 from edgellm.server.protocol import (
     GenerationRequest,

@@ -13,11 +13,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from edgellm.lora.choice import request_lora, resolve_lora
-from edgellm.server.endpoint import read_body
-from edgellm.server.errors import ApiError, bad_value
+from edgellm.server.http.endpoint import read_body
+from edgellm.server.http.errors import ApiError, bad_value
 
 if TYPE_CHECKING:
-    from edgellm.server.frontend import Frontend
+    from edgellm.server.events import Frontend
 
 
 def lora_routes(front: Frontend) -> list[Route]:

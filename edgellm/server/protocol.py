@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from edgellm.grammar import GrammarError, constrain_async
-from edgellm.grammar_worker import default_pool
+from edgellm.grammar.compile import GrammarError, constrain_async
+from edgellm.grammar.worker import default_pool
 from edgellm.lora.choice import request_lora
-from edgellm.sampling import MAX_SEED, PARAM_BOUNDS, SamplingParams
+from edgellm.sampling.sampler import MAX_SEED, PARAM_BOUNDS, SamplingParams
 from edgellm.server.constraints import Constraint, parse_constraint
-from edgellm.server.errors import ApiError, bad_value
+from edgellm.server.http.errors import ApiError, bad_value
 from edgellm.server.thinking_fields import ThinkingAsk, parse_thinking
 from edgellm.server.tools import ToolRequest, checked_tool_schema, parse_tools
 

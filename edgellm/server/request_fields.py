@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgellm.sampling import PARAM_BOUNDS
+from edgellm.sampling.sampler import PARAM_BOUNDS
 from edgellm.server.constraints import CONSTRAINT_FIELDS
-from edgellm.server.errors import bad_value
+from edgellm.server.http.errors import bad_value
 from edgellm.server.thinking_fields import BUDGET_FIELDS
 
 _COMMON = {  # both routes: protocol._common's fields, and the no-effect user and cache_prompt

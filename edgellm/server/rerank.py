@@ -21,8 +21,8 @@ from starlette.routing import Route
 from edgellm.engine.checks import PromptTooLongError
 from edgellm.engine.core_client import EngineDeadError
 from edgellm.llm_inputs import check_reranker
-from edgellm.server.errors import ApiError, bad_value
 from edgellm.server.generate import _until_disconnect
+from edgellm.server.http.errors import ApiError, bad_value
 
 if TYPE_CHECKING:
     from edgellm.server.state import ServerState

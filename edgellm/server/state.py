@@ -19,12 +19,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from edgellm.chat_template import ChatPrompt, ChatTemplate, ChatTemplateError
+from edgellm.chat.template import ChatPrompt, ChatTemplate, ChatTemplateError
 from edgellm.config import ServerConfig
 from edgellm.engine.checks import PromptTooLongError
 from edgellm.llm import LLM
-from edgellm.server.compat import ModelNames
-from edgellm.server.errors import ApiError, request_error
+from edgellm.server.http.compat import ModelNames
+from edgellm.server.http.errors import ApiError, request_error
 from edgellm.server.metrics import ServerMetrics
 from edgellm.tokenizer import TextTooLongError
 

@@ -1,5 +1,5 @@
 """The thinking side of a chat request: its ThinkingAsk (thinking_fields.py) turned into template
-variables and a reasoning budget for this server's model (edgellm.reasoning.thinking_plan), and the
+variables and a reasoning budget for this server's model (edgellm.chat.reasoning.thinking_plan), and the
 request's params set to split the reply once its prompt is rendered.
 """
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from edgellm.reasoning import configure, split_mode, thinking_plan
-from edgellm.server.errors import ApiError
+from edgellm.chat.reasoning import configure, split_mode, thinking_plan
+from edgellm.server.http.errors import ApiError
 from edgellm.server.thinking_fields import EFFORT_VARIABLE
 
 if TYPE_CHECKING:
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 def thinking_options(state: ServerState, req: GenerationRequest) -> tuple[dict[str, Any], int | None]:
-    """The template variables and reasoning budget of a chat request (edgellm.reasoning.thinking_plan);
+    """The template variables and reasoning budget of a chat request (edgellm.chat.reasoning.thinking_plan);
     a 400 naming the field when its thinking on/off cannot be honoured by this model."""
     source = state.template.source if state.template is not None else ""
     c, ask = state.config, req.thinking

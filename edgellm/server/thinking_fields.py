@@ -14,7 +14,7 @@ from __future__ import annotations
 import reprlib
 from dataclasses import dataclass
 
-from edgellm.server.errors import bad_value
+from edgellm.server.http.errors import bad_value
 
 # reasoning_effort -> the reasoning budget in tokens it asks for (then capped at max_tokens // 2)
 EFFORT_BUDGETS = {"minimal": 256, "low": 1024, "medium": 4096, "high": 16384}

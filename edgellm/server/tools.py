@@ -4,7 +4,7 @@ streamed as `delta.tool_calls` chunks.
 
 How each `tool_choice` decodes:
 - "none" (the default without tools): no tools reach the template; the reply is text.
-- "auto" (the default with tools): free text; calls the model writes in a known format (edgellm.chat_tools)
+- "auto" (the default with tools): free text; calls the model writes in a known format (edgellm.chat.tools)
   are parsed out of it. While streaming, text that may be the start of a call is held back until it is.
 - "required": decoding is constrained to a JSON list of calls, `[{"name": ..., "arguments": {...}}]` (one
   call when `parallel_tool_calls` is false, at most `max_parallel_calls` otherwise), each call's arguments
@@ -23,11 +23,11 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from edgellm.chat_harmony import harmony_hold
-from edgellm.chat_tools import HERMES_OPEN, ToolCall, complete_list_calls, could_start_call, parse_tool_calls
-from edgellm.grammar_limits import check_schema
-from edgellm.reasoning import partial_tail
-from edgellm.server.errors import bad_value
+from edgellm.chat.harmony import harmony_hold
+from edgellm.chat.reasoning import partial_tail
+from edgellm.chat.tools import HERMES_OPEN, ToolCall, complete_list_calls, could_start_call, parse_tool_calls
+from edgellm.grammar.limits import check_schema
+from edgellm.server.http.errors import bad_value
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _ANY_OBJECT = {"type": "object"}

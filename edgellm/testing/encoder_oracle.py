@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from edgellm.testing.synthetic_encoder import write_tiny_encoder
+from edgellm.testing.synthetic.encoder import write_tiny_encoder
 
 T = GGMLQuantizationType
 N_CTX = 128
@@ -83,7 +83,7 @@ QWEN3_RERANK_TEMPLATE = (
 def write_qwen3_reranker(path: str | Path) -> Path:
     from gguf import GGUFValueType
 
-    from edgellm.testing.synthetic import Typed, write_tiny_model
+    from edgellm.testing.synthetic.models import Typed, write_tiny_model
 
     return write_tiny_model(
         path,
@@ -168,7 +168,7 @@ def embed_llamacpp(path: str | Path, inputs: list[list[int]], pooling: int, n_ct
     ggml_can_mul_mat in its mean pooling with three or more sequences in one decode."""
     import llama_cpp
 
-    from edgellm.testing.llamacpp_oracle import without_extra_buffer_types
+    from edgellm.testing.oracle.llamacpp import without_extra_buffer_types
 
     without_extra_buffer_types()  # SIGILL in llama.cpp's AMX matmul on this VM otherwise
     per_decode = 2 if pooling == 1 else len(inputs)

@@ -10,7 +10,7 @@ from edgellm.backends.cpu.backend import CpuBackend
 from edgellm.engine.model_runner import ModelRunner, RunItem
 from edgellm.gguf.config import config_from_gguf
 from edgellm.gguf.load import load_gguf
-from edgellm.testing.synthetic import DEFAULT_QTYPES
+from edgellm.testing.synthetic.models import DEFAULT_QTYPES
 
 BS = 16
 

@@ -1,8 +1,8 @@
-"""A tiny stand-in for gpt-oss's chat setup (synthetic.py writes it into gpt-oss files): harmony's special
-tokens, in an order that makes `<|return|>` the end-of-generation id 2, and a short harmony template with
-the real one's structure and constructs (a system message with the date and the reasoning effort, the
-developer message, `namespace`, list slicing, `raise_exception`, analysis only in a training render, the
-generation prompt `<|start|>assistant`)."""
+"""A tiny stand-in for gpt-oss's chat setup (testing/synthetic/models.py writes it into gpt-oss files):
+harmony's special tokens, in an order that makes `<|return|>` the end-of-generation id 2, and a short harmony
+template with the real one's structure and constructs (a system message with the date and the reasoning
+effort, the developer message, `namespace`, list slicing, `raise_exception`, analysis only in a training
+render, the generation prompt `<|start|>assistant`)."""
 
 from __future__ import annotations
 

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from edgellm.testing.oracle_case import OracleCase
-from edgellm.testing.oracle_cases import CASES as ORACLE_CASES
-from edgellm.testing.synthetic_lora import write_tiny_lora
+from edgellm.testing.oracle.case import OracleCase
+from edgellm.testing.oracle.cases import CASES as ORACLE_CASES
+from edgellm.testing.synthetic.lora import write_tiny_lora
 
 # configuration -> the scale of each adapter (in the case's adapter order); 0: not applied
 TWO_ADAPTERS: dict[str, tuple[float, ...]] = {
@@ -144,7 +144,7 @@ def run_greedy(
     engine, prompts: dict[str, list[int]], choices: dict[str, dict[int, float] | None], max_tokens: int = 8
 ) -> dict[str, list[int]]:  # noqa: ANN001
     """Every prompt submitted at once (all in flight together), greedy; each request id's tokens."""
-    from edgellm.sampling import SamplingParams
+    from edgellm.sampling.sampler import SamplingParams
 
     for rid, ids in prompts.items():
         engine.add_request(

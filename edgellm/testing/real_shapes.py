@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.testing.synthetic.models import write_tiny_model
 
 SMOLLM2_Q4_1 = {"*": "Q4_1", "token_embd": "Q8_0"}
 GEMMA3_Q4_K_M = {  # the Q5_0 / Q8_0 / Q6_K / Q4_K mix of gemma-3-270m Q4_K_M

@@ -1,5 +1,5 @@
-"""The tiny tokenizer vocabularies of the synthetic models (synthetic.py): a byte-level BPE vocabulary
-(llama / qwen files) and a Gemma-style SentencePiece one, each a few hundred tokens."""
+"""The tiny tokenizer vocabularies of the synthetic models (testing/synthetic/models.py): a byte-level BPE
+vocabulary (llama / qwen files) and a Gemma-style SentencePiece one, each a few hundred tokens."""
 
 from __future__ import annotations
 

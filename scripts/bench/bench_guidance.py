@@ -16,11 +16,11 @@ import argparse
 import time
 from functools import partial
 
-from edgellm.catalog import resolve_model
 from edgellm.engine.config import EngineConfig
 from edgellm.engine.core_process import EngineCoreProc
 from edgellm.engine.engine_core import EngineCore
-from edgellm.sampling import SamplingParams
+from edgellm.models.catalog import resolve_model
+from edgellm.sampling.sampler import SamplingParams
 from edgellm.testing.ab import alternate, medians
 
 SCHEMA = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 999}, "minItems": 1000}

@@ -16,7 +16,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from edgellm.catalog import resolve_model
+from edgellm.models.catalog import resolve_model
 from edgellm.testing.ab import alternate, medians
 
 LLAMACPP_BENCH = Path(__file__).resolve().parents[3] / "shared" / "bench" / "llamacpp_bench.py"

@@ -3,7 +3,7 @@
 Each round: `python -m edgellm chat MODEL` runs in tmux (WIDTHxHEIGHT), a prompt is typed, and when the
 status bar leaves "generating" its tok/s and context use are read off the screen; right after each reply,
 one batch-1 greedy decode of the same prompt and reply lengths runs as `edgellm bench` runs it (its own
-`LLM` in this process, so its own engine core: `edgellm.bench.batch1_run`), then the reply is regenerated
+`LLM` in this process, so its own engine core: `edgellm.cli.bench.batch1_run`), then the reply is regenerated
 (Ctrl+R, the same lengths) until there are --replies pairs; --rounds chats (edgellm/testing/ab.py). A
 pair's two runs are seconds apart, so the machine's speed drifting over minutes (it does, by 10-20% on a
 shared VM) cancels in each pair's ratio; the figure to quote is the median of the pairs' ratios. Prints
@@ -98,7 +98,7 @@ def reply_tok_s(n_prompt: int) -> tuple[float, int, int, str]:
 
 def chat_round(model: str, llm, n_prompt: int, width: int, height: int, echo: bool, replies: int) -> dict:
     """One chat session: its replies, each paired with a batch-1 bench decode of the same lengths."""
-    from edgellm.bench import batch1_run
+    from edgellm.cli.bench import batch1_run
 
     subprocess.run(["tmux", "kill-session", "-t", SESSION], stderr=subprocess.DEVNULL)
     # the settings under test reach the chat explicitly (a running tmux server keeps its own environment)
@@ -161,7 +161,7 @@ def main() -> None:
     ap.add_argument("--echo", action="store_true", help="time key echo while the first reply streams")
     a = ap.parse_args()
     from edgellm import LLM
-    from edgellm.bench import batch1_run
+    from edgellm.cli.bench import batch1_run
 
     with LLM(a.model) as llm:
         n_prompt = prompt_tokens(llm)

@@ -6,7 +6,7 @@
 # Usage: scripts/bench/compare_llamacpp.sh MODEL [ROUNDS] [THREADS] [GEN_TOKENS (default 128)]
 set -euo pipefail
 model=${1:?model name}; rounds=${2:-5}; threads=${3:-2}; gen=${4:-128}
-path=$(python -c "from edgellm.catalog import resolve_model; print(resolve_model('$model'))")
+path=$(python -c "from edgellm.models.catalog import resolve_model; print(resolve_model('$model'))")
 bench=$(dirname "$0")/llamacpp_bench.py
 rss_file=$(mktemp)
 trap 'rm -f "$rss_file"' EXIT

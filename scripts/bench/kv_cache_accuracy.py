@@ -104,7 +104,7 @@ def llamacpp_kv(
     only with it), as the oracle for how much q8_0 moves this model's perplexity. Returns the two ppl."""
     import llama_cpp
 
-    from edgellm.catalog import resolve_model
+    from edgellm.models.catalog import resolve_model
 
     logits = {}
     for dtype, ggml_type in (("f16", llama_cpp.GGML_TYPE_F16), ("q8_0", llama_cpp.GGML_TYPE_Q8_0)):

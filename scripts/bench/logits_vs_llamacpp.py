@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from edgellm.bench import synthetic_prompt
+from edgellm.cli.bench import synthetic_prompt
 
 
 def llamacpp_logits(
@@ -32,7 +32,7 @@ def llamacpp_logits(
     past them), and those tokens."""
     from llama_cpp import Llama
 
-    from edgellm.testing.llamacpp_oracle import without_extra_buffer_types
+    from edgellm.testing.oracle.llamacpp import without_extra_buffer_types
 
     without_extra_buffer_types()
     n_ctx = len(ids) + gen + 16
@@ -103,7 +103,7 @@ def main() -> None:
         t = time.perf_counter()
         ours = llm.score(ids + greedy)  # [P + G, n_vocab]
         print(f"edgellm score: {time.perf_counter() - t:.1f} s")
-        from edgellm.sampling import SamplingParams
+        from edgellm.sampling.sampler import SamplingParams
 
         [res] = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=a.gen, ignore_eos=True))
         own = list(res.token_ids)

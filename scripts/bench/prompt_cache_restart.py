@@ -14,7 +14,7 @@ import json
 import tempfile
 
 from edgellm import LLM, SamplingParams
-from edgellm.bench import synthetic_prompt
+from edgellm.cli.bench import synthetic_prompt
 
 
 def timed(

@@ -92,7 +92,7 @@ def step_models(args: argparse.Namespace) -> dict:
 def step_profile(args: argparse.Namespace) -> dict:
     """Per-kernel launches and times at batch-1 decode, fused (scripts/profile/cuda_profile.py's
     measurement)."""
-    from edgellm.testing.cuda_profile import Decoder, profile
+    from edgellm.testing.cuda.profile import Decoder, profile
 
     sz = SIZES[args.sim]
     out = {}

@@ -25,11 +25,11 @@ import time
 from collections import defaultdict
 
 from edgellm.backends.cpu.backend import CpuBackend
-from edgellm.bench import synthetic_prompt
-from edgellm.catalog import resolve_model
+from edgellm.cli.bench import synthetic_prompt
 from edgellm.engine.config import EngineConfig
 from edgellm.engine.core_process import EngineCoreProc
-from edgellm.sampling import SamplingParams
+from edgellm.models.catalog import resolve_model
+from edgellm.sampling.sampler import SamplingParams
 
 METHODS = [
     "decoder_layer",

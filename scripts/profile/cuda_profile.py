@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from edgellm.backends.cuda.config import SIMULATOR
-from edgellm.testing.cuda_profile import Decoder, profile
+from edgellm.testing.cuda.profile import Decoder, profile
 
 SYNTHETIC = ("smollm2", "gemma3", "tiny-smollm2", "tiny-gemma3")
 

@@ -26,15 +26,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from edgellm.bench import synthetic_prompt
-from edgellm.catalog import resolve_model
+from edgellm.cli.bench import synthetic_prompt
 from edgellm.engine.config import EngineConfig
 from edgellm.engine.core_process import EngineCoreProc
 from edgellm.engine.model_runner import RunItem
 from edgellm.engine.spec.build import build_speculator
 from edgellm.engine.spec.config import SpeculativeConfig
 from edgellm.engine.spec.speculator import Speculator
-from edgellm.sampling import SamplingParams
+from edgellm.models.catalog import resolve_model
+from edgellm.sampling.sampler import SamplingParams
 from edgellm.testing.ab import alternate, medians
 from edgellm.testing.spec_prompts import COPY, FREE, chat_ids
 

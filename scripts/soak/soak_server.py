@@ -51,8 +51,8 @@ def read_rss_kb(pid: int) -> int | None:
 
 
 def eog_ids(model: str) -> list[int]:
-    from edgellm.catalog import resolve_model
     from edgellm.gguf.load import load_gguf
+    from edgellm.models.catalog import resolve_model
     from edgellm.tokenizer import Tokenizer
 
     return sorted(Tokenizer.from_metadata(load_gguf(resolve_model(model, download=False)).metadata).eog_ids)

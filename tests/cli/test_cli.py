@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from edgellm.backends.cpu import tiers
-from edgellm.catalog import CATALOG, DEFAULT_MODEL, ModelNotFoundError, resolve_model
+from edgellm.models.catalog import CATALOG, DEFAULT_MODEL, ModelNotFoundError, resolve_model
 from edgellm.testing.limits import HANG_S
 
 
@@ -23,7 +23,7 @@ def test_run_streams_greedy_text_and_prints_stats(smollm2_path) -> None:
     """--raw: the text continued as it is; without it, an instruct model (SmolLM2's GGUF has a chat
     template) gets the prompt as a user message through its template. Both as LLM.generate gives them."""
     from edgellm import LLM, SamplingParams
-    from edgellm.chat_template import ChatTemplate
+    from edgellm.chat.template import ChatTemplate
 
     question = "The capital of France is"
     raw = edgellm("run", "smollm2-135m", question, "--raw", "--max-tokens", "8", "--temperature", "0")
@@ -54,7 +54,7 @@ def test_run_help_shows_the_sampling_defaults() -> None:
 def test_run_takes_the_models_own_sampling_where_its_gguf_sets_it() -> None:
     """general.sampling.* (llama.cpp's keys) fill the flags not given; a flag given wins; a value out of
     bounds in the file is ignored."""
-    from edgellm.cli import build_parser, run_sampling
+    from edgellm.cli.commands import build_parser, run_sampling
 
     metadata = {"general.sampling.temp": 0.6, "general.sampling.top_k": 20, "general.sampling.min_p": -1.0}
     args = build_parser().parse_args(["run", "m", "hi", "--top-k", "5"])
@@ -186,7 +186,7 @@ def test_kv_cache_dtype_reaches_the_model(command: str, flags: list[str], want: 
     import edgellm.server
     import edgellm.server.__main__ as server_main
     import tui.app
-    from edgellm import cli
+    from edgellm.cli import commands as cli
 
     for mod, name in ((edgellm, "LLM"), (edgellm.server, "run_server")):  # server_main runs serve's
         monkeypatch.setattr(mod, name, _capture)
@@ -205,7 +205,7 @@ def test_kv_cache_dtype_reaches_the_model(command: str, flags: list[str], want: 
 
 
 def test_kv_cache_dtype_flag_refuses_unknown_types_and_url_chat(capsys) -> None:
-    from edgellm import cli
+    from edgellm.cli import commands as cli
 
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["run", "m.gguf", "hi", "--kv-cache-dtype", "q4_0"])

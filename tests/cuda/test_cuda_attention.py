@@ -18,7 +18,7 @@ if not (os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or os.environ.get("EDGELLM
 
 from edgellm.backends.cuda.attention import _split_plan
 from edgellm.backends.cuda.config import ATTN_SPLIT_KEYS, MAX_ATTN_SPLITS
-from edgellm.testing.cuda_guards import BE, guarded, guards_intact
+from edgellm.testing.cuda.guards import BE, guarded, guards_intact
 from edgellm.testing.kernel_refs import nmse
 
 N_KV, GROUP, D, BS = 1, 2, 32, 16

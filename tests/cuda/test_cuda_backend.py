@@ -65,7 +65,7 @@ else:
     from edgellm.quants import QUANT_TRAITS
     from edgellm.quants.activations import quantize_act_ref
     from edgellm.quants.packing import pack_weight
-    from edgellm.testing.cuda_guards import BE, guarded, guards_intact
+    from edgellm.testing.cuda.guards import BE, guarded, guards_intact
     from edgellm.testing.kernel_refs import NMSE_LIMIT, nmse, random_raw, reference_weight
 
     SHAPES = [(6, 256), (5, 512)]  # (N, K): odd N leaves a partial block; K a multiple of 256 (k-quants)
@@ -209,7 +209,7 @@ else:
         """A 2-layer synthetic GGUF with several quant types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, F16 matrices;
         Gemma 3 adds Q/K norms, GeGLU and sliding-window layers) gives the same greedy tokens as the CPU,
         with an f16 or a q8_0 KV cache (head_dim 32: one q8_0 block per head)."""
-        from edgellm.testing.synthetic import write_tiny_model
+        from edgellm.testing.synthetic.models import write_tiny_model
 
         head_dim = 8 if kv_dtype == "f16" else 32
         path = write_tiny_model(
@@ -224,8 +224,8 @@ else:
     def test_cuda_llama_biases_equal_cpu(tmp_path: Path) -> None:
         """llama's optional biases (Q|K|V partly, output, gate|up, down) through the CUDA blocks: the CPU's
         logits and greedy tokens, and the biases do change them."""
-        from edgellm.testing.oracle_cases import bias_tensors
-        from edgellm.testing.synthetic import write_tiny_model
+        from edgellm.testing.oracle.cases import bias_tensors
+        from edgellm.testing.synthetic.models import write_tiny_model
 
         shape = dict(n_layers=2, n_embd=32, n_heads=4, n_kv_heads=2, head_dim=8, n_ff=64)
         roles = ("attn_q", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")

@@ -22,9 +22,9 @@ from edgellm import SamplingParams
 from edgellm.backends.base import Backend
 from edgellm.engine.config import EngineConfig
 from edgellm.engine.core_process import EngineCoreProc
-from edgellm.testing.cuda_guards import BE, guarded, guards_intact
+from edgellm.testing.cuda.guards import BE, guarded, guards_intact
 from edgellm.testing.kernel_refs import nmse
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.testing.synthetic.models import write_tiny_model
 
 
 def logits_rows(rng: np.random.Generator, n: int) -> np.ndarray:

@@ -18,9 +18,9 @@ if not (os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or os.environ.get("EDGELLM
     pytest.skip("run by tests/cuda/test_cuda_backend.py in a simulator subprocess", allow_module_level=True)
 
 from edgellm.gguf.rope import RopeParams
-from edgellm.testing.cuda_forward import forward_twice
-from edgellm.testing.cuda_guards import BE
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.testing.cuda.forward import forward_twice
+from edgellm.testing.cuda.guards import BE
+from edgellm.testing.synthetic.models import write_tiny_model
 
 FUSION_CASES = {  # name: (arch, matrix type, head_dim, launches unfused, launches fused, KV cache type)
     # mixed types: Q/K/V parts quantized three ways (the norm's quantization serves the first), F16 down;

@@ -17,7 +17,7 @@ if not (os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or os.environ.get("EDGELLM
     pytest.skip("run by tests/cuda/test_cuda_backend.py in a simulator subprocess", allow_module_level=True)
 
 from edgellm.gguf.rope import RopeParams
-from edgellm.testing.cuda_guards import BE, guarded, guards_intact
+from edgellm.testing.cuda.guards import BE, guarded, guards_intact
 from edgellm.testing.kernel_refs import nmse
 from edgellm.testing.rope_ref import scaled_rope
 

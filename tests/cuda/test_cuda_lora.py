@@ -16,8 +16,8 @@ if not (os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or os.environ.get("EDGELLM
     pytest.skip("run by tests/cuda/test_cuda_backend.py in a simulator subprocess", allow_module_level=True)
 
 from edgellm.testing.kernel_refs import nmse
-from edgellm.testing.synthetic import write_tiny_model
-from edgellm.testing.synthetic_lora import write_tiny_lora
+from edgellm.testing.synthetic.lora import write_tiny_lora
+from edgellm.testing.synthetic.models import write_tiny_model
 
 
 def _logits(be, base, adapter) -> list[np.ndarray]:  # noqa: ANN001

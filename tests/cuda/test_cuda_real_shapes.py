@@ -28,7 +28,7 @@ from edgellm.backends.cuda.matmul import quantize_act, upload_weight
 from edgellm.quants.activations import quantize_act_ref
 from edgellm.quants.packing import pack_weight
 from edgellm.quants.traits import get_traits
-from edgellm.testing.cuda_guards import BE, guarded
+from edgellm.testing.cuda.guards import BE, guarded
 from edgellm.testing.kernel_refs import nmse, random_raw
 
 FULL = os.environ.get("EDGELLM_CUDA_TESTS") == "gpu" or os.environ.get("EDGELLM_CUDA_SIM_FULL") == "1"
@@ -136,7 +136,7 @@ def test_real_shape_layers_match_the_cpu(name: str, tmp_path: Path) -> None:
     from edgellm.gguf.config import config_from_gguf
     from edgellm.gguf.load import load_gguf
     from edgellm.testing.real_shapes import SHAPES
-    from edgellm.testing.synthetic import write_tiny_model
+    from edgellm.testing.synthetic.models import write_tiny_model
 
     spec = dict(SHAPES[name], n_layers=2)
     arch, qtypes = spec.pop("arch"), spec.pop("qtypes")

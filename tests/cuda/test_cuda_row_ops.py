@@ -20,7 +20,7 @@ if not (os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or os.environ.get("EDGELLM
 
 from edgellm.backends.cpu import ops as cpu_ops
 from edgellm.gguf.rope import RopeParams
-from edgellm.testing.cuda_guards import BE, guarded, guards_intact
+from edgellm.testing.cuda.guards import BE, guarded, guards_intact
 from edgellm.testing.kernel_refs import GELU_SPECIAL, gelu_ref, layernorm_ref, nmse
 from edgellm.testing.rope_ref import rope_exact, scaled_rope
 

@@ -19,8 +19,8 @@ from edgellm.backends import get_backend
 from edgellm.engine.config import EngineConfig
 from edgellm.engine.core_process import EngineCoreProc
 from edgellm.engine.protocol import EngineCoreOutput
-from edgellm.sampling import MAX_DEVICE_TOP_K, Sampler, TopCandidates, device_candidates
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.sampling.sampler import MAX_DEVICE_TOP_K, Sampler, TopCandidates, device_candidates
+from edgellm.testing.synthetic.models import write_tiny_model
 
 CPU = get_backend("cpu")
 

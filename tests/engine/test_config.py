@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from edgellm import cli
+from edgellm.cli import commands as cli
 from edgellm.config import ServerConfig
 from edgellm.engine.config import EngineConfig
 from edgellm.engine.spec.config import SpeculativeConfig
@@ -196,7 +196,7 @@ def test_llm_config_and_keywords_give_the_engine_the_same_settings(smollm2_path,
 def test_the_server_runs_its_engine_config(monkeypatch) -> None:
     """ServerState hands its EngineConfig to LLM as it is, and admits max_num_seqs + max_queue requests."""
     import edgellm.server.state as state_module
-    from edgellm.server.errors import ApiError
+    from edgellm.server.http.errors import ApiError
 
     def no_llm(**kwargs):  # noqa: ANN003, ANN202 - stands in for loading the model
         raise _Started(kwargs)
@@ -217,7 +217,7 @@ def test_the_server_runs_its_engine_config(monkeypatch) -> None:
 
 def test_serve_models_passes_the_engine_flags_to_each_models_server(monkeypatch) -> None:
     """`serve --models` hands its flags on to every model's `edgellm serve`, whose parser takes them."""
-    import edgellm.server.multi_run as multi_run
+    import edgellm.server.multi.run as multi_run
 
     def no_router(config, models, child, presets):  # noqa: ANN001, ANN202
         raise _Started(models, child)
@@ -232,7 +232,7 @@ def test_serve_models_passes_the_engine_flags_to_each_models_server(monkeypatch)
     assert models == ["a", "b"]
     for flag in ("--ctx=64", "--threads=1", "--max-num-seqs=3", "--top-k=5", "--max-body-bytes=1000"):
         assert flag in child
-    # the router's own flags stay with it; the key goes through the environment (multi.py)
+    # the router's own flags stay with it; the key goes through the environment (server/multi/router.py)
     assert not [f for f in child if f.startswith(("--api-key", "--port", "--keep-alive", "--cors"))]
     config = ServerConfig.from_cli_args(_subparser("serve").parse_args(["a", *child]))
     assert (config.engine.n_ctx, config.engine.threads, config.engine.max_num_seqs) == (64, 1, 3)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from edgellm import LLM, SamplingParams
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.testing.synthetic.models import write_tiny_model
 
 N_CTX = 48
 KEEP = 5

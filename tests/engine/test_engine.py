@@ -182,7 +182,7 @@ def test_q8_0_kv_cache_refuses_head_sizes_it_cannot_block(tmp_path) -> None:
     """q8_0 blocks are 32 values along the head: a 16-wide head is refused by name, before a core starts
     (and by the backend itself)."""
     from edgellm.backends.cpu.backend import CpuBackend
-    from edgellm.testing.synthetic import write_tiny_model
+    from edgellm.testing.synthetic.models import write_tiny_model
 
     path = write_tiny_model(tmp_path / "head16.gguf", "llama", head_dim=16)
     with pytest.raises(ValueError, match="q8_0 stores blocks of 32 values .* head_dim is 16"):

@@ -17,7 +17,7 @@ from edgellm import LLM
 from edgellm.engine.protocol import AbortRequests
 from edgellm.engine.scheduler import Scheduler, SchedulerConfig
 from edgellm.engine.sequence import Sequence, SequenceStatus
-from edgellm.sampling import SamplingParams
+from edgellm.sampling.sampler import SamplingParams
 
 
 def _scheduler(**config: int | None) -> Scheduler:

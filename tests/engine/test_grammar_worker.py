@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from edgellm.grammar import GrammarError, compile_grammar
-from edgellm.grammar_limits import MAX_RULE_DEPTH, MAX_SCHEMA_DEPTH, check_grammar, check_schema
-from edgellm.grammar_worker import GrammarPool
+from edgellm.grammar.compile import GrammarError, compile_grammar
+from edgellm.grammar.limits import MAX_RULE_DEPTH, MAX_SCHEMA_DEPTH, check_grammar, check_schema
+from edgellm.grammar.worker import GrammarPool
 from edgellm.server.tools import ToolRequest
 from edgellm.testing.grammar_attacks import PYDANTIC_WEATHER, REF_LOOP, SELF_REF, lark_chain, ref_chain
 from edgellm.testing.limits import HANG_S

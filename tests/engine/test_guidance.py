@@ -13,9 +13,9 @@ import jsonschema
 import pytest
 
 from edgellm import LLM, SamplingParams
-from edgellm.chat_template import ChatTemplate
-from edgellm.chat_tools import parse_tool_calls
-from edgellm.grammar import GrammarError, compile_grammar
+from edgellm.chat.template import ChatTemplate
+from edgellm.chat.tools import parse_tool_calls
+from edgellm.grammar.compile import GrammarError, compile_grammar
 from edgellm.testing.engine_fakes import PROMPTS
 from edgellm.testing.limits import HANG_S
 

@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 
 from edgellm import SamplingParams
-from edgellm.chat_template import ChatTemplate
-from edgellm.chat_tools import ToolCall, parse_tool_calls
+from edgellm.chat.reasoning_harmony import HarmonySplitter
+from edgellm.chat.template import ChatTemplate
+from edgellm.chat.tools import ToolCall, parse_tool_calls
 from edgellm.engine.outputs import TextStream
 from edgellm.gguf.load import load_gguf
-from edgellm.reasoning_harmony import HarmonySplitter
-from edgellm.server.anthropic_api import _messages as anthropic_messages
-from edgellm.server.ollama_options import chat_messages
+from edgellm.server.anthropic.routes import _messages as anthropic_messages
+from edgellm.server.ollama.options import chat_messages
 from edgellm.server.protocol import _messages as openai_messages
 from edgellm.server.tools import ToolOutput, parse_tools
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.testing.synthetic.models import write_tiny_model
 from edgellm.tokenizer import Tokenizer
 
 A, F, NEXT = "<|channel|>analysis<|message|>", "<|channel|>final<|message|>", "<|end|><|start|>assistant"

@@ -14,7 +14,7 @@ import pytest
 
 from edgellm import LLM, SamplingParams
 from edgellm.engine.prompt_cache import PromptCache, block_digests
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.testing.synthetic.models import write_tiny_model
 
 BS = 16  # EngineConfig.block_size
 PREFIX = 2000

@@ -8,7 +8,7 @@ import pickle
 import numpy as np
 
 from edgellm.engine import protocol as p
-from edgellm.sampling import SamplingParams
+from edgellm.sampling.sampler import SamplingParams
 
 
 def test_finish_reasons_read_as_the_api_strings() -> None:

@@ -14,13 +14,20 @@ import openai
 import pytest
 
 from edgellm import LLM, SamplingParams
-from edgellm.chat_template import ChatTemplate
+from edgellm.chat.reasoning import (
+    REASONING_END,
+    THINK_CLOSE,
+    THINK_OPEN,
+    configure,
+    split_mode,
+    thinking_plan,
+)
+from edgellm.chat.template import ChatTemplate
 from edgellm.engine.outputs import TextStream
-from edgellm.reasoning import REASONING_END, THINK_CLOSE, THINK_OPEN, configure, split_mode, thinking_plan
 from edgellm.testing.limits import HANG_S
 from edgellm.testing.reasoning import ASK, BUDGET, THINKING_TEMPLATE
 from edgellm.testing.servers import serve as _start
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.testing.synthetic.models import write_tiny_model
 from edgellm.tokenizer import Tokenizer
 
 # The tiny vocabulary's specials (<|endoftext|>, <|im_start|>, <|im_end|>) kept out: the reply runs to

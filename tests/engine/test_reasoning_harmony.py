@@ -10,12 +10,12 @@ from collections.abc import Iterator
 import pytest
 
 from edgellm import LLM, SamplingParams
-from edgellm.chat_template import ChatTemplate, ChatTemplateError
+from edgellm.chat.reasoning import configure, forced_token, split_mode, thinking_plan
+from edgellm.chat.reasoning_harmony import HARMONY_REASONING_END, HarmonySplitter
+from edgellm.chat.template import ChatTemplate, ChatTemplateError
 from edgellm.engine.outputs import TextStream
-from edgellm.reasoning import configure, forced_token, split_mode, thinking_plan
-from edgellm.reasoning_harmony import HARMONY_REASONING_END, HarmonySplitter
 from edgellm.testing.harmony import HARMONY_TEMPLATE
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.testing.synthetic.models import write_tiny_model
 from edgellm.tokenizer import Tokenizer
 
 A, F = "<|channel|>analysis<|message|>", "<|channel|>final<|message|>"

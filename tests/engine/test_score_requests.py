@@ -17,8 +17,8 @@ from edgellm.engine.config import EngineConfig
 from edgellm.engine.core_process import EngineCoreProc
 from edgellm.engine.model_runner import RunItem
 from edgellm.engine.sequence import Sequence
-from edgellm.sampling import SamplingParams
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.sampling.sampler import SamplingParams
+from edgellm.testing.synthetic.models import write_tiny_model
 
 CTX = 64
 CHUNK = 16  # the step's token budget: a scoring of CTX tokens takes four chunks
@@ -141,7 +141,7 @@ def test_llm_score_goes_through_the_core_process_bit_for_bit(model: Path) -> Non
 
 def test_smollm2_scoring_matches_the_runner_bit_for_bit() -> None:
     """The real model (Q4_1 weights, 49,152-token vocabulary): 300 tokens in chunks of 128."""
-    from edgellm.catalog import resolve_model
+    from edgellm.models.catalog import resolve_model
 
     core = EngineCoreProc(
         EngineConfig(str(resolve_model("smollm2-135m")), n_ctx=1024, max_num_batched_tokens=128)

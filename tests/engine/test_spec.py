@@ -14,7 +14,7 @@ from edgellm.engine.spec.adaptive import VERIFY_COST, AdaptiveK, break_even
 from edgellm.engine.spec.config import parse_speculative
 from edgellm.engine.spec.ngram import NgramProposer
 from edgellm.engine.spec.verify import verify_drafts
-from edgellm.sampling import Sampler, SamplingParams
+from edgellm.sampling.sampler import Sampler, SamplingParams
 from edgellm.testing.engine_fakes import (
     FakeRunner,
     chi2_critical,
@@ -265,7 +265,7 @@ def test_speculative_config_parsing_and_errors() -> None:
 
 def test_surfaces_report_speculation(capsys: pytest.CaptureFixture[str]) -> None:
     """/metrics carries the acceptance figures; a bad --speculative is an error before any model loads."""
-    from edgellm.cli import main
+    from edgellm.cli.commands import main
     from edgellm.engine.protocol import EngineStats
     from edgellm.server.metrics import ServerMetrics
 

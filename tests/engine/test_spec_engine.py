@@ -17,7 +17,7 @@ from edgellm.engine.core_process import EngineCoreProc
 from edgellm.engine.spec.config import SpeculativeConfig
 from edgellm.testing.engine_fakes import chi2_critical, chi2_two_sample
 from edgellm.testing.paths import SCRIPTS
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.testing.synthetic.models import write_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 
 from edgellm import LLM
-from edgellm.chat_template import prompt_token_ids, render_chat
+from edgellm.chat.template import prompt_token_ids, render_chat
 from edgellm.engine.frontend import RequestStream
 from edgellm.engine.outputs import RequestOutput
 from edgellm.engine.protocol import EngineCoreOutput, FinishReason
 from edgellm.gguf.load import load_gguf
 from edgellm.gguf.validation import tokenizer_from_gguf
-from edgellm.sampling import SamplingParams
+from edgellm.sampling.sampler import SamplingParams
 from edgellm.testing.paths import SCRIPTS  # noqa: E402
 from edgellm.testing.servers import MODEL, httpx
 from edgellm.testing.servers import metrics as _metrics

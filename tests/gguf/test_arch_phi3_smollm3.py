@@ -14,9 +14,9 @@ from edgellm.gguf.config import config_from_gguf
 from edgellm.gguf.load import load_gguf
 from edgellm.gguf.reader import GGUFError
 from edgellm.gguf.validation import validate_model
-from edgellm.testing.oracle_cases import CASES, nmse
+from edgellm.testing.oracle.cases import CASES, nmse
 from edgellm.testing.paths import ORACLE_FIXTURES
-from edgellm.testing.synthetic import Typed, write_tiny_model
+from edgellm.testing.synthetic.models import Typed, write_tiny_model
 
 U32 = GGUFValueType.UINT32
 

@@ -13,7 +13,7 @@ from edgellm.gguf.config import UnsupportedArchitectureError, config_from_gguf
 from edgellm.gguf.load import load_gguf
 from edgellm.gguf.reader import GGUFError
 from edgellm.gguf.validation import validate_model
-from edgellm.testing.synthetic import Typed, write_tiny_model
+from edgellm.testing.synthetic.models import Typed, write_tiny_model
 
 U32 = GGUFValueType.UINT32
 
@@ -177,7 +177,7 @@ def test_lfm2_loads_and_has_oracle_cases(tmp_path: Path) -> None:
     """LiquidAI's LFM2 (short convolutions beside attention) loads: its layer kinds come from the per-layer
     head_count_kv (0: a conv layer); its logits match llama.cpp's in tests/gguf/test_oracle_cases.py (lfm2_*)
     and tests/gguf/test_lfm2.py."""
-    from edgellm.testing.oracle_cases import CASES
+    from edgellm.testing.oracle.cases import CASES
 
     path = write_tiny_model(tmp_path / "m.gguf", "lfm2", n_layers=6)
     g = load_gguf(str(path))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from edgellm.chat_template import (
+from edgellm.chat.template import (
     CHATML_TEMPLATE,
     ChatTemplate,
     ChatTemplateError,

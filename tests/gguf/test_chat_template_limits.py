@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from edgellm.chat_template import CHATML_TEMPLATE, GEMMA_TEMPLATE, ChatTemplate, ChatTemplateError
-from edgellm.template_sandbox import MAX_MACRO_DEPTH
+from edgellm.chat.sandbox import MAX_MACRO_DEPTH
+from edgellm.chat.template import CHATML_TEMPLATE, GEMMA_TEMPLATE, ChatTemplate, ChatTemplateError
 
 MSGS = [{"role": "user", "content": "hi"}]
 NESTED_LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"

@@ -21,7 +21,7 @@ from edgellm.testing.encoder_oracle import (
     sha256,
     token_states_edgellm,
 )
-from edgellm.testing.synthetic_encoder import ENCODER_ARCHS
+from edgellm.testing.synthetic.encoder import ENCODER_ARCHS
 from edgellm.tokenizer import Tokenizer
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "encoders"
@@ -188,7 +188,7 @@ def test_an_input_of_the_whole_context_runs_in_one_step(tmp_path: Path) -> None:
 
 def test_the_engine_refuses_what_an_encoder_cannot_do(tmp_path: Path) -> None:
     from edgellm.engine.checks import EmbeddingOnlyError
-    from edgellm.sampling import SamplingParams
+    from edgellm.sampling.sampler import SamplingParams
     from edgellm.testing.encoder_oracle import engine_core
 
     engine = engine_core(_write("bert_mean", tmp_path))

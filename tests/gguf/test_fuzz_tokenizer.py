@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edgellm.chat_template import CHATML_TEMPLATE, ChatTemplate
+from edgellm.chat.template import CHATML_TEMPLATE, ChatTemplate
 from edgellm.gguf.load import load_gguf
 from edgellm.tokenizer import Tokenizer, TokenizerError
 from edgellm.tokenizer.bpe import BYTE_TO_CHAR

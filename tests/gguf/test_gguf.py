@@ -1,7 +1,7 @@
 """GGUF loading: every way a file can be unusable gives an error that names the problem.
 
-Broken files are tiny synthetic models (edgellm.testing.synthetic) cut or patched at known byte offsets.
-Parity of the reader with gguf-py is in test_gguf_reader.py.
+Broken files are tiny synthetic models (edgellm.testing.synthetic.models) cut or patched at known byte
+offsets. Parity of the reader with gguf-py is in test_gguf_reader.py.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from edgellm import LLM
-from edgellm.catalog import ModelNotFoundError
 from edgellm.gguf.config import UnsupportedArchitectureError
 from edgellm.gguf.load import load_gguf
 from edgellm.gguf.reader import GGUFError
+from edgellm.models.catalog import ModelNotFoundError
 from edgellm.quants import UnsupportedQuantError
-from edgellm.testing.gguf_edit import record_start, write
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.testing.gguf.edit import record_start, write
+from edgellm.testing.synthetic.models import write_tiny_model
 from edgellm.tokenizer.vocab import TokenizerError
 
 LLM_KW = dict(n_ctx=64, kv_cache_memory=1 << 20)

@@ -1,7 +1,7 @@
 """Fuzzing the GGUF loader: a mutated model loads, tokenizes and generates 2 tokens, or raises GGUFError at
 load. Nothing else: no other exception class, at load or after it.
 
-Structured mutations (edgellm/testing/gguf_fuzz.py) edit small synthetic models of the four architectures:
+Structured mutations (edgellm/testing/gguf/fuzz.py) edit small synthetic models of the four architectures:
 every metadata value and value type, keys deleted and added, array element types, lengths and nesting,
 key and string length fields, tensor dimensions, dimension counts, types, offsets and names, header counts,
 the version, truncation. A second strategy writes consistent models of unusual shapes (1-wide and odd heads,
@@ -35,12 +35,12 @@ from edgellm.gguf.config import config_from_gguf
 from edgellm.gguf.load import load_gguf
 from edgellm.gguf.reader import GGUFError
 from edgellm.gguf.validation import tokenizer_from_gguf, validate_model
-from edgellm.testing.gguf_edit import read_editable, serialize
-from edgellm.testing.gguf_fuzz import apply, mutations
-from edgellm.testing.gguf_fuzz_worker import LoadWorker, exercise_tokenizer
+from edgellm.testing.gguf.edit import read_editable, serialize
+from edgellm.testing.gguf.fuzz import apply, mutations
+from edgellm.testing.gguf.fuzz_worker import LoadWorker, exercise_tokenizer
 from edgellm.testing.limits import HANG_S
 from edgellm.testing.paths import ROOT
-from edgellm.testing.synthetic import spm_vocab, write_tiny_model
+from edgellm.testing.synthetic.models import spm_vocab, write_tiny_model
 
 REPO = ROOT
 EXAMPLES = int(os.environ.get("EDGELLM_FUZZ_EXAMPLES", "0"))

@@ -14,7 +14,7 @@ from gguf import GGUFValueType as V
 
 from edgellm.gguf.load import load_gguf
 from edgellm.gguf.reader import release_mapped_pages
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.testing.synthetic.models import write_tiny_model
 
 
 def assert_same_as_gguf_py(path: Path, check_data: bool = True) -> None:

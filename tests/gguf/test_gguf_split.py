@@ -15,9 +15,9 @@ import pytest
 
 from edgellm.gguf.load import load_gguf
 from edgellm.gguf.reader import GGUFError, load_gguf_part
-from edgellm.testing.gguf_edit import read_editable, serialize
+from edgellm.testing.gguf.edit import read_editable, serialize
 from edgellm.testing.limits import HANG_S
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.testing.synthetic.models import write_tiny_model
 
 PARTS = 3  # the tiny llama's 21 tensors, 8 a part
 

@@ -22,10 +22,10 @@ from edgellm.gguf.config import config_from_gguf
 from edgellm.gguf.load import load_gguf
 from edgellm.gguf.reader import GGUFError
 from edgellm.gguf.validation import tokenizer_from_gguf, validate_model
-from edgellm.testing.gguf_edit import record_start, write
+from edgellm.testing.gguf.edit import record_start, write
 from edgellm.testing.limits import HANG_S
 from edgellm.testing.paths import ROOT
-from edgellm.testing.synthetic import spm_vocab, write_tiny_model
+from edgellm.testing.synthetic.models import spm_vocab, write_tiny_model
 
 LLM_KW = dict(n_ctx=64, kv_cache_memory=1 << 20, threads=1)
 REPO = ROOT
@@ -36,7 +36,7 @@ CHILD = textwrap.dedent(
     import sys
     from edgellm import LLM
     from edgellm.gguf.reader import GGUFError
-    from edgellm.sampling import SamplingParams
+    from edgellm.sampling.sampler import SamplingParams
     try:
         llm = LLM(sys.argv[1], n_ctx=64, kv_cache_memory=1 << 20, threads=1)
     except GGUFError as e:

@@ -21,8 +21,8 @@ from edgellm.backends.cpu.ops import swiglu_oai_par_cpu
 from edgellm.gguf.config import UnsupportedArchitectureError, config_from_gguf
 from edgellm.gguf.load import load_gguf
 from edgellm.gguf.reader import GGUFError
-from edgellm.testing.oracle_cases import CASES, GPT_OSS_WRITER, GPT_OSS_YARN, nmse, score_edgellm
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.testing.oracle.cases import CASES, GPT_OSS_WRITER, GPT_OSS_YARN, nmse, score_edgellm
+from edgellm.testing.synthetic.models import write_tiny_model
 from edgellm.tokenizer.bpe import BpeModel
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "oracle"

@@ -14,7 +14,7 @@ import pytest
 
 from edgellm.engine.conv_state import ConvStates
 from edgellm.engine.model_runner import ModelRunner, RunItem
-from edgellm.testing.oracle_cases import CASES, nmse
+from edgellm.testing.oracle.cases import CASES, nmse
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "oracle"
 BLOCK = 16

@@ -25,9 +25,9 @@ from edgellm.gguf.load import load_gguf
 from edgellm.gguf.reader import GGUFError
 from edgellm.gguf.validation import validate_model
 from edgellm.testing.limits import HANG_S
-from edgellm.testing.oracle_cases import GPT_OSS_QTYPES, MOE, MOE_QTYPES, QWEN2MOE, QWEN3MOE
+from edgellm.testing.oracle.cases import GPT_OSS_QTYPES, MOE, MOE_QTYPES, QWEN2MOE, QWEN3MOE
 from edgellm.testing.paths import SCRIPTS
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.testing.synthetic.models import write_tiny_model
 
 BS = 16
 

@@ -1,4 +1,4 @@
-"""edgellm against llama.cpp's logits on every oracle case (edgellm/testing/oracle_cases.py): each
+"""edgellm against llama.cpp's logits on every oracle case (edgellm/testing/oracle/cases.py): each
 architecture, each quant type and each metadata feature, on tiny random-weight GGUFs scored over 1,100 tokens.
 
 The fixtures (tests/fixtures/oracle/<case>.npz) are llama.cpp's logits, written by
@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 from edgellm.arch.registry import supported_architectures
-from edgellm.testing.oracle_cases import CASES, nmse, score_edgellm, top1_agreement
+from edgellm.testing.oracle.cases import CASES, nmse, score_edgellm, top1_agreement
 from edgellm.testing.paths import ORACLE_FIXTURES
-from edgellm.testing.synthetic import ARCHS as SYNTHETIC_ARCHS
-from edgellm.testing.synthetic_encoder import ENCODER_ARCHS
+from edgellm.testing.synthetic.encoder import ENCODER_ARCHS
+from edgellm.testing.synthetic.models import ARCHS as SYNTHETIC_ARCHS
 
 FIXTURES = ORACLE_FIXTURES
 
@@ -31,7 +31,7 @@ def test_every_architecture_has_a_case() -> None:
     one oracle case, llama.cpp's logits on a tiny file of it, which the synthetic writer can write."""
     registered = set(supported_architectures()) - set(ENCODER_ARCHS)  # encoders: test_encoders.py
     missing = sorted(registered - {c.arch for c in CASES.values()})
-    assert not missing, f"no oracle case for {missing}: add one to edgellm/testing/oracle_cases.py"
+    assert not missing, f"no oracle case for {missing}: add one to edgellm/testing/oracle/cases.py"
     assert registered == set(SYNTHETIC_ARCHS), f"synthetic.ARCHS {SYNTHETIC_ARCHS} != {sorted(registered)}"
 
 
@@ -73,7 +73,7 @@ def test_writer_is_deterministic_and_extra_tensors_change_nothing_else(tmp_path:
     rope_freqs.weight) must leave the other weights as they were."""
     import gguf
 
-    from edgellm.testing.synthetic import Typed, write_tiny_model
+    from edgellm.testing.synthetic.models import Typed, write_tiny_model
 
     kw = dict(qtypes="Q8_0", seed=3, metadata_overrides={"llama.rope.scaling.factor": 2.0})
     a = write_tiny_model(tmp_path / "a.gguf", "llama", **kw)

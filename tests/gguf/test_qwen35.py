@@ -15,7 +15,7 @@ import pytest
 
 from edgellm.engine.conv_state import ConvStates
 from edgellm.engine.model_runner import RunItem
-from edgellm.testing.oracle_cases import CASES, nmse
+from edgellm.testing.oracle.cases import CASES, nmse
 from tests.gguf.test_lfm2 import BLOCK, FIXTURES, make_runner, score
 
 VOCAB = 288
@@ -246,7 +246,7 @@ def test_bad_metadata_is_refused_naming_the_key(tmp_path: Path, overrides: dict,
     from edgellm.gguf.config import config_from_gguf
     from edgellm.gguf.load import load_gguf
     from edgellm.gguf.reader import GGUFError
-    from edgellm.testing.synthetic import write_tiny_model
+    from edgellm.testing.synthetic.models import write_tiny_model
 
     model = CASES["qwen35_f32"].model
     path = write_tiny_model(tmp_path / "bad.gguf", "qwen35", "F32", metadata_overrides=overrides, **model)

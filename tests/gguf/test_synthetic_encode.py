@@ -15,7 +15,7 @@ from edgellm.gguf.config import config_from_gguf
 from edgellm.gguf.load import load_gguf
 from edgellm.quants import BLOCK_DTYPES
 from edgellm.testing.encode import KQUANT_REF, random_raw_blocks, scale_fields
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.testing.synthetic.models import write_tiny_model
 
 # NMSE of a plain min/max quantizer on normal weights: ~6e-3 for 4 bits, ~4e-4 for 6 bits.
 KQUANT_NMSE = {T.Q4_K: 1e-2, T.Q6_K: 1e-3}

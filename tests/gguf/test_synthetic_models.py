@@ -1,4 +1,5 @@
-"""End to end on tiny random models of every supported architecture (written by edgellm.testing.synthetic).
+"""End to end on tiny random models of every supported architecture (written by
+edgellm.testing.synthetic.models).
 
 The check that matters is `llm.score` against an independent float64 numpy forward pass written here from
 llama.cpp's graph definitions (src/models/llama.cpp, qwen2.cpp, qwen3.cpp, gemma3.cpp), reading the file
@@ -29,7 +30,7 @@ import pytest
 
 from edgellm import LLM, SamplingParams
 from edgellm.gguf.model_config import ROPE_NEOX, ROPE_NORM
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.testing.synthetic.models import write_tiny_model
 
 # The architectures this module's float64 forward implements; gemma2, granite and olmo2 are checked against
 # llama.cpp itself (tests/gguf/test_oracle_cases.py).

@@ -17,7 +17,7 @@ from edgellm.gguf.load import load_gguf
 from edgellm.gguf.model_config import UnsupportedArchitectureError
 from edgellm.gguf.reader import GGUFError
 from edgellm.gguf.validation import validate_model
-from edgellm.testing.synthetic import Typed, write_tiny_model
+from edgellm.testing.synthetic.models import Typed, write_tiny_model
 
 
 def load(path: Path) -> None:

@@ -29,7 +29,7 @@ def slow_to_compile(x):
 CHILD = """
 import json, sys, time
 import numpy as np
-from edgellm.runtime import CompileWatch
+from edgellm.engine.runtime import CompileWatch
 
 lines = []
 with CompileWatch(lines.append, heartbeat_s=0.01) as watch:

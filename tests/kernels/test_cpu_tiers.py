@@ -209,7 +209,7 @@ def test_a_forced_tier_at_start_sets_numbas_target(monkeypatch: pytest.MonkeyPat
     entries on that target, so they never mix with the host's), and only the avx2 tier's IR is built. The
     target is set when Numba is first imported: the front-ends, imported before, load no llvmlite."""
     code = (
-        "import sys, edgellm, edgellm.cli, edgellm.server.app\n"
+        "import sys, edgellm, edgellm.cli.commands, edgellm.server.app\n"
         "print(sorted(m for m in ('numba', 'llvmlite', 'edgellm.backends') if m in sys.modules))\n"
         "from numba.core.registry import cpu_target; from edgellm.backends.cpu import tiers\n"
         "print(cpu_target.target_context.codegen().magic_tuple(), [t.name for t in tiers.compiled_tiers()])"

@@ -12,8 +12,8 @@ from edgellm.backends.cpu import tiers, vnni
 from edgellm.testing.fused import QTYPES
 from edgellm.testing.fused import load_runner as _load
 from edgellm.testing.fused import run_logits as _logits
-from edgellm.testing.oracle_cases import LLAMA_BIASES, SMALL, SOME_BIASES, bias_tensors
-from edgellm.testing.synthetic import ARCHS, MOE_ARCHS, write_tiny_model
+from edgellm.testing.oracle.cases import LLAMA_BIASES, SMALL, SOME_BIASES, bias_tensors
+from edgellm.testing.synthetic.models import ARCHS, MOE_ARCHS, write_tiny_model
 
 FUSED_TIERS = [t.name for t in tiers.compiled_tiers() if t.fused_layer]
 pytestmark = pytest.mark.skipif(

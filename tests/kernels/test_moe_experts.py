@@ -1,7 +1,7 @@
-"""The CPU backend's one-call MoE experts (backends/cpu/moe_experts.py) and one-call MoE block
-(moe_block.py) against running the experts one by one through CpuBackend.matmul: the same bits, in prefill
-and batched decode, for every layout mix, and for gpt-oss's biased, clamped-SwiGLU experts (MXFP4 as the
-released files, and the block-32 mix)."""
+"""The CPU backend's one-call MoE experts (backends/cpu/moe/experts.py) and one-call MoE block
+(backends/cpu/moe/block.py) against running the experts one by one through CpuBackend.matmul: the same bits,
+in prefill and batched decode, for every layout mix, and for gpt-oss's biased, clamped-SwiGLU experts (MXFP4
+as the released files, and the block-32 mix)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from edgellm.arch import ARCHITECTURES
 from edgellm.arch.moe import prepare_experts
 from edgellm.backends.base import Backend
 from edgellm.backends.cpu.backend import CpuBackend
-from edgellm.backends.cpu.moe_experts import NO_BIAS, check_moe_args, check_moe_biases, check_moe_runs
+from edgellm.backends.cpu.moe.experts import NO_BIAS, check_moe_args, check_moe_biases, check_moe_runs
 from edgellm.engine.model_runner import ModelRunner, RunItem
 from edgellm.gguf.config import config_from_gguf
 from edgellm.gguf.load import load_gguf
 from edgellm.gguf.validation import validate_model
-from edgellm.testing.oracle_cases import (
+from edgellm.testing.oracle.cases import (
     GPT_OSS_MODEL,
     GPT_OSS_QTYPES,
     GPT_OSS_WRITER,
@@ -29,7 +29,7 @@ from edgellm.testing.oracle_cases import (
     QWEN2MOE,
     QWEN3MOE,
 )
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.testing.synthetic.models import write_tiny_model
 
 BS = 16
 GPT_OSS = {**GPT_OSS_MODEL, **GPT_OSS_WRITER, "metadata_overrides": GPT_OSS_YARN}

@@ -1,4 +1,4 @@
-"""The CPU backend's compiled MoE routing (backends/cpu/moe_route.py) against arch/moe.py's numpy routing:
+"""The CPU backend's compiled MoE routing (backends/cpu/moe/route.py) against arch/moe.py's numpy routing:
 the same experts and pair order, weights to float32 rounding; ties, NaN and infinite logits as numpy's
 stable sort orders them; a row's routing independent of the rows beside it."""
 
@@ -9,7 +9,7 @@ import pytest
 
 from edgellm.arch.moe import ROUTERS, group_by_expert
 from edgellm.backends.base import ExpertRoute
-from edgellm.backends.cpu.moe_route import route_cpu
+from edgellm.backends.cpu.moe.route import route_cpu
 
 EXACT = ("experts", "tokens", "ids", "bounds", "where")
 

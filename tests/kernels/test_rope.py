@@ -16,7 +16,7 @@ from edgellm.gguf.load import load_gguf
 from edgellm.gguf.reader import GGUFError
 from edgellm.gguf.rope import RopeParams
 from edgellm.testing.rope_ref import ggml_rope_ref
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.testing.synthetic.models import write_tiny_model
 
 STRONG_FACTORS = tuple(float(f) for f in np.geomspace(1.0, 40.0, 24))
 ROPES = {

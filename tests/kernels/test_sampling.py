@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgellm.nucleus import MAX_SORTED, kept_tokens, scaled_row
-from edgellm.sampling import PARAM_BOUNDS, Sampler, SamplingParams, top_k_stable
+from edgellm.sampling.nucleus import MAX_SORTED, kept_tokens, scaled_row
+from edgellm.sampling.sampler import PARAM_BOUNDS, Sampler, SamplingParams, top_k_stable
 
 
 def full_sort_cut(params: SamplingParams, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -133,7 +133,7 @@ def test_temperature_sampling_follows_the_softmax() -> None:
 
 @pytest.mark.parametrize("name", sorted(PARAM_BOUNDS))
 def test_sampling_params_and_the_server_share_one_set_of_bounds(name: str) -> None:
-    from edgellm.server.errors import ApiError
+    from edgellm.server.http.errors import ApiError
     from edgellm.server.protocol import parse_completion
 
     lo, hi, lo_open = PARAM_BOUNDS[name]

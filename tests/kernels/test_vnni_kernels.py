@@ -227,7 +227,7 @@ def test_runs_of_experts_give_each_weights_own_bits(qtype: T, tier: str) -> None
     2, runs of 3 as a block of 4 that reads the next run's rows (their results dropped), the last run's as
     a block that starts before it; 38 output rows leave a partial last tile."""
     from edgellm.backends.cpu.layer import pack_matrix
-    from edgellm.backends.cpu.moe_experts import _runs_matmul
+    from edgellm.backends.cpu.moe.experts import _runs_matmul
 
     rng = np.random.default_rng(zlib.crc32(qtype.name.encode()) + 1)
     rows, cols = 38, 256

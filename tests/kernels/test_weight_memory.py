@@ -145,7 +145,7 @@ def test_the_engine_prepares_weights_on_the_pages_its_config_names(tmp_path: Pat
 
     from edgellm.engine.config import EngineConfig
     from edgellm.engine.core_process import EngineCoreProc
-    from edgellm.testing.synthetic import write_tiny_model
+    from edgellm.testing.synthetic.models import write_tiny_model
 
     path = write_tiny_model(tmp_path / "m.gguf", "llama", "Q8_0", n_layers=1)
     spec = {"n_ctx": 32, "kv_cache_memory": 1 << 20, "threads": 1}

@@ -12,8 +12,8 @@ from edgellm.gguf.load import load_gguf
 from edgellm.lora.adapter import LoraError, load_adapter
 from edgellm.lora.apply import round_input, step_for_batch
 from edgellm.testing.lora_cases import run_greedy, tiny_engine, write_lora_files
-from edgellm.testing.synthetic import write_tiny_model
-from edgellm.testing.synthetic_lora import write_tiny_lora
+from edgellm.testing.synthetic.lora import write_tiny_lora
+from edgellm.testing.synthetic.models import write_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def test_global_scales_apply_when_a_request_names_none(files) -> None:  # noqa: 
 
 
 def test_unknown_adapter_id_is_refused(files) -> None:  # noqa: ANN001
-    from edgellm.sampling import SamplingParams
+    from edgellm.sampling.sampler import SamplingParams
 
     engine = tiny_engine(*files)
     with pytest.raises(ValueError, match="unknown LoRA adapter id 2"):
@@ -71,7 +71,7 @@ def test_prefix_cache_is_keyed_by_the_adapter_set(files) -> None:  # noqa: ANN00
     hits = {}
 
     def run(rid: str, choice: dict | None) -> list[int]:
-        from edgellm.sampling import SamplingParams
+        from edgellm.sampling.sampler import SamplingParams
 
         engine.add_request(
             prompt, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, lora=choice), rid
@@ -184,7 +184,7 @@ def test_adapter_for_a_wider_base_is_refused(files, tmp_path) -> None:  # noqa: 
 
 
 def test_new_global_scales_never_change_a_running_request(files) -> None:  # noqa: ANN001
-    from edgellm.sampling import SamplingParams
+    from edgellm.sampling.sampler import SamplingParams
 
     base, adapters = files
     prompt = _prompts()["b1"]
@@ -229,7 +229,7 @@ def test_layers_no_adapter_touches_keep_the_fused_layer(files, tmp_path) -> None
 
 
 def test_parallel_completions_keep_the_parents_adapter(files) -> None:  # noqa: ANN001
-    from edgellm.sampling import SamplingParams
+    from edgellm.sampling.sampler import SamplingParams
 
     base, adapters = files
     prompt = _prompts()["b2"]

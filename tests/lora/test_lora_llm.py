@@ -12,8 +12,8 @@ from edgellm import LLM, SamplingParams
 from edgellm.testing.limits import HANG_S
 from edgellm.testing.lora_cases import run_greedy, tiny_engine, write_lora_files
 from edgellm.testing.paths import ROOT
-from edgellm.testing.synthetic import write_tiny_model
-from edgellm.testing.synthetic_lora import write_tiny_lora
+from edgellm.testing.synthetic.lora import write_tiny_lora
+from edgellm.testing.synthetic.models import write_tiny_model
 
 PROMPT = list(range(5, 25))
 
@@ -76,7 +76,7 @@ def test_run_command_takes_lora(files) -> None:  # noqa: ANN001
 
 
 def test_serve_flags_take_both_lora_scaled_forms() -> None:
-    from edgellm.cli import build_parser
+    from edgellm.cli.commands import build_parser
     from edgellm.config import ServerConfig
 
     p = build_parser()

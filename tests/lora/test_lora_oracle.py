@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from edgellm.testing.lora_cases import CASES, NMSE_LIMIT
-from edgellm.testing.oracle_case import nmse, score_edgellm, top1_agreement
+from edgellm.testing.oracle.case import nmse, score_edgellm, top1_agreement
 from edgellm.testing.paths import FIXTURES
 
 

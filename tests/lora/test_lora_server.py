@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from edgellm.testing.servers import httpx, serve
-from edgellm.testing.synthetic import write_tiny_model
-from edgellm.testing.synthetic_lora import write_tiny_lora
+from edgellm.testing.synthetic.lora import write_tiny_lora
+from edgellm.testing.synthetic.models import write_tiny_model
 
 PROMPT = "hello there"
 TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"

@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 import ollama
 import pytest
 
-from edgellm.server.errors import ApiError
-from edgellm.server.frontend import Call, CallArgs, CallStart, End, Event, Reply, Text
-from edgellm.server.ollama_api import ReplyShape
-from edgellm.server.responses_input import ResponseStore
+from edgellm.server.events import Call, CallArgs, CallStart, End, Event, Reply, Text
+from edgellm.server.http.errors import ApiError
+from edgellm.server.ollama.routes import ReplyShape
+from edgellm.server.responses.input import ResponseStore
 
 END = End("tool_calls", None, prompt_tokens=10, completion_tokens=7, cached_tokens=0)
 

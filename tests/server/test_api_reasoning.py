@@ -17,14 +17,14 @@ import ollama
 import openai
 import pytest
 
-from edgellm.reasoning import REASONING_END
-from edgellm.server.errors import ApiError
+from edgellm.chat.reasoning import REASONING_END
+from edgellm.server.http.errors import ApiError
 from edgellm.server.thinking import thinking_options
 from edgellm.server.thinking_fields import EFFORT_BUDGETS, ThinkingAsk, effort_budget, parse_thinking
 from edgellm.testing.harmony import HARMONY_TEMPLATE
 from edgellm.testing.reasoning import ASK, BUDGET, THINKING_TEMPLATE
 from edgellm.testing.servers import serve as _start
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.testing.synthetic.models import write_tiny_model
 
 MAX_TOKENS = 32
 

@@ -14,10 +14,12 @@ from hypothesis import strategies as st
 
 from edgellm.config import ServerConfig
 from edgellm.engine.config import EngineConfig
-from edgellm.server import anthropic_api, ollama_options, responses_input
+from edgellm.server.anthropic import routes as anthropic_api
 from edgellm.server.app import build_app
-from edgellm.server.errors import ApiError
+from edgellm.server.http.errors import ApiError
+from edgellm.server.ollama import options as ollama_options
 from edgellm.server.protocol import check_unicode, parse_chat
+from edgellm.server.responses import input as responses_input
 from edgellm.server.state import ServerState
 from edgellm.testing.api_attacks import ANTHROPIC, NEW_POST_ROUTES, OLLAMA, RAW, RESPONSES, error_message
 from edgellm.testing.http_attacks import AsgiClient

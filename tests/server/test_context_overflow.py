@@ -16,7 +16,7 @@ import pytest
 
 from edgellm.server.context_overflow import MARKER, cut_middle, reply_room, tail_starts
 from edgellm.testing.servers import serve
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.testing.synthetic.models import write_tiny_model
 
 CTX = 256
 NO_SPECIALS = {"0": -100, "1": -100, "2": -100}  # the tiny vocabulary's end-of-generation tokens

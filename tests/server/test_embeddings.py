@@ -20,8 +20,8 @@ from edgellm.engine.core_process import EngineCoreProc
 from edgellm.engine.model_runner import RunItem
 from edgellm.engine.protocol import EngineCoreOutput
 from edgellm.engine.sequence import Sequence
-from edgellm.sampling import SamplingParams
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.sampling.sampler import SamplingParams
+from edgellm.testing.synthetic.models import write_tiny_model
 
 CTX = 64
 TOL = 1e-6

@@ -14,7 +14,7 @@ import pytest
 
 from edgellm.testing.encoder_oracle import cosine, embed_edgellm
 from edgellm.testing.servers import start_server, stop_server
-from edgellm.testing.synthetic_encoder import write_tiny_encoder
+from edgellm.testing.synthetic.encoder import write_tiny_encoder
 from edgellm.tokenizer import Tokenizer
 
 TEXTS = ["Hello world!", "The quick brown fox sat on the mat.", "Café: the capital of France?"]
@@ -171,7 +171,7 @@ def test_embeddings_on_a_reranker_is_a_400(rerank_server: str) -> None:
 def test_encoders_beside_a_chat_model_in_a_multi_model_server(
     tmp_path: Path, bert_model: Path, rerank_model: Path
 ) -> None:
-    from edgellm.testing.synthetic import write_tiny_model
+    from edgellm.testing.synthetic.models import write_tiny_model
 
     chat = str(write_tiny_model(tmp_path / "chat.gguf", "llama", seed=1))
     emb, rr = str(bert_model), str(rerank_model)

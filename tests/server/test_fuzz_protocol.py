@@ -15,10 +15,10 @@ from starlette.requests import Request
 
 from edgellm.config import ServerConfig
 from edgellm.engine.config import EngineConfig
-from edgellm.sampling import Sampler
+from edgellm.sampling.sampler import Sampler
 from edgellm.server.app import build_app
-from edgellm.server.auth import check_api_key, has_api_key
-from edgellm.server.errors import ApiError
+from edgellm.server.http.auth import check_api_key, has_api_key
+from edgellm.server.http.errors import ApiError
 from edgellm.server.protocol import check_unicode, parse_chat, parse_completion
 from edgellm.server.state import ServerState
 from edgellm.testing.http_attacks import AsgiClient
@@ -141,7 +141,7 @@ def test_without_the_key_any_path_is_a_401_403_404_or_405_never_a_redirect(
         if method == "GET" and a.status == 503:
             assert a.json() == {"status": "loading"}  # no details without the key
         return
-    foreign = host in ("evil.example", "", "a/b")  # not a name of the server: refused first (http_stack.py)
+    foreign = host in ("evil.example", "", "a/b")  # not a name of the server: refused first (http/stack.py)
     assert a.status == 403 if foreign else a.status in (401, 404, 405), (method, path, host, a.status)
     if method != "HEAD":
         err = a.json()["error"]  # OpenAI's and Anthropic's {"message", ...}, Ollama's a string
@@ -179,7 +179,7 @@ def ref_graphs(draw: st.DrawFn) -> dict:
 
 
 def _check_attack(body: dict, pool) -> None:
-    from edgellm.grammar import GrammarError, grammar_job
+    from edgellm.grammar.compile import GrammarError, grammar_job
     from edgellm.server.tools import checked_tool_schema
 
     try:
@@ -202,7 +202,7 @@ def _check_attack(body: dict, pool) -> None:
 
 @pytest.fixture(scope="module")
 def fuzz_pool():
-    from edgellm.grammar_worker import GrammarPool
+    from edgellm.grammar.worker import GrammarPool
 
     pool = GrammarPool(size=1)
     yield pool

@@ -16,7 +16,7 @@ import pytest
 from edgellm.gguf.load import load_gguf
 from edgellm.testing.api_attacks import INFILL, error_message
 from edgellm.testing.servers import httpx, start_server, stop_server
-from edgellm.testing.synthetic import Typed, write_tiny_model
+from edgellm.testing.synthetic.models import Typed, write_tiny_model
 from edgellm.tokenizer import fim
 from edgellm.tokenizer.tokenizer import Tokenizer
 

@@ -1,5 +1,5 @@
-"""`edgellm serve --models A,B` (edgellm/server/multi.py): two tiny models behind one port, each loaded on
-first use in its own server and engine process, routed by the request's model field, unloaded when idle."""
+"""`edgellm serve --models A,B` (edgellm/server/multi/router.py): two tiny models behind one port, each loaded
+on first use in its own server and engine process, routed by the request's model field, unloaded when idle."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 
 from edgellm.testing.limits import HANG_S
 from edgellm.testing.servers import ROOT, child_pids, cmdline, httpx, start_server, stop_server
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.testing.synthetic.models import write_tiny_model
 
 
 def _start_router(*args: str) -> tuple[subprocess.Popen, str]:

@@ -14,8 +14,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from edgellm.cli import build_parser, main
-from edgellm.server.errors import ApiError
+from edgellm.cli.commands import build_parser, main
+from edgellm.server.http.errors import ApiError
 from edgellm.server.replicas.asgi_relay import Relay, app_messages, portable_scope, read_body
 from edgellm.server.replicas.replica_metrics import label_replicas
 

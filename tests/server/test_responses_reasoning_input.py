@@ -11,11 +11,11 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from edgellm.server.errors import ApiError
-from edgellm.server.responses_input import input_messages
+from edgellm.server.http.errors import ApiError
+from edgellm.server.responses.input import input_messages
 from edgellm.testing.reasoning import ASK, BUDGET, THINKING_TEMPLATE
 from edgellm.testing.servers import serve
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.testing.synthetic.models import write_tiny_model
 
 LOOP = "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
 RENDERS_REASONING = THINKING_TEMPLATE.replace(

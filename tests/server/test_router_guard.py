@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from edgellm.server.http_strict import FOLDED_MESSAGE
+from edgellm.server.http.strict import FOLDED_MESSAGE
 from edgellm.testing.http_attacks import EVIL_HOST, raw_request
 from edgellm.testing.servers import child_pids, cmdline, httpx, start_server, stop_server
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.testing.synthetic.models import write_tiny_model
 
 KEY = "router-secret-7f3a"
 

@@ -336,8 +336,8 @@ def test_api_key_and_queue_full(guarded_server: str) -> None:
 def test_loopback_detection_and_request_validation() -> None:
     from edgellm.engine.checks import TokenIdError, check_request
     from edgellm.server import _is_loopback
-    from edgellm.server.errors import ApiError
     from edgellm.server.generate import request_error
+    from edgellm.server.http.errors import ApiError
     from edgellm.server.protocol import parse_chat, parse_completion
 
     assert _is_loopback("127.0.0.1") and _is_loopback("::1") and _is_loopback("localhost")
@@ -374,7 +374,7 @@ def test_loopback_detection_and_request_validation() -> None:
 
 
 def test_server_sampling_defaults_fill_only_what_a_request_omits() -> None:
-    from edgellm.cli import build_parser
+    from edgellm.cli.commands import build_parser
     from edgellm.config import ServerConfig
     from edgellm.engine.config import EngineConfig
     from edgellm.server.protocol import parse_chat, parse_completion

@@ -73,7 +73,8 @@ def test_cors_preflight_and_headers_for_the_allowed_origin_only(server: str) -> 
         h.strip() for h in r.headers["access-control-allow-headers"].split(",")
     }
     other = httpx.options(f"{server}/v1/chat/completions", headers={"Origin": "http://evil.example", **pre})
-    # refused by the local-only guard before CORS looks at it (http_stack.py), as any request from it is
+    # refused by the local-only guard before CORS looks at it (server/http/stack.py), as any request from it
+    # is
     assert other.status_code == 403 and "access-control-allow-origin" not in other.headers
     body = {"model": "edge", "prompt": "Hi", "max_tokens": 1}
     ok = httpx.post(f"{server}/v1/completions", json=body, headers={"Origin": ORIGIN})
@@ -173,7 +174,7 @@ def test_embeddings_base64_is_little_endian_float32_and_errors_name_the_problem(
 
 
 def test_bad_names_and_origins_are_refused_at_start() -> None:
-    from edgellm.server.compat import ModelNames, cors_middleware
+    from edgellm.server.http.compat import ModelNames, cors_middleware
 
     for bad in ("", " edge"):
         with pytest.raises(ValueError, match="--served-model-name"):

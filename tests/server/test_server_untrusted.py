@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from edgellm.chat_template import CHATML_TEMPLATE
-from edgellm.cli import main as cli_main
+from edgellm.chat.template import CHATML_TEMPLATE
+from edgellm.cli.commands import main as cli_main
 from edgellm.config import ServerConfig
 from edgellm.engine.config import EngineConfig
 from edgellm.server.app import build_app
-from edgellm.server.errors import ApiError
+from edgellm.server.http.errors import ApiError
 from edgellm.server.state import ServerState, load_template, render_chat_prompt
 from edgellm.testing.grammar_attacks import chat_body_attacks
 from edgellm.testing.http_attacks import (
@@ -226,7 +226,7 @@ def test_near_miss_paths_are_404s_never_redirects(key: str | None) -> None:
         for method in ("GET", "POST"):
             for headers in ([], KEY):
                 # a redirect's Location would be built from Host: a local name gets a 404, a foreign one
-                # is refused before routing (http_stack.py's guard)
+                # is refused before routing (server/http/stack.py's guard)
                 for host, status in ((LOCAL_NAME, 404), (EVIL_HOST, 403)):
                     a = app.request(method, path, headers, host=host)
                     _no_redirect(a, f"{method} {path}")

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from edgellm.server.errors import ApiError
+from edgellm.server.http.errors import ApiError
 from edgellm.server.tools import DEFAULT_MAX_PARALLEL_CALLS, ToolOutput, parse_tools
 from edgellm.testing.tool_cases import TOOLS
 

@@ -19,7 +19,7 @@ from edgellm.server.app import build_app
 from edgellm.server.state import ServerState
 from edgellm.testing.http_attacks import EVIL_HOST, AsgiClient
 from edgellm.testing.servers import ROOT, httpx, start_server, stop_server
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.testing.synthetic.models import write_tiny_model
 
 HTML = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}  # Chromium's
 HTML_ACCEPT = ("Accept", HTML["Accept"])

@@ -14,7 +14,7 @@ import pytest
 from edgellm.testing import browser
 from edgellm.testing.reasoning import THINKING_TEMPLATE
 from edgellm.testing.servers import httpx, metrics, start_server, stop_server
-from edgellm.testing.synthetic import write_tiny_model
+from edgellm.testing.synthetic.models import write_tiny_model
 
 pytestmark = pytest.mark.skipif(browser.missing() is not None, reason=f"no browser: {browser.missing()}")
 

@@ -96,7 +96,7 @@ async def test_settings_change_sampling_system_prompt_and_model(tmp_path: Path) 
 async def test_model_list_says_downloaded_once_the_model_is(tmp_path: Path, monkeypatch) -> None:
     """The Settings model list is built from the catalog each time it opens: a model fetched since (the
     first start's download, `edgellm pull` elsewhere) no longer says "(not downloaded)"."""
-    from edgellm.catalog import CATALOG, local_path, models_dir
+    from edgellm.models.catalog import CATALOG, local_path, models_dir
     from tests.scripted_backend import ScriptedBackend
     from tui.app import ChatApp
     from tui.storage import ConversationStore

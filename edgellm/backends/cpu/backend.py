@@ -15,9 +15,9 @@ from edgellm.backends.cpu.attention import attention_paged_cpu
 from edgellm.backends.cpu.kv_cache import CpuKvCache
 from edgellm.backends.cpu.layer import FusedLayer, decoder_layer_cpu, pack_layer
 from edgellm.backends.cpu.matmul import matmul_cpu
-from edgellm.backends.cpu.moe_block import run_moe_block
-from edgellm.backends.cpu.moe_experts import moe_combine_cpu, run_moe_experts
-from edgellm.backends.cpu.moe_route import route_cpu
+from edgellm.backends.cpu.moe.block import run_moe_block
+from edgellm.backends.cpu.moe.experts import moe_combine_cpu, run_moe_experts
+from edgellm.backends.cpu.moe.route import route_cpu
 from edgellm.backends.cpu.packed import PackedWeight, dequantize_rows_cpu, pack_tiles, pack_weight
 from edgellm.backends.cpu.tile_layouts import TILE, TILE_LAYOUTS
 from edgellm.gguf.reader import TensorInfo

@@ -74,10 +74,10 @@ def parse_speculative(value: Any, num_tokens: int | None = None) -> SpeculativeC
 def check_draft_model(model: str, target_gguf: Any, target_cfg: Any) -> Any:
     """The draft model's local path, once it is known to load and to share the target's vocabulary
     (every token id must mean the same text in both, or its drafts are noise)."""
-    from edgellm.catalog import resolve_model
     from edgellm.gguf.config import config_from_gguf
     from edgellm.gguf.load import load_gguf
     from edgellm.gguf.validation import validate_model
+    from edgellm.models.catalog import resolve_model
 
     path = resolve_model(model)
     gguf = load_gguf(path)

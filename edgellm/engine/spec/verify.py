@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgellm.sampling import Sampler, TopCandidates
+from edgellm.sampling.sampler import Sampler, TopCandidates
 
 Row = np.ndarray | TopCandidates  # one position's logits [n_vocab], or its best entries (device sampling)
 

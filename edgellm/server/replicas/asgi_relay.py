@@ -1,7 +1,8 @@
-"""HTTP over a message stream, for the Ray Serve path (ray_app.py): the ingress forwards each request (its
-ASGI scope and body) to an engine replica, which runs the ordinary server app (app.py) on it and streams
-back the ASGI messages that app sends; the ingress relays them to the client. So every route, error,
-auth check and SSE stream is the one server's, not a copy. No Ray here: the stream is any async iterator.
+"""HTTP over a message stream, for the Ray Serve path (server/replicas/serve_app.py): the ingress forwards
+each request (its ASGI scope and body) to an engine replica, which runs the ordinary server app (app.py) on it
+and streams back the ASGI messages that app sends; the ingress relays them to the client. So every route,
+error, auth check and SSE stream is the one server's, not a copy. No Ray here: the stream is any async
+iterator.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from edgellm.server.endpoint import error_response
-from edgellm.server.errors import ApiError
+from edgellm.server.http.endpoint import error_response
+from edgellm.server.http.errors import ApiError
 from edgellm.server.openai_format import sse
 
 log = logging.getLogger("edgellm.server.ray")

@@ -1,4 +1,5 @@
-"""Prefix-aware replica choice for `edgellm serve --replicas N` (no Ray here: ray_router.py adapts it).
+"""Prefix-aware replica choice for `edgellm serve --replicas N` (no Ray here:
+server/replicas/request_router.py adapts it).
 
 A prompt is a chain of full KV blocks, hashed exactly as the engine's prefix cache keys them
 (engine/prefix_cache.block_keys), so "shares a block" means here what it means to the cache. The router

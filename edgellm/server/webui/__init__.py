@@ -6,7 +6,7 @@ browser cannot send a key on a navigation. The page's own API calls carry the ke
 Everything is served from here, so the page works offline, and its Content-Security-Policy allows
 nothing else: no inline script or style, no other origin to load from or talk to (a model's reply that
 slipped past the renderer still could not run or send anything anywhere). The page is same-origin with
-the API, which the Host/Origin guard (http_stack.py) allows as it is.
+the API, which the Host/Origin guard (server/http/stack.py) allows as it is.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Helpers of the CUDA tests: a forward on the simulator, guards, profiles."""

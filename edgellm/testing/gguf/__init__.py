@@ -1,0 +1,1 @@
+"""GGUF files edited and fuzzed for the loader's tests."""
