@@ -354,3 +354,73 @@ def test_the_branch_walk_finds_comparisons_and_tables(tmp_path: Path) -> None:
         "if arch == 'x': pass\nif cfg.arch in NAMES: pass\nT[g.architecture]\nT.get(arch, 0)\nf(arch)\n"
     )
     assert architecture_branches(src, tmp_path) == ["probe.py:1", "probe.py:2", "probe.py:3", "probe.py:4"]
+
+
+# ---- the shape of the tree -------------------------------------------------------------------------
+def test_few_modules_at_the_top() -> None:
+    """The top of edgellm/ is a table of contents: the user's API (llm.py), the server's settings and the
+    process-level helpers; everything else lives in the package of its seam."""
+    top = sorted(p.name for p in PKG.glob("*.py"))
+    assert len(top) <= 8, top
+
+
+def prefix_siblings(folder: Path) -> dict[str, list[str]]:
+    """`prefix` -> its files, for each prefix that 3 or more `<prefix>_*.py` files of `folder` share."""
+    groups: dict[str, list[str]] = {}
+    for path in sorted(folder.glob("*_*.py")):
+        if not path.name.startswith("__"):
+            groups.setdefault(path.name.split("_", 1)[0], []).append(path.name)
+    return {prefix: names for prefix, names in groups.items() if len(names) >= 3}
+
+
+def test_no_prefix_named_siblings() -> None:
+    """Three files named `grammar_*.py` side by side are a package that was not made: a folder of them."""
+    folders = sorted({p.parent for root in ("edgellm", "tui") for p in (ROOT / root).rglob("*.py")})
+    offenders = {str(f.relative_to(ROOT)): g for f in folders if (g := prefix_siblings(f))}
+    assert not offenders, offenders
+
+
+def test_the_prefix_walk_finds_three_siblings(tmp_path: Path) -> None:
+    for name in ("grammar_a.py", "grammar_b.py", "grammar_c.py", "chat_a.py", "chat_b.py", "__init__.py"):
+        (tmp_path / name).write_text("")
+    assert prefix_siblings(tmp_path) == {"grammar": ["grammar_a.py", "grammar_b.py", "grammar_c.py"]}
+
+
+LEAF_PACKAGES = ("chat", "grammar", "sampling", "models")
+
+
+@pytest.mark.parametrize("package", LEAF_PACKAGES)
+def test_leaf_packages_import_no_engine_core_server_or_tui(package: str) -> None:
+    """Chat templates, grammars, sampling and model files are used by the front-ends and the core alike:
+    they import neither side's machinery (lazily neither), so either can load them alone."""
+    files = sorted((PKG / package).rglob("*.py"))
+    assert files, package
+    offenders = [
+        f"{f.relative_to(PKG)} imports {m}"
+        for f in files
+        for m in imported_modules(f)
+        if is_core(m) or m.startswith(("edgellm.server", "edgellm.cli", "tui"))
+    ]
+    assert not offenders, offenders
+
+
+# The server's API packages: each a translation onto the shared front-end (server/*.py) and HTTP layer
+# (server/http/). server/multi/ (the router of several models) is above them and may use their pieces.
+API_PACKAGES = ("ollama", "anthropic", "responses")
+
+
+@pytest.mark.parametrize("package", [*API_PACKAGES, "http"])
+def test_server_api_packages_do_not_import_each_other(package: str) -> None:
+    others = [p for p in (*API_PACKAGES, "multi") if p != package]
+    files = sorted((PKG / "server" / package).rglob("*.py"))
+    assert files, package
+    offenders = [line for other in others for line in imports_under(files, f"edgellm.server.{other}")]
+    assert not offenders, offenders
+
+
+def test_shared_server_modules_import_no_api_package() -> None:
+    """The front-end the APIs share (server/*.py but the app that mounts them all) sits below them."""
+    files = [p for p in sorted((PKG / "server").glob("*.py")) if p.name not in ("app.py", "__init__.py")]
+    apis = [f"edgellm.server.{api}" for api in (*API_PACKAGES, "multi")]
+    offenders = [line for api in apis for line in imports_under(files, api)]
+    assert not offenders, offenders

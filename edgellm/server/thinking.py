@@ -16,6 +16,12 @@ if TYPE_CHECKING:
     from edgellm.server.state import ServerState
 
 
+def can_switch_thinking(state: ServerState) -> bool:
+    """Whether this model's thinking can be turned off (a switch in its template, or a split to close)."""
+    c, source = state.config, state.template.source if state.template is not None else ""
+    return thinking_plan(c.reasoning_format, c.reasoning_budget, source, False) is not None
+
+
 def thinking_options(state: ServerState, req: GenerationRequest) -> tuple[dict[str, Any], int | None]:
     """The template variables and reasoning budget of a chat request (edgellm.chat.reasoning.thinking_plan);
     a 400 naming the field when its thinking on/off cannot be honoured by this model."""

@@ -31,9 +31,10 @@ from edgellm.server.events import (
     renamed,
     respond,
 )
-from edgellm.server.http.errors import ApiError, bad_value
-from edgellm.server.ollama.routes import can_switch_thinking
+from edgellm.server.http.errors import anthropic_error_body as error_body
+from edgellm.server.http.errors import bad_value
 from edgellm.server.protocol import parse_chat
+from edgellm.server.thinking import can_switch_thinking
 
 FIELDS = {
     "model", "max_tokens", "messages", "system", "stop_sequences", "stream", "temperature", "top_p", "top_k",
@@ -42,10 +43,6 @@ FIELDS = {
 }  # fmt: skip
 COUNT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking"}
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "abort": "end_turn"}
-ERROR_TYPES = {
-    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
-}  # fmt: skip
 OPENAI_NAMES = {
     "stop": "stop_sequences",
     "response_format": "output_config.format",
@@ -55,10 +52,6 @@ OPENAI_NAMES = {
     "thinking_budget_tokens": "thinking.budget_tokens",
     "chat_template_kwargs.enable_thinking": "thinking",
 }
-
-
-def error_body(e: ApiError) -> dict[str, Any]:
-    return {"type": "error", "error": {"type": ERROR_TYPES.get(e.status, "api_error"), "message": e.message}}
 
 
 def thinking_blocks(reasoning: str | None) -> list[dict[str, Any]]:

@@ -1,5 +1,6 @@
 """The error a client caused or must handle (ApiError), as every API of the server raises it; endpoint.py
-renders it as the API's JSON body. request_error turns the front-end's verdict on a prompt into one.
+renders it as the API's JSON body (OpenAI's, or the Ollama or Anthropic body below). request_error turns
+the front-end's verdict on a prompt into one.
 Importing this loads nothing else of the server."""
 
 from __future__ import annotations
@@ -27,6 +28,22 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+# Anthropic's error types by status (its API reference, "Errors").
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
+}  # fmt: skip
+
+
+def ollama_error_body(e: ApiError) -> dict[str, Any]:
+    return {"error": e.message}
+
+
+def anthropic_error_body(e: ApiError) -> dict[str, Any]:
+    kind = ANTHROPIC_ERROR_TYPES.get(e.status, "api_error")
+    return {"type": "error", "error": {"type": kind, "message": e.message}}
 
 
 def bad_value(param: str, message: str) -> ApiError:

@@ -27,11 +27,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from edgellm.server.anthropic import routes as anthropic_api
 from edgellm.server.http.compat import cors_middleware
 from edgellm.server.http.endpoint import error_response
-from edgellm.server.http.errors import ApiError
-from edgellm.server.ollama import routes as ollama_api
+from edgellm.server.http.errors import ApiError, anthropic_error_body, ollama_error_body
 
 log = logging.getLogger("edgellm.server")
 
@@ -47,8 +45,8 @@ def api_of(path: str) -> str:
 
 
 ERROR_BODIES: dict[str, Callable[[ApiError], Any] | None] = {
-    "ollama": ollama_api.error_body,
-    "anthropic": anthropic_api.error_body,
+    "ollama": ollama_error_body,
+    "anthropic": anthropic_error_body,
     "openai": None,  # ApiError.body(), OpenAI's
 }
 

@@ -25,12 +25,11 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from edgellm.config import DEFAULT_MAX_BODY_BYTES
-from edgellm.server.anthropic import routes as anthropic_api
 from edgellm.server.generate import _until_disconnect
 from edgellm.server.http.auth import check_api_key
 from edgellm.server.http.compat import with_unprefixed
 from edgellm.server.http.endpoint import parse_json_object, read_body, read_json
-from edgellm.server.http.errors import ApiError
+from edgellm.server.http.errors import ApiError, anthropic_error_body, ollama_error_body
 from edgellm.server.http.stack import api_error_response, api_of, http_stack
 from edgellm.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from edgellm.server.multi.router import ModelsBusyError
@@ -68,9 +67,9 @@ def stream_error(path: str, e: ApiError, events_sent: int) -> bytes:
     it when its engine fails mid-reply (`events_sent`: the Responses API numbers its events)."""
     api = api_of(path)
     if api == "ollama":
-        return (json.dumps(ollama_api.error_body(e)) + "\n").encode()
+        return (json.dumps(ollama_error_body(e)) + "\n").encode()
     if api == "anthropic":
-        body = anthropic_api.error_body(e)
+        body = anthropic_error_body(e)
         return f"event: error\ndata: {json.dumps(body)}\n\n".encode()
     if path.removeprefix("/v1") == "/responses":
         body = {"type": "error", "sequence_number": events_sent, "code": e.code, "message": e.message}

@@ -20,7 +20,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from edgellm.chat.reasoning import thinking_plan
 from edgellm.models.catalog import CATALOG, local_path
 from edgellm.server.embeddings import embed
 from edgellm.server.events import (
@@ -36,13 +35,15 @@ from edgellm.server.events import (
     respond,
 )
 from edgellm.server.http.errors import ApiError
+from edgellm.server.http.errors import ollama_error_body as error_body
 from edgellm.server.ollama.models import model_entry, pull_progress, show_body
 from edgellm.server.ollama.options import bad, chat_messages, check_common, openai_fields, opt_bool
 from edgellm.server.protocol import parse_chat, parse_completion
+from edgellm.server.thinking import can_switch_thinking
 from edgellm.server.webui import page_or
 
 if TYPE_CHECKING:
-    from edgellm.server.state import ServerState
+    pass
 
 # What /api/version reports: the Ollama release whose API this matches; VS Code's Copilot needs >= 0.6.4.
 OLLAMA_VERSION = "0.6.4"
@@ -53,10 +54,6 @@ UNSUPPORTED_GENERATE_FIELDS = {
     "images": "an image input",
 }
 DONE_REASONS = {"stop": "stop", "length": "length", "tool_calls": "stop", "abort": "stop"}
-
-
-def error_body(e: ApiError) -> dict[str, Any]:
-    return {"error": e.message}
 
 
 def _line(obj: dict[str, Any]) -> str:
@@ -144,12 +141,6 @@ class ReplyShape:
 def _check_prompt_field(body: dict, key: str, what: str) -> None:
     if body.get(key) not in (None, "", []):
         raise bad(key, f"{what} is not supported on this server")
-
-
-def can_switch_thinking(state: ServerState) -> bool:
-    """Whether this model's thinking can be turned off (a switch in its template, or a split to close)."""
-    c, source = state.config, state.template.source if state.template is not None else ""
-    return thinking_plan(c.reasoning_format, c.reasoning_budget, source, False) is not None
 
 
 def _model_name(body: dict) -> str:
