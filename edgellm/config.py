@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,19 @@ ALLOW_SPECIAL_HELP = (
     "tokenize control-token text typed in user and tool messages (e.g. '<|im_start|>') as control tokens; "
     "by default it stays plain text so a message cannot open a turn of another role"
 )
+
+
+_KEY_CHARS = re.compile(r"[\x21-\x7e]+")  # what an Authorization header carries without encoding
+
+
+def check_api_key_option(key: str | None) -> None:
+    """A key no client can send is an error at start-up, not a server that refuses everyone (or, for an
+    empty key, one that lets everyone in)."""
+    if key is not None and not _KEY_CHARS.fullmatch(key):
+        raise ValueError(
+            "--api-key: expected a non-empty key of printable ASCII characters without spaces "
+            f"(what an Authorization header carries), got {len(key)} characters"
+        )
 
 
 @dataclass
@@ -120,8 +134,6 @@ class ServerConfig(CliConfig):
     log_level: str = "warning"  # uvicorn's
 
     def __post_init__(self) -> None:
-        from edgellm.server.http.auth import check_api_key_option
-
         self.check_bounds()
         check_api_key_option(self.api_key)
         check_sampling_defaults(self.sampling_defaults)

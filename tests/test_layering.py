@@ -356,6 +356,14 @@ def test_the_branch_walk_finds_comparisons_and_tables(tmp_path: Path) -> None:
     assert architecture_branches(src, tmp_path) == ["probe.py:1", "probe.py:2", "probe.py:3", "probe.py:4"]
 
 
+def test_server_config_loads_no_web_stack() -> None:
+    """The command line builds a ServerConfig (checking its flags) before deciding what to start: that
+    loads neither the server's package nor Starlette and uvicorn."""
+    assert not imports_under([PKG / "config.py"], "edgellm.server")
+    imports = "from edgellm.config import ServerConfig\nServerConfig(api_key='k')"
+    assert modules_loaded_by(imports, ("edgellm.server", "starlette", "uvicorn")) == "[]"
+
+
 # ---- the shape of the tree -------------------------------------------------------------------------
 def test_few_modules_at_the_top() -> None:
     """The top of edgellm/ is a table of contents: the user's API (llm.py), the server's settings and the
