@@ -66,10 +66,6 @@ class BlockManager:
         return len(self.free_list) + (self.cache.num_evictable if self.cache else 0)
 
     @property
-    def num_evictable_blocks(self) -> int:
-        return self.cache.num_evictable if self.cache else 0
-
-    @property
     def usage(self) -> float:
         """Fraction of the pool held by live sequences (evictable cached blocks count as free)."""
         return 1.0 - self.num_free_blocks / self.num_blocks

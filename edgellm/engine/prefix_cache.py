@@ -74,10 +74,6 @@ class PrefixCache(ABC):
         self.queried_tokens += queried_tokens
 
     @property
-    def miss_tokens(self) -> int:
-        return self.queried_tokens - self.hit_tokens
-
-    @property
     def hit_rate(self) -> float:
         return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
 

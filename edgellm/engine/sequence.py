@@ -29,10 +29,6 @@ class SequenceStatus(Enum):
     def is_finished(self) -> bool:
         return self in _FINISHED
 
-    @property
-    def is_waiting(self) -> bool:
-        return self in (SequenceStatus.WAITING, SequenceStatus.PREEMPTED)
-
 
 _FINISHED = frozenset(
     {SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH, SequenceStatus.FINISHED_ABORTED}

@@ -30,15 +30,6 @@ def split_part_path(first: Path, no: int, count: int) -> Path:
     return first.with_name(f"{m['prefix']}-{no:05d}-of-{count:05d}.gguf")
 
 
-def split_parts_of(path: Path) -> list[Path]:
-    """Every part's path of the split model whose file name is `path` (just [path] for one file)."""
-    m = SPLIT_FILE_NAME.match(path.name)
-    if m is None or int(m["count"]) <= 1:
-        return [path]
-    count = int(m["count"])
-    return [split_part_path(path, i, count) for i in range(1, count + 1)]
-
-
 def _split_keys(g: GGUFFile) -> tuple[int, int, int]:
     count = get_int(g, "split.count", 1, lo=1, hi=MAX_SPLIT_COUNT)
     no = get_int(g, "split.no", 0, lo=0, hi=MAX_SPLIT_COUNT)

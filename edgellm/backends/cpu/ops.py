@@ -178,12 +178,6 @@ def swiglu_par_cpu(gate_up: np.ndarray, out: np.ndarray) -> None:
         _swiglu_row(gate_up, out, t)
 
 
-@njit(cache=True, nogil=True)
-def geglu_cpu(gate_up: np.ndarray, out: np.ndarray) -> None:
-    for t in range(out.shape[0]):
-        _geglu_row(gate_up, out, t)
-
-
 @njit(cache=True, nogil=True, parallel=True)
 def geglu_par_cpu(gate_up: np.ndarray, out: np.ndarray) -> None:
     for t in prange(out.shape[0]):
