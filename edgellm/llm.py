@@ -41,6 +41,8 @@ from edgellm.grammar import check_for_vocabulary
 from edgellm.llm_inputs import InputRequestsMixin, as_list
 from edgellm.quants.kv_cache import get_kv_cache_type
 from edgellm.sampling import SamplingParams
+from edgellm.vision.mmproj import VisionEncoder, load_mmproj
+from edgellm.vision.prompt import image_prompt
 
 __all__ = ["LLM", "EngineDeadError", "GenerationOutput", "PromptTooLongError", "kv_budget_bytes"]
 
@@ -119,6 +121,9 @@ class LLM(InputRequestsMixin):
             spec_config.model = str(check_draft_model(spec_config.model, gguf, self.config))
         # what the core process gets: the model as a path, the draft model's resolved
         self.spec = dataclasses.replace(self.engine_config, model=str(self.path), speculative=spec_config)
+        # images: the mmproj's encoder runs here, the engine gets embeddings (vision/prompt.py)
+        mmproj = self.engine_config.mmproj
+        self.vision: VisionEncoder | None = load_mmproj(mmproj, self.config.n_embd) if mmproj else None
         self._rids = itertools.count()
         self.on_core_death: Callable[[str], None] | None = None
         self.core = self._start_core()
@@ -208,11 +213,25 @@ class LLM(InputRequestsMixin):
         for a generated token, logit_bias names ids of the vocabulary, and a grammar was compiled for this
         tokenizer. Raises ValueError naming the problem (PromptTooLongError, TokenIdError); the engine
         core guards its kernels with the same checks. `group`: as submit's."""
-        ids = self.encode_prompt(prompt)
+        media = None
+        if isinstance(prompt, dict):  # {"prompt": text with <__media__> markers, "images": [bytes | path]}
+            ids, media = self.image_prompt(prompt)
+        else:
+            ids = self.encode_prompt(prompt)
         check_request(ids, params, self.n_ctx, self.tokenizer.vocab_size)
         check_for_vocabulary(params, (self.tokenizer, self.config.n_vocab))  # compiled in a worker, not here
         rid = request_id if request_id is not None else f"req-{next(self._rids)}"
-        return EngineCoreRequest(rid, ids, params, priority, group)
+        return EngineCoreRequest(rid, ids, params, priority, group, media=media or None)
+
+    def image_prompt(self, prompt: dict) -> tuple[list[int], list]:
+        """A prompt with images: {"prompt": text whose "<__media__>" markers stand for the images,
+        "images": [encoded image bytes, or a file path]} -> (token ids, MediaSpans). ImageError (a
+        ValueError) for a model without an mmproj, a bad image or a marker count that does not match."""
+        text, images = prompt.get("prompt"), prompt.get("images", [])
+        if not isinstance(text, str) or not isinstance(images, list | tuple):
+            raise ValueError('an image prompt is {"prompt": str, "images": [bytes or path, ...]}')
+        data = [im if isinstance(im, bytes | bytearray) else Path(im).read_bytes() for im in images]
+        return image_prompt(self.tokenizer, self.vision, text, [bytes(d) for d in data])
 
     def add_request(self, req: EngineCoreRequest, deliver: Callable[[Any], None]) -> None:
         """Send a request make_request built to the engine core; `deliver` as submit's."""

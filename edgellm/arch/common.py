@@ -30,6 +30,12 @@ class ForwardBatch:
     # [S, conv layers, l_cache - 1, n_embd] float32: each sequence's recurrent state (cfg.recurrent models,
     # LFM2: engine/conv_state.py), read and advanced in place by the forward pass; None without one
     conv_state: np.ndarray | None = None
+    # Images (engine/media.py): rows of the batch whose embeddings are given instead of looked up
+    embed_rows: np.ndarray | None = None  # [R] int32
+    embeds: np.ndarray | None = None  # [R, n_embd] float32
+    # [T] int32 each token's causal limit where it differs from its position (a non-causal image's
+    # tokens see the whole image); None: the positions
+    attn_positions: np.ndarray | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -167,9 +173,11 @@ def attention_block(
     block_tables: Any,
     slots: Any,
     kv_layer: int | None = None,
+    attn_positions: Any = None,
 ) -> None:
     """x += Attention(norm(x)) for every token of the batch (in place). x: [T, n_embd]. kv_layer: the
-    layer's index in the KV cache when not il (LFM2's cache holds its attention layers only)."""
+    layer's index in the KV cache when not il (LFM2's cache holds its attention layers only).
+    attn_positions: each token's causal limit when not its position (ForwardBatch.attn_positions)."""
     kl = il if kv_layer is None else kv_layer
     T = batch.n_tokens
     H, Hkv, d, dv = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v
@@ -198,7 +206,8 @@ def attention_block(
     attn = be.empty((T, H, dv))
     window = cfg.sliding_window if cfg.swa_layers[il] else 0
     scale, cap = cfg.attn_scale, cfg.attn_softcap
-    be.attention(q, kv, kl, block_tables, seq_index, positions, window, scale, attn, cap, w.sinks)
+    limits = positions if attn_positions is None else attn_positions
+    be.attention(q, kv, kl, block_tables, seq_index, limits, window, scale, attn, cap, w.sinks)
     o = be.empty((T, cfg.n_embd))
     be.matmul(attn.reshape(T, H * dv), w.wo, o)  # [T, n_embd]
     if w.bo is not None:

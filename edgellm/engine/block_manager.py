@@ -75,7 +75,7 @@ class BlockManager:
         """Longest cached full-block prefix of seq, capped to leave the last token to compute."""
         if self.cache is None or seq.block_table or seq.num_computed_tokens or not seq.samples:
             return _NO_MATCH  # (an embedding or a scoring needs every token's row: it computes them all)
-        blocks = self.cache.lookup(seq.token_ids)
+        blocks = self.cache.lookup(seq.cache_ids)
         num_tokens = min(len(blocks) * self.block_size, seq.num_tokens - 1)
         if num_tokens <= 0:
             return _NO_MATCH
@@ -109,7 +109,7 @@ class BlockManager:
         if num_full <= self._num_registered.get(seq.seq_id, 0):
             return 0
         self._num_registered[seq.seq_id] = num_full
-        return self.cache.insert(seq.token_ids[: num_full * self.block_size], seq.block_table[:num_full])
+        return self.cache.insert(seq.cache_ids[: num_full * self.block_size], seq.block_table[:num_full])
 
     # ---- allocation ----------------------------------------------------------------------------
     def _is_writable(self, block_id: int) -> bool:

@@ -9,9 +9,10 @@ import itertools
 from edgellm.engine.checks import PromptTooLongError, check_embedding_input, check_prompt, check_score_input
 from edgellm.engine.guidance import GuidedDecoding
 from edgellm.engine.inputs import InputRequests
+from edgellm.engine.media import check_media, media_rows
 from edgellm.engine.model_runner import ModelRunner, RunItem
 from edgellm.engine.pooling import Pooler, check_pooling
-from edgellm.engine.protocol import EngineCoreOutput, EngineStats, FinishReason, TokenLogprob
+from edgellm.engine.protocol import EngineCoreOutput, EngineStats, FinishReason, MediaSpan, TokenLogprob
 from edgellm.engine.request import FINISH_STATUS, Completion, Request, cut_at_stop
 from edgellm.engine.scheduler import Scheduler, SchedulerConfig, SchedulerPlan
 from edgellm.engine.scoring import Scorer
@@ -67,11 +68,14 @@ class EngineCore:
         request_id: str | None = None,
         priority: int = 0,
         group: str | None = None,
+        media: list[MediaSpan] | None = None,
     ) -> str:
         """`group`: the client request this one belongs to, sharing its part of each step (see
-        Scheduler._prefill_shares); None: a group of its own."""
+        Scheduler._prefill_shares); None: a group of its own. `media`: images whose embeddings replace
+        those prompt positions (vision/prompt.py)."""
         ids = list(prompt)
         check_prompt(ids, self.n_ctx, self.runner.cfg.n_vocab)  # the front-end checked; this guards kernels
+        media = check_media(media or [], len(ids), self.runner.cfg)
         rid = self._new_id(request_id)
         seq_ids = [next(self._seq_ids) for _ in range(params.n)]
         req = Request.new(rid, ids, params, self.eog_ids, self.n_ctx, seq_ids)
@@ -82,8 +86,9 @@ class EngineCore:
             parent.matcher = self.guidance.matcher(params.compiled_grammar)
         group = rid if group is None else group  # its n completions share one
         seq = Sequence(
-            seq_ids[0], ids, priority=priority, max_tokens=req.max_tokens, group=group, owner=parent
-        )
+            seq_ids[0], ids, priority=priority, max_tokens=req.max_tokens, group=group, owner=parent,
+            media=media,
+        )  # fmt: skip
         self.scheduler.add(seq)  # raises before anything is registered if it can never fit
         self.requests[rid] = req
         self._totals["prompt"] += len(ids)
@@ -192,6 +197,7 @@ class EngineCore:
                     num_logits=1 + len(seq.spec_token_ids),
                     hidden_rows=self.inputs.hidden_rows(seq, c, n),
                     seq_id=seq.seq_id,
+                    media=media_rows(seq.media, c, n) if seq.media else None,
                 )
             )
             ids.append(seq.seq_id)
@@ -338,6 +344,7 @@ class EngineCore:
                     max_tokens=req.max_tokens,
                     group=parent.group,
                     owner=c,
+                    media=parent.media,
                 )
                 self.scheduler.add(child)
             else:
