@@ -41,8 +41,9 @@ from edgellm.grammar import check_for_vocabulary
 from edgellm.llm_inputs import InputRequestsMixin, as_list
 from edgellm.quants.kv_cache import get_kv_cache_type
 from edgellm.sampling import SamplingParams
+from edgellm.vision.image import ImageError
 from edgellm.vision.mmproj import VisionEncoder, load_mmproj
-from edgellm.vision.prompt import image_prompt
+from edgellm.vision.prompt import PreparedPrompt, image_prompt
 
 __all__ = ["LLM", "EngineDeadError", "GenerationOutput", "PromptTooLongError", "kv_budget_bytes"]
 
@@ -216,9 +217,14 @@ class LLM(InputRequestsMixin):
         media = None
         if isinstance(prompt, dict):  # {"prompt": text with <__media__> markers, "images": [bytes | path]}
             ids, media = self.image_prompt(prompt)
+        elif isinstance(prompt, PreparedPrompt):  # encoded already (the server, off its event loop)
+            ids, media = prompt.token_ids, prompt.media
         else:
             ids = self.encode_prompt(prompt)
         check_request(ids, params, self.n_ctx, self.tokenizer.vocab_size)
+        step = self.engine_config.max_num_batched_tokens
+        if media and any(m.non_causal and m.end - m.start > step for m in media):
+            raise ImageError(f"an image's tokens do not fit one step of {step} (max_num_batched_tokens)")
         check_for_vocabulary(params, (self.tokenizer, self.config.n_vocab))  # compiled in a worker, not here
         rid = request_id if request_id is not None else f"req-{next(self._rids)}"
         return EngineCoreRequest(rid, ids, params, priority, group, media=media or None)
@@ -231,7 +237,8 @@ class LLM(InputRequestsMixin):
         if not isinstance(text, str) or not isinstance(images, list | tuple):
             raise ValueError('an image prompt is {"prompt": str, "images": [bytes or path, ...]}')
         data = [im if isinstance(im, bytes | bytearray) else Path(im).read_bytes() for im in images]
-        return image_prompt(self.tokenizer, self.vision, text, [bytes(d) for d in data])
+        add_special = prompt.get("add_special", True)
+        return image_prompt(self.tokenizer, self.vision, text, [bytes(d) for d in data], add_special)
 
     def add_request(self, req: EngineCoreRequest, deliver: Callable[[Any], None]) -> None:
         """Send a request make_request built to the engine core; `deliver` as submit's."""

@@ -36,7 +36,7 @@ from edgellm.server.ollama_api import ollama_routes
 from edgellm.server.protocol import GenerationRequest, constrain, parse_chat, parse_completion
 from edgellm.server.request_fields import CHAT_FIELDS, COMPLETION_FIELDS, check_fields
 from edgellm.server.responses_api import responses_routes
-from edgellm.server.state import ServerState, render_chat_prompt
+from edgellm.server.state import ServerState, image_prompt_ids, render_chat_prompt
 from edgellm.server.thinking import reasoning_setup, thinking_options
 from edgellm.server.webui import asset_routes
 
@@ -70,6 +70,8 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
         tools = req.tools and req.tools.tools
         prompt = await render_chat_prompt(state, req.messages, tools=tools, template_kwargs=template_kwargs)
         reasoning_setup(state, req, prompt.text, budget)
+        if req.images:  # the rendered text's media markers become the images (encoded off the loop)
+            return await image_prompt_ids(state, prompt.text, req.images)
         return prompt.token_ids
 
     @endpoint(state)

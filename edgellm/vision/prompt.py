@@ -6,18 +6,49 @@ The image positions hold a placeholder token id; the engine replaces their rows 
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from edgellm.engine.protocol import MediaSpan
-from edgellm.vision.image import ImageError
+from edgellm.vision.image import MAX_IMAGE_BYTES, ImageError
 from edgellm.vision.mmproj import VisionEncoder
 
 MEDIA_MARKER = "<__media__>"  # mtmd_default_marker(): where an image goes in the prompt's text
 MAX_IMAGES = 16  # per request: each costs an encoder pass and its tokens of context
 
 
+@dataclass
+class PreparedPrompt:
+    """A prompt with its images already encoded (the server encodes off the event loop, then sends it)."""
+
+    token_ids: list[int]
+    media: list[MediaSpan]
+
+
+def decode_data_url(url: str) -> bytes:
+    """The bytes of a base64 image data URL (data:image/png;base64,...). ImageError for anything else:
+    http(s) URLs are not fetched."""
+    if not isinstance(url, str) or not url.startswith("data:"):
+        raise ImageError("only data URLs (data:image/...;base64,...) are supported for images")
+    head, sep, payload = url.partition(",")
+    if not sep or not head.endswith(";base64"):
+        raise ImageError("an image data URL must be base64-encoded (data:image/...;base64,...)")
+    return decode_base64(payload)
+
+
+def decode_base64(payload: str) -> bytes:
+    if not isinstance(payload, str) or len(payload) > MAX_IMAGE_BYTES * 4 // 3 + 4:
+        raise ImageError(f"an image must be a base64 string of at most {MAX_IMAGE_BYTES} bytes decoded")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ImageError(f"the image is not valid base64: {e}") from None
+
+
 def image_prompt(
-    tok, encoder: VisionEncoder | None, text: str, images: Sequence[bytes]
+    tok, encoder: VisionEncoder | None, text: str, images: Sequence[bytes], add_special: bool = True
 ) -> tuple[list[int], list[MediaSpan]]:
     """(token ids, one MediaSpan per image) for text whose MEDIA_MARKERs stand for the images, in order;
     a count mismatch is an ImageError, as it is mtmd_tokenize's error."""
@@ -29,7 +60,7 @@ def image_prompt(
     if len(images) > MAX_IMAGES:
         raise ImageError(f"{len(images)} images in one request; at most {MAX_IMAGES}")
     proj = encoder.projector
-    ids: list[int] = [tok.bos_id] if tok.add_bos and tok.bos_id is not None else []
+    ids: list[int] = [tok.bos_id] if add_special and tok.add_bos and tok.bos_id is not None else []
     spans: list[MediaSpan] = []
     placeholder = tok.bos_id if tok.bos_id is not None else 0  # any valid id: its row is replaced
     for i, part in enumerate(parts):

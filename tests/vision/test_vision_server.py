@@ -1,0 +1,68 @@
+"""Images over HTTP: `edgellm serve MODEL --mmproj MMPROJ` takes OpenAI chat image_url parts (base64 data
+URLs) and answers as LLM(model, mmproj=...) does for the same rendered prompt; a corrupt image, an
+http(s) URL and an image to a server without --mmproj are 400s naming the problem, and the server
+keeps answering."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import pytest
+
+from edgellm import LLM
+from edgellm.sampling import SamplingParams
+from edgellm.testing.servers import httpx, start_server, stop_server
+from edgellm.testing.synthetic import write_tiny_model
+from edgellm.testing.synthetic_mmproj import tiny_png, write_tiny_mmproj
+
+# a template that writes each message's text (the parts joined with newlines) on its own line
+TEMPLATE = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+N = 6
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, bytes]:
+    tmp = tmp_path_factory.mktemp("vision_server")
+    model = write_tiny_model(tmp / "g3.gguf", "gemma3", qtypes="F32", sliding_window=64, seed=3,
+                             metadata_overrides={"tokenizer.chat_template": TEMPLATE})  # fmt: skip
+    return model, write_tiny_mmproj(tmp / "mmproj.gguf", 64, seed=4), tiny_png(40, 24, seed=5)
+
+
+def _chat(url: str, content: list) -> httpx.Response:
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": N, "temperature": 0}
+    return httpx.post(url + "/v1/chat/completions", json=body, timeout=600)
+
+
+def test_openai_image_url_answers_as_the_python_api(files: tuple[Path, Path, bytes]) -> None:
+    model, mmproj, png = files
+    with LLM(str(model), mmproj=str(mmproj), n_ctx=256) as llm:
+        prompt = {"prompt": "Look at\n<__media__>\nand say\n", "images": [png]}
+        want = llm.generate([prompt], SamplingParams(max_tokens=N, temperature=0))[0].text
+    data_url = "data:image/png;base64," + base64.b64encode(png).decode()
+    proc, url = start_server(str(model), "--mmproj", str(mmproj), "--ctx", "256")
+    try:
+        parts = [{"type": "text", "text": "Look at"}, {"type": "image_url", "image_url": {"url": data_url}},
+                 {"type": "text", "text": "and say"}]  # fmt: skip
+        r = _chat(url, parts)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == want
+        cut = "data:image/png;base64," + base64.b64encode(png[:40]).decode()  # a truncated PNG
+        bad = _chat(url, [{"type": "image_url", "image_url": {"url": cut}}])
+        assert bad.status_code == 400 and "cannot decode" in bad.json()["error"]["message"]
+        remote = _chat(url, [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}])
+        assert remote.status_code == 400 and "data URL" in remote.json()["error"]["message"]
+        assert httpx.get(url + "/health", timeout=30).status_code == 200
+    finally:
+        stop_server(proc)
+
+
+def test_an_image_to_a_server_without_mmproj_is_a_400(files: tuple[Path, Path, bytes]) -> None:
+    model, _, png = files
+    data_url = "data:image/png;base64," + base64.b64encode(png).decode()
+    proc, url = start_server(str(model), "--ctx", "256")
+    try:
+        r = _chat(url, [{"type": "image_url", "image_url": {"url": data_url}}])
+        assert r.status_code == 400 and "takes no images" in r.json()["error"]["message"]
+    finally:
+        stop_server(proc)
