@@ -250,7 +250,7 @@ def _content_part(part: Any, where: str, images: list[bytes]) -> dict[str, Any]:
             images.append(decode_data_url(url))
         except ValueError as e:
             raise bad_value(f"{where}.image_url", str(e)) from None
-        return {"type": "text", "text": MEDIA_MARKER}
+        return {"type": "media_marker", "text": MEDIA_MARKER}  # joined without newlines around it
     raise bad_value(where, "only text and image_url content parts are supported")
 
 

@@ -26,6 +26,9 @@ class PreparedPrompt:
     token_ids: list[int]
     media: list[MediaSpan]
 
+    def __len__(self) -> int:  # what the APIs count as the prompt's tokens (usage, input_tokens)
+        return len(self.token_ids)
+
 
 def decode_data_url(url: str) -> bytes:
     """The bytes of a base64 image data URL (data:image/png;base64,...). ImageError for anything else:

@@ -19,6 +19,7 @@ from edgellm.testing.synthetic_mmproj import tiny_png, write_tiny_mmproj
 # a template that writes each message's text (the parts joined with newlines) on its own line
 TEMPLATE = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
 N = 6
+Q = "What is this?"
 
 
 @pytest.fixture(scope="module")
@@ -34,19 +35,32 @@ def _chat(url: str, content: list) -> httpx.Response:
     return httpx.post(url + "/v1/chat/completions", json=body, timeout=600)
 
 
-def test_openai_image_url_answers_as_the_python_api(files: tuple[Path, Path, bytes]) -> None:
+def test_every_route_answers_an_image_question_as_the_python_api(files: tuple[Path, Path, bytes]) -> None:
+    """OpenAI image_url, Ollama images and an Anthropic base64 image block, each before the question:
+    the same rendered prompt ("<__media__>What is this?", no newline at the marker, as llama-server),
+    so the same greedy answer as LLM(model, mmproj=...)."""
     model, mmproj, png = files
     with LLM(str(model), mmproj=str(mmproj), n_ctx=256) as llm:
-        prompt = {"prompt": "Look at\n<__media__>\nand say\n", "images": [png]}
+        prompt = {"prompt": "<__media__>What is this?\n", "images": [png]}
         want = llm.generate([prompt], SamplingParams(max_tokens=N, temperature=0))[0].text
-    data_url = "data:image/png;base64," + base64.b64encode(png).decode()
+    b64 = base64.b64encode(png).decode()
+    data_url = "data:image/png;base64," + b64
     proc, url = start_server(str(model), "--mmproj", str(mmproj), "--ctx", "256")
     try:
-        parts = [{"type": "text", "text": "Look at"}, {"type": "image_url", "image_url": {"url": data_url}},
-                 {"type": "text", "text": "and say"}]  # fmt: skip
-        r = _chat(url, parts)
+        r = _chat(url, [{"type": "image_url", "image_url": {"url": data_url}}, {"type": "text", "text": Q}])
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["message"]["content"] == want
+        body = {"model": "m", "stream": False, "options": {"temperature": 0, "num_predict": N},
+                "messages": [{"role": "user", "content": Q, "images": [b64]}]}  # fmt: skip
+        r = httpx.post(url + "/api/chat", json=body, timeout=600)
+        assert r.status_code == 200, r.text
+        assert r.json()["message"]["content"] == want
+        image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}}
+        body = {"model": "m", "max_tokens": N, "temperature": 0,
+                "messages": [{"role": "user", "content": [image, {"type": "text", "text": Q}]}]}  # fmt: skip
+        r = httpx.post(url + "/v1/messages", json=body, timeout=600)
+        assert r.status_code == 200, r.text
+        assert r.json()["content"][0]["text"] == want
         cut = "data:image/png;base64," + base64.b64encode(png[:40]).decode()  # a truncated PNG
         bad = _chat(url, [{"type": "image_url", "image_url": {"url": cut}}])
         assert bad.status_code == 400 and "cannot decode" in bad.json()["error"]["message"]
