@@ -146,3 +146,23 @@ def test_bad_images_and_prompts_are_clear_errors(case, tmp_path: Path) -> None: 
         load_mmproj(write_tiny_mmproj(tmp_path / "i3.gguf", N_EMBD, projector="idefics3"))
     with pytest.raises(GGUFError, match="for another model"):
         load_mmproj(case["mmproj"], N_EMBD * 2)
+
+
+def test_oversized_and_too_many_images_are_refused(case, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    tok, enc = case["tok"], case["encoder"]
+    monkeypatch.setattr("edgellm.vision.image.MAX_IMAGE_PIXELS", 500)  # the 40 x 24 test image: 960
+    with pytest.raises(ImageError, match="960 pixels|40x24 pixels"):
+        image_prompt(tok, enc, PROMPT, [case["png"]])
+    monkeypatch.undo()
+    many = "<__media__>" * 17
+    with pytest.raises(ImageError, match="at most 16"):
+        image_prompt(tok, enc, many, [case["png"]] * 17)
+
+
+def test_an_image_past_the_first_sliding_window_is_refused(case) -> None:  # noqa: ANN001
+    """The kernel would measure the window from the image's end, llama.cpp from each token: refused
+    rather than computed differently (engine/media.py)."""
+    ids, spans = image_prompt(case["tok"], case["encoder"], "x " * 40 + PROMPT, [case["png"]])
+    assert spans[0].end > case["cfg"].sliding_window
+    with pytest.raises(ValueError, match="sliding window"):
+        _engine(case, 512).add_request(ids, SamplingParams(max_tokens=2), media=spans)
