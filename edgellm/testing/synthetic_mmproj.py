@@ -49,14 +49,13 @@ def write_tiny_mmproj(
     w.add_array(p + "image_std", [0.5, 0.5, 0.5])
     n_patches = (image_size // patch_size) ** 2
 
-    def mat(*shape: int) -> np.ndarray:  # ~N(0, 1/cols): activations stay O(1)
-        return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(dtype)
+    def mat(*shape: int, gain: float = 1.0) -> np.ndarray:  # ~N(0, gain^2/cols): activations stay O(1)
+        return (gain * rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(dtype)
 
     def vec(n: int, mean: float = 0.0, std: float = 0.1) -> np.ndarray:
         return (mean + std * rng.standard_normal(n)).astype(np.float32)
 
-    w.add_tensor("v.patch_embd.weight", mat(n_embd, 3, patch_size, patch_size).reshape(n_embd, 3, patch_size,
-                 patch_size) * np.float32(patch_size))  # fmt: skip
+    w.add_tensor("v.patch_embd.weight", mat(n_embd, 3, patch_size, patch_size, gain=patch_size))
     w.add_tensor("v.patch_embd.bias", vec(n_embd))
     w.add_tensor(
         "v.position_embd.weight", (0.5 * rng.standard_normal((n_patches, n_embd))).astype(np.float32)
@@ -76,9 +75,7 @@ def write_tiny_mmproj(
     w.add_tensor("v.post_ln.weight", vec(n_embd, 1.0))
     w.add_tensor("v.post_ln.bias", vec(n_embd))
     w.add_tensor("mm.soft_emb_norm.weight", vec(n_embd, 1.0))
-    w.add_tensor(
-        "mm.input_projection.weight", mat(n_embd, n_embd_text) * np.float32(np.sqrt(n_embd_text / n_embd))
-    )
+    w.add_tensor("mm.input_projection.weight", mat(n_embd, n_embd_text, gain=np.sqrt(n_embd_text / n_embd)))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -1,12 +1,14 @@
 """The vision oracle case: a tiny random gemma3 text model, a tiny random gemma3 mmproj and a small PNG,
 all written from fixed seeds, and the prompt llama.cpp's libmtmd and edgellm both take. The fixture
-(tests/fixtures/vision/gemma3.npz, scripts/fixtures/make_vision_fixture.py) keeps llama.cpp's
+(tests/fixtures/vision/<case>.npz, scripts/fixtures/make_vision_fixture.py) keeps llama.cpp's
 token ids, logits after the prompt, and greedy continuation; the test recomputes edgellm's."""
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+
+import numpy as np
 
 from edgellm.testing.synthetic import write_tiny_model
 from edgellm.testing.synthetic_mmproj import tiny_png, write_tiny_mmproj
@@ -17,12 +19,16 @@ N_GREEDY = 6
 N_CTX = 256
 
 
-def write_case(tmp: Path) -> tuple[Path, Path, bytes]:
-    """(text model, mmproj, PNG bytes) in tmp. The PNG is 40 x 24: resized and padded to 32 x 32."""
+CASES = {"gemma3": np.float32, "gemma3_f16": np.float16}  # fixture name -> the mmproj's matrix type
+
+
+def write_case(tmp: Path, name: str = "gemma3") -> tuple[Path, Path, bytes]:
+    """(text model, mmproj, PNG bytes) in tmp. The PNG is 40 x 24: resized and padded to 32 x 32. The
+    mmproj's matrices are CASES[name] (F16: what real mmproj files hold, clip.cpp's f16 matmuls)."""
     # window 64: the image (positions < 30) lies inside the first window (engine/media.py)
     model = write_tiny_model(tmp / "gemma3.gguf", "gemma3", qtypes="F32", n_embd=N_EMBD, tied=False,
                              sliding_window=64, context_length=N_CTX, seed=3)  # fmt: skip
-    mmproj = write_tiny_mmproj(tmp / "mmproj.gguf", N_EMBD, seed=4)
+    mmproj = write_tiny_mmproj(tmp / f"mmproj_{name}.gguf", N_EMBD, seed=4, dtype=CASES[name])
     return model, mmproj, tiny_png(40, 24, seed=5)
 
 

@@ -116,10 +116,13 @@ class Gemma3Projector:
             a = _layernorm(x, *b.ln1, self.p.eps)
             # clip.cpp's flash attention on the CPU reads Q, K and V as f16
             q, k, v = (_f16(lin(a)).reshape(n, h, d).transpose(1, 0, 2) for lin in (b.q, b.k, b.v))
-            s = (q @ k.transpose(0, 2, 1)) * np.float32(1.0 / np.sqrt(d))  # [h, N, N]
-            s = np.exp(s - s.max(axis=-1, keepdims=True))
-            s /= s.sum(axis=-1, keepdims=True)
-            att = (s @ v).transpose(1, 0, 2).reshape(n, e)  # [N, E]
+            att = np.empty((n, h, d), np.float32)
+            for hd in range(h):  # one head's [N, N] scores at a time (4096 patches: 64 MB, not 1 GB)
+                s = (q[hd] @ k[hd].T) * np.float32(1.0 / np.sqrt(d))
+                s = np.exp(s - s.max(axis=-1, keepdims=True))
+                s /= s.sum(axis=-1, keepdims=True)
+                att[:, hd] = s @ v[hd]
+            att = att.reshape(n, e)  # [N, E]
             x = x + b.o(att)
             hmid = np.ascontiguousarray(b.up(_layernorm(x, *b.ln2, self.p.eps)), np.float32)  # [N, F]
             gelu_cpu(hmid)  # llama.cpp's f16-table GELU
