@@ -36,6 +36,7 @@ from edgellm.engine.protocol import EngineCoreRequest, EngineStats
 from edgellm.engine.spec.config import SpeculativeConfig, check_draft_model
 from edgellm.gguf.config import ModelConfig, config_from_gguf
 from edgellm.gguf.load import load_gguf
+from edgellm.gguf.reader import GGUFError
 from edgellm.gguf.validation import tokenizer_from_gguf, validate_model
 from edgellm.grammar import check_for_vocabulary
 from edgellm.llm_inputs import InputRequestsMixin, as_list
@@ -123,11 +124,29 @@ class LLM(InputRequestsMixin):
         # what the core process gets: the model as a path, the draft model's resolved
         self.spec = dataclasses.replace(self.engine_config, model=str(self.path), speculative=spec_config)
         # images: the mmproj's encoder runs here, the engine gets embeddings (vision/prompt.py)
-        mmproj = self.engine_config.mmproj
-        self.vision: VisionEncoder | None = load_mmproj(mmproj, self.config.n_embd) if mmproj else None
+        self.vision: VisionEncoder | None = self._load_vision(self.engine_config.mmproj)
         self._rids = itertools.count()
         self.on_core_death: Callable[[str], None] | None = None
         self.core = self._start_core()
+
+    def _load_vision(self, mmproj: str | None) -> VisionEncoder | None:
+        """The mmproj given (GGUFError if it cannot be used); "none": no images; not given: the one
+        mmproj*.gguf beside the model file if there is exactly one (as LM Studio and Ollama find it),
+        skipped with a note when it is for another model or of a projector type not supported."""
+        if mmproj == "none":
+            return None
+        if mmproj:
+            return load_mmproj(mmproj, self.config.n_embd)
+        found = sorted(self.path.parent.glob("mmproj*.gguf"))
+        if len(found) != 1:
+            return None
+        try:
+            encoder = load_mmproj(found[0], self.config.n_embd)
+        except (GGUFError, ValueError, OSError) as e:
+            self._log(f"not using {found[0].name} beside the model for images: {e}")
+            return None
+        self._log(f"images: using {found[0].name} (found beside the model; --mmproj none to turn off)")
+        return encoder
 
     def _start_core(self) -> CoreClient:
         me = weakref.ref(self)  # the core client's threads must not keep this LLM alive

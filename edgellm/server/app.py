@@ -105,6 +105,8 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
             "created": state.created,
             "owned_by": "edgellm",
             "max_model_len": state.llm.n_ctx,
+            # what the model takes in (LM Studio's and vLLM's model cards say so): images with --mmproj
+            "input_modalities": ["text", "image"] if state.llm.vision is not None else ["text"],
         }
 
     @endpoint(state)

@@ -77,6 +77,7 @@ def show_body(state: ServerState) -> dict[str, Any]:
     info.update({f"{arch}.context_length": llm.n_ctx, f"{arch}.embedding_length": llm.config.n_embd})
     template = state.template.source if state.template is not None else ""
     caps = ["completion"] + (["tools"] if state.template is not None else [])
+    caps += ["vision"] if llm.vision is not None else []  # Ollama's word for image input
     return {
         "license": str(meta.get("general.license", "")),
         "modelfile": f"# served by edgellm\nFROM {llm.path}\n",

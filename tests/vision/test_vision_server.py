@@ -67,16 +67,24 @@ def test_every_route_answers_an_image_question_as_the_python_api(files: tuple[Pa
         remote = _chat(url, [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}])
         assert remote.status_code == 400 and "data URL" in remote.json()["error"]["message"]
         assert httpx.get(url + "/health", timeout=30).status_code == 200
+        card = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]
+        assert card["input_modalities"] == ["text", "image"]
+        show = httpx.post(url + "/api/show", json={"model": card["id"]}, timeout=30).json()
+        assert "vision" in show["capabilities"]
     finally:
         stop_server(proc)
 
 
 def test_an_image_to_a_server_without_mmproj_is_a_400(files: tuple[Path, Path, bytes]) -> None:
-    model, _, png = files
+    """--mmproj none: the mmproj beside the model is not used (without it, it would be)."""
+    model, mmproj, png = files
+    with LLM(str(model), n_ctx=256) as llm:
+        assert llm.vision is not None and llm.vision.path == mmproj  # found beside the model
     data_url = "data:image/png;base64," + base64.b64encode(png).decode()
-    proc, url = start_server(str(model), "--ctx", "256")
+    proc, url = start_server(str(model), "--ctx", "256", "--mmproj", "none")
     try:
         r = _chat(url, [{"type": "image_url", "image_url": {"url": data_url}}])
         assert r.status_code == 400 and "takes no images" in r.json()["error"]["message"]
+        assert httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["input_modalities"] == ["text"]
     finally:
         stop_server(proc)
