@@ -6,12 +6,15 @@ keeps answering."""
 from __future__ import annotations
 
 import base64
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from edgellm import LLM
 from edgellm.sampling import SamplingParams
+from edgellm.testing.paths import ROOT
 from edgellm.testing.servers import httpx, start_server, stop_server
 from edgellm.testing.synthetic import write_tiny_model
 from edgellm.testing.synthetic_mmproj import tiny_png, write_tiny_mmproj
@@ -73,6 +76,26 @@ def test_every_route_answers_an_image_question_as_the_python_api(files: tuple[Pa
         assert "vision" in show["capabilities"]
     finally:
         stop_server(proc)
+
+
+def test_edgellm_run_with_an_image(files: tuple[Path, Path, bytes], tmp_path: Path) -> None:
+    """`edgellm run MODEL PROMPT --image PATH`: the image before the question, through the template."""
+    model, mmproj, png = files
+    with LLM(str(model), mmproj=str(mmproj), n_ctx=256) as llm:
+        prompt = {"prompt": "<__media__>What is this?\n", "images": [png]}
+        want = llm.generate([prompt], SamplingParams(max_tokens=N, temperature=0))[0].text
+    (tmp_path / "x.png").write_bytes(png)
+    args = [str(model), Q, "--image", str(tmp_path / "x.png"), "--mmproj", str(mmproj)]
+    args += ["--temperature", "0", "--max-tokens", str(N), "--ctx", "256"]
+    run = subprocess.run([sys.executable, "-m", "edgellm", "run", *args], capture_output=True, text=True,
+                         timeout=600, cwd=ROOT)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == want + "\n"
+    (tmp_path / "bad.png").write_bytes(png[:40])
+    args[3] = str(tmp_path / "bad.png")
+    bad = subprocess.run([sys.executable, "-m", "edgellm", "run", *args], capture_output=True, text=True,
+                         timeout=600, cwd=ROOT)  # fmt: skip
+    assert bad.returncode == 2 and "cannot decode the image" in bad.stderr
 
 
 def test_an_image_to_a_server_without_mmproj_is_a_400(files: tuple[Path, Path, bytes]) -> None:
