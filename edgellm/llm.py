@@ -31,6 +31,7 @@ from edgellm.engine.checks import (
 from edgellm.engine.config import EngineConfig, kv_budget_bytes
 from edgellm.engine.core_client import CoreClient, EngineDeadError
 from edgellm.engine.frontend import RequestStream
+from edgellm.engine.media import check_media_arch
 from edgellm.engine.outputs import CompletionOutput, OutputCollector, RequestMetrics, RequestOutput
 from edgellm.engine.protocol import EngineCoreRequest, EngineStats
 from edgellm.engine.spec.config import SpeculativeConfig, check_draft_model
@@ -136,11 +137,13 @@ class LLM(InputRequestsMixin):
         if mmproj == "none":
             return None
         if mmproj:
+            check_media_arch(self.config.arch)
             return load_mmproj(mmproj, self.config.n_embd)
         found = sorted(self.path.parent.glob("mmproj*.gguf"))
         if len(found) != 1:
             return None
         try:
+            check_media_arch(self.config.arch)
             encoder = load_mmproj(found[0], self.config.n_embd)
         except (GGUFError, ValueError, OSError) as e:
             self._log(f"not using {found[0].name} beside the model for images: {e}")

@@ -31,12 +31,18 @@ class StepMedia:
     attn_positions: np.ndarray | None  # [n] int32
 
 
+def check_media_arch(arch: str) -> None:
+    """ValueError unless the text model's forward pass takes image rows."""
+    if arch not in MEDIA_ARCHS:
+        supported = ", ".join(sorted(MEDIA_ARCHS))
+        raise ValueError(f"images are not supported for the {arch} architecture yet (only {supported})")
+
+
 def check_media(media: list[MediaSpan], n_prompt: int, cfg) -> list[MediaSpan]:  # noqa: ANN001
     """The spans sorted, checked: inside the prompt, not overlapping, [n, n_embd] finite float32 rows."""
     if not media:
         return []
-    if cfg.arch not in MEDIA_ARCHS:
-        raise ValueError(f"images are not supported for the {cfg.arch} architecture yet")
+    check_media_arch(cfg.arch)
     spans = sorted(media, key=lambda m: m.start)
     prev_end = 0
     for m in spans:

@@ -173,3 +173,15 @@ def test_an_image_past_the_first_sliding_window_is_refused(case) -> None:  # noq
     assert spans[0].end > case["cfg"].sliding_window
     with pytest.raises(ValueError, match="sliding window"):
         _engine(case, 512).add_request(ids, SamplingParams(max_tokens=2), media=spans)
+
+
+def test_an_mmproj_for_a_text_model_without_image_support_is_refused(tmp_path: Path) -> None:
+    """A llama text model as wide as the projector's output: the mmproj loads, the model cannot take the
+    rows (its forward pass has no image hook yet), so LLM refuses at load naming the architecture."""
+    from edgellm import LLM
+    from edgellm.testing.synthetic import write_tiny_model
+
+    model = write_tiny_model(tmp_path / "llama.gguf", "llama", qtypes="F32", n_embd=N_EMBD)
+    mmproj = write_tiny_mmproj(tmp_path / "other.gguf", N_EMBD)
+    with pytest.raises(ValueError, match="not supported for the llama architecture"):
+        LLM(str(model), mmproj=str(mmproj))
