@@ -185,3 +185,19 @@ def test_an_mmproj_for_a_text_model_without_image_support_is_refused(tmp_path: P
     mmproj = write_tiny_mmproj(tmp_path / "other.gguf", N_EMBD)
     with pytest.raises(ValueError, match="not supported for the llama architecture"):
         LLM(str(model), mmproj=str(mmproj))
+
+
+def test_a_prefix_hit_that_ends_inside_the_image(case, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """Blocks of 16: a second prompt with the same image and other text right after it reuses blocks 0-31,
+    so its computation starts at position 32, inside the image (29..45); its answer equals the uncached
+    one. (The text follows the image directly here: the tiny vocabulary spells <end_of_image> out in 15
+    tokens, which would fill the block; a real Gemma 3 has one token there.)"""
+    tok, enc, png = case["tok"], case["encoder"], case["png"]
+    monkeypatch.setattr(enc.projector, "end", "")
+    engine = _engine(case, 512, caching=True)
+    _greedy(engine, *image_prompt(tok, enc, PROMPT, [png]))
+    ids, spans = image_prompt(tok, enc, PROMPT.replace("and say", "then tell me more"), [png])
+    assert spans[0].start < 32 < spans[0].end
+    cached_toks, cached = _greedy(engine, ids, spans)
+    fresh_toks, _ = _greedy(_engine(case, 512), ids, spans)
+    assert cached == 32 and cached_toks == fresh_toks
