@@ -39,7 +39,8 @@ def _chat(url: str, content: list) -> httpx.Response:
 
 
 def test_every_route_answers_an_image_question_as_the_python_api(files: tuple[Path, Path, bytes]) -> None:
-    """OpenAI image_url, Ollama images and an Anthropic base64 image block, each before the question:
+    """OpenAI image_url, Ollama images, an Anthropic base64 image block and a Responses input_image, each
+    before the question:
     the same rendered prompt ("<__media__>What is this?", no newline at the marker, as llama-server),
     so the same greedy answer as LLM(model, mmproj=...)."""
     model, mmproj, png = files
@@ -64,6 +65,13 @@ def test_every_route_answers_an_image_question_as_the_python_api(files: tuple[Pa
         r = httpx.post(url + "/v1/messages", json=body, timeout=600)
         assert r.status_code == 200, r.text
         assert r.json()["content"][0]["text"] == want
+        content = [{"type": "input_image", "image_url": data_url}, {"type": "input_text", "text": Q}]
+        body = {"model": "m", "max_output_tokens": N, "temperature": 0,
+                "input": [{"role": "user", "content": content}]}  # fmt: skip
+        r = httpx.post(url + "/v1/responses", json=body, timeout=600)
+        assert r.status_code == 200, r.text
+        message = next(o for o in r.json()["output"] if o["type"] == "message")
+        assert message["content"][0]["text"] == want
         cut = "data:image/png;base64," + base64.b64encode(png[:40]).decode()  # a truncated PNG
         bad = _chat(url, [{"type": "image_url", "image_url": {"url": cut}}])
         assert bad.status_code == 400 and "cannot decode" in bad.json()["error"]["message"]
