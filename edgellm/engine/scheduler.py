@@ -114,6 +114,7 @@ class Scheduler:
             priority=parent.priority,
             max_tokens=parent.max_tokens,
             group=parent.group,
+            media=parent.media,  # its images: a recompute after preemption and its cache keys need them
         )
         self.block_manager.fork(parent, child)
         child.num_cached_tokens = parent.num_cached_tokens

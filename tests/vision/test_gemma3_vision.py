@@ -201,3 +201,19 @@ def test_a_prefix_hit_that_ends_inside_the_image(case, monkeypatch: pytest.Monke
     cached_toks, cached = _greedy(engine, ids, spans)
     fresh_toks, _ = _greedy(_engine(case, 512), ids, spans)
     assert cached == 32 and cached_toks == fresh_toks
+
+
+def test_parallel_samples_keep_the_image(case) -> None:  # noqa: ANN001
+    """n=2: the second completion is a fork of the first; it carries the images (a recompute after a
+    preemption and its prefix-cache keys need them), and greedy, both give llama.cpp's tokens."""
+    engine = _engine(case, 512, caching=True)
+    ids, spans = image_prompt(case["tok"], case["encoder"], PROMPT, [case["png"]])
+    rid = engine.add_request(ids, SamplingParams(n=2, max_tokens=N_GREEDY, temperature=0.0), media=spans)
+    toks: dict[int, list[int]] = {0: [], 1: []}
+    while engine.has_unfinished():
+        for seq in engine.scheduler.running:
+            assert seq.media == spans
+        for out in engine.step():
+            if out.request_id == rid:
+                toks[out.index] += out.new_token_ids
+    assert toks[0] == toks[1] == case["ref"]["greedy"].tolist()
