@@ -77,6 +77,8 @@ def test_every_route_answers_an_image_question_as_the_python_api(files: tuple[Pa
         assert bad.status_code == 400 and "cannot decode" in bad.json()["error"]["message"]
         remote = _chat(url, [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}])
         assert remote.status_code == 400 and "data URL" in remote.json()["error"]["message"]
+        many = _chat(url, [{"type": "image_url", "image_url": {"url": data_url}}] * 17)
+        assert many.status_code == 400 and "at most 16" in many.json()["error"]["message"]
         assert httpx.get(url + "/health", timeout=30).status_code == 200
         card = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]
         assert card["input_modalities"] == ["text", "image"]
