@@ -208,6 +208,9 @@ def attention_block(
     scale, cap = cfg.attn_scale, cfg.attn_softcap
     limits = positions if attn_positions is None else attn_positions
     be.attention(q, kv, kl, block_tables, seq_index, limits, window, scale, attn, cap, w.sinks)
+    if attn_positions is not None and window > 0:
+        call = ((kv, kl, block_tables, seq_index, limits), (scale, cap, w.sinks))
+        window_from_token(be, q, attn, batch, window, call)
     o = be.empty((T, cfg.n_embd))
     be.matmul(attn.reshape(T, H * dv), w.wo, o)  # [T, n_embd]
     if w.bo is not None:
@@ -217,6 +220,25 @@ def attention_block(
     if cfg.residual_scale != 1.0:
         o = be.scale(o, cfg.residual_scale)
     be.add(x, o)
+
+
+def window_from_token(be: Backend, q: Any, attn: Any, batch: ForwardBatch, window: int, call: tuple) -> None:
+    """A non-causal image's tokens in a sliding-window layer: the kernel measured the window from each
+    token's causal limit (the image's end) where llama.cpp measures it from the token, so a token whose
+    window reaches back past the limit's is computed again alone, with the window widened by its
+    distance to the limit: keys pos - window + 1 .. limit, as llama.cpp's mask has them. q: [T, H, d];
+    attn: [T, H, dv], rows rewritten; call: be.attention's (kv, layer, block_tables, seq_index, limits)
+    and (scale, softcap, sinks)."""
+    (kv, kl, tables, seq_index, limits), (scale, cap, sinks) = call
+    pos, lim = batch.positions, batch.attn_positions  # host copies: [T] int32
+    for t in np.nonzero((lim > pos) & (lim - window + 1 > 0))[0]:
+        sl = slice(int(t), int(t) + 1)
+        one = be.empty((1, *attn.shape[1:]))
+        wide = window + int(lim[t] - pos[t])
+        be.attention(
+            be.contiguous(q[sl]), kv, kl, tables, seq_index[sl], limits[sl], wide, scale, one, cap, sinks
+        )
+        attn[sl] = one
 
 
 def feed_forward_block(be: Backend, cfg: ModelConfig, w: FeedForwardWeights, x: Any, T: int) -> None:

@@ -5,9 +5,8 @@ A non-causal image (Gemma 3) is computed as llama.cpp computes it with causal at
 image's batch: each of its tokens attends to every earlier token and to the whole image. The attention
 kernels take a causal limit per token (its position); the image's tokens get the image's last position
 as theirs (ForwardBatch.attn_positions) while RoPE keeps the true positions. With a sliding window the
-kernel measures the window from that limit where llama.cpp measures it from the token: the two agree
-while the image ends inside the first window, and a prompt whose image ends later is refused rather than
-computed differently."""
+kernel measures the window from that limit where llama.cpp measures it from the token: the image tokens
+whose windows differ are computed again one by one (arch/common.py's window_from_token)."""
 
 from __future__ import annotations
 
@@ -55,11 +54,6 @@ def check_media(media: list[MediaSpan], n_prompt: int, cfg) -> list[MediaSpan]: 
             raise ValueError("image embeddings are not finite")
         if m.start < prev_end or m.end > n_prompt:
             raise ValueError(f"image at positions {m.start}..{m.end} overlaps another or leaves the prompt")
-        if m.non_causal and cfg.sliding_window > 0 and any(cfg.swa_layers) and m.end > cfg.sliding_window:
-            raise ValueError(
-                f"an image ending at position {m.end} is past the model's {cfg.sliding_window}-token "
-                "sliding window; images are supported within the first window for now"
-            )
         prev_end = m.end
     return spans
 

@@ -19,16 +19,23 @@ N_GREEDY = 6
 N_CTX = 256
 
 
-CASES = {"gemma3": np.float32, "gemma3_f16": np.float16}  # fixture name -> the mmproj's matrix type
+# an image past the first 64-token sliding window: its tokens' windows reach back before the image
+LATE_PROMPT = "x " * 40 + PROMPT
+# fixture name -> (the mmproj's matrix type, the prompt)
+CASES = {
+    "gemma3": (np.float32, PROMPT),
+    "gemma3_f16": (np.float16, PROMPT),
+    "gemma3_late": (np.float32, LATE_PROMPT),
+}
 
 
 def write_case(tmp: Path, name: str = "gemma3") -> tuple[Path, Path, bytes]:
     """(text model, mmproj, PNG bytes) in tmp. The PNG is 40 x 24: resized and padded to 32 x 32. The
     mmproj's matrices are CASES[name] (F16: what real mmproj files hold, clip.cpp's f16 matmuls)."""
-    # window 64: the image (positions < 30) lies inside the first window (engine/media.py)
+    # window 64: PROMPT's image (positions < 46) lies inside the first window, LATE_PROMPT's does not
     model = write_tiny_model(tmp / "gemma3.gguf", "gemma3", qtypes="F32", n_embd=N_EMBD, tied=False,
                              sliding_window=64, context_length=N_CTX, seed=3)  # fmt: skip
-    mmproj = write_tiny_mmproj(tmp / f"mmproj_{name}.gguf", N_EMBD, seed=4, dtype=CASES[name])
+    mmproj = write_tiny_mmproj(tmp / f"mmproj_{name}.gguf", N_EMBD, seed=4, dtype=CASES[name][0])
     return model, mmproj, tiny_png(40, 24, seed=5)
 
 
