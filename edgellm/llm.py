@@ -333,17 +333,17 @@ class LLM(InputRequestsMixin):
         params = params or SamplingParams()
         prompts = as_list(prompts)
 
-        async def one(p: str | list[int]) -> GenerationOutput:
+        async def one(p: str | list[int] | dict) -> GenerationOutput:
             c, rid = OutputCollector(params.n), ""
-            async for out in self.stream(p, params):
+            # a prompt with images is encoded off the event loop
+            req = await asyncio.to_thread(self.make_request, p, params) if isinstance(p, dict) else p
+            async for out in self.stream(req, params):
                 rid = out.request_id
                 c.push(out)
-            return _result(rid, [], c)
+            ids = req.prompt_token_ids if isinstance(req, EngineCoreRequest) else self.encode_prompt(p)
+            return _result(rid, ids, c)
 
-        results = await asyncio.gather(*[one(p) for p in prompts])
-        for p, r in zip(prompts, results, strict=True):
-            r.prompt_token_ids = self.encode_prompt(p)  # checked when it was sent
-        return list(results)
+        return list(await asyncio.gather(*[one(p) for p in prompts]))
 
     async def stream(
         self,

@@ -121,3 +121,17 @@ def test_an_image_to_a_server_without_mmproj_is_a_400(files: tuple[Path, Path, b
         assert httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["input_modalities"] == ["text"]
     finally:
         stop_server(proc)
+
+
+def test_agenerate_with_an_image(files: tuple[Path, Path, bytes]) -> None:
+    """LLM.agenerate takes image prompts as generate does, and reports the prompt's ids."""
+    import asyncio
+
+    model, mmproj, png = files
+    prompt = {"prompt": "<__media__>What is this?\n", "images": [png]}
+    with LLM(str(model), mmproj=str(mmproj), n_ctx=256) as llm:
+        params = SamplingParams(max_tokens=N, temperature=0)
+        [want] = llm.generate([prompt], params)
+        [got] = asyncio.run(llm.agenerate([prompt], params))
+    assert got.text == want.text and got.prompt_token_ids == want.prompt_token_ids
+    assert len(got.prompt_token_ids) > 16  # the image's 16 rows and the text
