@@ -98,8 +98,11 @@ class ModelRunner:
                 media_rows.append(t0 + m.rows)
                 media_embeds.append(m.embeds)
             limits = m.attn_positions if m is not None else None
-            if limits is not None and limits.shape != (n,):
-                raise ValueError(f"{limits.shape} causal limits for {n} tokens")
+            # the kernels read the block table up to each limit unchecked: inside this chunk's tokens
+            if limits is not None and (
+                limits.shape != (n,) or (limits < p).any() or (limits >= it.start_pos + n).any()
+            ):
+                raise ValueError(f"causal limits {limits} outside a chunk at {it.start_pos} of {n} tokens")
             attn_pos.append(p.astype(np.int32) if limits is None else limits)
             t0 += n
         batch = ForwardBatch(
