@@ -31,11 +31,13 @@ from edgellm.engine.checks import (
 from edgellm.engine.config import EngineConfig, kv_budget_bytes
 from edgellm.engine.core_client import CoreClient, EngineDeadError
 from edgellm.engine.frontend import RequestStream
+from edgellm.engine.media import check_media_arch
 from edgellm.engine.outputs import CompletionOutput, OutputCollector, RequestMetrics, RequestOutput
 from edgellm.engine.protocol import EngineCoreRequest, EngineStats
 from edgellm.engine.spec.config import SpeculativeConfig, check_draft_model
 from edgellm.gguf.config import ModelConfig, config_from_gguf
 from edgellm.gguf.load import load_gguf
+from edgellm.gguf.reader import GGUFError
 from edgellm.gguf.validation import tokenizer_from_gguf, validate_model
 from edgellm.grammar.compile import check_for_vocabulary
 from edgellm.llm_inputs import InputRequestsMixin, as_list
@@ -43,6 +45,9 @@ from edgellm.lora.choice import resolve_lora
 from edgellm.models.catalog import resolve_model
 from edgellm.quants.kv_cache import get_kv_cache_type
 from edgellm.sampling.sampler import SamplingParams
+from edgellm.vision.image import ImageError
+from edgellm.vision.mmproj import VisionEncoder, load_mmproj
+from edgellm.vision.prompt import PreparedPrompt, image_prompt
 
 __all__ = ["LLM", "EngineDeadError", "GenerationOutput", "PromptTooLongError", "kv_budget_bytes"]
 
@@ -121,9 +126,32 @@ class LLM(InputRequestsMixin):
             spec_config.model = str(check_draft_model(spec_config.model, gguf, self.config))
         # what the core process gets: the model as a path, the draft model's resolved
         self.spec = dataclasses.replace(self.engine_config, model=str(self.path), speculative=spec_config)
+        # images: the mmproj's encoder runs here, the engine gets embeddings (vision/prompt.py)
+        self.vision: VisionEncoder | None = self._load_vision(self.engine_config.mmproj)
         self._rids = itertools.count()
         self.on_core_death: Callable[[str], None] | None = None
         self.core = self._start_core()
+
+    def _load_vision(self, mmproj: str | None) -> VisionEncoder | None:
+        """The mmproj given (GGUFError if it cannot be used); "none": no images; not given: the one
+        mmproj*.gguf beside the model file if there is exactly one (as LM Studio and Ollama find it),
+        skipped with a note when it is for another model or of a projector type not supported."""
+        if mmproj == "none":
+            return None
+        if mmproj:
+            check_media_arch(self.config.arch)
+            return load_mmproj(mmproj, self.config.n_embd)
+        found = sorted(self.path.parent.glob("mmproj*.gguf"))
+        if len(found) != 1:
+            return None
+        try:
+            check_media_arch(self.config.arch)
+            encoder = load_mmproj(found[0], self.config.n_embd)
+        except (GGUFError, ValueError, OSError) as e:
+            self._log(f"not using {found[0].name} beside the model for images: {e}")
+            return None
+        self._log(f"images: using {found[0].name} (found beside the model; --mmproj none to turn off)")
+        return encoder
 
     def _start_core(self) -> CoreClient:
         me = weakref.ref(self)  # the core client's threads must not keep this LLM alive
@@ -229,12 +257,32 @@ class LLM(InputRequestsMixin):
         tokenizer. Raises ValueError naming the problem (PromptTooLongError, TokenIdError); the engine
         core guards its kernels with the same checks. `group`: as submit's."""
         check_generative(self.config)  # an encoder embeds only: EmbeddingOnlyError, a ValueError
-        ids = self.encode_prompt(prompt)
+        media = None
+        if isinstance(prompt, dict):  # {"prompt": text with <__media__> markers, "images": [bytes | path]}
+            ids, media = self.image_prompt(prompt)
+        elif isinstance(prompt, PreparedPrompt):  # encoded already (the server, off its event loop)
+            ids, media = prompt.token_ids, prompt.media
+        else:
+            ids = self.encode_prompt(prompt)
         check_request(ids, params, self.n_ctx, self.tokenizer.vocab_size)
+        step = self.engine_config.max_num_batched_tokens
+        if media and any(m.non_causal and m.end - m.start > step for m in media):
+            raise ImageError(f"an image's tokens do not fit one step of {step} (max_num_batched_tokens)")
         check_for_vocabulary(params, (self.tokenizer, self.config.n_vocab))  # compiled in a worker, not here
         resolve_lora(params.lora, [0.0] * self.n_lora)  # an adapter id that is not loaded
         rid = request_id if request_id is not None else f"req-{next(self._rids)}"
-        return EngineCoreRequest(rid, ids, params, priority, group)
+        return EngineCoreRequest(rid, ids, params, priority, group, media=media or None)
+
+    def image_prompt(self, prompt: dict) -> tuple[list[int], list]:
+        """A prompt with images: {"prompt": text whose "<__media__>" markers stand for the images,
+        "images": [encoded image bytes, or a file path]} -> (token ids, MediaSpans). ImageError (a
+        ValueError) for a model without an mmproj, a bad image or a marker count that does not match."""
+        text, images = prompt.get("prompt"), prompt.get("images", [])
+        if not isinstance(text, str) or not isinstance(images, list | tuple):
+            raise ValueError('an image prompt is {"prompt": str, "images": [bytes or path, ...]}')
+        data = [im if isinstance(im, bytes | bytearray) else Path(im).read_bytes() for im in images]
+        add_special = prompt.get("add_special", True)
+        return image_prompt(self.tokenizer, self.vision, text, [bytes(d) for d in data], add_special)
 
     def add_request(self, req: EngineCoreRequest, deliver: Callable[[Any], None]) -> None:
         """Send a request make_request built to the engine core; `deliver` as submit's."""
@@ -307,17 +355,17 @@ class LLM(InputRequestsMixin):
         params = params or SamplingParams()
         prompts = as_list(prompts)
 
-        async def one(p: str | list[int]) -> GenerationOutput:
+        async def one(p: str | list[int] | dict) -> GenerationOutput:
             c, rid = OutputCollector(params.n), ""
-            async for out in self.stream(p, params):
+            # a prompt with images is encoded off the event loop
+            req = await asyncio.to_thread(self.make_request, p, params) if isinstance(p, dict) else p
+            async for out in self.stream(req, params):
                 rid = out.request_id
                 c.push(out)
-            return _result(rid, [], c)
+            ids = req.prompt_token_ids if isinstance(req, EngineCoreRequest) else self.encode_prompt(p)
+            return _result(rid, ids, c)
 
-        results = await asyncio.gather(*[one(p) for p in prompts])
-        for p, r in zip(prompts, results, strict=True):
-            r.prompt_token_ids = self.encode_prompt(p)  # checked when it was sent
-        return list(results)
+        return list(await asyncio.gather(*[one(p) for p in prompts]))
 
     async def stream(
         self,

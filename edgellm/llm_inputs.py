@@ -196,6 +196,6 @@ def _embedding(item: Any) -> Any:
 
 
 def as_list(prompts: Any) -> list:
-    if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+    if isinstance(prompts, str | dict) or (prompts and isinstance(prompts[0], int)):  # dict: with images
         return [prompts]
     return list(prompts)

@@ -33,6 +33,12 @@ class ForwardBatch:
     # the LoRA updates of this step (edgellm/lora/apply.py's LoraStep: rows grouped by adapter); None when
     # no token of the step uses an adapter
     lora: Any = None
+    # Images (engine/media.py): rows of the batch whose embeddings are given instead of looked up
+    embed_rows: np.ndarray | None = None  # [R] int32
+    embeds: np.ndarray | None = None  # [R, n_embd] float32
+    # [T] int32 each token's causal limit where it differs from its position (a non-causal image's
+    # tokens see the whole image); None: the positions
+    attn_positions: np.ndarray | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -173,9 +179,11 @@ def attention_block(
     block_tables: Any,
     slots: Any,
     kv_layer: int | None = None,
+    attn_positions: Any = None,
 ) -> None:
     """x += Attention(norm(x)) for every token of the batch (in place). x: [T, n_embd]. kv_layer: the
-    layer's index in the KV cache when not il (LFM2's cache holds its attention layers only)."""
+    layer's index in the KV cache when not il (LFM2's cache holds its attention layers only).
+    attn_positions: each token's causal limit when not its position (ForwardBatch.attn_positions)."""
     kl = il if kv_layer is None else kv_layer
     T = batch.n_tokens
     H, Hkv, d, dv = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim_v
@@ -213,7 +221,11 @@ def attention_block(
     attn = be.empty((T, H, dv))
     window = cfg.sliding_window if cfg.swa_layers[il] else 0
     scale, cap = cfg.attn_scale, cfg.attn_softcap
-    be.attention(q, kv, kl, block_tables, seq_index, positions, window, scale, attn, cap, w.sinks)
+    limits = positions if attn_positions is None else attn_positions
+    be.attention(q, kv, kl, block_tables, seq_index, limits, window, scale, attn, cap, w.sinks)
+    if attn_positions is not None and window > 0:
+        call = ((kv, kl, block_tables, seq_index, limits), (scale, cap, w.sinks))
+        window_from_token(be, q, attn, batch, window, call)
     o = be.empty((T, cfg.n_embd))
     be.matmul(attn.reshape(T, H * dv), w.wo, o)  # [T, n_embd]
     if batch.lora is not None:
@@ -236,6 +248,25 @@ def temperature_scaled(be: Backend, cfg: ModelConfig, q: Any, positions: np.ndar
     scale = (np.log(steps + 1.0) * np.float64(np.float32(cfg.attn_temp_scale)) + 1.0).astype(np.float32)
     host = be.to_host(q) * scale[:, None, None]
     return be.from_host(np.ascontiguousarray(host, np.float32))
+
+
+def window_from_token(be: Backend, q: Any, attn: Any, batch: ForwardBatch, window: int, call: tuple) -> None:
+    """A non-causal image's tokens in a sliding-window layer: the kernel measured the window from each
+    token's causal limit (the image's end) where llama.cpp measures it from the token, so a token whose
+    window reaches back past the limit's is computed again alone, with the window widened by its
+    distance to the limit: keys pos - window + 1 .. limit, as llama.cpp's mask has them. q: [T, H, d];
+    attn: [T, H, dv], rows rewritten; call: be.attention's (kv, layer, block_tables, seq_index, limits)
+    and (scale, softcap, sinks)."""
+    (kv, kl, tables, seq_index, limits), (scale, cap, sinks) = call
+    pos, lim = batch.positions, batch.attn_positions  # host copies: [T] int32
+    for t in np.nonzero((lim > pos) & (lim - window + 1 > 0))[0]:
+        sl = slice(int(t), int(t) + 1)
+        one = be.empty((1, *attn.shape[1:]))
+        wide = window + int(lim[t] - pos[t])
+        be.attention(
+            be.contiguous(q[sl]), kv, kl, tables, seq_index[sl], limits[sl], wide, scale, one, cap, sinks
+        )
+        attn[sl] = one
 
 
 def feed_forward_block(

@@ -98,8 +98,14 @@ class LlamaModel:
         return load_attention(self.be, src, self.cfg, il), load_ffn(self.be, src, self.cfg, il)
 
     def embed(self, batch: ForwardBatch, inp: Any) -> Any:
-        """The residual stream's start [T, n_embd]: the tokens' embeddings (times cfg.embd_scale)."""
-        return self.be.embed(self.tok_embd, inp.token_ids, self.cfg.embd_scale)
+        """The residual stream's start [T, n_embd]: the tokens' embeddings (times cfg.embd_scale); an
+        image's rows are its embeddings as given (llama.cpp scales token embeddings only: gemma3.cpp)."""
+        x = self.be.embed(self.tok_embd, inp.token_ids, self.cfg.embd_scale)
+        if batch.embed_rows is None or not len(batch.embed_rows):
+            return x
+        host = self.be.to_host(x)  # a copy on a device backend; the array itself on the CPU
+        host[batch.embed_rows] = batch.embeds
+        return host if host is x else self.be.from_host(host)
 
     def forward(self, batch: ForwardBatch, kv: Any) -> Any:
         """Logits [L, n_vocab] at batch.logits_index, after writing the batch's K/V. A backend array: the
@@ -131,8 +137,11 @@ class LlamaModel:
         be, cfg = self.be, self.cfg
         inp = be.step_inputs(batch)
         x = self.embed(batch, inp)  # [T, n_embd]
+        # a non-causal image's tokens have causal limits apart from their positions: the blocks' calls
+        # take them, the fused layers do not
+        limits = None if batch.attn_positions is None else be.from_host(batch.attn_positions)
         for il, (attn_w, ffn_w) in enumerate(self.layers):
-            fused = self.fused[il]
+            fused = self.fused[il] if limits is None else None
             # a layer with LoRA updates this step runs the blocks, where the updates sit beside each matmul
             lora = batch.lora if batch.lora is not None and batch.lora.touches(il) else None
             if fused is not None and lora is None and be.decoder_layer(fused, x, kv, il, inp):
@@ -140,8 +149,9 @@ class LlamaModel:
                     self.ffn_block(be, cfg, ffn_w, x, batch.n_tokens)
                 continue
             attention_block(
-                be, cfg, attn_w, x, batch, kv, il, inp.positions, inp.seq_index, inp.block_tables, inp.slots
-            )
+                be, cfg, attn_w, x, batch, kv, il, inp.positions, inp.seq_index, inp.block_tables, inp.slots,
+                attn_positions=limits,
+            )  # fmt: skip
             if lora is not None and isinstance(ffn_w, FeedForwardWeights):
                 feed_forward_block(be, cfg, ffn_w, x, batch.n_tokens, lora, il)
             else:

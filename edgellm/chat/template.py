@@ -135,9 +135,19 @@ def _environment() -> LimitedSandboxEnvironment:
 
 
 def _content_text(content: Any) -> Any:
-    """OpenAI content parts -> one string; anything else is left to the template."""
+    """OpenAI content parts -> one string; anything else is left to the template. Text parts are joined
+    with newlines, but none before or after an image's media marker (llama.cpp's concat_content_parts)."""
     if isinstance(content, list) and all(isinstance(p, Mapping) for p in content):
-        return "\n".join(str(p.get("text", "")) for p in content if p.get("type", "text") == "text")
+        text, after_marker = "", False
+        for p in content:
+            kind = p.get("type", "text")
+            if kind == "text":
+                text += ("\n" if text and not after_marker else "") + str(p.get("text", ""))
+                after_marker = False
+            elif kind == "media_marker":
+                text += str(p.get("text", ""))
+                after_marker = True
+        return text
     return "" if content is None else content
 
 

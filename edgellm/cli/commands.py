@@ -64,6 +64,29 @@ def run_prompt_ids(llm, prompt: str, raw: bool) -> list[int] | str:  # noqa: ANN
     return template.render_prompt([{"role": "user", "content": prompt}], llm.tokenizer).token_ids
 
 
+def run_image_prompt(llm, prompt: str, raw: bool, images: list[str]) -> object:  # noqa: ANN001 - edgellm.LLM
+    """`run --image`: the images before the text (the media markers), through the chat template as
+    run_prompt_ids; the images read and encoded (vision/prompt.py). ValueError for a bad image."""
+    from pathlib import Path
+
+    from edgellm.chat.template import ChatTemplate
+    from edgellm.vision.prompt import MEDIA_MARKER, PreparedPrompt
+
+    data = [Path(p).read_bytes() for p in images]
+    if raw or not llm.metadata.get("tokenizer.chat_template"):
+        text, add_special = MEDIA_MARKER * len(data) + prompt, True
+    else:
+        parts = [{"type": "media_marker", "text": MEDIA_MARKER}] * len(data) + [
+            {"type": "text", "text": prompt}
+        ]
+        template = ChatTemplate.from_metadata(llm.metadata, llm.tokenizer)
+        text = template.render_prompt([{"role": "user", "content": parts}], llm.tokenizer).text
+        bos = llm.tokenizer.bos_id
+        add_special = not (bos is not None and text.startswith(llm.tokenizer.decode([bos])))
+    ids, media = llm.image_prompt({"prompt": text, "images": data, "add_special": add_special})
+    return PreparedPrompt(ids, media)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from edgellm import LLM, SamplingParams
 
@@ -72,7 +95,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     llm = LLM(config=config, verbose=args.verbose)  # without -v: fetching and compiling only
     load_s = time.perf_counter() - t0
     params = SamplingParams(max_tokens=args.max_tokens, seed=args.seed, **run_sampling(args, llm.metadata))
-    prompt = run_prompt_ids(llm, args.prompt, args.raw)
+    if args.image:
+        try:
+            prompt = run_image_prompt(llm, args.prompt, args.raw, args.image)
+        except (OSError, ValueError) as e:
+            print(f"edgellm: {e}", file=sys.stderr)
+            return 2
+    else:
+        prompt = run_prompt_ids(llm, args.prompt, args.raw)
 
     def on_output(out) -> None:
         for d in out.deltas:
@@ -205,6 +235,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--raw", action="store_true", help="complete the prompt as it is, without the chat template"
     )
+    p.add_argument(
+        "--image",
+        action="append",
+        metavar="PATH",
+        help="an image before the prompt (repeatable; needs --mmproj)",
+    )
     _sampling_args(p)
     EngineConfig.add_cli_args(p)
     add_models_dir_arg(p)
@@ -250,7 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_pull)
 
     p = sub.add_parser("ps", help="the models a running server has loaded (its /api/ps)")
-    p.add_argument("--url", default="http://127.0.0.1:8080", help="the server (default http://127.0.0.1:8080)")
+    p.add_argument(
+        "--url", default="http://127.0.0.1:8080", help="the server (default http://127.0.0.1:8080)"
+    )
     p.add_argument("--api-key", default=None, help=f"the server's key (default: {API_KEY_ENV})")
     p.set_defaults(func=cmd_ps)
 

@@ -75,7 +75,7 @@ class BlockManager:
         """Longest cached full-block prefix of seq, capped to leave the last token to compute."""
         if self.cache is None or seq.block_table or seq.num_computed_tokens or not seq.samples:
             return _NO_MATCH  # (an embedding or a scoring needs every token's row: it computes them all)
-        blocks = self.cache.lookup(seq.token_ids, seq.lora)
+        blocks = self.cache.lookup(seq.cache_ids, seq.lora)
         num_tokens = min(len(blocks) * self.block_size, seq.num_tokens - 1)
         if self.resume_point is not None and num_tokens > 0:
             num_tokens = self.resume_point(seq.token_ids, num_tokens)
@@ -130,7 +130,7 @@ class BlockManager:
             return 0
         self._num_registered[seq.seq_id] = num_full
         return self.cache.insert(
-            seq.token_ids[: num_full * self.block_size], seq.block_table[:num_full], seq.lora
+            seq.cache_ids[: num_full * self.block_size], seq.block_table[:num_full], seq.lora
         )
 
     # ---- allocation ----------------------------------------------------------------------------

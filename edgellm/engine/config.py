@@ -128,6 +128,12 @@ class EngineConfig(CliConfig):
     # catalog name, .gguf path or hf://ORG/REPO[:QUANT] (each command's argument; the core gets the path)
     model: str | Path = DEFAULT_MODEL
     backend: str = option("cpu", "--backend", "compute backend", choices=BACKENDS)
+    # llama.cpp's multimodal projector file: images in prompts (edgellm/vision/); read by the front-end
+    mmproj: str | None = option(
+        None,
+        "--mmproj",
+        "mmproj GGUF: take images (default: the one mmproj*.gguf beside the model; none: off)",
+    )
     n_ctx: int | None = option(
         None, "--ctx", "context window in tokens (default 4096, capped by the model)", lo=1, type=int
     )

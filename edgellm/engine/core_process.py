@@ -232,8 +232,9 @@ class EngineCoreProc:
         try:
             if req.kind == RequestKind.GENERATE:
                 core.add_request(
-                    req.prompt_token_ids, req.sampling_params, req.request_id, req.priority, req.group
-                )
+                    req.prompt_token_ids, req.sampling_params, req.request_id, req.priority, req.group,
+                    req.media,
+                )  # fmt: skip
             else:
                 add = core.add_embedding_request if req.kind == RequestKind.EMBED else core.add_score_request
                 add(req.prompt_token_ids, req.request_id, req.priority, req.group)

@@ -15,10 +15,11 @@ from edgellm.engine.checks import (
 )
 from edgellm.engine.guidance import GuidedDecoding
 from edgellm.engine.inputs import InputRequests
+from edgellm.engine.media import check_media, media_rows
 from edgellm.engine.model_runner import ModelRunner, RunItem
 from edgellm.engine.pooling import Pooler, check_pooling
 from edgellm.engine.prompt_cache import PromptCache, restore_prefix, spill_prompt
-from edgellm.engine.protocol import EngineCoreOutput, EngineStats, FinishReason, TokenLogprob
+from edgellm.engine.protocol import EngineCoreOutput, EngineStats, FinishReason, MediaSpan, TokenLogprob
 from edgellm.engine.request import FINISH_STATUS, Completion, Request, cut_at_stop
 from edgellm.engine.scheduler import Scheduler, SchedulerConfig, SchedulerPlan
 from edgellm.engine.scoring import Scorer
@@ -97,12 +98,15 @@ class EngineCore:
         request_id: str | None = None,
         priority: int = 0,
         group: str | None = None,
+        media: list[MediaSpan] | None = None,
     ) -> str:
         """`group`: the client request this one belongs to, sharing its part of each step (see
-        Scheduler._prefill_shares); None: a group of its own."""
+        Scheduler._prefill_shares); None: a group of its own. `media`: images whose embeddings replace
+        those prompt positions (vision/prompt.py)."""
         ids = list(prompt)
         check_generative(self.runner.cfg)
         check_prompt(ids, self.n_ctx, self.runner.cfg.n_vocab)  # the front-end checked; this guards kernels
+        media = check_media(media or [], len(ids), self.runner.cfg)
         rid = self._new_id(request_id)
         seq_ids = [next(self._seq_ids) for _ in range(params.n)]
         req = Request.new(rid, ids, params, self.eog_ids, self.n_ctx, seq_ids)
@@ -114,9 +118,11 @@ class EngineCore:
         group = rid if group is None else group  # its n completions share one
         lora = self._lora_choice(params.lora)
         seq = Sequence(
-            seq_ids[0], ids, priority=priority, max_tokens=req.seq_max_tokens, group=group, owner=parent
-        )
+            seq_ids[0], ids, priority=priority, max_tokens=req.seq_max_tokens, group=group, owner=parent,
+            media=media,
+        )  # fmt: skip
         seq.lora = lora
+        req.has_media = bool(media)  # its KV is keyed by its images too: not for the prompt cache's files
         self.scheduler.add(seq)  # raises before anything is registered if it can never fit
         self.requests[rid] = req
         self._totals["prompt"] += len(ids)
@@ -241,6 +247,7 @@ class EngineCore:
                     seq_id=seq.seq_id,
                     lora=seq.lora,
                     history=seq.token_ids,
+                    media=media_rows(seq.media, c, n) if seq.media else None,
                 )
             )
             ids.append(seq.seq_id)
@@ -392,6 +399,7 @@ class EngineCore:
                     group=parent.group,
                     owner=c,
                     lora=parent.lora,
+                    media=parent.media,
                 )
                 self.scheduler.add(child)
             else:
@@ -412,7 +420,8 @@ class EngineCore:
             c.request.num_preemptions = seq.num_preemptions
 
     def _finish_request(self, req: Request, outs: list[EngineCoreOutput]) -> None:
-        if self.prompt_cache is not None:  # (the choice may now resolve otherwise: then nothing is found)
+        if self.prompt_cache is not None and not req.has_media:  # (the LoRA choice may now resolve
+            # otherwise: then nothing is found)
             salt = self._lora_choice(req.params.lora)
             spill_prompt(self.prompt_cache, self.scheduler.block_manager, self.runner, req.prompt_ids, salt)
         del self.requests[req.request_id]

@@ -11,6 +11,7 @@ import numpy as np
 from edgellm.arch import ForwardBatch
 from edgellm.backends.base import Backend
 from edgellm.engine.conv_state import ConvStates, state_shape
+from edgellm.engine.media import StepMedia
 from edgellm.gguf.config import ModelConfig
 from edgellm.lora.apply import step_for_batch
 from edgellm.quants.kv_cache import get_kv_cache_type
@@ -35,6 +36,7 @@ class RunItem:
     # the sequence's tokens (at least start_pos + len(token_ids) of them): a recurrent model checkpoints
     # its state at block boundaries under their hash, and resumes a prefix-cache hit from one
     history: Sequence[int] | None = None
+    media: StepMedia | None = None  # image rows among token_ids (engine/media.py)
 
 
 class ModelRunner:
@@ -71,6 +73,7 @@ class ModelRunner:
         max_blocks = max(len(it.block_table) for it in items)
         tables = np.zeros((len(items), max_blocks), dtype=np.int32)
         tok, pos, seq, slots, logit_rows, out_slices, hidden = [], [], [], [], [], [], []
+        media_rows, media_embeds, attn_pos = [], [], []
         t0 = 0
         for s, it in enumerate(items):
             n = len(it.token_ids)
@@ -96,6 +99,19 @@ class ModelRunner:
                 if it.hidden_rows.min() < 0 or it.hidden_rows.max() >= n:
                     raise ValueError(f"hidden rows {it.hidden_rows} outside a chunk of {n} tokens")
                 hidden.append(t0 + it.hidden_rows.astype(np.int32))
+            m = it.media
+            if m is not None:
+                if len(m.rows) and (m.rows.min() < 0 or m.rows.max() >= n or len(m.embeds) != len(m.rows)):
+                    raise ValueError(f"image rows {m.rows} do not fit a chunk of {n} tokens")
+                media_rows.append(t0 + m.rows)
+                media_embeds.append(m.embeds)
+            limits = m.attn_positions if m is not None else None
+            # the kernels read the block table up to each limit unchecked: inside this chunk's tokens
+            if limits is not None and (
+                limits.shape != (n,) or (limits < p).any() or (limits >= it.start_pos + n).any()
+            ):
+                raise ValueError(f"causal limits {limits} outside a chunk at {it.start_pos} of {n} tokens")
+            attn_pos.append(p.astype(np.int32) if limits is None else limits)
             t0 += n
         batch = ForwardBatch(
             token_ids=np.asarray(tok, dtype=np.int32),
@@ -113,6 +129,11 @@ class ModelRunner:
             counts = [len(it.token_ids) for it in items]
             choices = [it.lora for it in items]
             batch.lora = step_for_batch(self.lora_adapters, choices, counts, batch.logits_index, self.be)
+        if media_rows:
+            batch.embed_rows = np.concatenate(media_rows).astype(np.int32)
+            batch.embeds = np.concatenate(media_embeds)
+            if any(it.media is not None and it.media.attn_positions is not None for it in items):
+                batch.attn_positions = np.concatenate(attn_pos).astype(np.int32)
         if self.conv_states is not None:
             keys, starts = [it.seq_id for it in items], [it.start_pos for it in items]
             for it in items:  # a prefix-cache hit starts from the checkpoint at its first uncached token

@@ -223,8 +223,8 @@ def file_salt(runner: ModelRunner, salt: tuple) -> tuple:
 def restore_prefix(cache: PromptCache, bm: BlockManager, runner: ModelRunner, seq: EngineSequence) -> None:
     """The cache's blocks that continue a sequence's in-pool prefix hit, written into free pool blocks and
     registered in the prefix cache (as many as the pool has free blocks for: none is evicted for them)."""
-    if bm.cache is None or not seq.samples or seq.num_computed_tokens:
-        return
+    if bm.cache is None or not seq.samples or seq.num_computed_tokens or seq.media:
+        return  # (a prompt with images: its blocks are keyed by the images too, which the files are not)
     first = len(bm.cache.lookup(seq.token_ids, seq.lora))
     payloads = []
     digests = block_digests(seq.token_ids, bm.block_size, file_salt(runner, seq.lora))

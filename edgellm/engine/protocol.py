@@ -51,6 +51,23 @@ class TokenLogprob:
 
 # ---- front-end -> core ------------------------------------------------------------------------------
 @dataclass
+class MediaSpan:
+    """An image's place in a prompt (vision/prompt.py): its embeddings stand in for the token ids at
+    positions start .. start + len(embeds). key: the image's content hash (the prefix cache's key for those
+    positions). non_causal: its tokens attend to each other both ways (Gemma 3), so the scheduler computes
+    the span in one step."""
+
+    start: int
+    embeds: np.ndarray  # [n, n_embd] float32
+    key: str
+    non_causal: bool = False
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.embeds)
+
+
+@dataclass
 class EngineCoreRequest:
     request_id: str
     prompt_token_ids: list[int]
@@ -60,6 +77,7 @@ class EngineCoreRequest:
     # its part of each step. None: a group of its own.
     group: str | None = None
     kind: RequestKind = RequestKind.GENERATE
+    media: list[MediaSpan] | None = None  # images: embeddings in place of some prompt positions
 
 
 @dataclass

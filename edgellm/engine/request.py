@@ -58,6 +58,7 @@ class Request:
     # pool can hold it); a rolling window's max_tokens runs past it, its sequence never does.
     seq_max_tokens: int = 0
     num_shifted: int = 0  # tokens a rolling window shifted out (all completions)
+    has_media: bool = False  # images in the prompt (their KV is keyed by the images: not spilled to files)
 
     @classmethod
     def new(

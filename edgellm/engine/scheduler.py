@@ -69,6 +69,13 @@ class Scheduler:
                 f"sequence {seq.seq_id}: {max_len} tokens need {need} KV blocks of {self.config.block_size} "
                 f"tokens but the pool has only {self.config.num_blocks}; it could never be scheduled"
             )
+        step = min(self.config.max_num_batched_tokens, self.config.long_prefill_chunk or 1 << 62)
+        for m in seq.media:  # a non-causal image is computed in one step (Sequence.media_cut)
+            if m.non_causal and m.end - m.start > step:
+                raise ValueError(
+                    f"an image of {m.end - m.start} tokens does not fit one step of {step} tokens "
+                    "(raise max_num_batched_tokens)"
+                )
         seq.arrival = self._next_arrival
         self._next_arrival += 1
         seq.status = SequenceStatus.WAITING
@@ -115,6 +122,7 @@ class Scheduler:
             max_tokens=parent.max_tokens,
             group=parent.group,
             lora=parent.lora,
+            media=parent.media,  # its images: a recompute after preemption and its cache keys need them
         )
         self.block_manager.fork(parent, child)
         child.num_cached_tokens = parent.num_cached_tokens
@@ -160,6 +168,8 @@ class Scheduler:
                 cap = budget  # a whole input or nothing (_chunk)
             num_new = self._chunk(remaining + len(seq.spec_token_ids), min(cap, budget - pending_decodes))
             num_new = self._aligned(seq, seq.num_computed_tokens, num_new)
+            if seq.media:
+                num_new = seq.media_cut(seq.num_computed_tokens, num_new)
             del seq.spec_token_ids[max(0, num_new - remaining) :]  # drafts past the budget are dropped
             if num_new <= 0:
                 continue
@@ -280,6 +290,8 @@ class Scheduler:
             computed = match.num_tokens if match.block_ids else seq.num_computed_tokens
             share = budget if self.config.whole_inputs else shares.get(group, 0)
             num_new = self._aligned(seq, computed, self._chunk(seq.num_tokens - computed, min(budget, share)))
+            if seq.media:
+                num_new = seq.media_cut(computed, num_new)
             if num_new <= 0:
                 continue  # this group had its share of the step
             if not bm.can_allocate(seq, num_new, match if match.block_ids else None):

@@ -60,6 +60,9 @@ class Sequence:
     # The LoRA adapters its tokens run with ((adapter id, scale), ...: edgellm/lora/choice.py), fixed at
     # admission; part of its prefix-cache keys (KV computed under other adapters is never reused)
     lora: tuple[tuple[int, float], ...] = ()
+    # Images in the prompt (protocol.MediaSpan, by start): their embeddings replace those positions' token
+    # rows, a non-causal one is computed in one step, and the prefix cache keys them by content hash.
+    media: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.token_ids)  # own the list: callers often reuse theirs
@@ -69,6 +72,27 @@ class Sequence:
             raise ValueError(f"sequence {self.seq_id}: needs at least one prompt token")
         if self.pooled and self.scored:
             raise ValueError(f"sequence {self.seq_id}: an embedding or a scoring, not both")
+
+    @property
+    def cache_ids(self) -> list:
+        """token_ids as the prefix cache keys them: an image position is (its image's hash, its offset),
+        so two prompts share KV only where their images are the same."""
+        if not self.media:
+            return self.token_ids
+        ids: list = list(self.token_ids)
+        for m in self.media:
+            ids[m.start : m.end] = [(m.key, i) for i in range(m.end - m.start)]
+        return ids
+
+    def media_cut(self, start: int, n: int) -> int:
+        """How many of the n tokens after `start` one step may compute: never ending inside a
+        non-causal image (its tokens attend to each other, so they are computed together); 0 when the
+        step cannot reach that image's end."""
+        end = start + n
+        for m in self.media:
+            if m.non_causal and m.start < end < m.end:
+                return m.start - start if m.start > start else 0
+        return n
 
     @property
     def samples(self) -> bool:

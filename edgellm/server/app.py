@@ -39,7 +39,7 @@ from edgellm.server.protocol import GenerationRequest, constrain, parse_chat, pa
 from edgellm.server.request_fields import CHAT_FIELDS, COMPLETION_FIELDS, check_fields
 from edgellm.server.rerank import rerank_routes
 from edgellm.server.responses.routes import responses_routes
-from edgellm.server.state import ServerState, render_chat_prompt
+from edgellm.server.state import ServerState, image_prompt_ids, render_chat_prompt
 from edgellm.server.thinking import reasoning_setup, thinking_options
 from edgellm.server.webui import asset_routes
 
@@ -74,6 +74,8 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
         tools = req.tools and req.tools.tools
         prompt = await render_within_context(state, req, tools, template_kwargs)
         reasoning_setup(state, req, prompt.text, budget)
+        if req.images:  # the rendered text's media markers become the images (encoded off the loop)
+            return await image_prompt_ids(state, prompt.text, req.images)
         return prompt.token_ids
 
     @endpoint(state)
@@ -108,6 +110,8 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
             "created": state.created,
             "owned_by": "edgellm",
             "max_model_len": state.llm.n_ctx,
+            # what the model takes in (LM Studio's and vLLM's model cards say so): images with --mmproj
+            "input_modalities": ["text", "image"] if state.llm.vision is not None else ["text"],
         }
 
     @endpoint(state)

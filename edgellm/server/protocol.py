@@ -11,7 +11,7 @@ import json
 import math
 import reprlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -23,6 +23,7 @@ from edgellm.server.constraints import Constraint, parse_constraint
 from edgellm.server.http.errors import ApiError, bad_value
 from edgellm.server.thinking_fields import ThinkingAsk, parse_thinking
 from edgellm.server.tools import ToolRequest, checked_tool_schema, parse_tools
+from edgellm.vision.prompt import MEDIA_MARKER, decode_data_url
 
 MAX_N = 16  # completions per request
 MAX_TOP_LOGPROBS = 20
@@ -147,6 +148,8 @@ class GenerationRequest:
     overflow_report: dict[str, Any] | None = None
     # completions: the text after the gap the model fills in (`suffix`); each prompt is then the text before
     suffix: str | None = None
+    # chat: the images of image_url parts, in order (each part is a media marker in its message's text)
+    images: list[bytes] = field(default_factory=list)
 
 
 def _common(
@@ -256,7 +259,24 @@ async def constrain(req: GenerationRequest, vocab: tuple[Any, int]) -> None:
         raise bad_value(param, prefix + str(e)) from None
 
 
-def _messages(body: dict) -> list[dict[str, Any]]:
+def _content_part(part: Any, where: str, images: list[bytes]) -> dict[str, Any]:
+    """A text part as it is; an image part (image_url with a base64 data URL) as the media marker where
+    it stands, its bytes appended to `images` (llama-server's order)."""
+    if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+        return part
+    if isinstance(part, dict) and part.get("type") == "image_url":
+        url = part.get("image_url")
+        url = url.get("url") if isinstance(url, dict) else url
+        try:
+            images.append(decode_data_url(url))
+        except ValueError as e:
+            raise bad_value(f"{where}.image_url", str(e)) from None
+        return {"type": "media_marker", "text": MEDIA_MARKER}  # joined without newlines around it
+    raise bad_value(where, "only text and image_url content parts are supported")
+
+
+def _messages(body: dict, images: list[bytes] | None = None) -> list[dict[str, Any]]:
+    images = [] if images is None else images
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise bad_value("messages", "expected a non-empty list of messages")
@@ -274,13 +294,7 @@ def _messages(body: dict) -> list[dict[str, Any]]:
         if content is None:
             content = ""
         elif isinstance(content, list):
-            for part in content:
-                if not (
-                    isinstance(part, dict)
-                    and part.get("type") == "text"
-                    and isinstance(part.get("text"), str)
-                ):
-                    raise bad_value(f"{where}.content", "only text content parts are supported")
+            content = [_content_part(part, f"{where}.content", images) for part in content]
         elif not isinstance(content, str):
             raise bad_value(f"{where}.content", "expected a string or a list of content parts")
         msg = {"role": "system" if role == "developer" else role, "content": content}
@@ -345,6 +359,7 @@ def parse_chat(
     top_or_none = (top or 0) if logprobs else None
     model, params, stream, include_usage, user = _common(body, n_ctx, top_or_none, defaults)
     thinking = parse_thinking(body, params.max_tokens)
+    images: list[bytes] = []
     return GenerationRequest(
         model,
         params,
@@ -352,7 +367,8 @@ def parse_chat(
         include_usage,
         logprobs,
         user,
-        messages=_messages(body),
+        messages=_messages(body, images),
+        images=images,
         tools=tools,
         constraint=constraint,
         thinking=thinking,

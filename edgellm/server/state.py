@@ -27,6 +27,7 @@ from edgellm.server.http.compat import ModelNames
 from edgellm.server.http.errors import ApiError, request_error
 from edgellm.server.metrics import ServerMetrics
 from edgellm.tokenizer import TextTooLongError
+from edgellm.vision.prompt import PreparedPrompt
 
 log = logging.getLogger("edgellm.server")
 T = TypeVar("T")
@@ -166,6 +167,25 @@ async def render_chat_prompt(
     except TextTooLongError as e:  # (the model is loaded: a template is only set then)
         n_ctx = state.llm.n_ctx
         raise request_error(PromptTooLongError(e.num_tokens, n_ctx, at_least=True), n_ctx, True) from None
+
+
+async def image_prompt_ids(state: ServerState, text: str, images: list[bytes]) -> PreparedPrompt:
+    """A rendered chat prompt whose media markers stand for `images`, tokenized as libmtmd does with the
+    images encoded (vision/prompt.py), off the event loop. A bad image, or images to a model started
+    without --mmproj: the 400 naming it. BOS is not added again where the template wrote it."""
+    llm = state.llm
+    bos = llm.tokenizer.bos_id
+    bos_text = llm.tokenizer.decode([bos]) if bos is not None else ""
+    add_special = not (bos_text and text.startswith(bos_text))
+
+    def build() -> PreparedPrompt:
+        ids, media = llm.image_prompt({"prompt": text, "images": images, "add_special": add_special})
+        return PreparedPrompt(ids, media)
+
+    try:
+        return await state.off_loop(build)
+    except ValueError as e:
+        raise ApiError(400, str(e), param="messages") from None
 
 
 async def render_chat_text(state: ServerState, messages: list[dict[str, Any]]) -> str:

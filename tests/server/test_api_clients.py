@@ -300,7 +300,7 @@ def test_anthropic_errors_in_its_shape(claude: anthropic.Anthropic) -> None:
             ],
         )
     assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "invalid_request_error"
-    assert "image blocks are not supported" in e.value.body["error"]["message"]
+    assert "takes no images" in e.value.body["error"]["message"]  # a model started without --mmproj
     with pytest.raises(anthropic.BadRequestError, match="max_tokens"):
         claude.post(
             "/v1/messages",

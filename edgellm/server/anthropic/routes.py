@@ -35,6 +35,7 @@ from edgellm.server.http.errors import anthropic_error_body as error_body
 from edgellm.server.http.errors import bad_value
 from edgellm.server.protocol import parse_chat
 from edgellm.server.thinking import can_switch_thinking
+from edgellm.vision.prompt import MEDIA_MARKER
 
 FIELDS = {
     "model", "max_tokens", "messages", "system", "stop_sequences", "stream", "temperature", "top_p", "top_k",
@@ -89,6 +90,7 @@ def _user(content: list, where: str, names: dict[str, str]) -> list[dict[str, An
     before) and its text (one user message)."""
     tools: list[dict[str, Any]] = []
     texts: list[str] = []
+    images: list[str] = []  # data URLs, in order
     for at, kind, b in _blocks(content, where, texts):
         if kind == "tool_result":
             use_id = b.get("tool_use_id")
@@ -99,11 +101,28 @@ def _user(content: list, where: str, names: dict[str, str]) -> list[dict[str, An
                 result = f"Error: {result}"
             msg = {"role": "tool", "tool_call_id": use_id, "content": result}
             tools.append({**msg, "name": names[use_id]} if use_id in names else msg)
-        elif kind in ("image", "document"):
-            raise bad_value(at, f"{kind} blocks are not supported: the model reads text only")
+        elif kind == "image":  # base64: the media marker where it stands (parse_chat takes the part)
+            src = b.get("source")
+            src = src if isinstance(src, dict) else {}
+            if src.get("type") != "base64" or not isinstance(src.get("data"), str):
+                raise bad_value(f"{at}.source", "only base64 image sources are supported")
+            media = src.get("media_type") if isinstance(src.get("media_type"), str) else "image"
+            images.append(f"data:{media};base64,{src['data']}")
+            texts.append(MEDIA_MARKER)
+        elif kind == "document":
+            raise bad_value(at, f"{kind} blocks are not supported: the model reads text and images only")
         else:
-            raise bad_value(at, f"unsupported content block {kind!r} (text, tool_result)")
-    return tools + ([{"role": "user", "content": "".join(texts)}] if texts or not tools else [])
+            raise bad_value(at, f"unsupported content block {kind!r} (text, image, tool_result)")
+    text = "".join(texts)
+    if images:  # OpenAI parts: the text between markers, each image where its marker was
+        pieces = text.split(MEDIA_MARKER)
+        if len(pieces) != len(images) + 1:
+            raise bad_value(where, f"the text holds the media marker {MEDIA_MARKER!r} itself")
+        content: Any = [{"type": "text", "text": pieces[0]}]
+        for url, piece in zip(images, pieces[1:], strict=True):
+            content += [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": piece}]
+        return [*tools, {"role": "user", "content": content}]
+    return tools + ([{"role": "user", "content": text}] if texts or not tools else [])
 
 
 def _assistant(content: list, where: str, names: dict[str, str]) -> dict[str, Any]:

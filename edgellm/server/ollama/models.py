@@ -79,6 +79,7 @@ def show_body(state: ServerState) -> dict[str, Any]:
     caps = ["completion"] + (["tools"] if state.template is not None else [])
     if not llm.config.causal:  # an encoder (arch/encoder.py): Ollama's word for an embedding-only model
         caps = ["embedding"]
+    caps += ["vision"] if llm.vision is not None else []  # Ollama's word for image input
     return {
         "license": str(meta.get("general.license", "")),
         "modelfile": f"# served by edgellm\nFROM {llm.path}\n",

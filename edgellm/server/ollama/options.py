@@ -157,7 +157,7 @@ def _call_history(calls: Any, where: str) -> list[dict[str, Any]]:
 
 
 def chat_messages(msgs: Any) -> list[dict[str, Any]]:
-    """Ollama's messages as OpenAI's (parse_chat checks roles and contents): images refused, an earlier
+    """Ollama's messages as OpenAI's (parse_chat checks roles and contents): images as image parts, an earlier
     reply's `thinking` as its `reasoning_content`, tool calls and `tool_name` renamed."""
     if not isinstance(msgs, list):
         raise bad("messages", "expected a non-empty list of messages")
@@ -166,9 +166,17 @@ def chat_messages(msgs: Any) -> list[dict[str, Any]]:
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise bad(where, "expected an object")
-        if m.get("images") not in (None, []):
-            raise bad(f"{where}.images", "images are not supported: the model reads text only")
         msg = {k: m[k] for k in ("role", "content") if k in m}
+        if m.get("images") not in (None, []):  # base64 images: OpenAI image parts, before the text
+            images = m["images"]
+            if not isinstance(images, list) or not all(isinstance(x, str) for x in images):
+                raise bad(f"{where}.images", "expected a list of base64 strings")
+            if not isinstance(msg.get("content", ""), str):
+                raise bad(f"{where}.content", "expected a string")
+            msg["content"] = [
+                *({"type": "image_url", "image_url": {"url": "data:image;base64," + x}} for x in images),
+                {"type": "text", "text": msg.get("content", "")},
+            ]
         if m.get("role") == "assistant" and m.get("tool_calls") is not None:
             msg["tool_calls"] = _call_history(m["tool_calls"], f"{where}.tool_calls")
         if m.get("role") == "assistant" and m.get("thinking") is not None:

@@ -3,7 +3,8 @@ items), `instructions`, function `tools`, `tool_choice`, `text.format`, `max_out
 in-memory store `previous_response_id` reads earlier conversations from.
 
 Unknown fields, and known ones that would change the output and cannot be honoured (built-in tools,
-`background`, `include` values other than INCLUDE_NO_EFFECT, images and files), are 400s naming them.
+`background`, `include` values other than INCLUDE_NO_EFFECT, files; images outside user messages), are 400s
+naming them. input_image parts (data URLs) in user messages go to the chat route as image_url parts.
 `reasoning.summary` returns the reasoning whole as the summary; `truncation: "auto"` drops the oldest
 input items until the prompt fits (server/responses/routes.py). `reasoning.effort` goes to the template's
 thinking switch as the chat route's `reasoning_effort`.
@@ -126,10 +127,29 @@ def _text(content: Any, where: str) -> str:
                 raise bad_value(f"{where}[{i}].text", "expected a string")
             parts.append(text)
         elif kind in ("input_image", "input_file", "input_audio"):
-            raise bad_value(f"{where}[{i}]", f"{kind} is not supported: the model reads text only")
+            raise bad_value(f"{where}[{i}]", f"{kind} is not supported here (input_image: in user messages)")
         else:
             raise bad_value(f"{where}[{i}]", f"unsupported content part {kind!r} (input_text, output_text)")
     return "".join(parts)
+
+
+def _user_content(content: Any, where: str) -> str | list[dict[str, Any]]:
+    """A user or system message's content: its text (as _text), or with input_image parts (a data URL in
+    image_url) the chat route's parts, each image where it stands (parse_chat decodes it)."""
+    if not (
+        isinstance(content, list)
+        and any(isinstance(p, dict) and p.get("type") == "input_image" for p in content)
+    ):
+        return _text(content, where)
+    parts: list[dict[str, Any]] = []
+    for i, p in enumerate(content):
+        if isinstance(p, dict) and p.get("type") == "input_image":
+            if not isinstance(p.get("image_url"), str):
+                raise bad_value(f"{where}[{i}].image_url", "expected a data URL (file_id is not supported)")
+            parts.append({"type": "image_url", "image_url": {"url": p["image_url"]}})
+        else:
+            parts.append({"type": "text", "text": _text([p], f"{where}[{i}]")})
+    return parts
 
 
 def _reasoning_text(item: dict, where: str) -> str:
@@ -187,7 +207,8 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
         if kind == "message":
             if role not in ("user", "system", "developer", "assistant"):
                 raise bad_value(f"{where}.role", "expected 'user', 'system', 'developer' or 'assistant'")
-            content = _text(item.get("content"), f"{where}.content")
+            read = _text if role == "assistant" else _user_content
+            content = read(item.get("content"), f"{where}.content")
             if role == "assistant":
                 assistant_turn(new=True)["content"] = content
             else:
