@@ -167,8 +167,3 @@ async def render_chat_prompt(
         n_ctx = state.llm.n_ctx
         raise request_error(PromptTooLongError(e.num_tokens, n_ctx, at_least=True), n_ctx, True) from None
 
-
-async def render_chat_text(state: ServerState, messages: list[dict[str, Any]]) -> str:
-    """The conversation's rendered text alone (llama-server's /apply-template): the text render_chat_prompt
-    would tokenize, with nothing tokenized."""
-    return await with_template(state, lambda t: t.render(messages))
