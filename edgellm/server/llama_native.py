@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from edgellm.chat_template import ChatPrompt
 from edgellm.engine.checks import PromptTooLongError
 from edgellm.engine.protocol import TokenLogprob
 from edgellm.server.errors import ApiError, bad_value, request_error
@@ -351,20 +352,26 @@ def native_routes(front: Frontend) -> list[Route]:
         n_ctx = state.llm.n_ctx
         return JSONResponse([{"id": i, "n_ctx": n_ctx, "is_processing": i < busy} for i in range(n)])
 
-    @front.endpoint()
-    async def apply_template(request: Request) -> Response:
+    async def chat_prompt(request: Request) -> ChatPrompt:
         """The prompt a chat request with this body would get: its tools and thinking switches included,
-        as llama-server's /apply-template takes the whole chat body."""
+        as llama-server takes the whole chat body on /apply-template and /chat/completions/input_tokens."""
         body = await front.read_json(request)
         check_fields(body, CHAT_FIELDS)
         req = parse_chat(body, state.llm.n_ctx)
         assert req.messages is not None
         template_kwargs, _ = thinking_options(state, req)
         tools = req.tools and req.tools.tools
-        prompt = await render_chat_prompt(
+        return await render_chat_prompt(
             state, req.messages, tools=tools, template_kwargs=template_kwargs, for_generation=False
         )
-        return JSONResponse({"prompt": prompt.text})
+
+    @front.endpoint()
+    async def apply_template(request: Request) -> Response:
+        return JSONResponse({"prompt": (await chat_prompt(request)).text})
+
+    @front.endpoint()
+    async def chat_input_tokens(request: Request) -> Response:
+        return JSONResponse({"input_tokens": len((await chat_prompt(request)).token_ids)})
 
     return [
         Route("/completion", completion, methods=["POST"]),
@@ -373,5 +380,6 @@ def native_routes(front: Frontend) -> list[Route]:
         Route("/props", set_props, methods=["POST"]),
         Route("/slots", slots, methods=["GET"]),
         Route("/apply-template", apply_template, methods=["POST"]),
+        Route("/v1/chat/completions/input_tokens", chat_input_tokens, methods=["POST"]),
     ]
 

@@ -202,6 +202,9 @@ def test_apply_template_renders_the_whole_chat_body(apis_server: str) -> None:
     assert _post(apis_server, "/detokenize", tokens=chat).json()["content"] == plain
     r = _post(apis_server, "/apply-template", messages=msgs, frobnicate=1)
     assert r.status_code == 400 and "'frobnicate'" in r.json()["error"]["message"], r.text
+    for path in ("/v1/chat/completions/input_tokens", "/chat/completions/input_tokens"):
+        assert _post(apis_server, path, messages=msgs).json() == {"input_tokens": len(chat)}
+        assert _post(apis_server, path, messages=msgs, tools=[tool]).json()["input_tokens"] > len(chat) + 5
 
 
 def test_openai_replies_carry_llama_servers_timings(apis_server: str) -> None:
