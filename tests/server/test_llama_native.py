@@ -195,7 +195,7 @@ def test_props_slots_and_apply_template(apis_server: str) -> None:
 def test_apply_template_renders_the_whole_chat_body(apis_server: str) -> None:
     msgs = [{"role": "user", "content": "What is today?"}]
     tool = {"type": "function", "function": {"name": "get_the_date", "parameters": {"type": "object"}}}
-    plain = _post(apis_server, "/apply-template", messages=msgs, tools=[]).json()["prompt"]
+    plain = _post(apis_server, "/apply-template", messages=msgs).json()["prompt"]
     with_tools = _post(apis_server, "/apply-template", messages=msgs, tools=[tool]).json()["prompt"]
     assert "get_the_date" in with_tools and "get_the_date" not in plain
     chat = _post(apis_server, "/tokenize", messages=msgs).json()["tokens"]
