@@ -356,13 +356,16 @@ def native_routes(front: Frontend) -> list[Route]:
         """The prompt a chat request with this body would get: its tools and thinking switches included,
         as llama-server takes the whole chat body on /apply-template and /chat/completions/input_tokens."""
         body = await front.read_json(request)
+        opener = body.pop("add_generation_prompt", None)  # taken here, unlike on chat (always opened)
+        if opener is not None and not isinstance(opener, bool):
+            raise bad_value("add_generation_prompt", "expected a boolean")
         check_fields(body, CHAT_FIELDS)
         req = parse_chat(body, state.llm.n_ctx)
         assert req.messages is not None
         template_kwargs, _ = thinking_options(state, req)
         tools = req.tools and req.tools.tools
         return await render_chat_prompt(
-            state, req.messages, tools=tools, template_kwargs=template_kwargs, for_generation=False
+            state, req.messages, opener is not False, tools, template_kwargs, for_generation=False
         )
 
     @front.endpoint()

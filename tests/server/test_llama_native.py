@@ -200,6 +200,8 @@ def test_apply_template_renders_the_whole_chat_body(apis_server: str) -> None:
     assert "get_the_date" in with_tools and "get_the_date" not in plain
     chat = _post(apis_server, "/tokenize", messages=msgs).json()["tokens"]
     assert _post(apis_server, "/detokenize", tokens=chat).json()["content"] == plain
+    bare = _post(apis_server, "/apply-template", messages=msgs, add_generation_prompt=False).json()["prompt"]
+    assert plain.endswith("<|im_start|>assistant\n") and plain.startswith(bare) and bare != plain
     r = _post(apis_server, "/apply-template", messages=msgs, frobnicate=1)
     assert r.status_code == 400 and "'frobnicate'" in r.json()["error"]["message"], r.text
     for path in ("/v1/chat/completions/input_tokens", "/chat/completions/input_tokens"):
