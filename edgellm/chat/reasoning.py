@@ -74,7 +74,9 @@ def thinking_plan(
     if enable is not None and switch is None and not splits:
         return None
     off = enable is False or server_budget == 0
-    kwargs = {switch: not off} if switch is not None and (enable is not None or off) else {}
+    # The switch is always set, as llama-server sets it (on unless asked off): llama.cpp's own templates
+    # (models/templates) test `not enable_thinking`, so leaving it undefined would turn thinking off.
+    kwargs = {switch: not off} if switch is not None else {}
     return kwargs, 0 if off else (None if server_budget < 0 else server_budget)
 
 

@@ -11,6 +11,7 @@ and a new core is started; if that fails too, the server exits non-zero.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -57,6 +58,7 @@ def _piece(raw: bytes) -> str | list[int]:
 
 def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) -> Starlette:
     limit = state.config.max_body_bytes
+    started = str(int(time.time()))
 
     check_model = state.names.check
 
@@ -147,7 +149,8 @@ def build_app(state: ServerState, on_startup: Callable[[], None] | None = None) 
     @endpoint(state, auth=not state.config.metrics_public)
     async def metrics(request: Request) -> Response:
         text = state.metrics.render(state.llm.stats())
-        return PlainTextResponse(text, media_type=METRICS_CONTENT_TYPE)
+        headers = {"Process-Start-Time-Unix": started}  # llama-server's: a scraper sees restarts
+        return PlainTextResponse(text, media_type=METRICS_CONTENT_TYPE, headers=headers)
 
     @endpoint(state)
     async def tokenize(request: Request) -> Response:

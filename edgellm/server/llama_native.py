@@ -14,13 +14,15 @@ field llama-server does not define.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+import math
+from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from edgellm.chat_template import ChatPrompt
 from edgellm.engine.checks import PromptTooLongError
 from edgellm.engine.protocol import TokenLogprob
 from edgellm.server.events import End, Event, Frontend, Probs, Reply, Text, respond
@@ -34,7 +36,9 @@ from edgellm.server.protocol import (
     parse_chat,
     parse_completion,
 )
-from edgellm.server.state import render_chat_text
+from edgellm.server.request_fields import CHAT_FIELDS, check_fields
+from edgellm.server.state import render_chat_prompt
+from edgellm.server.thinking import thinking_options
 from edgellm.tokenizer import TextTooLongError
 
 if TYPE_CHECKING:
@@ -195,10 +199,20 @@ async def _prompts(state: ServerState, prompt: Any) -> list[list[int]]:
         raise request_error(e, n_ctx, False) from None
 
 
-def generation_settings(req: GenerationRequest, n_ctx: int) -> dict[str, Any]:
+def _settings_bias(params: Any, eog_ids: Iterable[int]) -> list[dict[str, Any]]:
+    """llama-server's `logit_bias` setting: [{token, bias}], a banned token's bias null (-inf), and
+    ignore_eos shown as it is there, as the end-of-generation tokens banned."""
+    bias = dict(params.logit_bias or {})
+    if params.ignore_eos:
+        bias.update({t: -math.inf for t in eog_ids if t not in bias})
+    return [{"bias": b if math.isfinite(b) else None, "token": t} for t, b in sorted(bias.items())]
+
+
+def generation_settings(req: GenerationRequest, n_ctx: int, eog_ids: Iterable[int] = ()) -> dict[str, Any]:
     """llama-server's `generation_settings`: the sampling the request runs with, defaults filled in."""
     p = req.params
     return {
+        "logit_bias": _settings_bias(p, eog_ids),
         "n_ctx": n_ctx, "n_predict": p.max_tokens, "seed": p.seed if p.seed is not None else -1,
         "temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
         "repeat_penalty": p.repetition_penalty, "presence_penalty": p.presence_penalty,
@@ -269,7 +283,7 @@ def native_routes(front: Frontend) -> list[Route]:
         if len(prompts) > 1 and req.stream:
             raise bad_value("prompt", "one prompt when streaming (send each as its own request)")
 
-        settings = generation_settings(req, state.llm.n_ctx)
+        settings = generation_settings(req, state.llm.n_ctx, state.llm.tokenizer.eog_ids)
         tok = state.llm.tokenizer
         fields = _response_fields(body.get("response_fields"))
 
@@ -338,18 +352,37 @@ def native_routes(front: Frontend) -> list[Route]:
         n_ctx = state.llm.n_ctx
         return JSONResponse([{"id": i, "n_ctx": n_ctx, "is_processing": i < busy} for i in range(n)])
 
+    async def chat_prompt(request: Request) -> ChatPrompt:
+        """The prompt a chat request with this body would get: its tools and thinking switches included,
+        as llama-server takes the whole chat body on /apply-template and /chat/completions/input_tokens."""
+        body = await front.read_json(request)
+        opener = body.pop("add_generation_prompt", None)  # taken here, unlike on chat (always opened)
+        if opener is not None and not isinstance(opener, bool):
+            raise bad_value("add_generation_prompt", "expected a boolean")
+        check_fields(body, CHAT_FIELDS)
+        req = parse_chat(body, state.llm.n_ctx)
+        assert req.messages is not None
+        template_kwargs, _ = thinking_options(state, req)
+        tools = req.tools and req.tools.tools
+        return await render_chat_prompt(
+            state, req.messages, opener is not False, tools, template_kwargs, for_generation=False
+        )
+
     @front.endpoint()
     async def apply_template(request: Request) -> Response:
-        body = await front.read_json(request)
-        req = parse_chat({"messages": body.get("messages")}, state.llm.n_ctx)
-        assert req.messages is not None
-        return JSONResponse({"prompt": await render_chat_text(state, req.messages)})
+        return JSONResponse({"prompt": (await chat_prompt(request)).text})
+
+    @front.endpoint()
+    async def chat_input_tokens(request: Request) -> Response:
+        return JSONResponse({"input_tokens": len((await chat_prompt(request)).token_ids)})
 
     return [
         Route("/completion", completion, methods=["POST"]),
+        Route("/completions", completion, methods=["POST"]),  # llama-server's; /v1/completions is OpenAI's
         Route("/props", props, methods=["GET"]),
         Route("/props", set_props, methods=["POST"]),
         Route("/slots", slots, methods=["GET"]),
         Route("/apply-template", apply_template, methods=["POST"]),
+        Route("/v1/chat/completions/input_tokens", chat_input_tokens, methods=["POST"]),
     ]
 

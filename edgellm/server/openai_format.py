@@ -166,6 +166,7 @@ def timings_of(m: RequestMetrics, prompt_tokens: int, cached_tokens: int, predic
     prompt_n = max(prompt_tokens - cached_tokens, 0)
     prompt_ms = (m.first_token_time - m.arrival_time) * 1e3
     predicted_ms = (finished - m.first_token_time) * 1e3
+    steps = max(predicted - 1, 0)
     return {
         "cache_n": cached_tokens,
         "prompt_n": prompt_n,
@@ -174,6 +175,7 @@ def timings_of(m: RequestMetrics, prompt_tokens: int, cached_tokens: int, predic
         "prompt_per_second": prompt_n * 1e3 / prompt_ms if prompt_ms > 0 else 0.0,
         "predicted_n": predicted,
         "predicted_ms": predicted_ms,
-        "predicted_per_token_ms": predicted_ms / predicted if predicted else 0.0,
-        "predicted_per_second": predicted * 1e3 / predicted_ms if predicted_ms > 0 else 0.0,
+        # the first token comes with the prompt (prompt_ms): predicted_ms is the other tokens' decode steps
+        "predicted_per_token_ms": predicted_ms / steps if steps else 0.0,
+        "predicted_per_second": steps * 1e3 / predicted_ms if steps and predicted_ms > 0 else 0.0,
     }

@@ -10,7 +10,9 @@ server spells it, an output modality, a web search). Besides the fields protocol
   routing hints (user, safety_identifier, prompt_cache_key, metadata, service_tier) and llama-server's
   cache_prompt (the prefix cache is always on here);
 - OpenAI fields accepted only at the value that asks for nothing we lack (store false, modalities
-  ["text"]); any other value is a 400 saying what is not supported. `null` is "not given" everywhere.
+  ["text"]); any other value is a 400 saying what is not supported. `null` is "not given" everywhere;
+- llama-server's and vLLM's fields likewise (OFF_VALUES): its slot hints change nothing here (one prefix
+  cache, no context shift), its progress/debug outputs are taken when off.
 """
 
 from __future__ import annotations
@@ -38,6 +40,17 @@ CHAT_FIELDS = _COMMON | _NO_EFFECT_CHAT | {
 }  # fmt: skip
 COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs", "echo", "suffix", "tools", "tool_choice",
                                "best_of", "context_overflow"}  # fmt: skip
+
+NO_EFFECT_ANY_VALUE = {"id_slot", "n_keep", "n_cache_reuse"}  # llama-server's slot and context-shift hints
+# llama-server's (and vLLM's) fields, accepted at the value that asks for nothing: value, and why not others
+OFF_VALUES: dict[str, tuple[object, str]] = {
+    "return_progress": (False, "prompt progress events are not sent"),
+    "timings_per_token": (False, "timings come once, with the finished reply"),
+    "verbose": (False, "there is no __verbose debug object"),
+    "continue_final_message": (False, "a trailing assistant message is not continued (prefill)"),
+    "add_generation_prompt": (True, "the assistant turn is always opened"),
+}
+CHAT_ONLY = {"continue_final_message", "add_generation_prompt"}
 
 # OpenAI fields that ask for what this server does not do, whatever their value (null aside)
 NOT_SUPPORTED = {
@@ -67,6 +80,11 @@ def check_fields(body: dict[str, Any], known: set[str]) -> None:
             continue
         if key in NOT_SUPPORTED:
             raise bad_value(key, NOT_SUPPORTED[key])
-        if key not in known:
+        if key in OFF_VALUES and (key not in CHAT_ONLY or "messages" in known):
+            off, why = OFF_VALUES[key]
+            if body[key] is not off:
+                raise bad_value(key, f"only {str(off).lower()} is supported: {why}")
+            continue
+        if key not in known and key not in NO_EFFECT_ANY_VALUE:
             raise bad_value(key, "unrecognized request argument supplied (not an option of this endpoint)")
     _check_values(body)

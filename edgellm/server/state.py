@@ -187,8 +187,3 @@ async def image_prompt_ids(state: ServerState, text: str, images: list[bytes]) -
     except ValueError as e:
         raise ApiError(400, str(e), param="messages") from None
 
-
-async def render_chat_text(state: ServerState, messages: list[dict[str, Any]]) -> str:
-    """The conversation's rendered text alone (llama-server's /apply-template): the text render_chat_prompt
-    would tokenize, with nothing tokenized."""
-    return await with_template(state, lambda t: t.render(messages))

@@ -50,8 +50,11 @@ def parse_response_format(body: dict) -> dict[str, Any] | bool | None:
     kind = rf["type"]
     if kind == "text":
         return None
-    if kind == "json_object":
-        return True
+    if kind == "json_object":  # llama-server's extension: a "schema" the object follows
+        schema = rf.get("schema")
+        if schema is not None and not isinstance(schema, dict):
+            raise bad_value("response_format.schema", "expected a JSON Schema object")
+        return True if schema is None else schema
     if kind != "json_schema":
         raise bad_value("response_format", f"type {kind!r} is not supported (text, json_object, json_schema)")
     spec = rf.get("json_schema")

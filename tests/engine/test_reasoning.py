@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import jinja2.sandbox
 import openai
 import pytest
 
@@ -199,12 +200,18 @@ def test_split_mode_and_thinking_plan() -> None:
     )
     assert split_mode("deepseek", chatml, "assistant") == "tag"
     assert split_mode("auto", THINKING_TEMPLATE, "<think>\n\n</think>\n\n") == "tag"
-    assert thinking_plan("auto", -1, THINKING_TEMPLATE, None) == ({}, None)
+    assert thinking_plan("auto", -1, THINKING_TEMPLATE, None) == ({"enable_thinking": True}, None)
     assert thinking_plan("auto", 0, THINKING_TEMPLATE, True) == ({"enable_thinking": False}, 0)
     assert thinking_plan("auto", 9, THINKING_TEMPLATE, False) == ({"enable_thinking": False}, 0)
     assert thinking_plan("auto", -1, chatml, True) is None and thinking_plan(
         "deepseek", -1, chatml, False
     ) == ({}, 0)
+    # llama.cpp's own templates (models/templates) test `not enable_thinking`: undefined would mean off
+    llama_cpp_style = "{{ '<think>\n' }}{% if not enable_thinking %}{{ '</think>' }}{% endif %}"
+    [(kwargs, _), (off, _)] = [thinking_plan("auto", b, llama_cpp_style, None) for b in (-1, 0)]
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment()
+    assert env.from_string(llama_cpp_style).render(**kwargs) == "<think>\n"
+    assert env.from_string(llama_cpp_style).render(**off) == "<think>\n</think>"
 
 
 def test_tui_shows_the_reasoning_folded_above_the_answer(tmp_path: Path, thinking_model: Path) -> None:

@@ -52,8 +52,9 @@ def _text(r: httpx.Response) -> str:
         {"guided_json": SCHEMA},  # vLLM
         {"guided_json": json.dumps(SCHEMA)},  # vLLM takes the schema's text too
         {"structured_outputs": {"json": SCHEMA}},  # vLLM 0.10+
+        {"response_format": {"type": "json_object", "schema": SCHEMA}},  # llama-server's json_object
     ],
-    ids=["json_schema", "guided_json", "guided_json_text", "structured_outputs.json"],
+    ids=["json_schema", "guided_json", "guided_json_text", "structured_outputs.json", "json_object.schema"],
 )
 def test_json_schema_spellings_constrain_the_output_to_the_schema(apis_server: str, fields: dict) -> None:
     for ask in (_chat, _complete):
@@ -147,3 +148,35 @@ def test_n_probs_are_the_logprobs_fields(apis_server: str, oai: openai.OpenAI) -
     chat = _chat(apis_server, n_probs=2, max_tokens=3).json()
     content = chat["choices"][0]["logprobs"]["content"]
     assert len(content) == 3 and all(len(t["top_logprobs"]) == 2 for t in content)
+
+
+def test_llama_servers_slot_hints_and_off_switches_are_taken_on_chat(apis_server: str) -> None:
+    plain = _chat(apis_server, max_tokens=4).json()["choices"][0]["message"]["content"]
+    quiet = {"id_slot": 0, "n_keep": -1, "n_cache_reuse": 0, "return_progress": False,
+             "timings_per_token": False, "verbose": False, "continue_final_message": False,
+             "add_generation_prompt": True}  # fmt: skip
+    r = _chat(apis_server, max_tokens=4, **quiet)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == plain, r.text
+    assert _complete(apis_server, max_tokens=2, return_progress=False, id_slot=1).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"return_progress": True}, {"timings_per_token": True}, {"verbose": True},
+     {"continue_final_message": True}, {"add_generation_prompt": False}],
+)  # fmt: skip
+def test_llama_servers_outputs_we_lack_are_a_400_naming_the_value(apis_server: str, fields: dict) -> None:
+    [(name, value)] = fields.items()
+    r = _chat(apis_server, max_tokens=2, **fields)
+    msg = r.json()["error"]["message"]
+    assert r.status_code == 400 and f"'{name}'" in msg and f"only {str(not value).lower()}" in msg, r.text
+
+
+def test_a_json_object_schema_that_is_not_an_object_is_a_400(apis_server: str) -> None:
+    r = _chat(apis_server, max_tokens=2, response_format={"type": "json_object", "schema": 123})
+    assert r.status_code == 400 and "response_format.schema" in r.json()["error"]["message"], r.text
+
+
+def test_chat_only_fields_are_unknown_on_completions(apis_server: str) -> None:
+    r = _complete(apis_server, max_tokens=2, continue_final_message=False)
+    assert r.status_code == 400 and "unrecognized" in r.json()["error"]["message"], r.text

@@ -5,6 +5,7 @@ server (SmolLM2), compared with the OpenAI routes of the same engine."""
 from __future__ import annotations
 
 import json
+import time
 
 import jsonschema
 import pytest
@@ -38,6 +39,21 @@ def test_completion_is_the_openai_completion_in_llama_servers_shape(apis_server:
     t = got["timings"]
     assert t["predicted_n"] == 8 and t["prompt_n"] + t["cache_n"] == got["tokens_evaluated"]
     assert t["predicted_ms"] > 0 and t["predicted_per_second"] > 0 and t["prompt_ms"] > 0
+    # the rate is over the 7 decode steps after the first token (which the prompt's pass gives)
+    assert t["predicted_per_second"] == pytest.approx(7e3 / t["predicted_ms"], rel=1e-9)
+    one = _post(apis_server, "/completion", prompt=PROMPT, n_predict=1, temperature=0).json()["timings"]
+    assert one["predicted_n"] == 1 and one["predicted_per_second"] == one["predicted_per_token_ms"] == 0.0
+
+
+def test_unprefixed_completions_is_llama_servers_completion_not_openais(apis_server: str) -> None:
+    native = _post(apis_server, "/completion", prompt=PROMPT, n_predict=4, temperature=0).json()
+    r = _post(apis_server, "/completions", prompt=PROMPT, n_predict=4, temperature=0)
+    assert r.status_code == 200 and r.json()["content"] == native["content"], r.text
+    assert "choices" not in r.json()
+    oai = _post(apis_server, "/v1/completions", model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0)
+    assert oai.json()["choices"][0]["text"] == native["content"]
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    assert "choices" in _post(apis_server, "/chat/completions", **chat).json()  # the other unprefixed routes
 
 
 def test_completion_streams_what_it_returns_whole(apis_server: str) -> None:
@@ -146,6 +162,23 @@ def test_what_changes_nothing_or_is_off_is_accepted(apis_server: str) -> None:
     assert not other.startswith(plain)
 
 
+def test_generation_settings_show_the_logit_bias_and_ignore_eos_as_banned_ends(apis_server: str) -> None:
+    base = {"prompt": PROMPT, "n_predict": 2, "temperature": 0}
+    off = _post(apis_server, "/completion", **base, ignore_eos=False).json()["generation_settings"]
+    assert off["logit_bias"] == []
+    on = _post(apis_server, "/completion", **base, ignore_eos=True).json()["generation_settings"]
+    assert on["logit_bias"] and all(e["bias"] is None for e in on["logit_bias"])  # null: -inf
+    ends = {e["token"] for e in on["logit_bias"]}
+    biased = _post(apis_server, "/completion", **base, logit_bias=[[17, 2.5]]).json()["generation_settings"]
+    assert biased["logit_bias"] == [{"bias": 2.5, "token": 17}] and 17 not in ends
+
+
+def test_metrics_carry_llama_servers_process_start_header(apis_server: str) -> None:
+    r = httpx.get(f"{apis_server}/metrics", timeout=30)
+    started = int(r.headers["Process-Start-Time-Unix"])
+    assert r.status_code == 200 and 0 < time.time() - started < 24 * 3600
+
+
 def test_props_slots_and_apply_template(apis_server: str) -> None:
     props = httpx.get(f"{apis_server}/props", timeout=30).json()
     assert props["default_generation_settings"]["n_ctx"] == 512 and props["total_slots"] >= 1
@@ -157,6 +190,23 @@ def test_props_slots_and_apply_template(apis_server: str) -> None:
     prompt = _post(apis_server, "/apply-template", messages=msgs).json()["prompt"]
     ids = _post(apis_server, "/tokenize", messages=msgs).json()["tokens"]
     assert _post(apis_server, "/detokenize", tokens=ids).json()["content"] == prompt
+
+
+def test_apply_template_renders_the_whole_chat_body(apis_server: str) -> None:
+    msgs = [{"role": "user", "content": "What is today?"}]
+    tool = {"type": "function", "function": {"name": "get_the_date", "parameters": {"type": "object"}}}
+    plain = _post(apis_server, "/apply-template", messages=msgs).json()["prompt"]
+    with_tools = _post(apis_server, "/apply-template", messages=msgs, tools=[tool]).json()["prompt"]
+    assert "get_the_date" in with_tools and "get_the_date" not in plain
+    chat = _post(apis_server, "/tokenize", messages=msgs).json()["tokens"]
+    assert _post(apis_server, "/detokenize", tokens=chat).json()["content"] == plain
+    bare = _post(apis_server, "/apply-template", messages=msgs, add_generation_prompt=False).json()["prompt"]
+    assert plain.endswith("<|im_start|>assistant\n") and plain.startswith(bare) and bare != plain
+    r = _post(apis_server, "/apply-template", messages=msgs, frobnicate=1)
+    assert r.status_code == 400 and "'frobnicate'" in r.json()["error"]["message"], r.text
+    for path in ("/v1/chat/completions/input_tokens", "/chat/completions/input_tokens"):
+        assert _post(apis_server, path, messages=msgs).json() == {"input_tokens": len(chat)}
+        assert _post(apis_server, path, messages=msgs, tools=[tool]).json()["input_tokens"] > len(chat) + 5
 
 
 def test_openai_replies_carry_llama_servers_timings(apis_server: str) -> None:

@@ -48,10 +48,17 @@ class ModelNames:
 
 
 def with_unprefixed(routes: list[BaseRoute]) -> list[BaseRoute]:
-    """Every `/v1/...` route also without the prefix (`/chat/completions`), as llama-server serves them."""
+    """Every `/v1/...` route also without the prefix (`/chat/completions`), as llama-server serves them,
+    except where a route already has that path: llama-server's `/completions` is its own `/completion`,
+    not the OpenAI one."""
+    taken = {(r.path, m) for r in routes if isinstance(r, Route) for m in r.methods or ()}
     extra: list[BaseRoute] = []
     for r in routes:
-        if isinstance(r, Route) and r.path.startswith("/v1/"):
+        if (
+            isinstance(r, Route)
+            and r.path.startswith("/v1/")
+            and not any((r.path[3:], m) in taken for m in r.methods or ())
+        ):
             extra.append(Route(r.path[3:], r.endpoint, methods=r.methods, name=None))
     return routes + extra
 

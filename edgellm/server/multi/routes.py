@@ -50,7 +50,8 @@ except ImportError:
 
 # POST routes relayed to the model the body names (the /v1 ones also without the prefix, as served there).
 RELAYED = (
-    "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
+    "/v1/chat/completions", "/v1/chat/completions/input_tokens", "/v1/completions", "/v1/embeddings",
+    "/v1/responses",
     "/v1/messages", "/v1/messages/count_tokens",
     "/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/show",
     "/tokenize", "/detokenize", "/infill", "/completion", "/apply-template",
