@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from edgellm.chat_template import ChatPrompt
+from edgellm.chat.template import ChatPrompt
 from edgellm.engine.checks import PromptTooLongError
 from edgellm.engine.protocol import TokenLogprob
 from edgellm.server.events import End, Event, Frontend, Probs, Reply, Text, respond
