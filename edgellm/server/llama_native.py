@@ -378,7 +378,6 @@ def native_routes(front: Frontend) -> list[Route]:
 
     return [
         Route("/completion", completion, methods=["POST"]),
-        Route("/completions", completion, methods=["POST"]),  # llama-server's; /v1/completions is OpenAI's
         Route("/props", props, methods=["GET"]),
         Route("/props", set_props, methods=["POST"]),
         Route("/slots", slots, methods=["GET"]),

@@ -45,17 +45,6 @@ def test_completion_is_the_openai_completion_in_llama_servers_shape(apis_server:
     assert one["predicted_n"] == 1 and one["predicted_per_second"] == one["predicted_per_token_ms"] == 0.0
 
 
-def test_unprefixed_completions_is_llama_servers_completion_not_openais(apis_server: str) -> None:
-    native = _post(apis_server, "/completion", prompt=PROMPT, n_predict=4, temperature=0).json()
-    r = _post(apis_server, "/completions", prompt=PROMPT, n_predict=4, temperature=0)
-    assert r.status_code == 200 and r.json()["content"] == native["content"], r.text
-    assert "choices" not in r.json()
-    oai = _post(apis_server, "/v1/completions", model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0)
-    assert oai.json()["choices"][0]["text"] == native["content"]
-    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
-    assert "choices" in _post(apis_server, "/chat/completions", **chat).json()  # the other unprefixed routes
-
-
 def test_completion_streams_what_it_returns_whole(apis_server: str) -> None:
     whole = _post(apis_server, "/completion", prompt=PROMPT, n_predict=6, temperature=0).json()
     body = {"prompt": PROMPT, "n_predict": 6, "temperature": 0, "stream": True, "return_tokens": True}

@@ -144,8 +144,9 @@ def _user_content(content: Any, where: str) -> str | list[dict[str, Any]]:
     parts: list[dict[str, Any]] = []
     for i, p in enumerate(content):
         if isinstance(p, dict) and p.get("type") == "input_image":
-            if not isinstance(p.get("image_url"), str):
-                raise bad_value(f"{where}[{i}].image_url", "expected a data URL (file_id is not supported)")
+            url = p.get("image_url")
+            if not isinstance(url, str) or not url.startswith("data:"):  # not fetched, nor a file_id
+                raise bad_value(f"{where}[{i}].image_url", "expected a data URL (data:image/...;base64,...)")
             parts.append({"type": "image_url", "image_url": {"url": p["image_url"]}})
         else:
             parts.append({"type": "text", "text": _text([p], f"{where}[{i}]")})
