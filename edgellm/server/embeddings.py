@@ -102,14 +102,19 @@ async def embed(
         return ids
 
     ids = await state.off_loop(checked_ids)
+    return await pooled(state, request, ids), sum(len(x) for x in ids)
+
+
+async def pooled(state: ServerState, request: Request, ids: list[list[int]]) -> list[np.ndarray]:
+    """The engine's pooled output of checked token-id inputs (embeddings, or a reranker's scores), as one
+    admitted request that a client's disconnect aborts."""
     release = state.admit(1)
     try:
-        vectors = await _until_disconnect(request, llm.aembed(ids))
+        return await _until_disconnect(request, state.llm.aembed(ids))
     except EngineDeadError as e:
         raise ApiError(503, str(e), type="server_error", code="engine_dead") from e
     finally:
         release()
-    return vectors, sum(len(x) for x in ids)
 
 
 async def embeddings(state: ServerState, request: Request, body: dict[str, Any]) -> Response:

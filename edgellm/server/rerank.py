@@ -19,9 +19,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from edgellm.engine.checks import PromptTooLongError
-from edgellm.engine.core_client import EngineDeadError
 from edgellm.llm_inputs import check_reranker
-from edgellm.server.generate import _until_disconnect
+from edgellm.server.embeddings import pooled
 from edgellm.server.http.errors import ApiError, bad_value
 
 if TYPE_CHECKING:
@@ -95,13 +94,7 @@ async def rerank(state: ServerState, request: Request, body: Any) -> Response:
         return out
 
     ids = await state.off_loop(checked_ids)
-    release = state.admit(1)
-    try:
-        vectors = await _until_disconnect(request, llm.aembed(ids))
-    except EngineDeadError as e:
-        raise ApiError(503, str(e), type="server_error", code="engine_dead") from e
-    finally:
-        release()
+    vectors = await pooled(state, request, ids)
     label = "score" if tei else "relevance_score"
     results: list[dict[str, Any]] = [{"index": i, label: float(v[0])} for i, v in enumerate(vectors)]
     results.sort(key=lambda r: r[label], reverse=True)  # stable: ties keep the documents' order
